@@ -1,0 +1,43 @@
+"""One exception tree for everything kafka-outbox raises."""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Base class of every error raised by kafka-outbox."""
+
+
+class ConfigError(OutboxError, ValueError):
+    """A setting, URL or argument is invalid. Nothing was stored."""
+
+
+class StoreError(OutboxError):
+    """The outbox store failed (corrupt, locked, read-only, full, unreachable).
+
+    Messages already committed to the store are not lost by this error.
+    """
+
+
+class StoreNotFoundError(StoreError):
+    """The outbox named by a URL does not exist and was not to be created."""
+
+
+class UnknownMessageError(OutboxError, KeyError):
+    """No message with the given id exists in the store."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; we want a plain sentence.
+        return str(self.args[0]) if self.args else "unknown message"
+
+
+class ProducerClosedError(OutboxError, RuntimeError):
+    """`produce()` was called after `close()`."""
+
+
+class KafkaDeliveryError(OutboxError):
+    """A Kafka error, with librdkafka's code and name kept."""
+
+    def __init__(self, code: int, name: str, reason: str) -> None:
+        super().__init__(f"{name} ({code}): {reason}")
+        self.code = code
+        self.name = name
+        self.reason = reason

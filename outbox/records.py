@@ -1,0 +1,122 @@
+"""Plain data shared by the producer, the stores, the CLI and the Spark job."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+Headers = list[tuple[str, bytes | None]]
+
+
+class Status(enum.IntEnum):
+    """Where a stored row stands. Stored as a small integer, never as text.
+
+    Delivered rows are deleted, so there is no DELIVERED status in the store.
+    """
+
+    PENDING = 0
+    DEAD = 2
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message about to be written to the outbox."""
+
+    topic: str
+    value: bytes | None
+    key: bytes | None = None
+    headers: Headers = field(default_factory=list)
+    partition: int = -1
+    msg_id: str = ""
+    attempts: int = 0
+    first_failed_at: float | None = None
+    last_error: str | None = None
+    next_attempt_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """A message stored in the outbox (pending or dead), as the store returns it."""
+
+    id: int
+    msg_id: str
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    partition: int
+    status: Status
+    attempts: int
+    created_at: float
+    first_failed_at: float | None
+    last_failed_at: float | None
+    next_attempt_at: float
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that will not be retried any more: handed to the recovery callback.
+
+    Attributes:
+        id: row id in the outbox store (what the CLI's `dlq show ID` takes).
+        msg_id: the stable message id carried in the `outbox-id` header.
+        topic, key, value, headers, partition: the message exactly as produced.
+        attempts: how many sends failed.
+        first_failed_at, last_failed_at: epoch seconds.
+        last_error: the error that ended it, as "NAME (code): reason".
+    """
+
+    id: int
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    partition: int
+    attempts: int
+    first_failed_at: float | None
+    last_failed_at: float | None
+    last_error: str | None
+    msg_id: str = ""
+
+    @classmethod
+    def from_row(cls, row: OutboxMessage) -> DeadLetter:
+        return cls(
+            id=row.id,
+            topic=row.topic,
+            key=row.key,
+            value=row.value,
+            headers=row.headers,
+            partition=row.partition,
+            attempts=row.attempts,
+            first_failed_at=row.first_failed_at,
+            last_failed_at=row.last_failed_at,
+            last_error=row.last_error,
+            msg_id=row.msg_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Counts the store can tell without scanning message bytes."""
+
+    pending: int
+    dead: int
+    leased: int
+    oldest_pending_at: float | None
+    next_due_at: float | None
+    pending_by_topic: dict[str, int]
+    dead_by_topic: dict[str, int]
+    dead_by_error: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterFilter:
+    """Which dead letters a list / purge / replay names. Empty filter: all of them."""
+
+    ids: tuple[int, ...] = ()
+    topic: str | None = None
+    error: str | None = None
+    since: float | None = None
+    until: float | None = None
+    limit: int | None = None

@@ -1,0 +1,148 @@
+"""The `Outbox` store interface: one contract, one test suite, every backend.
+
+Row life: enqueue → PENDING (maybe leased) → deleted when Kafka acknowledged it, or
+→ DEAD (dead letter) → purged, or replayed back to PENDING with attempts reset.
+
+Leases: a claimed row gets `lease_owner` and its `next_attempt_at` is pushed to the lease's
+expiry, so "due" (`next_attempt_at <= now`) also means "not leased". A worker that dies leaves
+its rows to become due again when the lease expires. Transactions are short: claim in one,
+send with no transaction open, acknowledge in another.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..records import DeadLetterFilter, NewMessage, OutboxMessage, StoreStats
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed send, as the caller decided it under its retry policy.
+
+    Attributes:
+        id: row id.
+        error: "NAME (code): reason".
+        retry_at: epoch seconds of the next attempt, or None to dead-letter the row.
+        failed_at: epoch seconds of this failure.
+    """
+
+    id: int
+    error: str
+    retry_at: float | None
+    failed_at: float
+
+
+class Outbox(abc.ABC):
+    """A durable store of messages waiting for Kafka, and of dead letters.
+
+    Implementations are safe to share between threads of one process, and several processes
+    may use one store at once (leases keep each row with one sender at a time).
+    """
+
+    #: Where the store lives, for messages (never with credentials).
+    location: str
+
+    @abc.abstractmethod
+    def migrate(self) -> None:
+        """Create or upgrade the schema (idempotent, versioned)."""
+
+    @abc.abstractmethod
+    def enqueue(
+        self,
+        messages: Sequence[NewMessage],
+        *,
+        lease_owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> list[int]:
+        """Store new PENDING messages in one transaction; return their row ids in order.
+
+        With `lease_owner`, the rows are born leased until `lease_until` (write-ahead mode:
+        the producer sends them itself and only a crash hands them to drainers).
+        """
+
+    @abc.abstractmethod
+    def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:
+        """Store messages straight into the dead-letter state (never pending)."""
+
+    @abc.abstractmethod
+    def claim(
+        self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None
+    ) -> list[OutboxMessage]:
+        """Lease up to `limit` due PENDING rows to `owner`, oldest first.
+
+        Per-key order: a row is not claimed while an earlier PENDING row of the same topic and key
+        is leased or not yet due, so one key's messages leave in id order.
+        """
+
+    @abc.abstractmethod
+    def mark_delivered(self, ids: Sequence[int]) -> int:
+        """Delete rows Kafka acknowledged. Idempotent; returns how many were deleted."""
+
+    @abc.abstractmethod
+    def record_failures(self, failures: Sequence[Failure]) -> list[OutboxMessage]:
+        """Count one failed attempt per row: reschedule it, or dead-letter it (retry_at None).
+
+        Rows already deleted (delivered by someone else) are ignored. Returns the rows that were
+        dead-lettered now, in their final state.
+        """
+
+    @abc.abstractmethod
+    def release(self, ids: Sequence[int], *, now: float) -> None:
+        """Give leased rows back, due now, without counting an attempt (clean stop)."""
+
+    @abc.abstractmethod
+    def commit_batch(
+        self,
+        new: Sequence[NewMessage],
+        delivered: Sequence[int],
+        failures: Sequence[Failure],
+        *,
+        lease_owner: str | None,
+        lease_until: float | None,
+    ) -> tuple[list[int], list[OutboxMessage]]:
+        """enqueue + mark_delivered + record_failures in ONE transaction (group commit).
+
+        Returns (ids of the new rows, rows dead-lettered now).
+        """
+
+    @abc.abstractmethod
+    def get(self, id: int) -> OutboxMessage:
+        """One row by id. Raises UnknownMessageError."""
+
+    @abc.abstractmethod
+    def list_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> list[OutboxMessage]:
+        """Dead letters matching the filter, oldest first."""
+
+    @abc.abstractmethod
+    def purge_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> int:
+        """Delete dead letters matching the filter; return how many."""
+
+    @abc.abstractmethod
+    def replay_dead(
+        self, flt: DeadLetterFilter = DeadLetterFilter(), *, now: float, to_topic: str | None = None
+    ) -> int:
+        """Put dead letters back to PENDING, due now, attempts reset; return how many.
+
+        The message bytes are unchanged; `to_topic` sends them to another topic instead.
+        """
+
+    @abc.abstractmethod
+    def has_pending(self, topic: str, key: bytes) -> bool:
+        """Whether any PENDING row of this topic and key exists."""
+
+    @abc.abstractmethod
+    def stats(self, *, now: float) -> StoreStats:
+        """Counts by state, topic and error; oldest pending; next due time."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+
+    def __enter__(self) -> Outbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

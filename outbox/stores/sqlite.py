@@ -1,0 +1,517 @@
+"""SQLite outbox: one file per host, shared by the application and `outbox drain`.
+
+WAL journal (readers never block the writer), a busy timeout so concurrent processes wait
+instead of failing, BEGIN IMMEDIATE for every write so lock upgrades cannot deadlock, and
+batched statements: the caller group-commits, so one transaction carries many rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from ..codec import decode_headers, encode_headers
+from ..errors import StoreError, StoreNotFoundError, UnknownMessageError
+from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from .base import Failure, Outbox
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+_CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
+
+_COLUMNS = (
+    "id, msg_id, topic, key, value, headers, partition, status, attempts, created_at, "
+    "first_failed_at, last_failed_at, next_attempt_at, last_error"
+)
+
+_MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        """CREATE TABLE IF NOT EXISTS outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: ids order a key's messages
+            msg_id TEXT NOT NULL,
+            topic TEXT NOT NULL,
+            key BLOB,
+            value BLOB,
+            headers BLOB,
+            partition INTEGER NOT NULL DEFAULT -1,
+            status INTEGER NOT NULL DEFAULT 0,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL,
+            first_failed_at REAL,
+            last_failed_at REAL,
+            next_attempt_at REAL NOT NULL DEFAULT 0,
+            last_error TEXT,
+            lease_owner TEXT
+        )""",
+        "CREATE INDEX IF NOT EXISTS outbox_due ON outbox (status, next_attempt_at)",
+        "CREATE INDEX IF NOT EXISTS outbox_key ON outbox (topic, key, id)",
+    ]
+}
+
+
+def _chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
+    for i in range(0, len(ids), _CHUNK):
+        yield ids[i : i + _CHUNK]
+
+
+def _ranges(ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Contiguous runs of ids, so a batch of consecutive rows is one range statement."""
+    out: list[tuple[int, int]] = []
+    for i in sorted(ids):
+        if out and i == out[-1][1] + 1:
+            out[-1] = (out[-1][0], i)
+        elif not out or i > out[-1][1]:
+            out.append((i, i))
+    return out
+
+
+def _row(r: tuple[Any, ...]) -> OutboxMessage:
+    return OutboxMessage(
+        id=r[0],
+        msg_id=r[1],
+        topic=r[2],
+        key=r[3],
+        value=r[4],
+        headers=decode_headers(r[5]),
+        partition=r[6],
+        status=Status(r[7]),
+        attempts=r[8],
+        created_at=r[9],
+        first_failed_at=r[10],
+        last_failed_at=r[11],
+        next_attempt_at=r[12],
+        last_error=r[13],
+    )
+
+
+def _dead_where(flt: DeadLetterFilter) -> tuple[str, list[Any]]:
+    where, args = ["status = ?"], [int(Status.DEAD)]
+    if flt.ids:
+        where.append(f"id IN ({','.join('?' * len(flt.ids))})")
+        args.extend(flt.ids)
+    if flt.topic is not None:
+        where.append("topic = ?")
+        args.append(flt.topic)
+    if flt.error is not None:
+        # Matches the error name or code at the start of "NAME (code): reason".
+        where.append("(last_error LIKE ? OR last_error LIKE ?)")
+        args.extend([f"{flt.error} (%", f"% ({flt.error}):%"])
+    if flt.since is not None:
+        where.append("last_failed_at >= ?")
+        args.append(flt.since)
+    if flt.until is not None:
+        where.append("last_failed_at < ?")
+        args.append(flt.until)
+    return " AND ".join(where), args
+
+
+class SQLiteOutbox(Outbox):
+    """The default outbox store, in one SQLite file.
+
+    Args:
+        path: the database file.
+        create: create the file (owner-only permissions, 0600) if it does not exist. The CLI
+            passes False so a mistyped path is an error, not a new empty outbox.
+        synchronous: SQLite's `synchronous` pragma: "FULL" (default: a committed batch survives
+            power loss) or "NORMAL" (survives a process crash; the last commits may be lost on
+            power loss, at a much higher commit rate).
+        busy_timeout: seconds to wait for another process's write lock.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        create: bool = True,
+        synchronous: str = "FULL",
+        busy_timeout: float = 30.0,
+    ) -> None:
+        self.path = os.path.abspath(path)
+        self.location = self.path
+        self._synchronous = synchronous.upper()
+        if self._synchronous not in ("FULL", "NORMAL", "EXTRA", "OFF"):
+            raise StoreError(f"outbox {self.path}: synchronous must be FULL or NORMAL")
+        self._busy_ms = int(busy_timeout * 1000)
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        if not os.path.exists(self.path):
+            if not create:
+                raise StoreNotFoundError(f"outbox file {self.path} does not exist")
+            self._create_file()
+        elif not os.access(self.path, os.R_OK):
+            raise StoreError(f"outbox file {self.path} is not readable")
+        self.migrate()
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _create_file(self) -> None:
+        parent = os.path.dirname(self.path)
+        try:
+            os.makedirs(parent, exist_ok=True)
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            os.close(fd)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"cannot create outbox file {self.path}: {exc.strerror}") from exc
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if self._closed:
+            raise StoreError(f"outbox {self.path} is closed")
+        try:
+            # isolation_level=None: we issue BEGIN ourselves, so transactions are explicit.
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal" and os.access(self.path, os.W_OK):
+                log.warning("outbox %s: journal_mode is %s, not WAL", self.path, mode)
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+        self._local.conn = conn
+        with self._lock:
+            self._all.append(conn)
+        return conn
+
+    def _error(self, exc: BaseException) -> StoreError:
+        text = str(exc)
+        if "not a database" in text or "malformed" in text:
+            text = f"file is not a valid SQLite outbox (corrupt?): {text}"
+        elif "readonly" in text:
+            text = f"outbox is read-only: {text}"
+        elif "full" in text:
+            text = f"disk is full: {text}"
+        elif "locked" in text:
+            text = f"locked by another process for longer than the busy timeout: {text}"
+        return StoreError(f"outbox {self.path}: {text}")
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One short write transaction; any SQLite error becomes a StoreError naming the file."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            if isinstance(exc, sqlite3.Error):
+                raise self._error(exc) from exc
+            raise
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return self._conn().execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+
+    # -- schema ------------------------------------------------------------------------------
+
+    def migrate(self) -> None:
+        conn = self._conn()
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"outbox {self.path}: schema version {version} is newer than this kafka-outbox "
+                f"({SCHEMA_VERSION}); upgrade the library"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        with self._write() as c:
+            for v in range(version + 1, SCHEMA_VERSION + 1):
+                for stmt in _MIGRATIONS[v]:
+                    c.execute(stmt)
+            c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def _insert(
+        self,
+        c: sqlite3.Connection,
+        messages: Sequence[NewMessage],
+        status: Status,
+        lease_owner: str | None,
+        lease_until: float | None,
+        now: float,
+    ) -> list[int]:
+        if not messages:
+            return []
+        rows = [
+            (
+                m.msg_id,
+                m.topic,
+                m.key,
+                m.value,
+                encode_headers(m.headers),
+                m.partition,
+                int(status),
+                m.attempts,
+                now,
+                m.first_failed_at,
+                m.first_failed_at if m.attempts else None,
+                lease_until if lease_owner is not None and lease_until is not None else m.next_attempt_at,
+                m.last_error,
+                lease_owner,
+            )
+            for m in messages
+        ]
+        c.executemany(
+            "INSERT INTO outbox (msg_id, topic, key, value, headers, partition, status, attempts, "
+            "created_at, first_failed_at, last_failed_at, next_attempt_at, last_error, lease_owner) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            rows,
+        )
+        # The write lock is ours for the whole transaction, so the ids are consecutive.
+        last = c.execute("SELECT last_insert_rowid()").fetchone()[0]
+        return list(range(last - len(rows) + 1, last + 1))
+
+    def enqueue(
+        self,
+        messages: Sequence[NewMessage],
+        *,
+        lease_owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> list[int]:
+        with self._write() as c:
+            return self._insert(c, messages, Status.PENDING, lease_owner, lease_until, time.time())
+
+    def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:
+        with self._write() as c:
+            return self._insert(c, messages, Status.DEAD, None, None, failed_at)
+
+    def _delete(self, c: sqlite3.Connection, ids: Sequence[int]) -> int:
+        if not ids:
+            return 0
+        before = c.total_changes
+        c.executemany(
+            "DELETE FROM outbox WHERE id BETWEEN ? AND ? AND status = 0", _ranges(ids)
+        )
+        return c.total_changes - before
+
+    def mark_delivered(self, ids: Sequence[int]) -> int:
+        if not ids:
+            return 0
+        with self._write() as c:
+            return self._delete(c, ids)
+
+    def _fail(self, c: sqlite3.Connection, failures: Sequence[Failure]) -> list[OutboxMessage]:
+        if not failures:
+            return []
+        retry = [(f.error, f.failed_at, f.failed_at, f.retry_at, f.id) for f in failures if f.retry_at is not None]
+        dead = [(f.error, f.failed_at, f.failed_at, f.id) for f in failures if f.retry_at is None]
+        if retry:
+            c.executemany(
+                "UPDATE outbox SET attempts = attempts + 1, last_error = ?, "
+                "first_failed_at = COALESCE(first_failed_at, ?), last_failed_at = ?, "
+                "next_attempt_at = ?, lease_owner = NULL WHERE id = ? AND status = 0",
+                retry,
+            )
+        if not dead:
+            return []
+        c.executemany(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = ?, status = 2, "
+            "first_failed_at = COALESCE(first_failed_at, ?), last_failed_at = ?, lease_owner = NULL "
+            "WHERE id = ? AND status = 0",
+            dead,
+        )
+        ids = [d[3] for d in dead]
+        out: list[OutboxMessage] = []
+        for chunk in _chunks(ids):
+            out += [
+                _row(r)
+                for r in c.execute(
+                    f"SELECT {_COLUMNS} FROM outbox WHERE status = 2 AND id IN ({','.join('?' * len(chunk))})",
+                    list(chunk),
+                )
+            ]
+        return out
+
+    def record_failures(self, failures: Sequence[Failure]) -> list[OutboxMessage]:
+        if not failures:
+            return []
+        with self._write() as c:
+            return self._fail(c, failures)
+
+    def release(self, ids: Sequence[int], *, now: float) -> None:
+        if not ids:
+            return
+        with self._write() as c:
+            c.executemany(
+                "UPDATE outbox SET lease_owner = NULL, next_attempt_at = ? WHERE id = ? AND status = 0",
+                [(now, i) for i in ids],
+            )
+
+    def commit_batch(
+        self,
+        new: Sequence[NewMessage],
+        delivered: Sequence[int],
+        failures: Sequence[Failure],
+        *,
+        lease_owner: str | None,
+        lease_until: float | None,
+    ) -> tuple[list[int], list[OutboxMessage]]:
+        with self._write() as c:
+            ids = self._insert(c, new, Status.PENDING, lease_owner, lease_until, time.time())
+            self._delete(c, delivered)
+            dead = self._fail(c, failures)
+        return ids, dead
+
+    def claim(
+        self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None
+    ) -> list[OutboxMessage]:
+        # Cheap probe on the (status, next_attempt_at) index first: during an outage nothing is
+        # due, and this keeps idle polls from scanning the table.
+        due = self._read("SELECT MIN(next_attempt_at) FROM outbox WHERE status = 0")
+        if due[0][0] is None or due[0][0] > now:
+            return []
+        where = "status = 0 AND next_attempt_at <= ?"
+        args: list[Any] = [now]
+        if topic is not None:
+            where += " AND topic = ?"
+            args.append(topic)
+        with self._write() as c:
+            # Oldest first by id: primary-key order, so the first due rows come without a sort.
+            rows = c.execute(
+                f"SELECT {_COLUMNS} FROM outbox NOT INDEXED WHERE {where} ORDER BY id LIMIT ?",
+                [*args, limit],
+            ).fetchall()
+            if not rows:
+                return []
+            rows = self._keep_key_order(c, rows, now)
+            until = now + lease_seconds
+            c.executemany(
+                "UPDATE outbox SET lease_owner = ?, next_attempt_at = ? WHERE id = ?",
+                [(owner, until, r[0]) for r in rows],
+            )
+        return [_row(r) for r in rows]
+
+    @staticmethod
+    def _keep_key_order(
+        c: sqlite3.Connection, rows: list[tuple[Any, ...]], now: float
+    ) -> list[tuple[Any, ...]]:
+        """Drop rows that an earlier, not-yet-claimable row of the same key must precede.
+
+        The candidates are the first due rows in id order, so any earlier pending row of the same
+        key that is not among them is leased elsewhere or backing off: it blocks the later ones.
+        """
+        last_of_key: dict[tuple[str, bytes], int] = {}
+        for r in rows:
+            if r[3] is not None:
+                last_of_key[(r[2], r[3])] = r[0]
+        blocked_from: dict[tuple[str, bytes], int] = {}
+        for (topic, key), last_id in last_of_key.items():
+            hit = c.execute(
+                "SELECT MIN(id) FROM outbox WHERE topic = ? AND key = ? AND id < ? "
+                "AND status = 0 AND next_attempt_at > ?",
+                (topic, key, last_id, now),
+            ).fetchone()[0]
+            if hit is not None:
+                blocked_from[(topic, key)] = hit
+        if not blocked_from:
+            return rows
+        return [r for r in rows if r[3] is None or r[0] < blocked_from.get((r[2], r[3]), r[0] + 1)]
+
+    # -- dead letters and reads --------------------------------------------------------------
+
+    def get(self, id: int) -> OutboxMessage:
+        rows = self._read(f"SELECT {_COLUMNS} FROM outbox WHERE id = ?", (id,))
+        if not rows:
+            raise UnknownMessageError(f"no message with id {id} in outbox {self.path}")
+        return _row(rows[0])
+
+    def list_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> list[OutboxMessage]:
+        where, args = _dead_where(flt)
+        sql = f"SELECT {_COLUMNS} FROM outbox WHERE {where} ORDER BY id"
+        if flt.limit is not None:
+            sql += " LIMIT ?"
+            args.append(flt.limit)
+        return [_row(r) for r in self._read(sql, args)]
+
+    def purge_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> int:
+        where, args = _dead_where(flt)
+        with self._write() as c:
+            return c.execute(f"DELETE FROM outbox WHERE {where}", args).rowcount
+
+    def replay_dead(
+        self, flt: DeadLetterFilter = DeadLetterFilter(), *, now: float, to_topic: str | None = None
+    ) -> int:
+        where, args = _dead_where(flt)
+        with self._write() as c:
+            return c.execute(
+                "UPDATE outbox SET status = 0, attempts = 0, next_attempt_at = ?, lease_owner = NULL, "
+                f"topic = COALESCE(?, topic) WHERE {where}",
+                [now, to_topic, *args],
+            ).rowcount
+
+    def has_pending(self, topic: str, key: bytes) -> bool:
+        return bool(
+            self._read("SELECT 1 FROM outbox WHERE topic = ? AND key = ? AND status = 0 LIMIT 1", (topic, key))
+        )
+
+    def stats(self, *, now: float) -> StoreStats:
+        by_state = self._read(
+            "SELECT status, topic, COUNT(*), MIN(created_at), "
+            "SUM(CASE WHEN lease_owner IS NOT NULL AND next_attempt_at > ? THEN 1 ELSE 0 END) "
+            "FROM outbox GROUP BY status, topic",
+            (now,),
+        )
+        pending_by_topic: dict[str, int] = {}
+        dead_by_topic: dict[str, int] = {}
+        oldest: float | None = None
+        leased = 0
+        for status, topic, count, created, leased_n in by_state:
+            if status == Status.PENDING:
+                pending_by_topic[topic] = count
+                oldest = created if oldest is None else min(oldest, created)
+                leased += leased_n or 0
+            else:
+                dead_by_topic[topic] = count
+        errors = self._read(
+            "SELECT COALESCE(substr(last_error, 1, instr(last_error, ':') - 1), '?'), COUNT(*) "
+            "FROM outbox WHERE status = 2 GROUP BY 1"
+        )
+        next_due = self._read(
+            "SELECT MIN(next_attempt_at) FROM outbox WHERE status = 0"
+        )[0][0]
+        return StoreStats(
+            pending=sum(pending_by_topic.values()),
+            dead=sum(dead_by_topic.values()),
+            leased=leased,
+            oldest_pending_at=oldest,
+            next_due_at=next_due,
+            pending_by_topic=pending_by_topic,
+            dead_by_topic=dead_by_topic,
+            dead_by_error={e: n for e, n in errors},
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()
