@@ -1,0 +1,20 @@
+"""Test bed for kafka-outbox: a real local Kafka cluster, pytest fixtures and helpers."""
+from outbox.testing.cluster import (
+    KAFKA_VERSION,
+    KafkaCluster,
+    KafkaSetupError,
+    create_topic,
+    fetch_kafka,
+    kafka_libs_dir,
+    wait_for_isr,
+)
+
+__all__ = [
+    "KAFKA_VERSION",
+    "KafkaCluster",
+    "KafkaSetupError",
+    "create_topic",
+    "fetch_kafka",
+    "kafka_libs_dir",
+    "wait_for_isr",
+]

@@ -1,0 +1,848 @@
+"""A real, throw-away Apache Kafka cluster for tests.
+
+:class:`KafkaCluster` runs a pinned Apache Kafka (KRaft mode, no ZooKeeper) as
+local JVM processes: one dedicated controller plus ``N`` brokers, all listening
+on free ports of ``127.0.0.1``, with their data and logs in a temporary
+directory. Brokers can be stopped (SIGTERM), killed (SIGKILL) and restarted, so
+tests can exercise real failure modes.
+
+The Kafka jars are fetched from Maven Central on first use with ``mvn`` (the
+``pom.xml`` shipped next to this module) and cached under
+``${XDG_CACHE_HOME:-~/.cache}/kafka-outbox/kafka-<version>/libs``. Setting
+``KAFKA_HOME`` to an existing Kafka installation uses ``$KAFKA_HOME/libs``
+instead. ``python -m outbox.testing fetch`` pre-fetches the jars.
+
+Every process the cluster starts is cleaned up on :meth:`KafkaCluster.close`,
+on exceptions inside a ``with`` block, at interpreter exit (``atexit``), and,
+on Linux, by the kernel if the Python process itself dies (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import ctypes
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
+
+__all__ = [
+    "KAFKA_VERSION",
+    "KafkaCluster",
+    "KafkaSetupError",
+    "create_topic",
+    "fetch_kafka",
+    "kafka_libs_dir",
+    "wait_for_isr",
+]
+
+KAFKA_VERSION = "4.1.1"
+"""The Apache Kafka version the test cluster runs (pinned in ``pom.xml``)."""
+
+CONTROLLER_NODE_ID = 1000
+"""Node id of the dedicated KRaft controller (brokers use ``0..N-1``)."""
+
+_log = logging.getLogger(__name__)
+_rdkafka_log = logging.getLogger("outbox.testing.rdkafka")
+
+_MARKER = ".complete"
+
+
+class KafkaSetupError(RuntimeError):
+    """Kafka could not be fetched or started (missing java/mvn, failed download, broker crash)."""
+
+
+# ---------------------------------------------------------------------------
+# Fetching the Kafka jars
+# ---------------------------------------------------------------------------
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kafka-outbox" / f"kafka-{KAFKA_VERSION}"
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = Path(java_home) / "bin" / "java"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("java")
+    if not found:
+        raise KafkaSetupError(
+            "Java was not found (no `java` on PATH and no usable $JAVA_HOME). The Kafka test cluster "
+            "needs a JRE >= 17: on Debian/Ubuntu run `apt-get install default-jdk-headless`."
+        )
+    return found
+
+
+def kafka_libs_dir(*, fetch: bool = True) -> Path:
+    """Return the directory holding the Kafka jars, fetching them if needed.
+
+    Args:
+        fetch: When the jars are not cached yet, download them (``True``) or
+            raise (``False``).
+
+    Returns:
+        ``$KAFKA_HOME/libs`` if ``KAFKA_HOME`` is set, else the cache directory.
+
+    Raises:
+        KafkaSetupError: ``KAFKA_HOME`` has no ``libs``, or the jars are not
+            cached and could not be (or were not allowed to be) fetched.
+    """
+    kafka_home = os.environ.get("KAFKA_HOME")
+    if kafka_home:
+        libs = Path(kafka_home) / "libs"
+        if not any(libs.glob("kafka_*.jar")):
+            raise KafkaSetupError(f"KAFKA_HOME={kafka_home} has no Kafka jars in {libs}")
+        return libs
+    libs = _cache_root() / "libs"
+    if (_cache_root() / _MARKER).is_file() and libs.is_dir():
+        return libs
+    if not fetch:
+        raise KafkaSetupError(f"Kafka {KAFKA_VERSION} is not fetched yet; run `python -m outbox.testing fetch`")
+    return fetch_kafka()
+
+
+def fetch_kafka(*, force: bool = False) -> Path:
+    """Download the Kafka broker jars with Maven into the user's cache.
+
+    Runs ``mvn -q -B dependency:copy-dependencies`` on the ``pom.xml`` shipped
+    with this package. A marker file is written only once the copy is
+    complete, so an interrupted fetch is redone next time. Concurrent callers
+    (e.g. several pytest workers) are serialised with a file lock.
+
+    Args:
+        force: Re-fetch even if a complete copy is cached.
+
+    Returns:
+        The directory containing the jars.
+
+    Raises:
+        KafkaSetupError: ``mvn`` is missing or the fetch failed (the message
+            ends with the tail of Maven's output).
+    """
+    root = _cache_root()
+    libs = root / "libs"
+    marker = root / _MARKER
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.is_file() and libs.is_dir() and not force:
+            return libs
+        mvn = shutil.which("mvn")
+        if not mvn:
+            raise KafkaSetupError(
+                "Maven (`mvn`) was not found on PATH; it is needed once to download Apache Kafka "
+                f"{KAFKA_VERSION} from Maven Central (on Debian/Ubuntu: `apt-get install maven`). "
+                "Alternatively point KAFKA_HOME at an existing Kafka installation."
+            )
+        _java()  # fail early with a clear message if there is no JVM at all
+        marker.unlink(missing_ok=True)
+        work = root / "fetch"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+        shutil.copyfile(Path(__file__).with_name("pom.xml"), work / "pom.xml")
+        tmp_libs = work / "libs"
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-Dstyle.color=never",
+            "-f",
+            str(work / "pom.xml"),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={tmp_libs}",
+            "-DincludeScope=runtime",
+        ]
+        _log.info("fetching Kafka %s: %s", KAFKA_VERSION, " ".join(cmd))
+        proc = subprocess.run(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0 or not any(tmp_libs.glob("kafka_*.jar")):
+            tail = "\n".join(proc.stdout.strip().splitlines()[-40:])
+            raise KafkaSetupError(
+                f"Fetching Apache Kafka {KAFKA_VERSION} with Maven failed (exit {proc.returncode}). "
+                f"Command: {' '.join(cmd)}\n--- mvn output (tail) ---\n{tail}"
+            )
+        shutil.rmtree(libs, ignore_errors=True)
+        tmp_libs.rename(libs)
+        shutil.rmtree(work, ignore_errors=True)
+        marker.write_text(f"kafka {KAFKA_VERSION}\n")
+        return libs
+
+
+# ---------------------------------------------------------------------------
+# Process helpers
+# ---------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _libc: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True) if sys.platform == "linux" else None
+except OSError:  # pragma: no cover - non-glibc Linux
+    _libc = None
+
+
+def _child_preexec(parent_pid: int) -> None:
+    """Runs in the forked child: die with SIGKILL when the parent goes away."""
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # parent died before prctl took effect
+            os._exit(1)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _props(values: Mapping[str, object]) -> str:
+    return "".join(f"{k}={v}\n" for k, v in values.items())
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _admin(bootstrap: str, **extra: Any) -> AdminClient:
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _rdkafka_log}
+    conf.update(extra)
+    return AdminClient(conf)
+
+
+def _metadata(admin: AdminClient, topic: str | None = None, timeout: float = 5.0) -> ClusterMetadata:
+    return admin.list_topics(topic=topic, timeout=timeout)
+
+
+def create_topic(
+    bootstrap: str,
+    name: str,
+    partitions: int = 3,
+    replication_factor: int | None = None,
+    config: Mapping[str, str] | None = None,
+    *,
+    timeout: float = 60.0,
+) -> str:
+    """Create a topic and wait until every partition has a leader.
+
+    Args:
+        bootstrap: ``bootstrap.servers`` of the cluster.
+        name: Topic name.
+        partitions: Number of partitions.
+        replication_factor: Replicas per partition; ``None`` means
+            ``min(3, number of live brokers)``.
+        config: Topic configuration, e.g. ``{"min.insync.replicas": "2"}``.
+        timeout: Seconds to wait for creation and leaders.
+
+    Returns:
+        The topic name.
+
+    Raises:
+        TimeoutError: The topic did not get leaders for all partitions in time.
+        confluent_kafka.KafkaException: The broker rejected the creation.
+    """
+    deadline = time.monotonic() + timeout
+    admin = _admin(bootstrap)  # keep a reference until the futures resolve (else: _DESTROY)
+    if replication_factor is None:
+        replication_factor = min(3, max(1, len(_metadata(admin, timeout=timeout).brokers)))
+    new = NewTopic(
+        name,
+        num_partitions=partitions,
+        replication_factor=replication_factor,
+        config={k: str(v) for k, v in (config or {}).items()},
+    )
+    futures = admin.create_topics([new], operation_timeout=timeout, request_timeout=timeout)
+    futures[name].result(timeout=timeout)
+    while True:
+        md = _metadata(admin, name).topics.get(name)
+        if (
+            md is not None
+            and md.error is None
+            and len(md.partitions) == partitions
+            and all(p.leader >= 0 and p.error is None for p in md.partitions.values())
+        ):
+            return name
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topic {name!r} has no leader for every partition after {timeout}s: {md}")
+        time.sleep(0.1)
+
+
+def wait_for_isr(bootstrap: str, topic: str, min_isr: int | None = None, *, timeout: float = 60.0) -> None:
+    """Wait until every partition of ``topic`` has a leader and enough in-sync replicas.
+
+    Args:
+        bootstrap: ``bootstrap.servers`` of the cluster.
+        topic: Topic name.
+        min_isr: Required ISR size per partition; ``None`` means all replicas.
+        timeout: Seconds to wait.
+
+    Raises:
+        TimeoutError: The ISR did not grow back in time.
+    """
+    admin = _admin(bootstrap)
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            md = _metadata(admin, topic).topics.get(topic)
+            last = md
+            if md is not None and md.error is None and md.partitions:
+                ok = all(
+                    p.leader >= 0 and len(p.isrs) >= (len(p.replicas) if min_isr is None else min_isr)
+                    for p in md.partitions.values()
+                )
+                if ok:
+                    return
+        except Exception as exc:  # noqa: BLE001 - metadata errors while brokers restart are transient
+            last = exc
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ISR of topic {topic!r} not >= {min_isr or 'all replicas'} after {timeout}s: {last}")
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------
+# The cluster
+# ---------------------------------------------------------------------------
+
+_live_clusters: set[KafkaCluster] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    with _live_lock:
+        clusters = list(_live_clusters)
+    for cluster in clusters:
+        with contextlib.suppress(Exception):
+            cluster.close()
+
+
+DEFAULT_JVM_OPTS: tuple[str, ...] = (
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-XX:CICompilerCount=1",
+    "-Xss512k",
+    "-Djava.awt.headless=true",
+    "-Djava.net.preferIPv4Stack=true",
+)
+"""JVM flags for every Kafka process: small footprint and fast start on a 2-core machine."""
+
+_LOG4J2 = """\
+status = warn
+name = outbox-testing
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = STDOUT
+logger.state.name = state.change.logger
+logger.state.level = warn
+logger.request.name = kafka.request.logger
+logger.request.level = warn
+logger.log.name = org.apache.kafka.storage.internals.log
+logger.log.level = warn
+logger.logcls.name = kafka.log
+logger.logcls.level = warn
+"""
+
+
+class KafkaCluster:
+    """A local Apache Kafka cluster in KRaft mode: one controller and N brokers.
+
+    Example::
+
+        with KafkaCluster(brokers=3) as cluster:
+            cluster.create_topic("orders", partitions=3, config={"min.insync.replicas": "2"})
+            producer = Producer({"bootstrap.servers": cluster.bootstrap_servers})
+            cluster.kill_broker(1)
+            ...
+            cluster.start_broker(1)
+            cluster.wait_for_isr("orders")
+
+    Broker ``i`` (``0 <= i < brokers``) has node id ``i``; the controller has
+    node id :data:`CONTROLLER_NODE_ID`. Ports are picked once at
+    :meth:`start` and kept across broker restarts.
+
+    Leaving the ``with`` block because of an exception keeps the cluster
+    directory (process logs and data) and prints where it is.
+
+    Args:
+        brokers: Number of broker processes.
+        base_dir: Parent directory of the cluster's temporary directory
+            (default: the system temp dir).
+        keep_logs: Keep the cluster directory on :meth:`close` even on success.
+        broker_config: Extra/overriding ``server.properties`` entries for brokers.
+        controller_config: Extra/overriding entries for the controller.
+        broker_heap: ``-Xmx`` of each broker JVM.
+        controller_heap: ``-Xmx`` of the controller JVM.
+        jvm_opts: JVM flags (default :data:`DEFAULT_JVM_OPTS`).
+        startup_timeout: Seconds to wait for a process to serve.
+    """
+
+    def __init__(
+        self,
+        brokers: int = 3,
+        *,
+        base_dir: str | os.PathLike[str] | None = None,
+        keep_logs: bool = False,
+        broker_config: Mapping[str, object] | None = None,
+        controller_config: Mapping[str, object] | None = None,
+        broker_heap: str = "512m",
+        controller_heap: str = "256m",
+        jvm_opts: tuple[str, ...] | list[str] = DEFAULT_JVM_OPTS,
+        startup_timeout: float = 90.0,
+    ) -> None:
+        if brokers < 1:
+            raise ValueError("brokers must be >= 1")
+        self.num_brokers = brokers
+        self.keep_logs = keep_logs
+        self.startup_timeout = startup_timeout
+        self._base_dir = base_dir
+        self._broker_overrides = dict(broker_config or {})
+        self._controller_overrides = dict(controller_config or {})
+        self._broker_heap = broker_heap
+        self._controller_heap = controller_heap
+        self._jvm_opts = list(jvm_opts)
+        self._dir: Path | None = None
+        self._cluster_id = _new_cluster_id()
+        self._controller_port = 0
+        self._broker_ports: list[int] = []
+        self._controller: subprocess.Popen[bytes] | None = None
+        self._brokers: list[subprocess.Popen[bytes] | None] = [None] * brokers
+        self._log_files: list[IO[bytes]] = []
+        self._closed = False
+        self._owner_pid = os.getpid()
+
+    # -- properties ---------------------------------------------------------
+
+    @property
+    def cluster_id(self) -> str:
+        """The KRaft cluster id (22-character base64url UUID)."""
+        return self._cluster_id
+
+    @property
+    def dir(self) -> Path:
+        """The cluster's directory (configs, data, logs)."""
+        if self._dir is None:
+            raise RuntimeError("cluster not started")
+        return self._dir
+
+    @property
+    def log_dir(self) -> Path:
+        """Directory holding one ``<process>.log`` (stdout+stderr) per Kafka process."""
+        return self.dir / "logs"
+
+    def broker_log(self, i: int) -> Path:
+        """Path of broker ``i``'s process log."""
+        return self.log_dir / f"broker-{i}.log"
+
+    @property
+    def controller_log(self) -> Path:
+        """Path of the controller's process log."""
+        return self.log_dir / "controller.log"
+
+    @property
+    def broker_ports(self) -> list[int]:
+        """Port of each broker's PLAINTEXT listener on 127.0.0.1, by broker index."""
+        return list(self._broker_ports)
+
+    @property
+    def controller_port(self) -> int:
+        """Port of the controller's listener on 127.0.0.1."""
+        return self._controller_port
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Comma-separated ``127.0.0.1:port`` of all brokers (running or not)."""
+        return ",".join(f"127.0.0.1:{p}" for p in self._broker_ports)
+
+    def pids(self) -> list[int]:
+        """Process ids of all live Kafka processes of this cluster (controller first)."""
+        procs = [self._controller, *self._brokers]
+        return [p.pid for p in procs if p is not None and p.poll() is None]
+
+    def running_brokers(self) -> list[int]:
+        """Indices of brokers whose process is alive."""
+        return [i for i, p in enumerate(self._brokers) if p is not None and p.poll() is None]
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def __enter__(self) -> KafkaCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(keep=True if exc_type is not None else None)
+
+    def start(self) -> KafkaCluster:
+        """Fetch Kafka if needed, format storage, start controller and brokers, wait until all serve.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            KafkaSetupError: Java/Maven missing, fetch failed, or a process did
+                not come up (the message has the tail of its log).
+        """
+        if self._dir is not None:
+            raise RuntimeError("cluster already started")
+        java = _java()
+        libs = kafka_libs_dir()
+        self._classpath = str(libs / "*")
+        self._javabin = java
+        self._dir = Path(tempfile.mkdtemp(prefix="kafka-outbox-", dir=self._base_dir))
+        with _live_lock:
+            _live_clusters.add(self)
+        try:
+            self.log_dir.mkdir()
+            (self.dir / "log4j2.properties").write_text(_LOG4J2)
+            self._controller_port = _free_port()
+            self._broker_ports = [_free_port() for _ in range(self.num_brokers)]
+            self._write_configs()
+            self._format_all()
+            self._controller = self._spawn("controller", self._controller_heap)
+            for i in range(self.num_brokers):
+                self._brokers[i] = self._spawn(f"broker-{i}", self._broker_heap)
+            self._wait_port("controller", self._controller, self._controller_port, self.controller_log)
+            self._wait_brokers_serving(range(self.num_brokers))
+        except BaseException:
+            self.close(keep=True)
+            raise
+        return self
+
+    def close(self, keep: bool | None = None) -> None:
+        """Stop every process of the cluster and remove its directory.
+
+        Args:
+            keep: Keep the directory (logs, data). ``None`` means
+                :attr:`keep_logs`. When kept, its location is printed to stderr.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() != self._owner_pid:  # forked child: the processes are not ours
+            return
+        try:
+            for i in range(self.num_brokers):
+                p = self._brokers[i]
+                if p is not None and p.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        p.send_signal(signal.SIGTERM)
+            for i in range(self.num_brokers):
+                self._reap(self._brokers[i], timeout=10.0)
+            if self._controller is not None:
+                if self._controller.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        self._controller.send_signal(signal.SIGTERM)
+                self._reap(self._controller, timeout=10.0)
+        finally:
+            for f in self._log_files:
+                with contextlib.suppress(Exception):
+                    f.close()
+            with _live_lock:
+                _live_clusters.discard(self)
+            if self._dir is not None:
+                if keep if keep is not None else self.keep_logs:
+                    print(f"[outbox.testing] Kafka cluster logs kept in {self.log_dir}", file=sys.stderr)
+                else:
+                    shutil.rmtree(self._dir, ignore_errors=True)
+
+    # -- broker control -----------------------------------------------------
+
+    def stop_broker(self, i: int, timeout: float = 20.0) -> None:
+        """Stop broker ``i`` gracefully (SIGTERM); SIGKILL it if it has not exited after ``timeout``."""
+        p = self._broker(i)
+        if p is None or p.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(signal.SIGTERM)
+        self._reap(p, timeout)
+
+    def kill_broker(self, i: int) -> None:
+        """Kill broker ``i`` with SIGKILL (a crash) and wait until it is gone."""
+        p = self._broker(i)
+        if p is None or p.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            p.kill()
+        p.wait()
+
+    def start_broker(self, i: int, timeout: float | None = None) -> None:
+        """Start broker ``i`` (no-op if running) and wait until it serves.
+
+        "Serves" means its port accepts connections and it is listed as a live
+        broker in the cluster metadata a client sees.
+
+        Raises:
+            KafkaSetupError: The broker exited or did not serve within ``timeout``
+                (default :attr:`startup_timeout`).
+        """
+        p = self._broker(i)
+        if p is not None and p.poll() is None:
+            return
+        self._brokers[i] = self._spawn(f"broker-{i}", self._broker_heap)
+        self._wait_brokers_serving([i], timeout)
+
+    def stop_all(self, timeout: float = 20.0) -> None:
+        """Stop all brokers (SIGTERM, in parallel). The controller keeps running."""
+        procs = [p for p in self._brokers if p is not None and p.poll() is None]
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            self._reap(p, timeout)
+
+    def start_all(self, timeout: float | None = None) -> None:
+        """Start every broker that is not running and wait until all serve."""
+        down = [i for i in range(self.num_brokers) if i not in self.running_brokers()]
+        for i in down:
+            self._brokers[i] = self._spawn(f"broker-{i}", self._broker_heap)
+        if down:
+            self._wait_brokers_serving(down, timeout)
+
+    # -- topics -------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 3,
+        replication_factor: int | None = None,
+        config: Mapping[str, str] | None = None,
+        *,
+        timeout: float = 60.0,
+    ) -> str:
+        """Create a topic and wait until all partitions have leaders.
+
+        Args:
+            name: Topic name.
+            partitions: Number of partitions.
+            replication_factor: ``None`` means ``min(3, brokers)``.
+            config: Topic configuration overrides.
+            timeout: Seconds to wait.
+
+        Returns:
+            The topic name.
+        """
+        rf = min(3, self.num_brokers) if replication_factor is None else replication_factor
+        return create_topic(self.bootstrap_servers, name, partitions, rf, config, timeout=timeout)
+
+    def wait_for_isr(self, topic: str, min_isr: int | None = None, timeout: float = 60.0) -> None:
+        """Wait until every partition of ``topic`` has ``>= min_isr`` in-sync replicas (default: all)."""
+        wait_for_isr(self.bootstrap_servers, topic, min_isr, timeout=timeout)
+
+    def wait_until_healthy(self, timeout: float = 90.0) -> None:
+        """Start stopped brokers, then wait until every partition of every topic has its full ISR."""
+        deadline = time.monotonic() + timeout
+        self.start_all(timeout=timeout)
+        admin = _admin(self.bootstrap_servers)
+        md = _metadata(admin, timeout=max(1.0, deadline - time.monotonic()))
+        for name in md.topics:
+            wait_for_isr(self.bootstrap_servers, name, timeout=max(1.0, deadline - time.monotonic()))
+
+    # -- internals ----------------------------------------------------------
+
+    def _broker(self, i: int) -> subprocess.Popen[bytes] | None:
+        if not 0 <= i < self.num_brokers:
+            raise IndexError(f"broker index {i} out of range 0..{self.num_brokers - 1}")
+        if self._dir is None or self._closed:
+            raise RuntimeError("cluster is not running")
+        return self._brokers[i]
+
+    def _common_config(self) -> dict[str, object]:
+        return {
+            "controller.quorum.voters": f"{CONTROLLER_NODE_ID}@127.0.0.1:{self._controller_port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "broker.session.timeout.ms": 5000,
+            "broker.heartbeat.interval.ms": 500,
+            "num.network.threads": 2,
+            "num.io.threads": 2,
+            "background.threads": 2,
+        }
+
+    def _write_configs(self) -> None:
+        rf = min(3, self.num_brokers)
+        controller_dir = self.dir / "controller"
+        controller = {
+            **self._common_config(),
+            "process.roles": "controller",
+            "node.id": CONTROLLER_NODE_ID,
+            "listeners": f"CONTROLLER://127.0.0.1:{self._controller_port}",
+            "log.dirs": controller_dir / "data",
+            **self._controller_overrides,
+        }
+        controller_dir.mkdir()
+        (controller_dir / "server.properties").write_text(_props(controller))
+        for i, port in enumerate(self._broker_ports):
+            bdir = self.dir / f"broker-{i}"
+            broker = {
+                **self._common_config(),
+                "process.roles": "broker",
+                "node.id": i,
+                "listeners": f"PLAINTEXT://127.0.0.1:{port}",
+                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+                "inter.broker.listener.name": "PLAINTEXT",
+                "log.dirs": bdir / "data",
+                "num.partitions": 3,
+                "default.replication.factor": rf,
+                "min.insync.replicas": 1,
+                "offsets.topic.replication.factor": rf,
+                "offsets.topic.num.partitions": 6,
+                "transaction.state.log.replication.factor": rf,
+                "transaction.state.log.min.isr": 1,
+                "transaction.state.log.num.partitions": 6,
+                "share.coordinator.state.topic.replication.factor": rf,
+                "share.coordinator.state.topic.min.isr": 1,
+                "group.initial.rebalance.delay.ms": 0,
+                "replica.lag.time.max.ms": 5000,
+                "replica.socket.timeout.ms": 5000,
+                "num.replica.fetchers": 1,
+                "num.recovery.threads.per.data.dir": 1,
+                "log.cleaner.threads": 1,
+                "log.cleaner.dedupe.buffer.size": 8 * 1024 * 1024,
+                "unclean.leader.election.enable": "false",
+                "auto.create.topics.enable": "true",
+                **self._broker_overrides,
+            }
+            bdir.mkdir()
+            (bdir / "server.properties").write_text(_props(broker))
+
+    def _config_path(self, name: str) -> Path:
+        return self.dir / name / "server.properties"
+
+    def _java_cmd(self, heap: str, main: str, *args: str) -> list[str]:
+        return [
+            self._javabin,
+            "-Xms64m",
+            f"-Xmx{heap}",
+            *self._jvm_opts,
+            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={self.log_dir}",
+            "-cp",
+            self._classpath,
+            main,
+            *args,
+        ]
+
+    def _format_all(self) -> None:
+        names = ["controller", *[f"broker-{i}" for i in range(self.num_brokers)]]
+        procs = []
+        for name in names:
+            cmd = self._java_cmd(
+                "256m", "kafka.tools.StorageTool", "format", "-t", self._cluster_id, "-c", str(self._config_path(name))
+            )
+            log = self.log_dir / f"format-{name}.log"
+            with open(log, "wb") as out:
+                procs.append((name, log, self._popen(cmd, out)))
+        for name, log, p in procs:
+            try:
+                rc = p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = p.wait()
+            if rc != 0:
+                raise KafkaSetupError(f"formatting storage of {name} failed (exit {rc}):\n{_tail(log)}")
+
+    def _popen(self, cmd: list[str], out: IO[bytes]) -> subprocess.Popen[bytes]:
+        parent = os.getpid()
+        # PR_SET_PDEATHSIG fires when the *thread* that forked exits, so only use it from the main thread.
+        preexec = (lambda: _child_preexec(parent)) if threading.current_thread() is threading.main_thread() else None
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=self.dir,
+            start_new_session=True,
+            preexec_fn=preexec,
+        )
+
+    def _spawn(self, name: str, heap: str) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in close()
+        self._log_files.append(log)
+        log.write(f"\n===== [outbox.testing] starting {name} at {time.strftime('%H:%M:%S')} =====\n".encode())
+        log.flush()
+        return self._popen(self._java_cmd(heap, "kafka.Kafka", str(self._config_path(name))), log)
+
+    @staticmethod
+    def _reap(p: subprocess.Popen[bytes] | None, timeout: float) -> None:
+        if p is None:
+            return
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait()
+
+    def _wait_port(self, name: str, proc: subprocess.Popen[bytes] | None, port: int, log: Path) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while not _port_open(port):
+            if proc is None or proc.poll() is not None:
+                raise KafkaSetupError(f"{name} exited during start-up; log {log}:\n{_tail(log)}")
+            if time.monotonic() > deadline:
+                raise KafkaSetupError(f"{name} not listening on port {port} after {self.startup_timeout}s:\n{_tail(log)}")
+            time.sleep(0.1)
+
+    def _wait_brokers_serving(self, indices: Iterator[int] | range | list[int], timeout: float | None = None) -> None:
+        wanted = list(indices)
+        timeout = self.startup_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        for i in wanted:
+            self._wait_port(f"broker-{i}", self._brokers[i], self._broker_ports[i], self.broker_log(i))
+        admin = _admin(self.bootstrap_servers)
+        while True:
+            seen: set[int] = set()
+            with contextlib.suppress(Exception):
+                seen = set(_metadata(admin, timeout=2.0).brokers)
+            if all(i in seen for i in wanted):
+                return
+            for i in wanted:
+                p = self._brokers[i]
+                if p is None or p.poll() is not None:
+                    raise KafkaSetupError(f"broker-{i} exited during start-up:\n{_tail(self.broker_log(i))}")
+            if time.monotonic() > deadline:
+                missing = [i for i in wanted if i not in seen]
+                raise KafkaSetupError(
+                    f"brokers {missing} not in cluster metadata after {timeout}s; "
+                    f"last log lines of broker-{missing[0]}:\n{_tail(self.broker_log(missing[0]))}"
+                )
+            time.sleep(0.2)
+
+    def __repr__(self) -> str:
+        return f"KafkaCluster(brokers={self.num_brokers}, bootstrap={self.bootstrap_servers!r}, dir={self._dir})"
