@@ -1,0 +1,672 @@
+"""PostgreSQL outbox: one table shared by a fleet of producers and drainers.
+
+Same contract and column meanings as `SQLiteOutbox` (see `outbox.stores.base`): statuses are
+small integers, times are epoch seconds in `double precision`, key/value/headers are opaque
+`bytea` (headers in `outbox.codec`'s layout), and a lease is `lease_owner` plus
+`next_attempt_at` pushed to the lease's expiry.
+
+Connections come from a `psycopg_pool.ConnectionPool` in autocommit mode: single statements
+commit on their own, and multi-statement work runs in an explicit short transaction. No
+transaction is ever held across a Kafka send.
+
+How N processes claim at once (the choice, and why):
+    ``SELECT … FOR UPDATE SKIP LOCKED`` alone keeps each row with one claimer, but not per-key
+    order: while claimer A's transaction holds the lock on row 5 of key K, claimer B skips it
+    and can take row 7 of K, and both are then sent in parallel. So claim transactions are
+    serialized with ``pg_advisory_xact_lock(<hash of schema.table>)``. A claim is a couple of
+    short statements (a few milliseconds); the sends happen outside it, so drainers still send
+    in parallel. After taking the lock, each statement of the claim runs on a fresh READ
+    COMMITTED snapshot, so it sees every lease committed by the previous claimer. SKIP LOCKED
+    stays, for rows locked by acknowledging writers (delete / reschedule / release), and the
+    per-key check treats any earlier PENDING row of the key that was not among the candidates
+    (not due, leased, or skipped because locked) as blocking the key's later rows.
+
+Ordering caveat: ids come from an identity sequence, so a key's order is the order in which its
+rows were inserted. Two *concurrent* writers of the same key have no order defined between
+them (commit order may differ from id order); one producer writes sequentially, so its
+order holds.
+
+Transactional outbox: `PostgresOutbox.enqueue_in_transaction` writes PENDING rows with the
+caller's own open psycopg connection and never commits, so the message exists if and only if
+the caller's business transaction commits.
+
+Secrets: error messages name ``host:port/database`` (`StoreURL.where()`), never the password;
+libpq's own text is scrubbed of it too, and psycopg exceptions are not chained (``from None``)
+so a traceback cannot carry connection details further.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ..codec import decode_headers, encode_headers
+from ..errors import ConfigError, StoreError, StoreNotFoundError, UnknownMessageError
+from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from ..urls import StoreURL
+from .base import Failure, Outbox
+
+if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+_COLUMNS = (
+    "id, msg_id, topic, key, value, headers, partition, status, attempts, created_at, "
+    "first_failed_at, last_failed_at, next_attempt_at, last_error"
+)
+
+_ALL = DeadLetterFilter()  # the empty filter: every dead letter
+
+_DEFAULT_CONNECT_TIMEOUT = "10"  # libpq's default is to wait forever for an unreachable host
+
+
+def _migrations(schema: str, table: str) -> dict[int, list[str]]:
+    """Versioned DDL. Names are validated by `outbox.urls` (letters, digits, _) and quoted."""
+    t = f'"{schema}"."{table}"'
+    return {
+        1: [
+            f"""CREATE TABLE IF NOT EXISTS {t} (
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,  -- orders a key's messages
+                msg_id TEXT NOT NULL,
+                topic TEXT NOT NULL,
+                key BYTEA,
+                value BYTEA,
+                headers BYTEA,
+                partition INTEGER NOT NULL DEFAULT -1,
+                status SMALLINT NOT NULL DEFAULT 0,
+                attempts INTEGER NOT NULL DEFAULT 0,
+                created_at DOUBLE PRECISION NOT NULL,
+                first_failed_at DOUBLE PRECISION,
+                last_failed_at DOUBLE PRECISION,
+                next_attempt_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+                last_error TEXT,
+                lease_owner TEXT
+            )""",
+            # Oldest pending first: claim walks this small partial index in id order.
+            f'CREATE INDEX IF NOT EXISTS "{table}_pending_id" ON {t} (id) WHERE status = 0',
+            # "Anything due?" probes, next_due_at, and due-row scans when most rows back off.
+            f'CREATE INDEX IF NOT EXISTS "{table}_due" ON {t} (status, next_attempt_at)',
+            # Per-key order checks and has_pending. md5(key), not key: a btree entry is limited
+            # to ~2.7 kB and Kafka keys are not; queries also compare the key itself.
+            f'CREATE INDEX IF NOT EXISTS "{table}_key" ON {t} (topic, md5(key), id) '
+            "WHERE status = 0 AND key IS NOT NULL",
+            f'CREATE INDEX IF NOT EXISTS "{table}_dead" ON {t} (id) WHERE status = 2',
+        ]
+    }
+
+
+def _lock_key(name: str) -> int:
+    """A stable signed 64-bit advisory-lock key (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+def _row(r: Sequence[Any]) -> OutboxMessage:
+    return OutboxMessage(
+        id=r[0],
+        msg_id=r[1],
+        topic=r[2],
+        key=r[3],
+        value=r[4],
+        headers=decode_headers(r[5]),
+        partition=r[6],
+        status=Status(r[7]),
+        attempts=r[8],
+        created_at=r[9],
+        first_failed_at=r[10],
+        last_failed_at=r[11],
+        next_attempt_at=r[12],
+        last_error=r[13],
+    )
+
+
+def _dead_where(flt: DeadLetterFilter) -> tuple[str, list[Any]]:
+    where: list[str] = ["status = %s"]
+    args: list[Any] = [int(Status.DEAD)]
+    if flt.ids:
+        where.append("id = ANY(%s::bigint[])")
+        args.append(list(flt.ids))
+    if flt.topic is not None:
+        where.append("topic = %s")
+        args.append(flt.topic)
+    if flt.error is not None:
+        # Matches the error name or code at the start of "NAME (code): reason".
+        where.append("(last_error LIKE %s OR last_error LIKE %s)")
+        args.extend([f"{flt.error} (%", f"% ({flt.error}):%"])
+    if flt.since is not None:
+        where.append("last_failed_at >= %s")
+        args.append(flt.since)
+    if flt.until is not None:
+        where.append("last_failed_at < %s")
+        args.append(flt.until)
+    return " AND ".join(where), args
+
+
+def _import_psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise ConfigError("a PostgreSQL outbox needs psycopg: pip install 'kafka-outbox[postgres]'") from exc
+    return psycopg
+
+
+class PostgresOutbox(Outbox):
+    """The fleet outbox store, in one PostgreSQL table.
+
+    Args:
+        url: the parsed URL (`outbox.urls.parse_url`); its `schema` and `table` name the table.
+        create: create the schema, the table and its indexes if missing. With False a missing
+            table raises `StoreNotFoundError` (the CLI's choice: a typo is not a new outbox).
+        pool_size: most connections this store opens (threads of one process share them).
+
+    Raises:
+        StoreError: the server is unreachable, the credentials are wrong, the database does not
+            exist, or the user may not create the schema. The message names host:port/database.
+        StoreNotFoundError: `create` is False and the outbox table does not exist.
+    """
+
+    def __init__(self, url: StoreURL, *, create: bool = True, pool_size: int = 4) -> None:
+        if url.kind != "postgresql":
+            raise ConfigError(f"not a PostgreSQL outbox URL: {url.redacted()}")
+        if pool_size < 1:
+            raise ConfigError("pool_size must be at least 1")
+        self.url = url
+        self.location = url.redacted()
+        self._where = url.where()
+        self._schema = url.schema
+        self._table_name = url.table
+        self._t = f'"{url.schema}"."{url.table}"'
+        self._version_t = f'"{url.schema}"."{url.table}_schema_version"'
+        self._claim_lock = _lock_key(f"kafka-outbox:claim:{url.schema}.{url.table}")
+        self._migrate_lock = _lock_key(f"kafka-outbox:migrate:{url.schema}.{url.table}")
+        self._create = create
+        self._psycopg = _import_psycopg()
+        self._kwargs: dict[str, Any] = dict(url.psycopg_kwargs())
+        self._kwargs.setdefault("connect_timeout", _DEFAULT_CONNECT_TIMEOUT)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        # One direct connection first: a pool hides the reason of a failed connect behind a
+        # timeout, and the first connect is where wrong credentials and typos show up.
+        with self._direct() as conn:
+            self._migrate(conn)
+        from psycopg_pool import ConnectionPool
+
+        self._pool: ConnectionPool[Any] = ConnectionPool(
+            kwargs={**self._kwargs, "autocommit": True},
+            min_size=1,
+            max_size=pool_size,
+            open=True,
+            name=f"outbox-{url.table}",
+            timeout=float(self._kwargs["connect_timeout"]) + 5.0,
+        )
+
+    # -- connections and errors --------------------------------------------------------------
+
+    def _scrub(self, text: str) -> str:
+        if self.url.password:
+            text = text.replace(self.url.password, "***")
+        return text.strip().replace("\n", " ")
+
+    def _error(self, exc: BaseException, doing: str = "") -> StoreError:
+        """A StoreError naming host:port/database, with the server's reason, never the password."""
+        psycopg = self._psycopg
+        reason = self._scrub(str(exc))
+        sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate == "42501" or "permission denied" in reason:
+            text = f"permission denied ({reason})"
+        elif sqlstate == "3D000" or ("database" in reason and "does not exist" in reason):
+            text = f"database {self.url.database!r} does not exist"
+        elif sqlstate == "28P01" or "password authentication failed" in reason:
+            text = f"authentication failed for user {self.url.user!r} (wrong user or password)"
+        elif isinstance(exc, psycopg.OperationalError) and "connection" in reason.lower():
+            text = f"cannot connect to the PostgreSQL server ({reason})"
+        else:
+            text = reason or type(exc).__name__
+        prefix = f"PostgreSQL outbox {self._where}"
+        if doing:
+            prefix += f" ({doing})"
+        return StoreError(f"{prefix}: {text}")
+
+    @contextmanager
+    def _direct(self) -> Iterator[psycopg.Connection[Any]]:
+        psycopg = self._psycopg
+        try:
+            conn = psycopg.connect(**self._kwargs, autocommit=True)
+        except psycopg.Error as exc:
+            raise self._error(exc) from None
+        try:
+            yield conn
+        except psycopg.Error as exc:
+            raise self._error(exc) from None
+        finally:
+            conn.close()
+
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled autocommit connection; psycopg and pool errors become StoreErrors."""
+        from psycopg_pool import PoolTimeout
+
+        if self._closed:
+            raise StoreError(f"PostgreSQL outbox {self._where} is closed")
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout:
+            raise StoreError(
+                f"PostgreSQL outbox {self._where}: no connection to the server within "
+                f"{self._pool.timeout:.0f} s (server down or unreachable?)"
+            ) from None
+        except self._psycopg.Error as exc:
+            raise self._error(exc) from None
+
+    @contextmanager
+    def _tx(self) -> Iterator[psycopg.Connection[Any]]:
+        """One short transaction on a pooled connection."""
+        with self._conn() as conn, conn.transaction():
+            yield conn
+
+    # -- schema ------------------------------------------------------------------------------
+
+    def migrate(self) -> None:
+        with self._conn() as conn:
+            self._migrate(conn)
+
+    def _version(self, conn: psycopg.Connection[Any]) -> int | None:
+        """The stored schema version; None when there is no version table yet."""
+        exists = conn.execute(
+            "SELECT to_regclass(%s)", [f'"{self._schema}"."{self._table_name}_schema_version"']
+        ).fetchone()
+        if exists is None or exists[0] is None:
+            return None
+        row = conn.execute(f"SELECT max(version) FROM {self._version_t}").fetchone()
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
+    def _migrate(self, conn: psycopg.Connection[Any]) -> None:
+        version = self._version(conn)
+        if version == SCHEMA_VERSION:
+            return  # the common case: no lock, no DDL
+        if version is not None and version > SCHEMA_VERSION:
+            raise StoreError(
+                f"PostgreSQL outbox {self._where}: schema version {version} of {self._t} is newer "
+                f"than this kafka-outbox ({SCHEMA_VERSION}); upgrade the library"
+            )
+        if not self._create:
+            table = conn.execute("SELECT to_regclass(%s)", [self._t]).fetchone()
+            if table is None or table[0] is None:
+                raise StoreNotFoundError(
+                    f"PostgreSQL outbox {self._where}: table {self._schema}.{self._table_name} does not exist"
+                )
+        try:
+            with conn.transaction():
+                # Two processes starting at once must not both run the DDL.
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._migrate_lock])
+                has_schema = conn.execute(
+                    "SELECT 1 FROM pg_namespace WHERE nspname = %s", [self._schema]
+                ).fetchone()
+                if not has_schema:
+                    # Only when missing: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege
+                    # first, and a user with rights on an existing schema need not have it.
+                    conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {self._version_t} "
+                    "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+                )
+                version = self._version(conn) or 0
+                steps = _migrations(self._schema, self._table_name)
+                for v in range(version + 1, SCHEMA_VERSION + 1):
+                    for stmt in steps[v]:
+                        conn.execute(stmt)
+                    conn.execute(
+                        f"INSERT INTO {self._version_t} (version, applied_at) VALUES (%s, %s)",
+                        [v, time.time()],
+                    )
+                    log.info("outbox %s: schema migrated to version %d", self.location, v)
+        except self._psycopg.Error as exc:
+            raise self._error(exc, f"creating {self._schema}.{self._table_name}") from None
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def _insert(
+        self,
+        conn: psycopg.Connection[Any],
+        messages: Sequence[NewMessage],
+        status: Status,
+        lease_owner: str | None,
+        lease_until: float | None,
+        now: float,
+    ) -> list[int]:
+        if not messages:
+            return []
+        leased = lease_owner is not None and lease_until is not None
+        # One statement for the whole batch: arrays unnested server-side, ~one round trip.
+        cur = conn.execute(
+            f"INSERT INTO {self._t} (msg_id, topic, key, value, headers, partition, status, "
+            "attempts, created_at, first_failed_at, last_failed_at, next_attempt_at, last_error, "
+            "lease_owner) "
+            "SELECT m, t, k, v, h, p, %s, a, %s, f, CASE WHEN a > 0 THEN f END, n, e, %s "
+            "FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[], "
+            "%s::int[], %s::int[], %s::float8[], %s::float8[], %s::text[]) "
+            "AS x(m, t, k, v, h, p, a, f, n, e) RETURNING id",
+            [
+                int(status),
+                now,
+                lease_owner if leased else None,
+                [m.msg_id for m in messages],
+                [m.topic for m in messages],
+                [m.key for m in messages],
+                [m.value for m in messages],
+                [encode_headers(m.headers) for m in messages],
+                [m.partition for m in messages],
+                [m.attempts for m in messages],
+                [m.first_failed_at for m in messages],
+                [lease_until if leased else m.next_attempt_at for m in messages],
+                [m.last_error for m in messages],
+            ],
+        )
+        # Identity values are drawn as the unnested rows are inserted, in order, so sorted
+        # ids line up with the input even when other writers insert at the same time.
+        return sorted(r[0] for r in cur.fetchall())
+
+    def enqueue(
+        self,
+        messages: Sequence[NewMessage],
+        *,
+        lease_owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> list[int]:
+        if not messages:
+            return []
+        with self._conn() as conn:
+            return self._insert(conn, messages, Status.PENDING, lease_owner, lease_until, time.time())
+
+    def enqueue_in_transaction(self, conn: Any, messages: Sequence[NewMessage]) -> list[int]:
+        """Write PENDING rows with the caller's own open psycopg connection; never commit.
+
+        The classic transactional outbox: call this inside the transaction that does the
+        business write. The messages exist if and only if that transaction commits; the
+        drainers then deliver them. Nothing is committed, rolled back or closed here.
+
+        Args:
+            conn: a `psycopg.Connection` to this store's database, either in a transaction
+                (non-autocommit mode starts one implicitly) or inside `conn.transaction()`.
+            messages: the messages, stored as PENDING and due as given in `next_attempt_at`.
+
+        Returns:
+            The new row ids, in order.
+
+        Raises:
+            ConfigError: `conn` is not a psycopg connection, is connected to another database,
+                or is in autocommit mode outside a transaction block (each write would commit
+                on its own, so there would be no transaction to join).
+            StoreError: the insert failed; the caller's transaction is then aborted and must be
+                rolled back by the caller.
+        """
+        psycopg = self._psycopg
+        if not isinstance(conn, psycopg.Connection):
+            raise ConfigError(
+                f"transaction must be a psycopg.Connection (got {type(conn).__name__}); "
+                "async connections are not supported"
+            )
+        if conn.closed:
+            raise ConfigError("transaction connection is closed")
+        if conn.info.dbname != self.url.database:
+            raise ConfigError(
+                f"transaction connection is to database {conn.info.dbname!r}, but the outbox is "
+                f"in {self._where}"
+            )
+        status = conn.info.transaction_status
+        if status == psycopg.pq.TransactionStatus.INERROR:
+            raise StoreError(
+                f"PostgreSQL outbox {self._where}: the caller's transaction is aborted; roll it back"
+            )
+        if conn.autocommit and status == psycopg.pq.TransactionStatus.IDLE:
+            raise ConfigError(
+                "transaction connection is in autocommit mode outside a transaction block: use "
+                "`with conn.transaction():` or a non-autocommit connection"
+            )
+        if not messages:
+            return []
+        try:
+            return self._insert(conn, messages, Status.PENDING, None, None, time.time())
+        except psycopg.Error as exc:
+            raise self._error(exc, "enqueue in the caller's transaction") from None
+
+    def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:
+        if not messages:
+            return []
+        with self._conn() as conn:
+            return self._insert(conn, messages, Status.DEAD, None, None, failed_at)
+
+    def _delete(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> int:
+        if not ids:
+            return 0
+        cur = conn.execute(f"DELETE FROM {self._t} WHERE id = ANY(%s::bigint[]) AND status = 0", [list(ids)])
+        return cur.rowcount
+
+    def mark_delivered(self, ids: Sequence[int]) -> int:
+        if not ids:
+            return 0
+        with self._conn() as conn:
+            return self._delete(conn, ids)
+
+    def _fail(self, conn: psycopg.Connection[Any], failures: Sequence[Failure]) -> list[OutboxMessage]:
+        if not failures:
+            return []
+        retry = [f for f in failures if f.retry_at is not None]
+        dead = [f for f in failures if f.retry_at is None]
+        if retry:
+            conn.execute(
+                f"UPDATE {self._t} AS o SET attempts = o.attempts + 1, last_error = f.e, "
+                "first_failed_at = COALESCE(o.first_failed_at, f.at), last_failed_at = f.at, "
+                "next_attempt_at = f.retry, lease_owner = NULL "
+                "FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::float8[]) "
+                "AS f(id, e, at, retry) WHERE o.id = f.id AND o.status = 0",
+                [
+                    [f.id for f in retry],
+                    [f.error for f in retry],
+                    [f.failed_at for f in retry],
+                    [f.retry_at for f in retry],
+                ],
+            )
+        if not dead:
+            return []
+        cols = ", ".join(f"o.{c.strip()}" for c in _COLUMNS.split(","))
+        cur = conn.execute(
+            f"UPDATE {self._t} AS o SET attempts = o.attempts + 1, last_error = f.e, status = 2, "
+            "first_failed_at = COALESCE(o.first_failed_at, f.at), last_failed_at = f.at, "
+            "lease_owner = NULL "
+            "FROM unnest(%s::bigint[], %s::text[], %s::float8[]) AS f(id, e, at) "
+            f"WHERE o.id = f.id AND o.status = 0 RETURNING {cols}",
+            [[f.id for f in dead], [f.error for f in dead], [f.failed_at for f in dead]],
+        )
+        return sorted((_row(r) for r in cur.fetchall()), key=lambda m: m.id)
+
+    def record_failures(self, failures: Sequence[Failure]) -> list[OutboxMessage]:
+        if not failures:
+            return []
+        with self._tx() as conn:
+            return self._fail(conn, failures)
+
+    def release(self, ids: Sequence[int], *, now: float) -> None:
+        if not ids:
+            return
+        with self._conn() as conn:
+            conn.execute(
+                f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s "
+                "WHERE id = ANY(%s::bigint[]) AND status = 0",
+                [now, list(ids)],
+            )
+
+    def commit_batch(
+        self,
+        new: Sequence[NewMessage],
+        delivered: Sequence[int],
+        failures: Sequence[Failure],
+        *,
+        lease_owner: str | None,
+        lease_until: float | None,
+    ) -> tuple[list[int], list[OutboxMessage]]:
+        with self._tx() as conn:
+            ids = self._insert(conn, new, Status.PENDING, lease_owner, lease_until, time.time())
+            self._delete(conn, delivered)
+            dead = self._fail(conn, failures)
+        return ids, dead
+
+    def claim(
+        self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None
+    ) -> list[OutboxMessage]:
+        if limit <= 0:
+            return []
+        where = "status = 0 AND next_attempt_at <= %s"
+        args: list[Any] = [now]
+        if topic is not None:
+            where += " AND topic = %s"
+            args.append(topic)
+        with self._conn() as conn:
+            # Cheap probe on the (status, next_attempt_at) index without the claim lock: during
+            # an outage nothing is due, and idle pollers then neither queue on the lock nor scan.
+            due = conn.execute(f"SELECT min(next_attempt_at) FROM {self._t} WHERE status = 0").fetchone()
+            if due is None or due[0] is None or due[0] > now:
+                return []
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._claim_lock])
+                rows = conn.execute(
+                    f"SELECT {_COLUMNS} FROM {self._t} WHERE {where} ORDER BY id LIMIT %s "
+                    "FOR UPDATE SKIP LOCKED",
+                    [*args, limit],
+                ).fetchall()
+                if not rows:
+                    return []
+                rows = self._keep_key_order(conn, rows)
+                conn.execute(
+                    f"UPDATE {self._t} SET lease_owner = %s, next_attempt_at = %s "
+                    "WHERE id = ANY(%s::bigint[])",
+                    [owner, now + lease_seconds, [r[0] for r in rows]],
+                )
+        return [_row(r) for r in rows]
+
+    def _keep_key_order(
+        self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]
+    ) -> list[tuple[Any, ...]]:
+        """Drop candidates that an earlier PENDING row of the same key, not claimed now, precedes.
+
+        Candidates are the first due, unlocked rows in id order; an earlier pending row of the
+        key that is not among them is leased, backing off, or locked by an acknowledging writer,
+        and the key's later rows wait for it.
+        """
+        last_of_key: dict[tuple[str, bytes], int] = {}
+        for r in rows:
+            if r[3] is not None:
+                last_of_key[(r[2], r[3])] = r[0]
+        if not last_of_key:
+            return rows
+        ids = [r[0] for r in rows]
+        topics = [k[0] for k in last_of_key]
+        keys = [k[1] for k in last_of_key]
+        lasts = list(last_of_key.values())
+        found = conn.execute(
+            "SELECT c.t, c.k, (SELECT min(o.id) FROM "
+            f"{self._t} AS o WHERE o.status = 0 AND o.key IS NOT NULL AND o.topic = c.t "
+            "AND md5(o.key) = md5(c.k) AND o.key = c.k AND o.id < c.last "
+            "AND o.id <> ALL(%s::bigint[])) "
+            "FROM unnest(%s::text[], %s::bytea[], %s::bigint[]) AS c(t, k, last)",
+            [ids, topics, keys, lasts],
+        ).fetchall()
+        blocked_from = {(t, bytes(k)): b for t, k, b in found if b is not None}
+        if not blocked_from:
+            return rows
+        return [r for r in rows if r[3] is None or r[0] < blocked_from.get((r[2], r[3]), r[0] + 1)]
+
+    # -- dead letters and reads --------------------------------------------------------------
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._conn() as conn:
+            return conn.execute(sql, args).fetchall()
+
+    def get(self, id: int) -> OutboxMessage:
+        rows = self._read(f"SELECT {_COLUMNS} FROM {self._t} WHERE id = %s", [id])
+        if not rows:
+            raise UnknownMessageError(f"no message with id {id} in outbox {self.location}")
+        return _row(rows[0])
+
+    def list_dead(self, flt: DeadLetterFilter = _ALL) -> list[OutboxMessage]:
+        where, args = _dead_where(flt)
+        sql = f"SELECT {_COLUMNS} FROM {self._t} WHERE {where} ORDER BY id"
+        if flt.limit is not None:
+            sql += " LIMIT %s"
+            args.append(flt.limit)
+        return [_row(r) for r in self._read(sql, args)]
+
+    def purge_dead(self, flt: DeadLetterFilter = _ALL) -> int:
+        where, args = _dead_where(flt)
+        with self._conn() as conn:
+            return conn.execute(f"DELETE FROM {self._t} WHERE {where}", args).rowcount
+
+    def replay_dead(self, flt: DeadLetterFilter = _ALL, *, now: float, to_topic: str | None = None) -> int:
+        where, args = _dead_where(flt)
+        with self._conn() as conn:
+            return conn.execute(
+                f"UPDATE {self._t} SET status = 0, attempts = 0, next_attempt_at = %s, "
+                f"lease_owner = NULL, topic = COALESCE(%s, topic) WHERE {where}",
+                [now, to_topic, *args],
+            ).rowcount
+
+    def has_pending(self, topic: str, key: bytes) -> bool:
+        return bool(
+            self._read(
+                f"SELECT 1 FROM {self._t} WHERE status = 0 AND key IS NOT NULL AND topic = %s "
+                "AND md5(key) = md5(%s::bytea) AND key = %s::bytea LIMIT 1",
+                [topic, key, key],
+            )
+        )
+
+    def stats(self, *, now: float) -> StoreStats:
+        with self._conn() as conn:
+            by_state = conn.execute(
+                "SELECT status, topic, count(*), min(created_at), "
+                "count(*) FILTER (WHERE lease_owner IS NOT NULL AND next_attempt_at > %s) "
+                f"FROM {self._t} GROUP BY status, topic",
+                [now],
+            ).fetchall()
+            errors = conn.execute(
+                "SELECT COALESCE(CASE WHEN strpos(last_error, ':') > 0 "
+                "THEN substr(last_error, 1, strpos(last_error, ':') - 1) ELSE last_error END, '?'), "
+                f"count(*) FROM {self._t} WHERE status = 2 GROUP BY 1"
+            ).fetchall()
+            due = conn.execute(f"SELECT min(next_attempt_at) FROM {self._t} WHERE status = 0").fetchone()
+        pending_by_topic: dict[str, int] = {}
+        dead_by_topic: dict[str, int] = {}
+        oldest: float | None = None
+        leased = 0
+        for status, topic, count, created, leased_n in by_state:
+            if status == Status.PENDING:
+                pending_by_topic[topic] = count
+                oldest = created if oldest is None else min(oldest, created)
+                leased += leased_n or 0
+            else:
+                dead_by_topic[topic] = count
+        return StoreStats(
+            pending=sum(pending_by_topic.values()),
+            dead=sum(dead_by_topic.values()),
+            leased=leased,
+            oldest_pending_at=oldest,
+            next_due_at=due[0] if due is not None else None,
+            pending_by_topic=pending_by_topic,
+            dead_by_topic=dead_by_topic,
+            dead_by_error={e: n for e, n in errors},
+        )
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._pool.close()
