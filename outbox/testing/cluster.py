@@ -393,8 +393,8 @@ class KafkaCluster:
     node id :data:`CONTROLLER_NODE_ID`. Ports are picked once at
     :meth:`start` and kept across broker restarts.
 
-    Leaving the ``with`` block because of an exception keeps the cluster
-    directory (process logs and data) and prints where it is.
+    Leaving the ``with`` block because of an exception (not ``KeyboardInterrupt``)
+    keeps the cluster directory (process logs and data) and prints where it is.
 
     Args:
         brokers: Number of broker processes.
@@ -507,7 +507,8 @@ class KafkaCluster:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close(keep=True if exc_type is not None else None)
+        failed = exc_type is not None and issubclass(exc_type, Exception)
+        self.close(keep=True if failed else None)
 
     def start(self) -> KafkaCluster:
         """Fetch Kafka if needed, format storage, start controller and brokers, wait until all serve.

@@ -1,0 +1,260 @@
+"""pytest plugin of kafka-outbox: real Kafka, PostgreSQL and Spark fixtures.
+
+Registered through the ``pytest11`` entry point ``outbox`` (and by
+``tests/conftest.py`` when the project is not installed). Fixtures:
+
+* ``kafka_cluster`` (session): a running 3-broker :class:`KafkaCluster`.
+* ``kafka_bootstrap`` (session): ``$KAFKA_BOOTSTRAP_SERVERS`` if set (no local
+  cluster is started), else the session cluster's bootstrap servers.
+* ``chaos_cluster`` (function): the session cluster, for tests that stop or
+  kill brokers; afterwards every broker is restarted and the cluster waited on
+  until healthy. Tests using it get the ``chaos`` marker. Always the project's
+  own cluster, even with ``KAFKA_BOOTSTRAP_SERVERS`` set.
+* ``topic`` (function): a fresh topic (3 partitions, RF ``min(3, brokers)``);
+  ``make_topic(partitions=3, replication_factor=None, config=None)`` makes more.
+* ``consume_all`` (function): :func:`outbox.testing.consume` bound to the bootstrap.
+* ``postgres_url`` (session) / ``fresh_postgres_url`` (function): URL of a new
+  database on ``$OUTBOX_TEST_POSTGRES`` (default
+  ``postgresql://outbox:outbox@127.0.0.1:5432/postgres``), dropped afterwards.
+* ``spark`` (session): a ``local[2]`` SparkSession with the PostgreSQL and
+  SQLite JDBC drivers on its classpath.
+
+A missing service (Java, Maven, Kafka, PostgreSQL, pyspark) makes the fixture
+fail with an explanation; nothing is ever skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outbox.testing.cluster import KafkaCluster, KafkaSetupError, create_topic
+from outbox.testing.consume import consume
+
+SPARK_JDBC_JARS: tuple[tuple[str, ...], ...] = (
+    ("/usr/share/java/postgresql.jar",),
+    ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/xerial-sqlite-jdbc.jar"),
+)
+"""Candidate paths of the JDBC driver jars (Debian packages libpostgresql-jdbc-java, libxerial-sqlite-jdbc-java)."""
+
+_SETUP_HINT = "Run `make services` (or see the README's test set-up section)."
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "chaos: tests that stop, kill or restart brokers (need the project's own cluster)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "chaos_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.chaos)
+
+
+# -- Kafka -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
+    """A running 3-broker Kafka cluster shared by the session; logs are kept if any test failed."""
+    cluster = KafkaCluster(brokers=3)
+    try:
+        cluster.start()
+    except KafkaSetupError as exc:
+        pytest.fail(f"could not start the local Kafka test cluster: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.close(keep=True if request.session.testsfailed else None)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(request: pytest.FixtureRequest) -> str:
+    """``bootstrap.servers`` for tests: ``$KAFKA_BOOTSTRAP_SERVERS`` or the session cluster's."""
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if external:
+        return external
+    cluster: KafkaCluster = request.getfixturevalue("kafka_cluster")
+    return cluster.bootstrap_servers
+
+
+@pytest.fixture
+def chaos_cluster(kafka_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
+    """The session cluster for tests that stop/kill brokers; healed (all brokers up, full ISR) afterwards."""
+    kafka_cluster.wait_until_healthy()
+    yield kafka_cluster
+    kafka_cluster.wait_until_healthy()
+
+
+def _bootstrap_for(request: pytest.FixtureRequest) -> str:
+    if "chaos_cluster" in request.fixturenames:
+        cluster: KafkaCluster = request.getfixturevalue("chaos_cluster")
+        return cluster.bootstrap_servers
+    return str(request.getfixturevalue("kafka_bootstrap"))
+
+
+def _topic_name(request: pytest.FixtureRequest) -> str:
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:80].strip("-")
+    return f"t-{base}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def make_topic(request: pytest.FixtureRequest) -> Callable[..., str]:
+    """Factory ``make_topic(partitions=3, replication_factor=None, config=None, name=None) -> str``."""
+    bootstrap = _bootstrap_for(request)
+
+    def factory(
+        partitions: int = 3,
+        replication_factor: int | None = None,
+        config: Mapping[str, str] | None = None,
+        name: str | None = None,
+    ) -> str:
+        return create_topic(bootstrap, name or _topic_name(request), partitions, replication_factor, config)
+
+    return factory
+
+
+@pytest.fixture
+def topic(make_topic: Callable[..., str]) -> str:
+    """A new topic with 3 partitions and replication factor ``min(3, brokers)``."""
+    return make_topic()
+
+
+@pytest.fixture
+def consume_all(request: pytest.FixtureRequest) -> Callable[..., list[Any]]:
+    """``consume_all(topic, expected, timeout=30.0, config=None)`` → messages read from the beginning."""
+    bootstrap = _bootstrap_for(request)
+
+    def reader(
+        topic: str, expected: int, timeout: float = 30.0, config: Mapping[str, Any] | None = None
+    ) -> list[Any]:
+        return consume(bootstrap, topic, expected, timeout, config=config)
+
+    return reader
+
+
+# -- PostgreSQL ------------------------------------------------------------
+
+
+def _new_database() -> str:
+    from outbox.testing.postgres import create_database, server_url
+
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.fail("psycopg (3) is not installed: pip install -e '.[dev]'", pytrace=False)
+    try:
+        return create_database()
+    except Exception as exc:  # noqa: BLE001 - any connection problem gets the same explanation
+        pytest.fail(
+            f"cannot create a test database on PostgreSQL at {_redact(server_url())}: {exc}\n"
+            f"Set OUTBOX_TEST_POSTGRES to a postgresql:// URL of a role with CREATEDB, or start the local "
+            f"server. {_SETUP_HINT}",
+            pytrace=False,
+        )
+
+
+def _redact(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    p = urlsplit(url)
+    if p.password:
+        netloc = p.netloc.replace(f":{p.password}@", ":***@")
+        return urlunsplit((p.scheme, netloc, p.path, p.query, p.fragment))
+    return url
+
+
+def _drop(url: str) -> None:
+    from outbox.testing.postgres import drop_database
+
+    drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """URL of a fresh PostgreSQL database for the session (dropped at the end)."""
+    url = _new_database()
+    yield url
+    _drop(url)
+
+
+@pytest.fixture
+def fresh_postgres_url() -> Iterator[str]:
+    """URL of a fresh PostgreSQL database for one test (dropped afterwards)."""
+    url = _new_database()
+    yield url
+    _drop(url)
+
+
+# -- Spark -----------------------------------------------------------------
+
+
+def spark_jdbc_jars() -> list[str]:
+    """Paths of the PostgreSQL and SQLite JDBC driver jars for ``spark.jars``.
+
+    Raises:
+        FileNotFoundError: A driver jar is not installed.
+    """
+    found = []
+    for candidates in SPARK_JDBC_JARS:
+        jar = next((c for c in candidates if Path(c).is_file()), None)
+        if jar is None:
+            raise FileNotFoundError(
+                f"JDBC driver jar not found (looked for {', '.join(candidates)}); on Debian: "
+                "apt-get install libpostgresql-jdbc-java libxerial-sqlite-jdbc-java"
+            )
+        found.append(jar)
+    return found
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A ``local[2]`` SparkSession (UI off, 2 shuffle partitions, JDBC drivers for PostgreSQL and SQLite)."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        pytest.fail("pyspark is not installed: pip install -e '.[dev]'", pytrace=False)
+    if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
+        pytest.fail("Spark needs Java (>= 17): apt-get install default-jdk-headless", pytrace=False)
+    try:
+        jars = spark_jdbc_jars()
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    work = tempfile.mkdtemp(prefix="outbox-spark-")
+    try:
+        session = (
+            SparkSession.builder.master("local[2]")
+            .appName("kafka-outbox-tests")
+            .config("spark.jars", ",".join(jars))
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.default.parallelism", "2")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.memory", "1g")
+            .config("spark.sql.warehouse.dir", os.path.join(work, "warehouse"))
+            .config("spark.local.dir", os.path.join(work, "local"))
+            .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={work}")
+            .getOrCreate()
+        )
+    except Exception as exc:  # noqa: BLE001
+        shutil.rmtree(work, ignore_errors=True)
+        pytest.fail(f"could not start a local SparkSession: {exc}", pytrace=False)
+    session.sparkContext.setLogLevel("WARN")
+    try:
+        yield session
+    finally:
+        session.stop()
+        shutil.rmtree(work, ignore_errors=True)
