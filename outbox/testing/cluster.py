@@ -765,7 +765,12 @@ class KafkaCluster:
         procs = []
         for name in names:
             cmd = self._java_cmd(
-                "256m", "kafka.tools.StorageTool", "format", "-t", self._cluster_id, "-c", str(self._config_path(name))
+                "256m",
+                "kafka.tools.StorageTool",
+                "format",
+                # "=" form: a base64url id may start with "-", which argparse would take for an option
+                f"--cluster-id={self._cluster_id}",
+                f"--config={self._config_path(name)}",
             )
             log = self.log_dir / f"format-{name}.log"
             with open(log, "wb") as out:
