@@ -1,0 +1,216 @@
+"""What every `outbox` command shares: exit codes, error handling, options, store opening, TIME.
+
+Errors: every command runs inside `OutboxCommand.invoke`, which turns the library's exceptions
+(`OutboxError` and its subclasses, confluent_kafka's `KafkaException`, `OSError`) into a
+one-line `click.ClickException` with the documented exit code, with any secret scrubbed. Bugs
+(anything else) still show a traceback, so they get reported instead of hidden.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import click
+from confluent_kafka import KafkaError, KafkaException
+
+from outbox.errors import ConfigError, KafkaUnavailableError, OutboxError
+from outbox.stores import Outbox, open_outbox
+from outbox.urls import StoreURL, parse_url
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # the command could not do its work: missing/corrupt outbox, unknown id, Kafka error
+EXIT_USAGE = 2  # the command line is wrong: unknown option, bad URL, malformed -X, bad TIME
+EXIT_PENDING = 3  # drain: messages are still pending (cluster unreachable, retries scheduled, limit)
+EXIT_INTERRUPTED = 130  # drain --until-empty stopped by Ctrl-C (128 + SIGINT, as shells do)
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0    success
+  1    error: missing or unreadable outbox, unknown id, store or Kafka failure
+  2    bad command line: unknown option, bad URL scheme, malformed -X, bad TIME
+  3    drain: messages are still pending (cluster unreachable, retries
+       scheduled for later, --max-messages reached)
+  130  drain --until-empty interrupted by Ctrl-C (leases released)"""
+
+TIME_HELP = """\b
+TIME is ISO-8601 (2024-05-01, 2024-05-01T12:00, 2024-05-01T12:00:00+02:00;
+without a zone it is UTC) or an age: 90s, 30m, 2h, 1d, 2w (that long ago).
+Times are printed in UTC."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_SECRETS_KEY = "outbox.secrets"
+
+
+class CliError(click.ClickException):
+    """A one-line error with an exit code (`click.ClickException` prints `Error: <message>`)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
+        # One line, always: a multi-line library message would look like a traceback.
+        super().__init__(" ".join(message.split()))
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares a ClassVar; per instance here
+
+
+def remember_secret(ctx: click.Context, secret: str | None) -> None:
+    """Register a password so that no error message of this command can print it."""
+    if secret:
+        ctx.find_root().meta.setdefault(_SECRETS_KEY, set()).add(secret)
+
+
+def scrub(ctx: click.Context | None, text: str) -> str:
+    """`text` with every registered secret replaced by ***."""
+    if ctx is None:
+        return text
+    for secret in sorted(ctx.find_root().meta.get(_SECRETS_KEY, ()), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def kafka_error_text(exc: KafkaException) -> str:
+    """confluent_kafka's exception as one sentence: the KafkaError's own text when there is one."""
+    arg = exc.args[0] if exc.args else exc
+    return arg.str() if isinstance(arg, KafkaError) else str(arg)
+
+
+class OutboxCommand(click.Command):
+    """A click command whose library errors become one line on stderr and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CliError as exc:
+            clean = scrub(ctx, exc.message)
+            if clean == exc.message:
+                raise
+            raise CliError(clean, exc.exit_code) from None
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except ConfigError as exc:
+            raise CliError(scrub(ctx, str(exc)), EXIT_USAGE) from exc
+        except KafkaUnavailableError as exc:
+            raise CliError(scrub(ctx, str(exc)), EXIT_PENDING) from exc
+        except OutboxError as exc:
+            raise CliError(scrub(ctx, str(exc)), EXIT_ERROR) from exc
+        except KafkaException as exc:
+            raise CliError(scrub(ctx, "Kafka: " + kafka_error_text(exc)), EXIT_ERROR) from exc
+        except OSError as exc:
+            raise CliError(scrub(ctx, str(exc)), EXIT_ERROR) from exc
+
+
+class OutboxGroup(click.Group):
+    """A click group whose commands (and sub-groups) all handle errors like `OutboxCommand`."""
+
+    command_class = OutboxCommand
+    group_class = type  # sub-groups are OutboxGroups too
+
+
+# -- options ---------------------------------------------------------------------------------
+
+
+def outbox_option(f: F) -> F:
+    """`--outbox URL` (or $OUTBOX_URL)."""
+    return click.option(
+        "--outbox",
+        "outbox_url",
+        envvar="OUTBOX_URL",
+        show_envvar=True,
+        required=True,
+        metavar="URL",
+        help="The outbox: sqlite:///path.db, a plain file path, or postgresql://user@host/db.",
+    )(f)
+
+
+def json_option(f: F) -> F:
+    """`--json`: one JSON document on stdout instead of text."""
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")(f)
+
+
+# -- the store -------------------------------------------------------------------------------
+
+
+def parse_store_url(ctx: click.Context, url: str) -> StoreURL:
+    """Parse `--outbox`; remembers its password so no message can show it."""
+    parsed = parse_url(url)
+    remember_secret(ctx, parsed.password)
+    return parsed
+
+
+@contextmanager
+def open_store(url: str) -> Iterator[tuple[Outbox, StoreURL]]:
+    """Open an EXISTING outbox (never creates one: a mistyped path is an error) and close it after."""
+    ctx = click.get_current_context()
+    parsed = parse_store_url(ctx, url)
+    try:
+        store = open_outbox(parsed, create=False)
+    except ImportError as exc:
+        raise CliError(
+            f"cannot open {parsed.redacted()}: {exc.name or 'a driver'} is not installed "
+            "(pip install 'kafka-outbox[postgres]')"
+        ) from exc
+    try:
+        yield store, parsed
+    finally:
+        store.close()
+
+
+# -- TIME ------------------------------------------------------------------------------------
+
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)\s*(?:ago)?\s*$", re.IGNORECASE)
+_UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_time(text: str, *, now: float | None = None) -> float:
+    """A TIME argument as epoch seconds.
+
+    Accepts ISO-8601 (a naive time is UTC) or an age `<number><s|m|h|d|w>` meaning that long
+    before `now`.
+
+    Raises:
+        ValueError: the text is neither.
+    """
+    m = _AGE.match(text)
+    if m:
+        return (time.time() if now is None else now) - float(m.group(1)) * _UNIT[m.group(2).lower()]
+    try:
+        dt = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(text) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)  # documented: a time without a zone is UTC
+    return dt.timestamp()
+
+
+class TimeParam(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
+    """Click type for TIME; a bad value is one line and exit code 2."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_time(str(value))
+        except ValueError:
+            opt = param.opts[0] if param is not None and param.opts else "TIME"
+            raise CliError(
+                f"{opt}: cannot read the time {value!r}: use ISO-8601 (2024-05-01T12:00, UTC when no "
+                "zone is given) or an age such as 30m, 2h, 1d",
+                EXIT_USAGE,
+            ) from None
+
+
+TIME = TimeParam()
+
+
+def stdout_is_terminal() -> bool:
+    """Whether stdout is an interactive terminal (progress bars only then)."""
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -1,0 +1,373 @@
+"""`outbox dlq`: list, show, purge and replay dead letters.
+
+Everything goes through the `Outbox` store methods (`list_dead`, `get`, `purge_dead`,
+`replay_dead`), the same ones the SDK uses: the CLI holds no SQL of its own.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+from confluent_kafka import KafkaError
+
+from outbox.records import DeadLetterFilter, Status
+from outbox.stores import Outbox
+
+from . import format as fmt
+from .common import (
+    EXIT_CODES_HELP,
+    EXIT_USAGE,
+    TIME,
+    TIME_HELP,
+    CliError,
+    OutboxGroup,
+    json_option,
+    open_store,
+    outbox_option,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Kafka's own rule for topic names; checked here so a typo is not replayed into new dead letters.
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def error_filter(value: str | None) -> str | None:
+    """`--error` as the store matches it: a librdkafka code (`-192`) or name (`_MSG_TIMED_OUT`).
+
+    Names are case-insensitive and the leading underscore of librdkafka's local errors may be
+    left out (`msg_timed_out`).
+    """
+    if value is None:
+        return None
+    v = value.strip()
+    if re.fullmatch(r"[+-]?\d+", v):
+        return str(int(v))
+    name = v.upper()
+    if not name.startswith("_") and not hasattr(KafkaError, name) and hasattr(KafkaError, "_" + name):
+        name = "_" + name
+    return name
+
+
+def filter_options(f: F) -> F:
+    """--topic, --error, --since, --until (shared by list, purge and replay)."""
+    f = click.option(
+        "--until", type=TIME, metavar="TIME", help="Only dead letters whose last failure is before TIME."
+    )(f)
+    f = click.option(
+        "--since", type=TIME, metavar="TIME", help="Only dead letters whose last failure is at or after TIME."
+    )(f)
+    f = click.option(
+        "--error",
+        metavar="CODE|NAME",
+        help="Only dead letters that failed with this librdkafka error: a code (-192) or a name "
+        "(_MSG_TIMED_OUT, MSG_SIZE_TOO_LARGE; case-insensitive).",
+    )(f)
+    f = click.option("--topic", metavar="TOPIC", help="Only dead letters of this topic.")(f)
+    return f
+
+
+def id_option(f: F) -> F:
+    """--id ID (repeatable)."""
+    return click.option(
+        "--id",
+        "ids",
+        type=click.IntRange(min=1),
+        multiple=True,
+        metavar="ID",
+        help="Only this dead letter (repeatable). Combined with filters, a message must match both.",
+    )(f)
+
+
+def _filter(
+    topic: str | None,
+    error: str | None,
+    since: float | None,
+    until: float | None,
+    ids: Sequence[int] = (),
+    limit: int | None = None,
+) -> DeadLetterFilter:
+    return DeadLetterFilter(
+        ids=tuple(ids), topic=topic, error=error_filter(error), since=since, until=until, limit=limit
+    )
+
+
+def _describe(flt: DeadLetterFilter) -> str:
+    """The filter in words, for confirmations and messages."""
+    parts = []
+    if flt.ids:
+        parts.append("id " + ", ".join(str(i) for i in flt.ids))
+    if flt.topic is not None:
+        parts.append(f"topic {flt.topic}")
+    if flt.error is not None:
+        parts.append(f"error {flt.error}")
+    if flt.since is not None:
+        parts.append(f"failed since {fmt.when(flt.since)}")
+    if flt.until is not None:
+        parts.append(f"failed before {fmt.when(flt.until)}")
+    return " matching " + ", ".join(parts) if parts else ""
+
+
+def _check_ids(store: Outbox, ids: Sequence[int]) -> None:
+    """Every --id must name a dead letter: a typo is an error, not a silent 'removed 0'."""
+    for i in ids:
+        row = store.get(i)  # UnknownMessageError → exit 1
+        if row.status is not Status.DEAD:
+            raise CliError(f"message {i} is {row.status.name.lower()}, not a dead letter")
+
+
+@click.group("dlq", cls=OutboxGroup)
+def dlq() -> None:
+    """Dead letters: messages that will not be retried any more.
+
+    \b
+    Examples:
+      outbox dlq list --outbox app.db --since 2h
+      outbox dlq show 42 --outbox app.db
+      outbox dlq replay --outbox app.db --error MSG_SIZE_TOO_LARGE --to-topic orders-large
+      outbox dlq purge --outbox app.db --topic orders --until 2024-05-01 --yes
+    """
+
+
+@dlq.command(
+    "list",
+    epilog=f"""\b
+Examples:
+  outbox dlq list --outbox app.db
+  outbox dlq list --outbox app.db --topic orders --error _MSG_TIMED_OUT --since 1d
+  outbox dlq list --outbox app.db --since 2024-05-01T00:00 --until 2024-05-02 --json
+
+{TIME_HELP}
+
+{EXIT_CODES_HELP}""",
+)
+@outbox_option
+@filter_options
+@click.option(
+    "--limit", type=click.IntRange(min=1), metavar="N", help="At most N dead letters (oldest first)."
+)
+@json_option
+def list_cmd(
+    outbox_url: str,
+    topic: str | None,
+    error: str | None,
+    since: float | None,
+    until: float | None,
+    limit: int | None,
+    as_json: bool,
+) -> None:
+    """One line per dead letter: id, topic, key, size, attempts, first/last failure, error."""
+    flt = _filter(topic, error, since, until, limit=limit)
+    with open_store(outbox_url) as (store, _url):
+        rows = store.list_dead(flt)
+    if as_json:
+        click.echo(fmt.dumps([fmt.message_json(r) for r in rows]))
+        return
+    if not rows:
+        click.echo(f"No dead letters{_describe(flt)}.")
+        return
+    click.echo(
+        fmt.table(
+            ["ID", "TOPIC", "KEY", "SIZE", "ATTEMPTS", "FIRST FAILED", "LAST FAILED", "ERROR"],
+            [
+                [
+                    str(r.id),
+                    r.topic,
+                    fmt.short_bytes(r.key),
+                    str(len(r.value) if r.value is not None else 0),
+                    str(r.attempts),
+                    fmt.when(r.first_failed_at),
+                    fmt.when(r.last_failed_at),
+                    " ".join((r.last_error or "-").split()),
+                ]
+                for r in rows
+            ],
+        )
+    )
+
+
+@dlq.command(
+    "show",
+    epilog=f"""\b
+Examples:
+  outbox dlq show 42 --outbox app.db
+  outbox dlq show 42 --outbox app.db --encoding base64 --json
+
+{EXIT_CODES_HELP}""",
+)
+@click.argument("message_id", metavar="ID", type=click.IntRange(min=1))
+@outbox_option
+@click.option(
+    "--encoding",
+    type=click.Choice(["auto", "hex", "base64"]),
+    default="auto",
+    show_default=True,
+    help="How to print keys, values and headers: auto = text when it is printable UTF-8, else hex "
+    f"(up to {fmt.HEX_LIMIT} bytes) or base64.",
+)
+@json_option
+def show(message_id: int, outbox_url: str, encoding: str, as_json: bool) -> None:
+    """Everything about one message: metadata, error, headers and the value, printed safely.
+
+    Binary data is never written raw to the terminal: keys, values and headers that are not
+    printable UTF-8 text are shown as hex or base64, labelled.
+    """
+    with open_store(outbox_url) as (store, _url):
+        row = store.get(message_id)
+    doc = fmt.message_json(row, encoding)
+    if as_json:
+        click.echo(fmt.dumps(doc))
+        return
+    fields = [
+        ("id", str(row.id)),
+        ("message id", row.msg_id or "-"),
+        ("status", doc["status"]),
+        ("topic", row.topic),
+        ("partition", "any" if row.partition < 0 else str(row.partition)),
+        ("attempts", str(row.attempts)),
+        ("created", fmt.when(row.created_at)),
+        ("first failed", fmt.when(row.first_failed_at)),
+        ("last failed", fmt.when(row.last_failed_at)),
+    ]
+    if row.status is Status.PENDING:
+        due_now = row.next_attempt_at <= time.time()
+        fields.append(("next attempt", "now" if due_now else fmt.when(row.next_attempt_at)))
+    fields.append(("last error", " ".join((row.last_error or "-").split())))
+    fields.append(("key", _labelled(doc["key"], doc["key_encoding"], row.key)))
+    click.echo(fmt.table(None, fields))
+    click.echo(f"headers ({len(row.headers)}):")
+    for h in doc["headers"]:
+        raw = None if h["value"] is None else h["value"]
+        click.echo(f"  {_safe_name(h['name'])}: {_labelled(raw, h['encoding'], None)}")
+    n = len(row.value) if row.value is not None else 0
+    if row.value is None:
+        click.echo("value: null")
+    else:
+        click.echo(f"value ({doc['value_encoding']}, {n} bytes):")
+        click.echo(doc["value"])
+
+
+def _labelled(text: str | None, encoding: str | None, raw: bytes | None) -> str:
+    if text is None:
+        return "null"
+    size = f", {len(raw)} bytes" if raw is not None else ""
+    if encoding == "utf-8":
+        return text if "\n" not in text else repr(text)
+    return f"{text} ({encoding}{size})"
+
+
+def _safe_name(name: str) -> str:
+    return name if name.isprintable() else repr(name)
+
+
+@dlq.command(
+    "purge",
+    epilog=f"""\b
+Examples:
+  outbox dlq purge --outbox app.db --id 17 --id 18
+  outbox dlq purge --outbox app.db --topic orders --error TOPIC_AUTHORIZATION_FAILED --yes
+  outbox dlq purge --outbox app.db --until 30d --yes      (older than 30 days)
+
+{TIME_HELP}
+
+{EXIT_CODES_HELP}""",
+)
+@outbox_option
+@filter_options
+@id_option
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+def purge(
+    outbox_url: str,
+    topic: str | None,
+    error: str | None,
+    since: float | None,
+    until: float | None,
+    ids: tuple[int, ...],
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Delete dead letters for good: all of them, or those the filters and --id name.
+
+    Asks for confirmation (on stderr) unless --yes is given; without a terminal to answer, a
+    purge without --yes is aborted (exit 1). Only dead letters are ever deleted, never pending
+    messages.
+    """
+    flt = _filter(topic, error, since, until, ids)
+    with open_store(outbox_url) as (store, url):
+        _check_ids(store, ids)
+        matching = len(store.list_dead(flt))
+        if matching and not yes:
+            click.confirm(
+                f"Delete {matching} dead letter(s){_describe(flt)} from {url.redacted()}? "
+                "This cannot be undone",
+                abort=True,
+                err=True,
+            )
+        removed = store.purge_dead(flt) if matching else 0
+    if as_json:
+        click.echo(fmt.dumps({"outbox": url.redacted(), "removed": removed}))
+    elif removed:
+        click.echo(f"Removed {removed} dead letter(s).")
+    else:
+        click.echo(f"No dead letters{_describe(flt)}; removed 0.")
+
+
+@dlq.command(
+    "replay",
+    epilog=f"""\b
+Examples:
+  outbox dlq replay --outbox app.db --id 17
+  outbox dlq replay --outbox app.db --error _MSG_TIMED_OUT --since 1d
+  outbox dlq replay --outbox app.db --topic orders --to-topic orders-retry
+  then: outbox drain --outbox app.db -b kafka:9092
+
+{TIME_HELP}
+
+{EXIT_CODES_HELP}""",
+)
+@outbox_option
+@filter_options
+@id_option
+@click.option(
+    "--to-topic", metavar="TOPIC", help="Send the replayed messages to this topic instead of their own."
+)
+@json_option
+def replay(
+    outbox_url: str,
+    topic: str | None,
+    error: str | None,
+    since: float | None,
+    until: float | None,
+    ids: tuple[int, ...],
+    to_topic: str | None,
+    as_json: bool,
+) -> None:
+    """Put dead letters back into the pending queue, attempts reset, so the next drain sends them.
+
+    Key, value and headers are kept byte for byte; --to-topic only changes where they go.
+    With no filter and no --id, every dead letter is replayed.
+    """
+    if to_topic is not None and not _TOPIC.match(to_topic):
+        raise CliError(
+            f"--to-topic: {to_topic!r} is not a valid Kafka topic name (letters, digits, '.', '_', '-')",
+            EXIT_USAGE,
+        )
+    flt = _filter(topic, error, since, until, ids)
+    with open_store(outbox_url) as (store, url):
+        _check_ids(store, ids)
+        replayed = store.replay_dead(flt, now=time.time(), to_topic=to_topic)
+    if as_json:
+        click.echo(fmt.dumps({"outbox": url.redacted(), "replayed": replayed, "to_topic": to_topic}))
+    elif replayed:
+        where = f" addressed to topic {to_topic}" if to_topic else ""
+        click.echo(
+            f"Replayed {replayed} dead letter(s) into the pending queue{where}, attempts reset; "
+            "`outbox drain` sends them."
+        )
+    else:
+        click.echo(f"No dead letters{_describe(flt)}; replayed 0.")

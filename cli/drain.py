@@ -1,0 +1,374 @@
+"""`outbox drain`: deliver an outbox's due messages by hand (after an outage, or as a service).
+
+The work is done by `outbox.drain.Drainer`, the same code the SDK's background drainer runs:
+rows are claimed with a lease, sent, and deleted only once Kafka acknowledged them, so this
+command can run beside a live application on the same outbox.
+
+Ctrl-C: the drainer runs in a worker thread and the main thread only waits and draws the
+progress bar, so the interrupt never lands inside a send or a transaction. It sets the stop
+event; the drainer settles the batch in flight and releases the leases it still holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import click
+from confluent_kafka import KafkaError, KafkaException
+
+from outbox.drain import Drainer, DrainResult
+from outbox.errors import KafkaUnavailableError
+from outbox.retry import RetryPolicy
+from outbox.stores import Outbox
+
+from . import format as fmt
+from .common import (
+    EXIT_CODES_HELP,
+    EXIT_INTERRUPTED,
+    EXIT_PENDING,
+    EXIT_USAGE,
+    CliError,
+    OutboxCommand,
+    json_option,
+    kafka_error_text,
+    open_store,
+    outbox_option,
+    remember_secret,
+    stdout_is_terminal,
+)
+
+_DEFAULT_POLICY = RetryPolicy()  # the library's defaults, shown in --help
+
+# Settings whose values are credentials: never echoed, scrubbed from any error text.
+_SECRET_WORDS = ("password", "secret", "token", "credentials")
+
+
+def parse_settings(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """`-X key=value` options as a dict (passed to confluent_kafka untouched)."""
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            # Do not echo the item: it may be a password typed without its key.
+            raise CliError(f"-X takes key=value (a librdkafka setting), got {_mask(item)!r}", EXIT_USAGE)
+        if any(word in key.lower() for word in _SECRET_WORDS):
+            remember_secret(ctx, value)
+        out[key] = value
+    return out
+
+
+def _mask(item: str) -> str:
+    return item if len(item) <= 3 else item[:3] + "…"
+
+
+@click.command(
+    "drain",
+    cls=OutboxCommand,
+    epilog=f"""\b
+Examples:
+  outbox drain --outbox sqlite:////var/lib/app/outbox.db -b kafka1:9092,kafka2:9092
+  OUTBOX_URL=/var/lib/app/outbox.db KAFKA_BOOTSTRAP_SERVERS=kafka:9092 outbox drain --follow
+  outbox drain --outbox app.db -b kafka:9093 -X security.protocol=SASL_SSL \\
+      -X sasl.mechanism=PLAIN -X sasl.username=app -X sasl.password=...
+  outbox drain --outbox app.db -b kafka:9092 --topic orders --max-messages 10000 --json
+
+{EXIT_CODES_HELP}""",
+)
+@outbox_option
+@click.option(
+    "--bootstrap-servers",
+    "-b",
+    envvar="KAFKA_BOOTSTRAP_SERVERS",
+    show_envvar=True,
+    required=True,
+    metavar="HOST:PORT[,...]",
+    help="Kafka brokers to send to.",
+)
+@click.option(
+    "-X",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=parse_settings,
+    help="A librdkafka producer setting (repeatable), e.g. -X security.protocol=SSL. "
+    "Overrides the drain defaults (acks=all, idempotence, message.timeout.ms=30000).",
+)
+@click.option(
+    "--until-empty/--follow",
+    "until_empty",
+    default=True,
+    help="--until-empty (default): stop when no pending message is due; the exit code says whether "
+    "any is left. --follow: keep draining new messages until Ctrl-C or SIGTERM.",
+)
+@click.option("--topic", metavar="TOPIC", help="Drain only this topic's messages.")
+@click.option(
+    "--max-messages",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Stop after about N messages (whole batches are settled, so it may send up to one batch more).",
+)
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True, help="Sending threads.")
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=_DEFAULT_POLICY.max_attempts,
+    show_default=True,
+    help="Failed sends (counted in the stored row, across runs) before a message is dead-lettered.",
+)
+@click.option(
+    "--backoff",
+    type=click.Choice(["fixed", "exponential"]),
+    default=_DEFAULT_POLICY.backoff,
+    show_default=True,
+    help="Delay between retries of one message.",
+)
+@click.option(
+    "--initial-delay",
+    type=click.FloatRange(min=0),
+    default=_DEFAULT_POLICY.initial_delay,
+    show_default=True,
+    metavar="SECONDS",
+    help="Delay before the first retry (the fixed delay, or the first exponential step).",
+)
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for a broker to answer before giving up (nothing is sent then).",
+)
+@click.option(
+    "--verbose", "-v", is_flag=True, help="Log each failing batch and librdkafka's own messages to stderr."
+)
+@json_option
+def drain(
+    outbox_url: str,
+    bootstrap_servers: str,
+    settings: dict[str, str],
+    until_empty: bool,
+    topic: str | None,
+    max_messages: int | None,
+    workers: int,
+    max_attempts: int,
+    backoff: str,
+    initial_delay: float,
+    connect_timeout: float,
+    verbose: bool,
+    as_json: bool,
+) -> None:
+    """Send the outbox's due messages to Kafka, under the retry policy.
+
+    Each message is leased while it is sent and deleted only after Kafka acknowledged it, so
+    drain can run beside a live application using the same outbox, and an interrupted drain
+    loses nothing. The cluster is checked first: if no broker answers, nothing is touched and
+    the exit code is 3. Messages that keep failing are retried later and dead-lettered after
+    --max-attempts failed sends (see `outbox dlq`). A progress bar with rate and ETA is shown
+    when stdout is a terminal.
+    """
+    ctx = click.get_current_context()
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **settings}
+    config["logger"] = _setup_logging(verbose)
+    policy = RetryPolicy(max_attempts=max_attempts, backoff=backoff, initial_delay=initial_delay)
+    with open_store(outbox_url) as (store, url):
+        pending_before = _pending(store, topic)
+        drainer = Drainer(store, config, retry=policy, workers=workers, topic=topic)
+        try:
+            drainer.check_cluster(connect_timeout)
+        except KafkaUnavailableError as exc:
+            raise CliError(
+                f"cannot reach Kafka: {exc}; nothing was sent, {pending_before} message(s) stay pending "
+                f"in {url.redacted()}",
+                EXIT_PENDING,
+            ) from exc
+        except KafkaException as exc:
+            code = EXIT_USAGE if _is_config_error(exc) else EXIT_PENDING
+            raise CliError(f"Kafka producer: {kafka_error_text(exc)}", code) from exc
+
+        total = pending_before if max_messages is None else min(pending_before, max_messages)
+        started = time.time()
+        result, interrupted = _run(drainer, store, topic, until_empty, max_messages, total, as_json)
+        remaining = _pending(store, topic)
+        next_due = store.stats(now=time.time()).next_due_at if remaining else None
+        elapsed = time.time() - started
+
+    if as_json:
+        click.echo(
+            fmt.dumps(
+                {
+                    "outbox": url.redacted(),
+                    "topic": topic,
+                    "delivered": result.delivered,
+                    "retried": result.retried,
+                    "dead": result.dead,
+                    "released": result.released,
+                    "remaining": remaining,
+                    "next_due_at": None if next_due is None else fmt.iso(max(next_due, time.time())),
+                    "interrupted": interrupted,
+                    "seconds": round(elapsed, 3),
+                }
+            )
+        )
+    else:
+        rate = result.delivered / elapsed if elapsed > 0 else 0.0
+        click.echo(
+            f"Delivered {result.delivered}, retried {result.retried}, dead-lettered {result.dead} "
+            f"in {fmt.duration(elapsed)} ({rate:.0f} msg/s)."
+        )
+        if remaining:
+            due = "now" if next_due is not None and next_due <= time.time() else fmt.when(next_due)
+            click.echo(f"{remaining} message(s) still pending in {url.redacted()} (next due: {due}).")
+        else:
+            scope = f" for topic {topic}" if topic else ""
+            click.echo(f"Nothing left pending in {url.redacted()}{scope}.")
+        if result.dead:
+            click.echo("See them with: outbox dlq list", err=True)
+    if interrupted and until_empty:
+        ctx.exit(EXIT_INTERRUPTED)
+    if until_empty and remaining:
+        ctx.exit(EXIT_PENDING)
+
+
+class _OneLine(logging.Formatter):
+    """`warning: message` without tracebacks: the command's own error line says the rest."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+def _setup_logging(verbose: bool) -> logging.Logger:
+    """Route the SDK's and librdkafka's logs to stderr: everything with -v, else warnings only.
+
+    librdkafka logs every failed connection attempt (many a second while the cluster is down);
+    given a Python logger it logs there instead of straight to fd 2, so without -v those lines
+    are dropped and the command's own one-line report is all the operator sees.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    verbose_format = logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
+    handler.setFormatter(verbose_format if verbose else _OneLine())
+    sdk = logging.getLogger("outbox")
+    sdk.handlers = [handler]
+    sdk.setLevel(logging.INFO if verbose else logging.WARNING)
+    sdk.propagate = False
+    kafka = logging.getLogger("outbox_cli.librdkafka")
+    kafka.handlers = [handler] if verbose else [logging.NullHandler()]
+    kafka.setLevel(logging.DEBUG if verbose else logging.CRITICAL + 1)
+    kafka.propagate = False
+    return kafka
+
+
+def _is_config_error(exc: KafkaException) -> bool:
+    arg = exc.args[0] if exc.args else None
+    return isinstance(arg, KafkaError) and arg.code() == KafkaError._INVALID_ARG
+
+
+def _pending(store: Outbox, topic: str | None) -> int:
+    st = store.stats(now=time.time())
+    return st.pending_by_topic.get(topic, 0) if topic is not None else st.pending
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (systemd, docker stop, kill) stops a drain the same clean way as Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(
+    drainer: Drainer,
+    store: Outbox,
+    topic: str | None,
+    until_empty: bool,
+    max_messages: int | None,
+    total: int,
+    as_json: bool,
+) -> tuple[DrainResult, bool]:
+    """Run the drainer in a worker thread; this thread waits, draws the bar and catches Ctrl-C."""
+    stop = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = drainer.run(until_empty=until_empty, max_messages=max_messages, stop=stop)
+        except BaseException as exc:  # re-raised in the main thread, where click handles it
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, name="outbox-cli-drain", daemon=True)
+    interrupted = False
+    with _sigterm_as_interrupt():
+        bar = _Progress(total, follow=not until_empty) if stdout_is_terminal() and not as_json else None
+        try:
+            worker.start()
+            try:
+                while worker.is_alive():
+                    worker.join(0.25)
+                    if bar is not None:
+                        bar.update(drainer.result, store, topic)
+            except KeyboardInterrupt:
+                interrupted = True
+                stop.set()
+                click.echo(
+                    "\nStopping: settling the batch in flight and releasing leases "
+                    "(Ctrl-C again to quit at once; leases then expire on their own)…",
+                    err=True,
+                )
+                worker.join()
+            if bar is not None:
+                bar.update(drainer.result, store, topic)
+        finally:
+            if bar is not None:
+                bar.close()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"], interrupted
+
+
+class _Progress:
+    """A click progress bar fed from the drainer's running counts (drawn by the main thread)."""
+
+    def __init__(self, total: int, *, follow: bool) -> None:
+        self.follow = follow
+        self.shown = 0
+        self.last_refresh = time.monotonic()
+        self.bar = click.progressbar(
+            length=max(total, 1),
+            label="Draining",
+            show_pos=True,
+            show_eta=True,
+            item_show_func=lambda s: s,
+        )
+        self.bar.__enter__()
+
+    def update(self, result: DrainResult, store: Outbox, topic: str | None) -> None:
+        done = result.delivered + result.dead + result.retried
+        if self.follow and time.monotonic() - self.last_refresh > 2.0:
+            # New messages keep arriving in follow mode: grow the bar to what is now known.
+            self.last_refresh = time.monotonic()
+            self.bar.length = max(self.bar.length or 1, done + _pending(store, topic))
+        if self.bar.length is not None and done > self.bar.length:
+            self.bar.length = done
+        step = done - self.shown
+        self.shown = done
+        self.bar.update(max(step, 0), f"{result.rate:.0f} msg/s")
+
+    def close(self) -> None:
+        self.bar.__exit__(None, None, None)

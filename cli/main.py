@@ -1,0 +1,60 @@
+"""The `outbox` click group and the console-script entry point."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
+
+import click
+
+from .common import EXIT_CODES_HELP, TIME_HELP, OutboxGroup
+from .dlq import dlq
+from .drain import drain
+from .status import status
+
+
+def _version() -> str:
+    try:
+        return _dist_version("kafka-outbox")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "unknown"
+
+
+@click.group(
+    "outbox",
+    cls=OutboxGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=f"""\b
+Examples:
+  export OUTBOX_URL=sqlite:////var/lib/app/outbox.db KAFKA_BOOTSTRAP_SERVERS=kafka:9092
+  outbox status
+  outbox drain                       # deliver everything due, then stop
+  outbox drain --follow --workers 2  # keep delivering until Ctrl-C
+  outbox dlq list --since 1d
+  outbox dlq show 42
+  outbox dlq replay --error _MSG_TIMED_OUT && outbox drain
+  outbox dlq purge --topic orders --until 7d --yes
+
+\b
+Every command takes --outbox URL (or $OUTBOX_URL) and --json. URLs:
+sqlite:///relative.db, sqlite:////abs/path.db, a plain path, jdbc:sqlite:/path.db,
+postgresql://user:pass@host/db, jdbc:postgresql://host/db. An outbox that does
+not exist is an error: the CLI never creates one.
+
+{TIME_HELP}
+
+{EXIT_CODES_HELP}""",
+)
+@click.version_option(_version(), "--version", "-V", prog_name="outbox")
+def cli() -> None:
+    """Look at and act on a kafka-outbox store: drain it, check it, manage its dead letters."""
+
+
+cli.add_command(drain)
+cli.add_command(status)
+cli.add_command(dlq)
+
+
+def main() -> None:
+    """Console-script entry point (`outbox = outbox_cli.main:main`)."""
+    cli.main(prog_name="outbox")

@@ -1,0 +1,100 @@
+"""`outbox status`: what an outbox holds, without reading any message bytes."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import click
+
+from outbox.urls import StoreURL
+
+from . import format as fmt
+from .common import EXIT_CODES_HELP, OutboxCommand, json_option, open_store, outbox_option
+
+
+def _file_sizes(url: StoreURL) -> dict[str, int] | None:
+    """Sizes of a SQLite outbox's files (the WAL can hold much of the data between checkpoints)."""
+    if url.kind != "sqlite":
+        return None
+    path = os.path.abspath(url.path)
+    sizes = {}
+    for name, suffix in (("file", ""), ("wal", "-wal")):
+        try:
+            sizes[name] = os.path.getsize(path + suffix)
+        except OSError:
+            sizes[name] = 0
+    return sizes
+
+
+@click.command(
+    "status",
+    cls=OutboxCommand,
+    epilog=f"""\b
+Examples:
+  outbox status --outbox sqlite:////var/lib/app/outbox.db
+  OUTBOX_URL=/var/lib/app/outbox.db outbox status --json
+
+{EXIT_CODES_HELP}""",
+)
+@outbox_option
+@json_option
+def status(outbox_url: str, as_json: bool) -> None:
+    """Counts by state and by topic, oldest pending age, next due time, dead letters by error.
+
+    For a SQLite outbox the file size (and its write-ahead log's) is shown too. Messages that a
+    drainer holds right now are counted as pending and shown as "leased".
+    """
+    with open_store(outbox_url) as (store, url):
+        now = time.time()
+        st = store.stats(now=now)
+    sizes = _file_sizes(url)
+    oldest_age = None if st.oldest_pending_at is None else max(0.0, now - st.oldest_pending_at)
+    if as_json:
+        doc: dict[str, Any] = {
+            "outbox": url.redacted(),
+            "pending": st.pending,
+            "leased": st.leased,
+            "dead": st.dead,
+            "oldest_pending_at": fmt.iso(st.oldest_pending_at),
+            "oldest_pending_age_seconds": None if oldest_age is None else round(oldest_age, 3),
+            # A row due long ago (enqueued due "now") is reported as due now, not as 1970.
+            "next_due_at": None if st.next_due_at is None else fmt.iso(max(st.next_due_at, now)),
+            "next_due_in_seconds": None
+            if st.next_due_at is None
+            else round(max(0.0, st.next_due_at - now), 3),
+            "pending_by_topic": dict(sorted(st.pending_by_topic.items())),
+            "dead_by_topic": dict(sorted(st.dead_by_topic.items())),
+            "dead_by_error": dict(sorted(st.dead_by_error.items())),
+            "file_bytes": None if sizes is None else sizes["file"],
+            "wal_bytes": None if sizes is None else sizes["wal"],
+        }
+        click.echo(fmt.dumps(doc))
+        return
+
+    lines = [("outbox", url.redacted())]
+    if sizes is not None:
+        lines.append(("file size", f"{fmt.size(sizes['file'])} (+ {fmt.size(sizes['wal'])} write-ahead log)"))
+    leased = f" ({st.leased} leased by a drainer now)" if st.leased else ""
+    lines.append(("pending", f"{st.pending}{leased}"))
+    lines.append(("dead letters", str(st.dead)))
+    if st.oldest_pending_at is not None and oldest_age is not None:
+        lines.append(("oldest pending", f"{fmt.when(st.oldest_pending_at)} ({fmt.duration(oldest_age)} ago)"))
+    if st.next_due_at is not None:
+        wait = st.next_due_at - now
+        lines.append(
+            ("next due", "now" if wait <= 0 else f"{fmt.when(st.next_due_at)} (in {fmt.duration(wait)})")
+        )
+    width = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        click.echo(f"{k.ljust(width)}  {v}")
+    for title, counts in (
+        ("pending by topic", st.pending_by_topic),
+        ("dead letters by topic", st.dead_by_topic),
+        ("dead letters by error", st.dead_by_error),
+    ):
+        if counts:
+            click.echo(f"\n{title}:")
+            ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+            click.echo(fmt.table(None, [[name or "?", str(n)] for name, n in ranked], indent="  "))
