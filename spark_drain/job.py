@@ -1,0 +1,250 @@
+"""The Spark drain job: pre-flight checks, read, (replay,) send, report.
+
+Runs three ways: `run_job(spark, options)` inside an existing pipeline, `python -m spark_drain`,
+and `spark-submit spark_drain/job.py` (a plain script: no package context, see the top).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __package__ in (None, ""):
+    # Run as a script (spark-submit spark_drain/job.py): make `spark_drain` importable from the
+    # checkout this file is in, unless an installed kafka-outbox already provides it.
+    try:
+        import spark_drain  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import functools  # noqa: E402
+import logging  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+from confluent_kafka import KafkaException  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
+
+from outbox.errors import ConfigError, KafkaUnavailableError, OutboxError  # noqa: E402
+from outbox.records import DeadLetterFilter  # noqa: E402
+from outbox.stores import open_outbox  # noqa: E402
+from spark_drain.options import JobOptions, parse_args  # noqa: E402
+from spark_drain.report import JobReport  # noqa: E402
+
+log = logging.getLogger("spark_drain")
+
+_REPLAY_CHUNK = 500  # ids per replay statement: well under SQLite's bound-variable limit
+
+#: Producer settings that also configure an AdminClient (security, addresses), for the check.
+_ADMIN_PREFIXES = ("security.", "sasl.", "ssl.", "socket.", "client.", "broker.")
+
+
+def check_outbox(options: JobOptions) -> None:
+    """Fail unless the outbox exists and answers (it is never created here).
+
+    Raises:
+        OutboxError: with one line naming the outbox, never its password.
+    """
+    store = open_outbox(options.store_url(), create=False)
+    store.close()
+
+
+def check_cluster(options: JobOptions) -> None:
+    """Fail unless a Kafka broker answers within `options.check_timeout` seconds.
+
+    Raises:
+        KafkaUnavailableError: no broker answered.
+    """
+    conf: dict[str, str | int | float | bool] = {
+        k: v for k, v in options.producer_config().items() if k.startswith(_ADMIN_PREFIXES)
+    }
+    conf["bootstrap.servers"] = options.bootstrap_servers
+    admin = AdminClient(conf)
+    try:
+        md = admin.list_topics(timeout=options.check_timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailableError(
+            f"no Kafka broker answered at {options.bootstrap_servers} within {options.check_timeout:g}s "
+            f"({exc.args[0].name() if exc.args else exc})"
+        ) from exc
+    if not md.brokers:
+        raise KafkaUnavailableError(f"no Kafka broker is up at {options.bootstrap_servers}")
+
+
+def preflight(options: JobOptions) -> None:
+    """The checks before any Spark stage: outbox reachable, and (unless a dry run) cluster up."""
+    check_outbox(options)
+    if not options.dry_run:
+        check_cluster(options)
+
+
+def run_job(spark: object, options: JobOptions, *, check: bool = True) -> JobReport:
+    """Drain an outbox (or replay its dead letters) into Kafka on the given Spark session.
+
+    Args:
+        spark: a `pyspark.sql.SparkSession` whose executors can import kafka-outbox and load the
+            JDBC driver of the outbox's database.
+        options: what to read and where to send it.
+        check: run `preflight` first (the CLI entry points already did).
+
+    Returns:
+        The per-topic counts; `report.ok` is False when rows were left pending or dead-lettered.
+
+    Raises:
+        OutboxError: the outbox or the cluster is unreachable, or an option is invalid.
+    """
+    from pyspark.sql import SparkSession
+
+    from spark_drain.read import Reader, keep_key_order, only_ids, selection
+    from spark_drain.send import SendConfig, send_partition
+
+    if not isinstance(spark, SparkSession):
+        raise ConfigError("run_job needs a pyspark.sql.SparkSession")
+    if check:
+        preflight(options)
+    started = time.time()
+    url = options.store_url()
+    report = JobReport(
+        mode="dead-letters" if options.dead_letters else "pending",
+        dry_run=options.dry_run,
+        outbox=url.redacted(),
+        partitions=options.partitions,
+    )
+    reader = Reader(spark, url)
+    sel = selection(options, now=started)
+    try:
+        if options.dry_run:
+            for topic, n in reader.counts_by_topic(sel.where).items():
+                report.add_rows([(topic, n, 0, 0, 0, 0)])
+            report.elapsed_seconds = time.time() - started
+            return report
+
+        if options.dead_letters:
+            ids = reader.ids(sel.where)
+            report.replayed = _replay(options, ids)
+            if not ids:
+                report.elapsed_seconds = time.time() - started
+                return report
+            lo, hi = min(ids), max(ids)
+            rows = only_ids(spark, reader.rows("status = 0", lo, hi, options.partitions), ids)
+            selected = len(ids)
+        else:
+            lo, hi, selected = reader.bounds(sel.where)
+            if selected == 0:
+                report.elapsed_seconds = time.time() - started
+                return report
+            rows = reader.rows(sel.where, lo, hi, options.partitions)
+            if sel.blocked_where is not None:
+                rows = keep_key_order(rows, reader.blockers(sel.blocked_where))
+    except Exception as exc:
+        raise _jdbc_error(exc, options) from exc
+
+    cfg = SendConfig(
+        outbox_url=options.outbox,
+        producer_config=options.producer_config(),
+        mark_batch=options.mark_batch,
+        max_attempts=options.max_attempts,
+        retry_delay=options.retry_delay,
+        backoff=options.backoff,
+    )
+    # One task per (topic, key) hash bucket, rows in id order: each key leaves from one producer
+    # in its original order.
+    ordered = rows.repartition(options.partitions, "topic", "key").sortWithinPartitions("id")
+    send_started = time.time()
+    results = ordered.rdd.mapPartitions(functools.partial(send_partition, cfg)).collect()
+    report.send_seconds = time.time() - send_started
+    report.add_rows(results)
+    report.held_back = max(0, selected - report.total.read) if not options.dead_letters else 0
+    report.elapsed_seconds = time.time() - started
+    return report
+
+
+def _replay(options: JobOptions, ids: Sequence[int]) -> int:
+    """Put the selected dead letters back to PENDING (attempts reset) before they are sent.
+
+    Done first and on the driver through the store API: a crash after this point leaves them
+    pending, where a re-run (or any drain) sends them. Nothing is lost either way.
+    """
+    if not ids:
+        return 0
+    n = 0
+    now = time.time()
+    store = open_outbox(options.store_url(), create=False)
+    try:
+        for i in range(0, len(ids), _REPLAY_CHUNK):
+            n += store.replay_dead(DeadLetterFilter(ids=tuple(ids[i : i + _REPLAY_CHUNK])), now=now)
+    finally:
+        store.close()
+    return n
+
+
+def _jdbc_error(exc: Exception, options: JobOptions) -> Exception:
+    """A one-line error for a failed JDBC read (a missing driver jar above all)."""
+    if isinstance(exc, OutboxError):
+        return exc
+    text = str(exc)
+    url = options.store_url()
+    if "ClassNotFoundException" in text or "No suitable driver" in text:
+        from spark_drain.read import default_jars
+
+        return ConfigError(
+            f"the JDBC driver for {url.kind} is not on Spark's classpath: pass "
+            f"--jars {default_jars(url)} to spark-submit (or set spark.jars)"
+        )
+    first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
+    if url.password:
+        first = first.replace(url.password, "***")
+    return OutboxError(f"reading outbox {url.where()} with Spark JDBC failed: {first[:300]}")
+
+
+def build_session(options: JobOptions) -> object:
+    """A SparkSession for the command-line entry points, with the JDBC driver jar configured.
+
+    Under spark-submit the master and jars come from spark-submit; `python -m spark_drain` runs
+    `local[*]` unless `--master` says otherwise.
+    """
+    from pyspark.sql import SparkSession
+
+    from spark_drain.read import default_jars, jar_exists
+
+    url = options.store_url()
+    jars = options.jars or default_jars(url)
+    if not jar_exists(jars):
+        raise ConfigError(f"JDBC driver jar not found: {jars} (install the Debian package or pass --jars)")
+    master = options.master or os.environ.get("MASTER")
+    if master is None or master.startswith("local"):
+        # Local executors are forks of this interpreter's PySpark workers: use this Python so
+        # that they import the same kafka-outbox.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName("kafka-outbox spark_drain")
+    if options.master:
+        builder = builder.master(options.master)
+    builder = builder.config("spark.jars", jars).config("spark.ui.showConsoleProgress", "false")
+    return builder.getOrCreate()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status (0 ok, 1 error, 2 rows left behind)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        options = parse_args(argv)
+        preflight(options)
+        spark = build_session(options)
+    except OutboxError as exc:
+        print(f"spark_drain: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        report = run_job(spark, options, check=False)
+    except OutboxError as exc:
+        print(f"spark_drain: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()  # type: ignore[attr-defined]
+    print(report.format_table())
+    if options.report_path:
+        report.write_json(options.report_path)
+    return 0 if report.ok else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
