@@ -54,20 +54,19 @@ _SECRET_WORDS = ("password", "secret", "token", "credentials")
 def parse_settings(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
     """`-X key=value` options as a dict (passed to confluent_kafka untouched)."""
     out: dict[str, str] = {}
-    for item in values:
+    for n, item in enumerate(values, 1):
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            # Do not echo the item: it may be a password typed without its key.
-            raise CliError(f"-X takes key=value (a librdkafka setting), got {_mask(item)!r}", EXIT_USAGE)
+            # The text is not echoed: a stray word here is often a password typed without its key.
+            raise CliError(
+                f"malformed -X #{n}: expected key=value, e.g. -X acks=all (not echoed: it may hold a secret)",
+                EXIT_USAGE,
+            )
         if any(word in key.lower() for word in _SECRET_WORDS):
             remember_secret(ctx, value)
         out[key] = value
     return out
-
-
-def _mask(item: str) -> str:
-    return item if len(item) <= 3 else item[:3] + "…"
 
 
 @click.command(

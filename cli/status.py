@@ -86,7 +86,7 @@ def status(outbox_url: str, as_json: bool) -> None:
         lines.append(
             ("next due", "now" if wait <= 0 else f"{fmt.when(st.next_due_at)} (in {fmt.duration(wait)})")
         )
-    width = max(len(k) for k, _ in lines)
+    width = len("oldest pending")  # fixed, so the layout does not shift with what is shown
     for k, v in lines:
         click.echo(f"{k.ljust(width)}  {v}")
     for title, counts in (
