@@ -1,0 +1,327 @@
+"""PostgreSQL outbox against the real server: concurrent claimers, transactional enqueue, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import random
+import socket
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox.errors import ConfigError, StoreError, StoreNotFoundError
+from outbox.records import NewMessage, Status
+from outbox.stores import open_outbox
+from outbox.stores.postgres import PostgresOutbox
+from outbox.urls import StoreURL, parse_url
+
+SECRET = "s3cr3t-pw"
+
+
+@pytest.fixture
+def pg_url(postgres_url: str) -> Iterator[StoreURL]:
+    """The session database, with a schema of this test's own (dropped afterwards)."""
+    schema = f"pgstore_{uuid.uuid4().hex[:10]}"
+    yield dataclasses.replace(parse_url(postgres_url), schema=schema)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def store(pg_url: StoreURL) -> Iterator[PostgresOutbox]:
+    with PostgresOutbox(pg_url) as s:
+        assert isinstance(s, PostgresOutbox)
+        yield s
+
+
+def _conninfo(url: StoreURL) -> dict[str, Any]:
+    return dict(url.psycopg_kwargs())
+
+
+# -- many claimers at once ---------------------------------------------------------------------------
+
+
+def _claimer(url: StoreURL, owner: str, batch: int) -> list[tuple[int, int, list[int]]]:
+    """Claim and acknowledge until the outbox is empty; return (claimed_ns, acked_ns, ids) per claim.
+
+    Runs in a spawned process. The clock is CLOCK_MONOTONIC, shared by all processes of the host:
+    `claimed_ns` is read after the claim committed, `acked_ns` before the acknowledgement starts.
+    """
+    out: list[tuple[int, int, list[int]]] = []
+    with PostgresOutbox(url, create=False, pool_size=1) as s:
+        while True:
+            rows = s.claim(owner, batch, 120.0, now=time.time())
+            claimed = time.monotonic_ns()
+            if not rows:
+                if s.stats(now=time.time()).pending == 0:
+                    return out
+                time.sleep(0.002)
+                continue
+            time.sleep(0.001)  # "sending": gives an out-of-order claim by another process time to show
+            acked = time.monotonic_ns()
+            assert s.mark_delivered([r.id for r in rows]) == len(rows)
+            out.append((claimed, acked, [r.id for r in rows]))
+
+
+def test_four_processes_claim_every_row_once_and_keep_per_key_order(store: PostgresOutbox) -> None:
+    rng = random.Random(5)
+    n_rows, n_keys = 20_000, 50
+    keys = [rng.randrange(n_keys) for _ in range(n_rows)]
+    key_of: dict[int, int] = {}
+    for start in range(0, n_rows, 1000):
+        chunk = keys[start : start + 1000]
+        got = store.enqueue([NewMessage("t", b"v", f"key-{k}".encode()) for k in chunk])
+        key_of.update(zip(got, chunk, strict=True))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        results = pool.starmap(_claimer, [(store.url, f"w{n}", 20) for n in range(4)])
+
+    claims = [c for per_process in results for c in per_process]
+    all_ids = [i for _, _, ids in claims for i in ids]
+    assert len(all_ids) == n_rows and set(all_ids) == set(key_of)  # every row once, none twice
+    assert sum(1 for per_process in results if per_process) >= 2  # the work was really shared
+    assert store.stats(now=time.time()).pending == 0
+
+    per_key: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # key -> (claimed, id, acked)
+    for claimed, acked, ids in claims:
+        for i in ids:
+            per_key[key_of[i]].append((claimed, i, acked))
+    for k, seq in per_key.items():
+        seq.sort()
+        in_claim_order = [i for _, i, _ in seq]
+        assert in_claim_order == sorted(in_claim_order), f"key {k} claimed out of id order"
+        for (c1, _, a1), (c2, i2, _) in zip(seq, seq[1:], strict=False):
+            if c1 != c2:  # another claim: the earlier one must have been acknowledged first
+                assert a1 < c2, f"key {k}: row {i2} claimed while an earlier row was still leased"
+
+
+def test_lease_of_a_dead_process_expires(store: PostgresOutbox) -> None:
+    got = store.enqueue([NewMessage("t", b"v", b"k") for _ in range(3)])
+    now = time.time()
+    assert [r.id for r in store.claim("crashed", 10, 5.0, now=now)] == got
+    with PostgresOutbox(store.url, create=False) as other:
+        assert other.claim("alive", 10, 5.0, now=now + 1) == []
+        assert [r.id for r in other.claim("alive", 10, 5.0, now=now + 6)] == got
+
+
+# -- transactional enqueue ---------------------------------------------------------------------------
+
+
+def _business_table(url: StoreURL) -> str:
+    table = f'"{url.schema}".orders'
+    with psycopg.connect(**_conninfo(url), autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id TEXT PRIMARY KEY)")
+    return table
+
+
+def test_rolled_back_business_transaction_leaves_no_message(store: PostgresOutbox) -> None:
+    orders = _business_table(store.url)
+    with psycopg.connect(**_conninfo(store.url)) as conn:
+        conn.execute(f"INSERT INTO {orders} VALUES ('o-1')")
+        ids = store.enqueue_in_transaction(conn, [NewMessage("orders", b"created o-1", b"o-1", msg_id="m1")])
+        assert len(ids) == 1
+        conn.rollback()
+        assert conn.execute(f"SELECT count(*) FROM {orders}").fetchone() == (0,)
+    assert store.stats(now=time.time()).pending == 0
+    assert store.claim("w", 10, 30, now=time.time()) == []
+
+
+def test_committed_business_transaction_leaves_the_message_and_only_then(store: PostgresOutbox) -> None:
+    orders = _business_table(store.url)
+    headers = [("trace", b"\x01\x02"), ("trace", None)]
+    with psycopg.connect(**_conninfo(store.url)) as conn:
+        conn.execute(f"INSERT INTO {orders} VALUES ('o-2')")
+        [i] = store.enqueue_in_transaction(
+            conn, [NewMessage("orders", b"created", b"o-2", headers, msg_id="m2")]
+        )
+        # Not visible to the drainers before the business transaction commits.
+        assert store.stats(now=time.time()).pending == 0
+        assert store.claim("w", 10, 30, now=time.time()) == []
+        conn.commit()
+    [row] = store.claim("w", 10, 30, now=time.time())
+    assert (row.id, row.msg_id, row.topic, row.key, row.value, row.headers, row.status) == (
+        i,
+        "m2",
+        "orders",
+        b"o-2",
+        b"created",
+        headers,
+        Status.PENDING,
+    )
+
+
+def test_transaction_block_on_autocommit_connection(store: PostgresOutbox) -> None:
+    with psycopg.connect(**_conninfo(store.url), autocommit=True) as conn:
+        with pytest.raises(RuntimeError), conn.transaction():
+            store.enqueue_in_transaction(conn, [NewMessage("t", b"lost")])
+            raise RuntimeError("business rule failed")
+        with conn.transaction():
+            store.enqueue_in_transaction(conn, [NewMessage("t", b"kept")])
+    assert [r.value for r in store.claim("w", 10, 30, now=time.time())] == [b"kept"]
+
+
+def test_transactional_enqueue_refuses_what_would_not_be_atomic(
+    store: PostgresOutbox, postgres_url: str
+) -> None:
+    with (
+        psycopg.connect(**_conninfo(store.url), autocommit=True) as conn,
+        pytest.raises(ConfigError, match="autocommit"),
+    ):
+        store.enqueue_in_transaction(conn, [NewMessage("t", b"v")])
+    other = dataclasses.replace(store.url, database="postgres")
+    with psycopg.connect(**_conninfo(other)) as conn, pytest.raises(ConfigError, match="database"):
+        store.enqueue_in_transaction(conn, [NewMessage("t", b"v")])
+    with psycopg.connect(**_conninfo(store.url)) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+        with pytest.raises(StoreError, match="aborted"):
+            store.enqueue_in_transaction(conn, [NewMessage("t", b"v")])
+    with pytest.raises(ConfigError):
+        store.enqueue_in_transaction(object(), [NewMessage("t", b"v")])
+    assert store.stats(now=time.time()).pending == 0
+
+
+# -- schema ------------------------------------------------------------------------------------------
+
+
+def test_schema_and_table_from_the_jdbc_url_and_versioned(postgres_url: str) -> None:
+    base = parse_url(postgres_url)
+    schema = f"jdbc_{uuid.uuid4().hex[:8]}"
+    jdbc = (
+        f"jdbc:postgresql://{base.host}:{base.port}/{base.database}?user={base.user}"
+        f"&password={base.password}&currentSchema={schema}&table=events_outbox"
+    )
+    try:
+        with open_outbox(jdbc) as s:
+            [i] = s.enqueue([NewMessage("t", b"v")])
+        with psycopg.connect(postgres_url) as conn:
+            assert conn.execute(f"SELECT count(*) FROM {schema}.events_outbox").fetchone() == (1,)
+            assert conn.execute(
+                f"SELECT max(version) FROM {schema}.events_outbox_schema_version"
+            ).fetchone() == (1,)
+            indexes = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT indexname FROM pg_indexes WHERE schemaname = %s", [schema]
+                ).fetchall()
+            }
+        assert {"events_outbox_pending_id", "events_outbox_due", "events_outbox_key"} <= indexes
+        with open_outbox(jdbc, create=False) as again:
+            assert again.get(i).value == b"v"
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_missing_table_without_create_is_store_not_found(pg_url: StoreURL) -> None:
+    with pytest.raises(StoreNotFoundError, match=pg_url.where()):
+        PostgresOutbox(pg_url, create=False)
+
+
+def test_newer_schema_version_is_refused(store: PostgresOutbox) -> None:
+    with psycopg.connect(**_conninfo(store.url), autocommit=True) as conn:
+        conn.execute(f'INSERT INTO "{store.url.schema}".outbox_schema_version VALUES (99, 0)')
+    with pytest.raises(StoreError, match="newer"):
+        PostgresOutbox(store.url)
+
+
+def test_claim_on_a_large_backlog_uses_the_pending_index(store: PostgresOutbox) -> None:
+    # 50,000 rows backing off + a few due: the claim must not need to read them all.
+    with psycopg.connect(**_conninfo(store.url), autocommit=True) as conn:
+        conn.execute(
+            f'INSERT INTO "{store.url.schema}".outbox '
+            "(msg_id, topic, key, value, created_at, next_attempt_at) "
+            "SELECT g::text, 't', ('k' || (g % 100))::bytea, 'v', 0, 1e12 FROM generate_series(1, 50000) g"
+        )
+        conn.execute(f'ANALYZE "{store.url.schema}".outbox')
+    due = store.enqueue([NewMessage("t", b"due", b"other")])
+    assert [r.id for r in store.claim("w", 10, 30, now=time.time())] == due
+
+
+# -- errors: host and database named, password never ---------------------------------------------------
+
+
+def _assert_clean(exc: BaseException, caplog: pytest.LogCaptureFixture, where: str) -> None:
+    text = str(exc)
+    assert where in text, text
+    assert SECRET not in text and SECRET not in repr(exc)
+    assert exc.__cause__ is None or SECRET not in str(exc.__cause__)
+    assert SECRET not in caplog.text
+
+
+def test_wrong_password(postgres_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = dataclasses.replace(parse_url(postgres_url), password=SECRET)
+    with pytest.raises(StoreError) as info:
+        PostgresOutbox(url)
+    _assert_clean(info.value, caplog, url.where())
+    assert "authentication failed" in str(info.value)
+
+
+def test_unreachable_server(postgres_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = dataclasses.replace(parse_url(postgres_url), port=port, password=SECRET)
+    with pytest.raises(StoreError) as info:
+        open_outbox(url)
+    _assert_clean(info.value, caplog, f"127.0.0.1:{port}/")
+    assert "cannot connect" in str(info.value)
+
+
+def test_missing_database(postgres_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    base = parse_url(postgres_url)
+    # The server checks the password before the database name, so the real one is needed here;
+    # test_wrong_password and test_unreachable_server check that a password is never shown.
+    url = dataclasses.replace(base, database="no_such_outbox_db")
+    with pytest.raises(StoreError) as info:
+        PostgresOutbox(url)
+    assert "no_such_outbox_db" in str(info.value) and "does not exist" in str(info.value)
+    assert url.where() in str(info.value)
+
+
+def test_missing_schema_permission(postgres_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    # The test role may create databases but owns no rights on the "postgres" database: it may
+    # neither create a schema there nor (PostgreSQL 15+) a table in its public schema.
+    caplog.set_level(logging.DEBUG)
+    base = dataclasses.replace(parse_url(postgres_url), database="postgres")
+    for url in (dataclasses.replace(base, schema=f"nope_{uuid.uuid4().hex[:6]}"), base):
+        with pytest.raises(StoreError) as info:
+            PostgresOutbox(url)
+        assert "permission denied" in str(info.value)
+        assert "postgres" in str(info.value) and url.where() in str(info.value)
+
+
+def test_broken_connections_are_replaced_and_nothing_is_lost(
+    store: PostgresOutbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    ids = store.enqueue([NewMessage("t", bytes([n])) for n in range(10)])
+    # Kill every session of the store (what a server restart does to a pool).
+    with psycopg.connect(**_conninfo(store.url), autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    errors = []
+    for _ in range(6):
+        try:
+            stats = store.stats(now=time.time())
+            break
+        except StoreError as exc:
+            errors.append(exc)
+    else:
+        raise AssertionError(f"the pool never reconnected: {errors}")
+    assert stats.pending == 10
+    for exc in errors:
+        assert store.url.where() in str(exc)
+    assert [store.get(i).value for i in ids] == [bytes([n]) for n in range(10)]

@@ -1,0 +1,673 @@
+"""The `Outbox` contract: one suite, run against every backend (SQLite file, real PostgreSQL).
+
+Each PostgreSQL test gets its own schema in the session database (creating a schema and a table
+is much faster than creating a database); it is dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from outbox.errors import UnknownMessageError
+from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
+from outbox.stores.base import Failure, Outbox
+from outbox.stores.sqlite import SQLiteOutbox
+from outbox.urls import parse_url
+
+BACKENDS = ["sqlite", "postgres"]
+NOW = 1_000_000.0
+
+Factory = Callable[[], Outbox]
+
+
+def _drop_schema(base: str, schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=BACKENDS)
+def make_store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Factory]:
+    """A factory of fresh, empty stores of one backend (each call: a new file or table)."""
+    opened: list[Outbox] = []
+    counter = itertools.count()
+    if request.param == "sqlite":
+
+        def factory() -> Outbox:
+            store = SQLiteOutbox(str(tmp_path / f"outbox-{next(counter)}.db"))
+            opened.append(store)
+            return store
+
+        yield factory
+    else:
+        from outbox.stores.postgres import PostgresOutbox
+
+        base: str = request.getfixturevalue("postgres_url")
+        schema = f"contract_{uuid.uuid4().hex[:10]}"
+        url = dataclasses.replace(parse_url(base), schema=schema)
+
+        def factory() -> Outbox:
+            store = PostgresOutbox(dataclasses.replace(url, table=f"outbox_{next(counter)}"), pool_size=2)
+            opened.append(store)
+            return store
+
+        yield factory
+        for s in opened:
+            s.close()
+        _drop_schema(base, schema)
+    for s in opened:
+        s.close()
+
+
+@pytest.fixture
+def store(make_store: Factory) -> Outbox:
+    return make_store()
+
+
+def msg(topic: str = "t", value: bytes | None = b"v", key: bytes | None = None, **kw: Any) -> NewMessage:
+    return NewMessage(topic=topic, value=value, key=key, **kw)
+
+
+def fail(
+    id: int, retry_at: float | None, error: str = "REQUEST_TIMED_OUT (7): slow", at: float = NOW
+) -> Failure:
+    return Failure(id=id, error=error, retry_at=retry_at, failed_at=at)
+
+
+def ids(rows: list[OutboxMessage]) -> list[int]:
+    return [r.id for r in rows]
+
+
+# -- enqueue, get, round trip -----------------------------------------------------------------------
+
+
+def test_enqueue_returns_increasing_ids_and_get_reads_them_back(store: Outbox) -> None:
+    new = [msg(value=b"a", key=b"k", msg_id="m1", partition=2), msg(value=None, msg_id="m2")]
+    got = store.enqueue(new)
+    assert len(got) == 2 and got[0] < got[1]
+    a = store.get(got[0])
+    assert (a.msg_id, a.topic, a.key, a.value, a.partition) == ("m1", "t", b"k", b"a", 2)
+    assert (a.status, a.attempts, a.last_error, a.first_failed_at) == (Status.PENDING, 0, None, None)
+    assert store.get(got[1]).value is None and store.get(got[1]).key is None
+    assert store.enqueue([]) == []
+    more = store.enqueue([msg()])
+    assert more[0] > got[1]
+
+
+def test_enqueue_keeps_retry_state_given_by_the_producer(store: Outbox) -> None:
+    [i] = store.enqueue(
+        [msg(attempts=2, first_failed_at=5.0, last_error="X (1): y", next_attempt_at=NOW + 9)]
+    )
+    r = store.get(i)
+    assert (r.attempts, r.first_failed_at, r.last_failed_at, r.last_error) == (2, 5.0, 5.0, "X (1): y")
+    assert r.next_attempt_at == NOW + 9
+    assert store.claim("w", 10, 30, now=NOW) == []
+    assert ids(store.claim("w", 10, 30, now=NOW + 9)) == [i]
+
+
+def test_get_unknown_id_raises_unknown_message_error(store: Outbox) -> None:
+    with pytest.raises(UnknownMessageError):
+        store.get(424242)
+    with pytest.raises(KeyError):  # also a KeyError, for callers that catch that
+        store.get(424242)
+
+
+def test_headers_round_trip_exactly_with_duplicates_order_and_none(store: Outbox) -> None:
+    headers = [("b", b"2"), ("a", b"\x00\xff"), ("b", None), ("b", b""), ("ü", b"1")]
+    [i] = store.enqueue([msg(key=b"\x00", value=b"", headers=headers)])
+    r = store.get(i)
+    assert r.headers == headers
+    assert r.key == b"\x00" and r.value == b""
+    [j] = store.enqueue([msg(headers=[])])
+    assert store.get(j).headers == []
+
+
+_bytes = st.one_of(st.none(), st.binary(max_size=300))
+_headers = st.lists(st.tuples(st.text(max_size=8), _bytes), max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.lists(st.tuples(_bytes, _bytes, _headers), min_size=1, max_size=5))
+def test_bytes_round_trip_property(store: Outbox, batch: list[tuple[Any, Any, Any]]) -> None:
+    new = [msg(key=k, value=v, headers=h) for k, v, h in batch]
+    got = store.enqueue(new)
+    for i, m in zip(got, new, strict=True):
+        r = store.get(i)
+        assert (r.key, r.value, r.headers) == (m.key, m.value, m.headers)
+        assert type(r.value) is type(m.value) and type(r.key) is type(m.key)
+
+
+def test_large_key_and_value(store: Outbox) -> None:
+    key = os.urandom(10_000)  # bigger than a btree index entry may be
+    value = os.urandom(1_000_000)
+    [i] = store.enqueue([msg(key=key, value=value)])
+    assert store.get(i).key == key and store.get(i).value == value
+    assert store.has_pending("t", key)
+    assert ids(store.claim("w", 10, 30, now=NOW)) == [i]
+
+
+# -- claim, leases ---------------------------------------------------------------------------------
+
+
+def test_claim_oldest_first_with_limit_and_lease(store: Outbox) -> None:
+    got = store.enqueue([msg(value=bytes([n])) for n in range(5)])
+    first = store.claim("w1", 2, 30, now=NOW)
+    assert ids(first) == got[:2]
+    assert ids(store.claim("w2", 10, 30, now=NOW)) == got[2:]
+    assert store.claim("w3", 10, 30, now=NOW) == []
+    r = store.get(got[0])
+    assert r.next_attempt_at == NOW + 30 and r.status == Status.PENDING and r.attempts == 0
+    assert store.claim("w1", 0, 30, now=NOW) == []
+
+
+def test_lease_expiry_hands_rows_to_another_worker(store: Outbox) -> None:
+    got = store.enqueue([msg(), msg()])
+    assert ids(store.claim("dead-worker", 10, 10, now=NOW)) == got
+    assert store.claim("w2", 10, 10, now=NOW + 9.9) == []
+    assert store.stats(now=NOW + 5).leased == 2
+    assert store.stats(now=NOW + 11).leased == 0
+    again = store.claim("w2", 10, 10, now=NOW + 11)
+    assert ids(again) == got
+    assert store.get(got[0]).attempts == 0  # an expired lease is not a failed attempt
+
+
+def test_claim_by_topic(store: Outbox) -> None:
+    a = store.enqueue([msg("a"), msg("b"), msg("a")])
+    assert ids(store.claim("w", 10, 30, now=NOW, topic="a")) == [a[0], a[2]]
+    assert ids(store.claim("w", 10, 30, now=NOW, topic="a")) == []
+    assert ids(store.claim("w", 10, 30, now=NOW)) == [a[1]]
+
+
+def test_born_leased_rows_write_ahead(store: Outbox) -> None:
+    got = store.enqueue([msg(), msg()], lease_owner="producer-1", lease_until=NOW + 60)
+    assert store.claim("drainer", 10, 30, now=NOW) == []
+    assert store.stats(now=NOW).leased == 2
+    assert ids(store.claim("drainer", 10, 30, now=NOW + 61)) == got
+
+
+def test_mark_delivered_is_idempotent_and_ignores_dead_rows(store: Outbox) -> None:
+    got = store.enqueue([msg(), msg(), msg()])
+    [dead] = store.add_dead([msg()], failed_at=NOW)
+    assert store.mark_delivered(got[:2]) == 2
+    assert store.mark_delivered(got[:2]) == 0
+    assert store.mark_delivered([got[2], 999_999, dead]) == 1
+    assert store.mark_delivered([]) == 0
+    with pytest.raises(UnknownMessageError):
+        store.get(got[0])
+    assert store.get(dead).status == Status.DEAD
+
+
+def test_record_failures_retry_then_dead(store: Outbox) -> None:
+    [a, b] = store.enqueue([msg(), msg()])
+    store.claim("w", 10, 30, now=NOW)
+    dead = store.record_failures(
+        [fail(a, NOW + 5, at=NOW), fail(b, None, error="MSG_SIZE_TOO_LARGE (10): big")]
+    )
+    assert ids(dead) == [b]
+    assert dead[0].status == Status.DEAD and dead[0].attempts == 1
+    assert dead[0].last_error == "MSG_SIZE_TOO_LARGE (10): big" and dead[0].last_failed_at == NOW
+    ra = store.get(a)
+    assert (ra.attempts, ra.next_attempt_at, ra.first_failed_at, ra.last_failed_at) == (1, NOW + 5, NOW, NOW)
+    assert store.claim("w", 10, 30, now=NOW + 4) == []
+    assert ids(store.claim("w", 10, 30, now=NOW + 5)) == [a]
+    store.record_failures([fail(a, NOW + 20, at=NOW + 6, error="X (1): again")])
+    ra = store.get(a)
+    assert (ra.attempts, ra.first_failed_at, ra.last_failed_at, ra.last_error) == (
+        2,
+        NOW,
+        NOW + 6,
+        "X (1): again",
+    )
+    dead = store.record_failures([fail(a, None, at=NOW + 30)])
+    assert ids(dead) == [a] and dead[0].attempts == 3 and dead[0].first_failed_at == NOW
+
+
+def test_record_failures_ignores_rows_delivered_or_dead_already(store: Outbox) -> None:
+    [a, b] = store.enqueue([msg(), msg()])
+    store.mark_delivered([a])
+    assert store.record_failures([fail(a, None), fail(a, NOW + 1)]) == []
+    assert ids(store.record_failures([fail(b, None)])) == [b]
+    # "Returns the rows that were dead-lettered now": a second report does not return it again.
+    assert store.record_failures([fail(b, None)]) == []
+    assert store.get(b).attempts == 1
+    assert store.record_failures([]) == []
+
+
+def test_release_gives_rows_back_due_now_without_an_attempt(store: Outbox) -> None:
+    got = store.enqueue([msg(), msg()])
+    store.claim("w", 10, 300, now=NOW)
+    store.release(got, now=NOW + 1)
+    r = store.get(got[0])
+    assert r.next_attempt_at == NOW + 1 and r.attempts == 0
+    assert store.stats(now=NOW + 1).leased == 0
+    assert ids(store.claim("w2", 10, 30, now=NOW + 1)) == got
+    store.release([], now=NOW)
+
+
+def test_commit_batch_is_enqueue_deliver_and_fail_together(store: Outbox) -> None:
+    [a, b, c] = store.enqueue([msg(), msg(), msg()])
+    new_ids, dead = store.commit_batch(
+        [msg(value=b"n1"), msg(value=b"n2")],
+        [a],
+        [fail(b, NOW + 10), fail(c, None)],
+        lease_owner="p",
+        lease_until=NOW + 60,
+    )
+    assert len(new_ids) == 2 and new_ids[0] > c
+    assert ids(dead) == [c]
+    with pytest.raises(UnknownMessageError):
+        store.get(a)
+    assert store.get(b).attempts == 1
+    assert store.get(new_ids[1]).value == b"n2" and store.get(new_ids[1]).next_attempt_at == NOW + 60
+    assert store.commit_batch([], [], [], lease_owner=None, lease_until=None) == ([], [])
+
+
+# -- per-key order ------------------------------------------------------------------------------------
+
+
+def test_key_blocked_while_earlier_row_is_leased(store: Outbox) -> None:
+    [a1, a2, b1] = store.enqueue([msg(key=b"A"), msg(key=b"A"), msg(key=b"B")])
+    assert ids(store.claim("w1", 1, 30, now=NOW)) == [a1]
+    assert ids(store.claim("w2", 10, 30, now=NOW)) == [b1]  # a2 waits for a1
+    assert store.mark_delivered([a1]) == 1
+    assert ids(store.claim("w2", 10, 30, now=NOW)) == [a2]
+
+
+def test_key_blocked_while_earlier_row_backs_off_and_freed_by_dead_letter(store: Outbox) -> None:
+    [a1, a2, a3] = store.enqueue([msg(key=b"A"), msg(key=b"A"), msg(key=b"A")])
+    assert ids(store.claim("w", 1, 30, now=NOW)) == [a1]
+    store.record_failures([fail(a1, NOW + 100)])
+    assert store.claim("w", 10, 30, now=NOW + 1) == []
+    assert ids(store.claim("w", 1, 30, now=NOW + 100)) == [a1]
+    store.record_failures([fail(a1, None)])
+    assert ids(store.claim("w", 10, 30, now=NOW + 100)) == [a2, a3]
+
+
+def test_key_order_applies_within_one_claim(store: Outbox) -> None:
+    got = store.enqueue([msg(key=b"K") for _ in range(4)])
+    claimed = store.claim("w", 10, 30, now=NOW)
+    assert ids(claimed) == got  # one claimer gets the whole run, in id order
+
+
+def test_none_keys_never_block_and_topics_are_separate(store: Outbox) -> None:
+    [n1, n2, t1, u1, t2] = store.enqueue(
+        [msg(key=None), msg(key=None), msg("t", key=b"K"), msg("u", key=b"K"), msg("t", key=b"K")]
+    )
+    assert ids(store.claim("w", 1, 30, now=NOW)) == [n1]
+    assert ids(store.claim("w", 1, 30, now=NOW)) == [n2]
+    assert ids(store.claim("w", 1, 30, now=NOW)) == [t1]
+    assert ids(store.claim("w", 10, 30, now=NOW)) == [u1]  # t2 waits for t1; u's K is another key
+
+
+def test_has_pending(store: Outbox) -> None:
+    assert not store.has_pending("t", b"K")
+    [a] = store.enqueue([msg(key=b"K")])
+    assert store.has_pending("t", b"K")
+    assert not store.has_pending("other", b"K") and not store.has_pending("t", b"K2")
+    store.claim("w", 10, 30, now=NOW)
+    assert store.has_pending("t", b"K")  # leased is still pending
+    store.record_failures([fail(a, None)])
+    assert not store.has_pending("t", b"K")  # dead is not pending
+
+
+# -- dead letters -----------------------------------------------------------------------------------
+
+
+def _dead_fixture(store: Outbox) -> list[int]:
+    got = store.enqueue(
+        [msg("a", value=b"1"), msg("b", value=b"2"), msg("a", value=b"3"), msg("a", value=b"4")]
+    )
+    store.record_failures(
+        [
+            fail(got[0], None, "MSG_SIZE_TOO_LARGE (10): big", at=100.0),
+            fail(got[1], None, "TOPIC_AUTHORIZATION_FAILED (29): no", at=200.0),
+            fail(got[2], None, "MSG_SIZE_TOO_LARGE (10): big", at=300.0),
+        ]
+    )
+    return got
+
+
+def test_dead_letter_filters(store: Outbox) -> None:
+    a1, b2, a3, _pending = _dead_fixture(store)
+    assert ids(store.list_dead()) == [a1, b2, a3]
+    assert ids(store.list_dead(DeadLetterFilter(topic="a"))) == [a1, a3]
+    assert ids(store.list_dead(DeadLetterFilter(error="MSG_SIZE_TOO_LARGE"))) == [a1, a3]
+    assert ids(store.list_dead(DeadLetterFilter(error="29"))) == [b2]
+    assert ids(store.list_dead(DeadLetterFilter(since=200.0))) == [b2, a3]
+    assert ids(store.list_dead(DeadLetterFilter(until=200.0))) == [a1]
+    assert ids(store.list_dead(DeadLetterFilter(ids=(a3, b2, 999)))) == [b2, a3]
+    assert ids(store.list_dead(DeadLetterFilter(limit=2))) == [a1, b2]
+    assert ids(store.list_dead(DeadLetterFilter(topic="a", error="10", since=150.0))) == [a3]
+    assert store.list_dead(DeadLetterFilter(topic="none")) == []
+    assert ids(store.list_dead(DeadLetterFilter(ids=(_pending,)))) == []  # pending is not dead
+
+
+def test_add_dead(store: Outbox) -> None:
+    [d] = store.add_dead([msg(attempts=3, first_failed_at=5.0, last_error="X (1): y")], failed_at=NOW)
+    r = store.get(d)
+    assert r.status == Status.DEAD and r.attempts == 3 and r.last_error == "X (1): y"
+    assert store.claim("w", 10, 30, now=NOW + 1e6) == []
+    assert ids(store.list_dead()) == [d]
+
+
+def test_replay_resets_attempts_keeps_bytes_and_can_retarget(store: Outbox) -> None:
+    headers = [("h", b"\x01"), ("h", None)]
+    [a, b] = store.enqueue([msg("a", key=b"k", value=b"\x00v", headers=headers), msg("b")])
+    store.record_failures([fail(a, None), fail(b, None)])
+    assert store.replay_dead(DeadLetterFilter(ids=(a,)), now=NOW + 5, to_topic="a.retry") == 1
+    r = store.get(a)
+    assert (r.status, r.attempts, r.topic, r.next_attempt_at) == (Status.PENDING, 0, "a.retry", NOW + 5)
+    assert (r.key, r.value, r.headers) == (b"k", b"\x00v", headers)
+    assert store.claim("w", 10, 30, now=NOW + 4) == []
+    assert ids(store.claim("w", 10, 30, now=NOW + 5)) == [a]
+    assert store.replay_dead(now=NOW) == 1
+    assert store.get(b).topic == "b"
+    assert store.replay_dead(now=NOW) == 0
+
+
+def test_purge_dead_with_filter(store: Outbox) -> None:
+    a1, b2, a3, pending = _dead_fixture(store)
+    assert store.purge_dead(DeadLetterFilter(topic="a")) == 2
+    assert ids(store.list_dead()) == [b2]
+    assert store.purge_dead(DeadLetterFilter(ids=(pending,))) == 0  # never deletes pending rows
+    assert store.purge_dead() == 1
+    assert store.list_dead() == []
+    assert store.get(pending).status == Status.PENDING
+
+
+def test_stats(store: Outbox) -> None:
+    empty = store.stats(now=NOW)
+    assert (empty.pending, empty.dead, empty.leased, empty.oldest_pending_at, empty.next_due_at) == (
+        0,
+        0,
+        0,
+        None,
+        None,
+    )
+    _dead_fixture(store)
+    got = store.enqueue([msg("b", next_attempt_at=NOW + 50), msg("c")])
+    store.claim("w", 1, 30, now=NOW)  # claims the pending "a" row (oldest due)
+    s = store.stats(now=NOW)
+    assert (s.pending, s.dead, s.leased) == (3, 3, 1)
+    assert s.pending_by_topic == {"a": 1, "b": 1, "c": 1}
+    assert s.dead_by_topic == {"a": 2, "b": 1}
+    assert s.dead_by_error == {"MSG_SIZE_TOO_LARGE (10)": 2, "TOPIC_AUTHORIZATION_FAILED (29)": 1}
+    assert s.next_due_at == 0.0  # row "c" was due from the start
+    assert s.oldest_pending_at is not None and s.oldest_pending_at <= store.get(got[0]).created_at
+    store.mark_delivered([got[1]])
+    assert store.stats(now=NOW).next_due_at == NOW + 30  # the leased row, when its lease ends
+
+
+def test_close_is_idempotent(make_store: Factory) -> None:
+    s = make_store()
+    s.enqueue([msg()])
+    s.close()
+    s.close()
+
+
+def test_data_survives_reopen(make_store: Factory, request: pytest.FixtureRequest) -> None:
+    s = make_store()
+    [i] = s.enqueue([msg(value=b"keep")])
+    s.close()
+    if isinstance(s, SQLiteOutbox):
+        again: Outbox = SQLiteOutbox(s.path, create=False)
+    else:
+        from outbox.stores.postgres import PostgresOutbox
+
+        assert isinstance(s, PostgresOutbox)
+        again = PostgresOutbox(s.url, create=False)
+    with again:
+        assert again.get(i).value == b"keep"
+        again.migrate()  # idempotent
+        assert again.get(i).value == b"keep"
+
+
+# -- the state machine --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Row:
+    topic: str
+    key: bytes | None
+    value: bytes
+    status: Status = Status.PENDING
+    due: float = 0.0
+    owner: str | None = None
+    attempts: int = 0
+
+
+class OutboxMachine(RuleBasedStateMachine):
+    """Random operation sequences against a simple model of the outbox's states.
+
+    Checks: no row lost or duplicated, every row in exactly one state, claims return exactly the
+    rows the per-key rule allows, and the store's bytes and counters match the model.
+    """
+
+    factory: Factory
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = type(self).factory()
+        self.model: dict[int, Row] = {}
+        self.gone: set[int] = set()
+        self.now = NOW
+        self.serial = 0
+
+    rows = Bundle("rows")
+
+    @initialize()
+    def start(self) -> None:
+        assert self.store.stats(now=self.now).pending == 0
+
+    @rule(
+        target=rows,
+        batch=st.lists(
+            st.tuples(st.sampled_from(["t", "u"]), st.sampled_from([None, b"A", b"B"])),
+            min_size=1,
+            max_size=4,
+        ),
+        leased=st.booleans(),
+    )
+    def enqueue(self, batch: list[tuple[str, bytes | None]], leased: bool) -> Any:
+        new = []
+        for topic, key in batch:
+            self.serial += 1
+            new.append(msg(topic, key=key, value=f"v{self.serial}".encode(), msg_id=str(self.serial)))
+        if leased:
+            got = self.store.enqueue(new, lease_owner="writer", lease_until=self.now + 20)
+        else:
+            got = self.store.enqueue(new)
+        assert len(got) == len(new) and got == sorted(got)
+        for i, m in zip(got, new, strict=True):
+            assert i not in self.model and i not in self.gone
+            assert m.value is not None
+            row = Row(m.topic, m.key, m.value)
+            if leased:
+                row.due, row.owner = self.now + 20, "writer"
+            self.model[i] = row
+        return multiple(*got)
+
+    @rule(dt=st.sampled_from([0.0, 1.0, 5.0, 15.0, 40.0]))
+    def advance(self, dt: float) -> None:
+        self.now += dt
+
+    def _expected_claim(self, limit: int) -> list[int]:
+        due = sorted(i for i, r in self.model.items() if r.status == Status.PENDING and r.due <= self.now)
+        cand = due[:limit]
+        chosen = set(cand)
+        out = []
+        for i in cand:
+            r = self.model[i]
+            if r.key is not None and any(
+                j < i
+                and j not in chosen
+                and o.status == Status.PENDING
+                and (o.topic, o.key) == (r.topic, r.key)
+                for j, o in self.model.items()
+            ):
+                continue
+            out.append(i)
+        return out
+
+    @rule(owner=st.sampled_from(["w1", "w2"]), limit=st.integers(1, 6), lease=st.sampled_from([10.0, 30.0]))
+    def claim(self, owner: str, limit: int, lease: float) -> None:
+        expected = self._expected_claim(limit)
+        got = self.store.claim(owner, limit, lease, now=self.now)
+        assert ids(got) == expected
+        for r in got:
+            m = self.model[r.id]
+            assert (r.topic, r.key, r.value, r.status) == (m.topic, m.key, m.value, Status.PENDING)
+            m.due, m.owner = self.now + lease, owner
+
+    @rule(picked=st.lists(rows, max_size=3, unique=True))
+    def deliver(self, picked: list[int]) -> None:
+        expected = sum(1 for i in picked if i in self.model and self.model[i].status == Status.PENDING)
+        assert self.store.mark_delivered(picked) == expected
+        for i in picked:
+            if i in self.model and self.model[i].status == Status.PENDING:
+                del self.model[i]
+                self.gone.add(i)
+
+    @rule(
+        picked=st.lists(
+            st.tuples(rows, st.sampled_from([None, 5.0, 50.0])), max_size=3, unique_by=lambda p: p[0]
+        )
+    )
+    def fail_some(self, picked: list[tuple[int, float | None]]) -> None:
+        failures = [fail(i, None if d is None else self.now + d, at=self.now) for i, d in picked]
+        dead = self.store.record_failures(failures)
+        expected_dead = []
+        for i, d in picked:
+            m = self.model.get(i)
+            if m is None or m.status != Status.PENDING:
+                continue
+            m.attempts += 1
+            m.owner = None
+            if d is None:
+                m.status = Status.DEAD
+                expected_dead.append(i)
+            else:
+                m.due = self.now + d
+        assert sorted(ids(dead)) == sorted(expected_dead)
+        for r in dead:
+            assert r.status == Status.DEAD and r.attempts == self.model[r.id].attempts
+
+    @rule(picked=st.lists(rows, max_size=3, unique=True))
+    def release(self, picked: list[int]) -> None:
+        self.store.release(picked, now=self.now)
+        for i in picked:
+            m = self.model.get(i)
+            if m is not None and m.status == Status.PENDING:
+                m.due, m.owner = self.now, None
+
+    @precondition(lambda self: any(r.status == Status.DEAD for r in self.model.values()))
+    @rule(all_of_them=st.booleans(), data=st.data())
+    def replay(self, all_of_them: bool, data: st.DataObject) -> None:
+        dead = sorted(i for i, r in self.model.items() if r.status == Status.DEAD)
+        chosen = dead if all_of_them else [data.draw(st.sampled_from(dead))]
+        flt = DeadLetterFilter() if all_of_them else DeadLetterFilter(ids=tuple(chosen))
+        assert self.store.replay_dead(flt, now=self.now) == len(chosen)
+        for i in chosen:
+            m = self.model[i]
+            m.status, m.attempts, m.due, m.owner = Status.PENDING, 0, self.now, None
+
+    @precondition(lambda self: any(r.status == Status.DEAD for r in self.model.values()))
+    @rule(row=consumes(rows))
+    def purge(self, row: int) -> None:
+        is_dead = row in self.model and self.model[row].status == Status.DEAD
+        assert self.store.purge_dead(DeadLetterFilter(ids=(row,))) == int(is_dead)
+        if is_dead:
+            del self.model[row]
+            self.gone.add(row)
+
+    @rule()
+    def check_every_row(self) -> None:
+        for i, m in self.model.items():
+            r = self.store.get(i)
+            assert (r.topic, r.key, r.value, r.status, r.attempts) == (
+                m.topic,
+                m.key,
+                m.value,
+                m.status,
+                m.attempts,
+            )
+            if m.status == Status.PENDING:
+                assert r.next_attempt_at == m.due
+        for i in self.gone:
+            with pytest.raises(UnknownMessageError):
+                self.store.get(i)
+
+    @invariant()
+    def counts_match(self) -> None:
+        s = self.store.stats(now=self.now)
+        pending = [r for r in self.model.values() if r.status == Status.PENDING]
+        dead = sorted(i for i, r in self.model.items() if r.status == Status.DEAD)
+        # Every row is in exactly one state, and none is lost or duplicated.
+        assert s.pending == len(pending) and s.dead == len(dead)
+        assert s.pending + s.dead == len(self.model)
+        assert s.leased == sum(1 for r in pending if r.owner is not None and r.due > self.now)
+        assert ids(self.store.list_dead()) == dead
+        assert s.next_due_at == (min(r.due for r in pending) if pending else None)
+
+    def teardown(self) -> None:
+        self.check_every_row()
+        self.store.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_machine(backend: str, request: pytest.FixtureRequest) -> None:
+    if backend == "sqlite":
+        tmp = tempfile.TemporaryDirectory()
+        request.addfinalizer(tmp.cleanup)
+        counter = itertools.count()
+
+        def factory() -> Outbox:
+            return SQLiteOutbox(os.path.join(tmp.name, f"sm-{next(counter)}.db"), synchronous="NORMAL")
+
+        examples = 60
+    else:
+        from outbox.stores.postgres import PostgresOutbox
+
+        base: str = request.getfixturevalue("postgres_url")
+        schema = f"sm_{uuid.uuid4().hex[:10]}"
+        request.addfinalizer(lambda: _drop_schema(base, schema))
+        url = dataclasses.replace(parse_url(base), schema=schema)
+        counter = itertools.count()
+
+        def factory() -> Outbox:
+            return PostgresOutbox(dataclasses.replace(url, table=f"sm_{next(counter)}"), pool_size=1)
+
+        examples = 30
+
+    machine = type(f"OutboxMachine_{backend}", (OutboxMachine,), {"factory": staticmethod(factory)})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
