@@ -12,6 +12,7 @@ event; the drainer settles the batch in flight and releases the leases it still 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -303,6 +304,7 @@ def _run(
 ) -> tuple[DrainResult, bool]:
     """Run the drainer in a worker thread; this thread waits, draws the bar and catches Ctrl-C."""
     stop = threading.Event()
+    done = threading.Event()
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -310,7 +312,11 @@ def _run(
             outcome["result"] = drainer.run(until_empty=until_empty, max_messages=max_messages, stop=stop)
         except BaseException as exc:  # re-raised in the main thread, where click handles it
             outcome["error"] = exc
+        finally:
+            done.set()
 
+    # Waiting on an Event, not Thread.join(): a join() interrupted by Ctrl-C can leave the thread
+    # marked as finished while it still runs (CPython < 3.12), and we must wait for the release.
     worker = threading.Thread(target=target, name="outbox-cli-drain", daemon=True)
     interrupted = False
     with _sigterm_as_interrupt():
@@ -318,8 +324,7 @@ def _run(
         try:
             worker.start()
             try:
-                while worker.is_alive():
-                    worker.join(0.25)
+                while not done.wait(0.25):
                     if bar is not None:
                         bar.update(drainer.result, store, topic)
             except KeyboardInterrupt:
@@ -330,7 +335,14 @@ def _run(
                     "(Ctrl-C again to quit at once; leases then expire on their own)…",
                     err=True,
                 )
-                worker.join()
+                try:
+                    done.wait()
+                except KeyboardInterrupt:
+                    # Asked twice: quit now. Every store write is one transaction, so nothing is
+                    # half-written; rows still leased become due again when the lease expires.
+                    click.echo(f"Quit; unreleased leases expire within {drainer.lease_seconds:g}s.", err=True)
+                    sys.stderr.flush()
+                    os._exit(EXIT_INTERRUPTED)
             if bar is not None:
                 bar.update(drainer.result, store, topic)
         finally:

@@ -1,0 +1,336 @@
+"""The installed `outbox` script against the real Kafka cluster of `outbox.testing`.
+
+Every command runs as a subprocess of the console script installed next to this interpreter,
+exactly as an operator runs it; outboxes are filled through the store API or a real
+ResilientProducer, and every message is consumed back from Kafka and counted by its
+`outbox-id` header.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from outbox.headers import ID_HEADER
+from outbox.producer import ResilientProducer
+from outbox.records import NewMessage
+from outbox.stores import SQLiteOutbox
+from outbox.testing import KafkaCluster
+from outbox.testing.consume import consume
+
+OUTBOX = Path(sys.executable).parent / "outbox"
+TIMED_OUT = "_MSG_TIMED_OUT (-192): Local: Message timed out"
+TOO_LARGE = "MSG_SIZE_TOO_LARGE (10): Broker: Message size too large"
+
+
+def outbox_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the installed `outbox` script; OUTBOX_URL / KAFKA_BOOTSTRAP_SERVERS come from args only."""
+    assert OUTBOX.exists(), f"{OUTBOX} is missing: pip install -e . into this interpreter's environment"
+    env = {k: v for k, v in os.environ.items() if k not in ("OUTBOX_URL", "KAFKA_BOOTSTRAP_SERVERS")}
+    return subprocess.run(
+        [str(OUTBOX), *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+
+
+def popen_cli(*args: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OUTBOX_URL", "KAFKA_BOOTSTRAP_SERVERS")}
+    return subprocess.Popen(
+        [str(OUTBOX), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("Error: ")
+    return lines[0][len("Error: ") :]
+
+
+def topic_size(bootstrap: str, topic: str) -> int:
+    """How many records the topic holds (sum of high - low watermarks): duplicates included."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"wm-{uuid.uuid4().hex}"})
+    try:
+        md = c.list_topics(topic, timeout=10)
+        total = 0
+        for p in md.topics[topic].partitions:
+            low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            total += high - low
+        return total
+    finally:
+        c.close()
+
+
+def ids_of(messages: list[Message]) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for m in messages:
+        found = [v for k, v in (m.headers() or []) if k == ID_HEADER]
+        assert len(found) == 1, m.headers()
+        out[found[0].decode()] += 1
+    return out
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_outage_then_drain_delivers_everything(
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    topic = make_topic()
+    bootstrap = chaos_cluster.bootstrap_servers
+    db = tmp_path / "app.db"
+    n = 300
+    chaos_cluster.stop_all()
+
+    # The application keeps producing while every broker is down: the outbox takes it all.
+    producer = ResilientProducer(
+        {"bootstrap.servers": bootstrap, "message.timeout.ms": 2000},
+        outbox=f"sqlite:///{db}",
+        drain_workers=0,
+    )
+    values = {f"value-{i}".encode() for i in range(n)}
+    for i in range(n):
+        producer.produce(topic, value=f"value-{i}".encode(), key=f"key-{i % 7}".encode())
+    # What counts is what the outbox holds (checked next with `outbox status`); close()'s own
+    # "unsaved" count is the producer's business and is tested with the producer.
+    producer.close(timeout=10)
+
+    status = outbox_cli("status", "--outbox", str(db), "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["pending_by_topic"] == {topic: n}
+
+    # Still down: drain reports it, sends nothing and leaves every message pending.
+    down = outbox_cli("drain", "--outbox", str(db), "-b", bootstrap, "--connect-timeout", "2")
+    assert down.returncode == 3
+    assert one_error_line(down).endswith(f"nothing was sent, {n} message(s) stay pending in sqlite:///{db}")
+
+    chaos_cluster.start_all()
+    chaos_cluster.wait_until_healthy()
+    up = outbox_cli("drain", "--outbox", str(db), "-b", bootstrap, "--json", "--workers", "2")
+    assert up.returncode == 0, up.stderr
+    result = json.loads(up.stdout)
+    assert (result["delivered"], result["dead"], result["remaining"], result["interrupted"]) == (
+        n,
+        0,
+        0,
+        False,
+    )
+
+    messages = consume(bootstrap, topic, n, timeout=30)
+    assert len(messages) == n
+    assert {m.value() for m in messages} == values
+    ids = ids_of(messages)
+    assert len(ids) == n and set(ids.values()) == {1}
+    assert topic_size(bootstrap, topic) == n  # nothing sent twice
+    assert json.loads(outbox_cli("status", "--outbox", str(db), "--json").stdout)["pending"] == 0
+
+
+def test_dead_letters_list_show_replay_drain_purge(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    topic, other = make_topic(), make_topic()
+    db = str(tmp_path / "dlq.db")
+    store = SQLiteOutbox(db)
+    now = time.time()
+    timed_out = [
+        NewMessage(
+            topic=topic,
+            value=bytes([i]) * 50 + b"\x00\xff",
+            key=f"k{i}".encode(),
+            headers=[("app", f"h{i}".encode()), ("bin", b"\x00\x01")],
+            msg_id=f"to-{i}",
+            attempts=3,
+            first_failed_at=now - 600,
+            last_error=TIMED_OUT,
+        )
+        for i in range(4)
+    ]
+    too_large = [
+        NewMessage(
+            topic=topic,
+            value=f"big-{i}".encode(),
+            msg_id=f"tl-{i}",
+            attempts=1,
+            first_failed_at=now,
+            last_error=TOO_LARGE,
+        )
+        for i in range(3)
+    ]
+    to_ids = store.add_dead(timed_out, failed_at=now - 600)
+    tl_ids = store.add_dead(too_large, failed_at=now)
+    store.close()
+
+    listed = outbox_cli("dlq", "list", "--outbox", db, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [d["id"] for d in json.loads(listed.stdout)] == to_ids + tl_ids
+    text = outbox_cli("dlq", "list", "--outbox", db, "--error", "msg_timed_out").stdout.splitlines()
+    assert [line.split()[0] for line in text[1:]] == [str(i) for i in to_ids]
+
+    shown = json.loads(outbox_cli("dlq", "show", str(to_ids[1]), "--outbox", db, "--json").stdout)
+    assert bytes.fromhex(shown["value"]) == bytes([1]) * 50 + b"\x00\xff"
+    assert shown["headers"][0] == {"name": "app", "value": "h1", "encoding": "utf-8"}
+    assert outbox_cli("dlq", "show", "999", "--outbox", db).returncode == 1
+
+    # Replay the timed-out ones (all but one) and one too-large to another topic, then drain.
+    replay = outbox_cli("dlq", "replay", "--outbox", db, "--error", "-192", "--since", "1h", "--until", "5m")
+    assert replay.returncode == 0 and "Replayed 4 dead letter(s)" in replay.stdout
+    moved = outbox_cli("dlq", "replay", "--outbox", db, "--id", str(tl_ids[0]), "--to-topic", other, "--json")
+    assert json.loads(moved.stdout)["replayed"] == 1
+    drained = outbox_cli("drain", "--outbox", db, "-b", kafka_bootstrap, "--json")
+    assert drained.returncode == 0, drained.stderr
+    assert json.loads(drained.stdout)["delivered"] == 5
+
+    got = consume(kafka_bootstrap, topic, 4, timeout=30)
+    assert sorted((m.key(), m.value()) for m in got) == sorted((m.key, m.value) for m in timed_out)
+    assert ids_of(got) == Counter({f"to-{i}": 1 for i in range(4)})
+    for m in got:
+        headers = m.headers() or []
+        assert headers[:2] == [("app", m.key().replace(b"k", b"h")), ("bin", b"\x00\x01")]  # kept, in order
+    assert topic_size(kafka_bootstrap, topic) == 4
+    got_other = consume(kafka_bootstrap, other, 1, timeout=30)
+    assert [m.value() for m in got_other] == [b"big-0"] and ids_of(got_other) == Counter({"tl-0": 1})
+
+    # Purge what is left: the two other too-large ones.
+    purge = outbox_cli("dlq", "purge", "--outbox", db, "--topic", topic, "--yes")
+    assert purge.returncode == 0 and purge.stdout == "Removed 2 dead letter(s).\n"
+    status = json.loads(outbox_cli("status", "--outbox", db, "--json").stdout)
+    assert (status["pending"], status["dead"]) == (0, 0)
+
+
+def test_unreachable_cluster_leaves_every_message_pending(tmp_path: Path) -> None:
+    db = str(tmp_path / "app.db")
+    store = SQLiteOutbox(db)
+    store.enqueue([NewMessage(topic="orders", value=f"v{i}".encode(), msg_id=f"m{i}") for i in range(25)])
+    port = closed_port()
+    proc = outbox_cli(
+        "drain",
+        "--outbox",
+        db,
+        "-b",
+        f"127.0.0.1:{port}",
+        "--connect-timeout",
+        "2",
+        "-X",
+        "sasl.password=Pw0rd!",
+    )
+    assert proc.returncode == 3
+    line = one_error_line(proc)
+    assert line.startswith(f"cannot reach Kafka: no Kafka broker answered at 127.0.0.1:{port} within 2s")
+    assert line.endswith(f"nothing was sent, 25 message(s) stay pending in sqlite:///{db}")
+    assert "Pw0rd!" not in proc.stderr + proc.stdout
+    st = store.stats(now=time.time())
+    assert (st.pending, st.leased, st.dead) == (25, 0, 0)
+    assert {store.get(i).attempts for i in range(1, 26)} == {0}
+    store.close()
+
+
+def test_cli_drain_beside_a_live_producer_sends_each_message_once(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    db = str(tmp_path / "shared.db")
+    backlog = 6000
+    store = SQLiteOutbox(db)
+    store.enqueue(
+        [
+            NewMessage(topic=topic, value=f"old-{i}".encode(), key=f"k{i % 50}".encode(), msg_id=f"old-{i}")
+            for i in range(backlog)
+        ]
+    )
+    store.close()
+
+    # The application restarts on the same file: its own drain workers start on the backlog...
+    producer = ResilientProducer(
+        {"bootstrap.servers": kafka_bootstrap},
+        outbox=f"sqlite:///{db}",
+        drain_workers=2,
+        drain_batch_size=500,
+    )
+    # ...while an operator runs `outbox drain` on it too, and new messages keep being produced.
+    cli = popen_cli("drain", "--outbox", db, "-b", kafka_bootstrap, "--workers", "2", "--json")
+    live_ids = [
+        producer.produce(topic, value=f"new-{i}".encode(), key=f"k{i % 50}".encode()) for i in range(1000)
+    ]
+    out, err = cli.communicate(timeout=120)
+    # 3 is fine here: rows the application's drainer still held when the CLI finished are pending.
+    assert cli.returncode in (0, 3), err
+    cli_result = json.loads(out)
+
+    check = SQLiteOutbox(db)
+    wait_until(lambda: check.stats(now=time.time()).pending == 0, 60, "the outbox to empty")
+    assert producer.flush(30) == 0
+    from_outbox = producer.stats()["delivered_from_outbox"]
+    assert producer.close(timeout=30) == 0
+    check.close()
+
+    total = backlog + len(live_ids)
+    messages = consume(kafka_bootstrap, topic, total, timeout=60)
+    ids = ids_of(messages)
+    assert set(ids) == {f"old-{i}" for i in range(backlog)} | set(live_ids)
+    assert set(ids.values()) == {1}
+    assert topic_size(kafka_bootstrap, topic) == total  # no duplicate anywhere in the topic
+    # Every backlog row was sent by exactly one of the two drainers.
+    assert cli_result["delivered"] + from_outbox == backlog
+    assert cli_result["dead"] == 0
+
+
+def test_follow_mode_stops_cleanly_on_sigint(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
+    db = str(tmp_path / "follow.db")
+    store = SQLiteOutbox(db)
+    store.enqueue([NewMessage(topic=topic, value=f"a{i}".encode(), msg_id=f"a{i}") for i in range(200)])
+    cli = popen_cli("drain", "--outbox", db, "-b", kafka_bootstrap, "--follow", "--json")
+    wait_until(lambda: store.stats(now=time.time()).pending == 0, 60, "the first batch to drain")
+    # Messages stored while it runs are picked up too.
+    store.enqueue([NewMessage(topic=topic, value=f"b{i}".encode(), msg_id=f"b{i}") for i in range(300)])
+    wait_until(lambda: store.stats(now=time.time()).pending == 0, 60, "the second batch to drain")
+    cli.send_signal(signal.SIGINT)
+    out, err = cli.communicate(timeout=60)
+    assert cli.returncode == 0, err
+    result = json.loads(out)
+    assert (result["delivered"], result["remaining"], result["interrupted"]) == (500, 0, True)
+    assert "Traceback" not in err
+    ids = ids_of(consume(kafka_bootstrap, topic, 500, timeout=30))
+    assert len(ids) == 500 and set(ids.values()) == {1}
+    store.close()
+
+
+def test_interrupted_drain_releases_its_leases(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
+    db = str(tmp_path / "big.db")
+    n = 20000
+    store = SQLiteOutbox(db)
+    store.enqueue([NewMessage(topic=topic, value=b"x" * 100, msg_id=f"m{i}") for i in range(n)])
+    cli = popen_cli("drain", "--outbox", db, "-b", kafka_bootstrap, "--json")
+    wait_until(lambda: store.stats(now=time.time()).pending < n, 60, "the drain to start")
+    cli.send_signal(signal.SIGINT)
+    out, err = cli.communicate(timeout=60)
+    # 130: stopped early; 0: it had already finished when the signal came. Either way, no loss.
+    assert cli.returncode in (0, 130), err
+    result: dict[str, Any] = json.loads(out)
+    st = store.stats(now=time.time())
+    assert st.leased == 0  # nothing left held by the stopped drain
+    assert st.pending == result["remaining"]
+    assert st.next_due_at is None or st.next_due_at <= time.time()  # released rows are due at once
+    sent = topic_size(kafka_bootstrap, topic)
+    assert sent == result["delivered"] == n - st.pending
+    store.close()
