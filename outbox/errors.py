@@ -41,3 +41,7 @@ class KafkaDeliveryError(OutboxError):
         self.code = code
         self.name = name
         self.reason = reason
+
+
+class KafkaUnavailableError(OutboxError):
+    """No broker of the cluster answered (the cluster is down or the address is wrong)."""

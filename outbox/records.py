@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -18,14 +19,13 @@ class Status(enum.IntEnum):
     DEAD = 2
 
 
-@dataclass(frozen=True, slots=True)
-class NewMessage:
-    """A message about to be written to the outbox."""
+class NewMessage(NamedTuple):
+    """A message about to be written to the outbox (a tuple: cheap to build on hot paths)."""
 
     topic: str
     value: bytes | None
     key: bytes | None = None
-    headers: Headers = field(default_factory=list)
+    headers: Headers | None = None
     partition: int = -1
     msg_id: str = ""
     attempts: int = 0

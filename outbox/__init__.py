@@ -1,0 +1,63 @@
+"""kafka-outbox: a Kafka producer that loses nothing when Kafka fails.
+
+    from outbox import ResilientProducer, RetryPolicy, DeadLetter
+
+Failed sends go to a durable outbox (SQLite by default, PostgreSQL for fleets); background
+drain workers re-send them under a retry policy; what cannot be delivered becomes a dead letter
+and the application's recovery callback is called.
+"""
+
+from .circuit import CircuitBreaker, CircuitState
+from .drain import Drainer, DrainResult
+from .errors import (
+    ConfigError,
+    KafkaDeliveryError,
+    KafkaUnavailableError,
+    OutboxError,
+    ProducerClosedError,
+    StoreError,
+    StoreNotFoundError,
+    UnknownMessageError,
+)
+from .headers import ATTEMPT_HEADER, FIRST_FAILED_HEADER, ID_HEADER, LAST_ERROR_HEADER
+from .producer import PRODUCER_DEFAULTS, ResilientProducer
+from .records import DeadLetter, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from .retry import Disposition, RetryPolicy
+from .stores import Outbox, SQLiteOutbox, open_outbox
+from .urls import StoreURL, parse_url
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ATTEMPT_HEADER",
+    "FIRST_FAILED_HEADER",
+    "ID_HEADER",
+    "LAST_ERROR_HEADER",
+    "PRODUCER_DEFAULTS",
+    "CircuitBreaker",
+    "CircuitState",
+    "ConfigError",
+    "DeadLetter",
+    "DeadLetterFilter",
+    "Disposition",
+    "DrainResult",
+    "Drainer",
+    "KafkaDeliveryError",
+    "KafkaUnavailableError",
+    "NewMessage",
+    "Outbox",
+    "OutboxError",
+    "OutboxMessage",
+    "ProducerClosedError",
+    "ResilientProducer",
+    "RetryPolicy",
+    "SQLiteOutbox",
+    "Status",
+    "StoreError",
+    "StoreNotFoundError",
+    "StoreStats",
+    "StoreURL",
+    "UnknownMessageError",
+    "open_outbox",
+    "parse_url",
+]

@@ -1,0 +1,704 @@
+"""ResilientProducer: a confluent_kafka producer that stores what Kafka could not take.
+
+Fast path (fallback mode, circuit closed): one `Producer.produce()` with the id header; the
+delivery report of a success costs a counter increment. Only failures touch the outbox.
+
+Threads: the caller's threads call `produce()`; one delivery thread polls librdkafka and runs
+every callback (`on_delivery`, `on_dead_letter` for first-send failures); the group-commit
+writer thread writes the outbox and, in write-ahead mode, sends committed rows; the drain
+worker threads re-send stored rows and run callbacks for the messages they deliver or
+dead-letter.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from .circuit import CircuitBreaker
+from .drain import Drainer
+from .errors import ConfigError, ProducerClosedError
+from .headers import ID_HEADER, IdGenerator, find
+from .records import DeadLetter, Headers, NewMessage, OutboxMessage
+from .retry import Disposition, RetryPolicy, describe
+from .stores import Outbox, open_outbox
+from .stores.base import Failure
+from .writer import Committed, GroupCommitWriter
+
+log = logging.getLogger("outbox")
+# librdkafka's own log lines (connection refused, ...) go to logging, not to raw stderr.
+_LIBRDKAFKA_LOG = logging.getLogger("outbox.librdkafka")
+
+DeliveryCallback = Callable[[KafkaError | None, Message | None], None]
+DeadLetterCallback = Callable[[DeadLetter], None]
+
+#: Defaults for the wrapped producer; any key the caller sets wins.
+PRODUCER_DEFAULTS: Mapping[str, Any] = {
+    # librdkafka's default is 300 s: five minutes of messages held in memory, lost if the
+    # process dies, before the application hears of a failure. The outbox takes over sooner.
+    "message.timeout.ms": 30000,
+}
+
+_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_BYTES_LIKE = (bytes, str, bytearray, memoryview)
+_MODES = ("fallback", "write-ahead")
+_DURABILITY = ("batch", "sync")
+
+
+def _as_bytes(v: Any) -> bytes | None:
+    if v is None or isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    return bytes(v)
+
+
+def _check_payload(name: str, v: Any) -> None:
+    if v is not None and not isinstance(v, _BYTES_LIKE):
+        raise TypeError(f"{name} must be bytes, str or None, not {type(v).__name__}")
+
+
+def _normalize_headers(headers: Any) -> Headers:
+    """Headers as a list of (str, bytes | None), validated; dicts keep their iteration order."""
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    if not isinstance(items, (list, tuple)) and not isinstance(headers, Mapping):
+        raise TypeError(f"headers must be a list of (name, value) pairs or a dict, not {type(headers).__name__}")
+    out: Headers = []
+    for item in items:
+        try:
+            name, value = item
+        except (TypeError, ValueError):
+            raise TypeError(f"each header must be a (name, value) pair, got {item!r}") from None
+        if not isinstance(name, str):
+            raise TypeError(f"header names must be str, got {type(name).__name__}")
+        _check_payload(f"header {name!r} value", value)
+        out.append((name, _as_bytes(value)))
+    return out
+
+
+class ResilientProducer:
+    """A Kafka producer that writes what it cannot deliver to a durable outbox.
+
+    Args:
+        config: confluent_kafka.Producer settings, passed through unchanged except that
+            `message.timeout.ms` defaults to 30000 (librdkafka: 300000). An `error_cb` in it is
+            still called.
+        outbox: an outbox URL (``sqlite:///path.db``, ``jdbc:sqlite:/path.db``,
+            ``postgresql://...``, ``jdbc:postgresql://...``) or an `Outbox` instance.
+        retry: the retry policy for re-sends and the classification of errors.
+        on_dead_letter: recovery callback, called once per dead-lettered message with a
+            DeadLetter, after the dead letter is stored.
+        mode: "fallback" (Kafka first, only failures stored) or "write-ahead" (every message
+            committed to the outbox before it is sent).
+        durability: write-ahead only: "batch" (produce() returns at once; the message is
+            committed within `commit_interval` plus one commit) or "sync" (produce() returns once
+            the message is committed).
+        drain_workers: background threads re-sending stored messages (0: none; run
+            `outbox drain` elsewhere).
+        id_header: name of the message id header (default "outbox-id"); None sends no id header
+            on the first attempt (faster, but consumers cannot dedup a first-send duplicate).
+        circuit_failure_threshold: consecutive failed deliveries that open the circuit.
+        circuit_reset_timeout: seconds before an open circuit lets a probe message through.
+        commit_interval: how long the writer gathers messages before a commit (seconds).
+        lease_seconds: how long a drain worker or write-ahead send owns a row.
+        drain_batch_size: rows claimed per drain transaction.
+        drain_poll_interval: longest pause of an idle drain worker.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        outbox: str | Outbox = "sqlite:///outbox.db",
+        retry: RetryPolicy | None = None,
+        on_dead_letter: DeadLetterCallback | None = None,
+        mode: str = "fallback",
+        durability: str = "batch",
+        drain_workers: int = 2,
+        id_header: str | None = ID_HEADER,
+        circuit_failure_threshold: int = 5,
+        circuit_reset_timeout: float = 5.0,
+        commit_interval: float = 0.002,
+        lease_seconds: float = 120.0,
+        drain_batch_size: int = 1000,
+        drain_poll_interval: float = 0.5,
+    ) -> None:
+        if not isinstance(config, Mapping):
+            raise ConfigError("config must be a dict of confluent_kafka settings")
+        if mode not in _MODES:
+            raise ConfigError(f"mode must be one of {_MODES}, got {mode!r}")
+        if durability not in _DURABILITY:
+            raise ConfigError(f"durability must be one of {_DURABILITY}, got {durability!r}")
+        if drain_workers < 0:
+            raise ConfigError(f"drain_workers must be >= 0, got {drain_workers}")
+        self.mode = mode
+        self.durability = durability
+        self.retry = retry or RetryPolicy()
+        self.on_dead_letter = on_dead_letter
+        self._id_header = id_header
+        self._ids = IdGenerator()
+        self._user_error_cb = config.get("error_cb")
+        self._config = {**PRODUCER_DEFAULTS, **config}
+        self._config["error_cb"] = self._on_error
+        self._config.setdefault("logger", _LIBRDKAFKA_LOG)
+        self._config["on_delivery"] = self._on_report
+        self._config.pop("delivery.report.only.error", None)
+        lease_floor = int(self._config["message.timeout.ms"]) / 1000 + 30
+        lease_seconds = max(lease_seconds, lease_floor)  # a lease must outlive one send attempt
+        self._owns_store = not isinstance(outbox, Outbox)
+        self.store = open_outbox(outbox)
+        self._closed = False
+        self._lock = threading.Lock()
+        # Counters: each is written by one thread only, so plain ints are enough.
+        self._delivered = 0
+        self._outboxed = 0
+        self._dead = 0
+        self._failed = 0
+        self._drain_delivered = 0
+        self._recreate = False
+        self._purge_on_open = False
+        # Callbacks of outboxed messages that this process may still deliver (msg_id → cb).
+        self._waiting: dict[str, DeliveryCallback] = {}
+        # Keys with a message in the outbox: their later messages queue behind it (order).
+        self._pending_keys: set[tuple[str, bytes]] = set()
+        self._keys_lock = threading.RLock()
+        self.circuit = CircuitBreaker(
+            failure_threshold=circuit_failure_threshold,
+            reset_timeout=circuit_reset_timeout,
+            on_open=self._circuit_opened,
+        )
+        drain_config = {k: v for k, v in config.items() if k not in ("error_cb", "on_delivery")}
+        self._kafka = Producer(self._config)
+        self.writer = GroupCommitWriter(
+            self.store,
+            owner=f"producer:{os.urandom(6).hex()}",
+            lease_seconds=lease_seconds,
+            max_delay=commit_interval,
+            after_commit=self._after_commit,
+        )
+        self.drainer = Drainer(
+            self.store,
+            drain_config,
+            retry=self.retry,
+            workers=max(drain_workers, 1),
+            batch_size=drain_batch_size,
+            lease_seconds=lease_seconds,
+            poll_interval=drain_poll_interval,
+            on_delivered=self._drained,
+            on_dead_letter=self._drain_dead,
+            on_success=self.circuit.record_success,
+        )
+        self._lease_seconds = lease_seconds
+        self._poller = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
+        self._poller.start()
+        if drain_workers > 0:
+            self.drainer.start()
+
+    # -- the public API ----------------------------------------------------------------------
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        headers: Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None = None,
+        partition: int | None = None,
+        on_delivery: DeliveryCallback | None = None,
+        enable_retry: bool = True,
+        *,
+        transaction: Any = None,
+    ) -> str:
+        """Send a message to Kafka, or store it in the outbox if Kafka cannot take it now.
+
+        Args:
+            topic: topic name (Kafka's rules: [a-zA-Z0-9._-], 1..249 characters).
+            value, key: bytes, str (sent as UTF-8) or None.
+            headers: list of (name, value) pairs (order and duplicates kept) or a dict.
+            partition: explicit partition, or None/-1 for the partitioner.
+            on_delivery: ``callback(err, msg)``, called at most once with the message's final
+                fate: delivered (err None), dead-lettered, or failed with enable_retry=False.
+                Runs on the producer's delivery thread or a drain thread: keep it short and
+                do not call flush()/close() from it. For a message delivered from the outbox,
+                ``msg`` is None.
+            enable_retry: False: a failed send is reported to on_delivery and never stored.
+            transaction: a psycopg connection with an open transaction (PostgreSQL outbox
+                only): the message is written to the outbox inside it, so it exists if and only
+                if the caller's transaction commits; drain workers deliver it.
+
+        Returns:
+            The message id (the `outbox-id` header value).
+
+        Raises:
+            TypeError / ConfigError(ValueError): bad arguments; nothing was stored or sent.
+            ProducerClosedError: the producer is closed.
+        """
+        if self._closed:
+            raise ProducerClosedError("produce() called after close()")
+        if topic.__class__ is not str or _TOPIC.match(topic) is None:
+            self._bad_topic(topic)
+        if value is not None and not isinstance(value, _BYTES_LIKE):
+            _check_payload("value", value)
+        if key is not None and not isinstance(key, _BYTES_LIKE):
+            _check_payload("key", key)
+        if partition is None:
+            partition = -1
+        elif partition.__class__ is not int or partition < -1:
+            raise ConfigError(f"partition must be an int >= -1, got {partition!r}")
+        hdrs: Headers = _normalize_headers(headers) if headers is not None else []
+        msg_id = self._ids()
+        if self._id_header is not None:
+            hdrs.append((self._id_header, msg_id.encode()))
+
+        if transaction is not None:
+            self._enqueue_in_transaction(transaction, topic, value, key, hdrs, partition, msg_id)
+            return msg_id
+        if self.mode == "write-ahead" and enable_retry:
+            self._write_ahead(topic, value, key, hdrs, partition, msg_id, on_delivery)
+            return msg_id
+        if not enable_retry:
+            self._send_unprotected(topic, value, key, hdrs, partition, on_delivery)
+            return msg_id
+        if not self.circuit.closed and not self.circuit.allow_probe():
+            self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "circuit open")
+            return msg_id
+        if self._pending_keys and key is not None and self._key_waits(
+            topic, key, value, hdrs, partition, msg_id, on_delivery
+        ):
+            return msg_id
+        try:
+            if on_delivery is None and partition == -1:
+                self._kafka.produce(topic, value, key, headers=hdrs)
+            else:
+                self._kafka.produce(
+                    topic, value, key, partition=partition, headers=hdrs,
+                    on_delivery=functools.partial(self._on_report_with, on_delivery, partition),
+                )
+        except BufferError:
+            self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "local queue full")
+        except KafkaException as exc:
+            self._handle_failure(exc.args[0], topic, value, key, hdrs, partition, msg_id, on_delivery, None)
+        return msg_id
+
+    def poll(self, timeout: float = 0) -> int:
+        """Compatibility with confluent_kafka: callbacks already run on the delivery thread."""
+        if timeout:
+            time.sleep(timeout)
+        return 0
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait until every message is delivered or safely in the outbox.
+
+        Returns:
+            How many messages are neither delivered nor committed to the outbox (0 on success).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            in_memory = len(self._kafka)
+            queued = self.writer.pending()
+            if in_memory == 0 and queued == 0:
+                return 0
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return in_memory + queued
+            if in_memory == 0:
+                return self.writer.flush(left)
+            time.sleep(0.01 if left is None else min(0.01, left))
+
+    def __len__(self) -> int:
+        return len(self._kafka) + self.writer.pending()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and outbox state: see the README for each field."""
+        now = time.time()
+        store = self.store.stats(now=now)
+        return {
+            "produced": self._ids.issued,
+            "delivered": self._delivered + self._drain_delivered,
+            "delivered_first_try": self._delivered,
+            "delivered_from_outbox": self._drain_delivered,
+            "outboxed": self._outboxed,
+            "pending": store.pending,
+            "retried": self.drainer.result.retried,
+            "dead": store.dead,
+            "dead_this_process": self._dead + self.drainer.result.dead,
+            "failed_no_retry": self._failed,
+            "in_memory": len(self._kafka),
+            "unsaved": self.writer.pending(),
+            "circuit": self.circuit.state.value,
+            "oldest_pending_age": None if store.oldest_pending_at is None else now - store.oldest_pending_at,
+            "mode": self.mode,
+            "outbox": self.store.location,
+        }
+
+    def close(self, timeout: float | None = None) -> int:
+        """Flush, stop the drain workers and the delivery thread, close the outbox.
+
+        Messages still in librdkafka's queue when `timeout` runs out are moved to the outbox
+        (purged, then stored); messages not yet committed are counted in the return value.
+
+        Returns:
+            How many messages are neither delivered nor in the outbox (0 on a clean close).
+        """
+        if self._closed:
+            return 0
+        self._closed = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        self.flush(left())
+        if len(self._kafka):
+            # Still unsent: purge so librdkafka hands them back (_PURGE_QUEUE) for the outbox.
+            self._kafka.purge(in_queue=True, in_flight=False)
+            self._kafka.flush(min(left() or 5.0, 5.0))
+        self.drainer.stop(left())
+        self._stop_poller = True
+        self._poller.join(5)
+        self._kafka.poll(0)
+        unsaved = self.writer.close(left()) + len(self._kafka)
+        if self._owns_store:
+            self.store.close()
+        if unsaved:
+            log.error("outbox: %d messages were neither delivered nor stored at close()", unsaved)
+        return unsaved
+
+    def __enter__(self) -> ResilientProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- paths into the outbox ---------------------------------------------------------------
+
+    def _bad_topic(self, topic: Any) -> None:
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be str, not {type(topic).__name__}")
+        if not topic:
+            raise ConfigError("topic name is empty")
+        if topic in (".", ".."):
+            raise ConfigError(f"topic name {topic!r} is not allowed by Kafka")
+        if len(topic) > 249:
+            raise ConfigError(f"topic name is {len(topic)} characters long; Kafka allows 249")
+        raise ConfigError(f"topic name {topic!r} has characters Kafka does not allow (only a-z A-Z 0-9 . _ -)")
+
+    def _key_waits(
+        self, topic: str, key: Any, value: Any, hdrs: Headers, partition: int, msg_id: str,
+        cb: DeliveryCallback | None,
+    ) -> bool:
+        """If this key has a message in the outbox, store this one behind it and return True."""
+        k = _as_bytes(key)
+        assert k is not None
+        with self._keys_lock:
+            if (topic, k) not in self._pending_keys:
+                return False
+            self._spill(topic, value, key, hdrs, partition, msg_id, cb, "key has messages in the outbox")
+            return True
+
+    def _spill(
+        self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
+        cb: DeliveryCallback | None, reason: str, *, attempts: int = 0, error: str | None = None,
+    ) -> None:
+        """Store a message that was not sent (circuit open, queue full): due at once."""
+        now = time.time()
+        kb = _as_bytes(key)
+        msg = NewMessage(
+            topic, _as_bytes(value), kb, hdrs, partition, msg_id, attempts,
+            now if attempts else None, error or f"not sent: {reason}", now,
+        )
+        self._store_pending(msg, cb)
+
+    def _store_pending(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
+        if msg.key is not None:
+            with self._keys_lock:
+                self._pending_keys.add((msg.topic, msg.key))
+        if cb is not None:
+            self._waiting[msg.msg_id] = cb
+        self._outboxed += 1
+        self.writer.add_new(msg)
+
+    def _enqueue_in_transaction(
+        self, conn: Any, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str
+    ) -> None:
+        enqueue = getattr(self.store, "enqueue_in_transaction", None)
+        if enqueue is None:
+            raise ConfigError("transaction= needs a PostgreSQL outbox (postgresql:// or jdbc:postgresql:// URL)")
+        msg = NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 0, None, None, time.time())
+        enqueue(conn, [msg])
+        self._outboxed += 1
+        self.drainer.wake()
+
+    def _send_unprotected(
+        self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, cb: DeliveryCallback | None
+    ) -> None:
+        """enable_retry=False: Kafka or nothing; failures go to `cb` only."""
+        report = functools.partial(self._on_unprotected_report, cb)
+        try:
+            self._kafka.produce(topic, value, key, partition=partition, headers=hdrs, on_delivery=report)
+        except BufferError:
+            self._failed += 1
+            if cb is not None:
+                cb(KafkaError(KafkaError._QUEUE_FULL, "local queue full; enable_retry=False: dropped"), None)
+        except KafkaException as exc:
+            self._failed += 1
+            if cb is not None:
+                cb(exc.args[0], None)
+
+    def _write_ahead(
+        self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
+        cb: DeliveryCallback | None,
+    ) -> None:
+        now = time.time()
+        kb = _as_bytes(key)
+        # Sent by us after the commit unless Kafka is known down or the key must wait.
+        send_now = self.circuit.closed and not (kb is not None and (topic, kb) in self._pending_keys)
+        msg = NewMessage(topic, _as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now)
+        if not send_now:
+            self._store_pending(msg, cb)
+            return
+        batch = self.writer.add_new(msg, cb, leased=True)
+        if self.durability == "sync":
+            batch.done.wait()
+            if batch.error is not None:
+                raise batch.error
+
+    # -- callbacks ---------------------------------------------------------------------------
+
+    def _after_commit(self, c: Committed) -> None:
+        """Writer thread: committed rows. Send write-ahead rows; report dead letters."""
+        produce = self._kafka.produce
+        for row_id, msg, cb, leased in zip(c.new_ids, c.new, c.new_meta, c.leased, strict=True):
+            if not leased:
+                continue
+            report = functools.partial(self._on_wal_report, row_id, msg, cb)
+            while True:
+                try:
+                    produce(msg.topic, msg.value, msg.key, partition=msg.partition, headers=msg.headers, on_delivery=report)
+                    break
+                except BufferError:
+                    time.sleep(0.005)  # the delivery thread is draining the queue
+                except KafkaException as exc:
+                    self._on_wal_report(row_id, msg, cb, exc.args[0], None)
+                    break
+        if any(not leased for leased in c.leased):
+            self.drainer.wake()
+        for row_id, msg, cb in zip(c.dead_ids, c.dead, c.dead_meta, strict=True):
+            self._dead += 1
+            self._notify_dead(
+                DeadLetter(
+                    row_id, msg.topic, msg.key, msg.value, msg.headers or [], msg.partition, msg.attempts,
+                    msg.first_failed_at, msg.first_failed_at, msg.last_error, msg.msg_id,
+                ),
+                cb,
+            )
+        for row in c.dead_failed:
+            self._dead += 1
+            self._notify_dead(DeadLetter.from_row(row), self._waiting.pop(row.msg_id, None))
+
+    def _notify_dead(self, dl: DeadLetter, cb: DeliveryCallback | None) -> None:
+        if cb is not None:
+            try:
+                cb(KafkaError(_error_code(dl.last_error), f"dead-lettered: {dl.last_error}"), None)
+            except Exception:
+                log.exception("on_delivery callback raised")
+        if self.on_dead_letter is not None:
+            try:
+                self.on_dead_letter(dl)
+            except Exception:
+                log.exception("on_dead_letter callback raised; the dead letter is stored anyway")
+
+    def _on_report(self, err: KafkaError | None, msg: Message) -> None:
+        """Delivery thread: reports of fast-path messages without a per-message callback."""
+        if err is None:
+            self._delivered += 1
+            if not self.circuit.closed or self.circuit._failures:
+                self.circuit.record_success()
+            return
+        self._handle_failure(err, msg.topic(), msg.value(), msg.key(), msg.headers() or [], -1, None, None, msg)
+
+    def _on_report_with(
+        self, cb: DeliveryCallback | None, partition: int, err: KafkaError | None, msg: Message
+    ) -> None:
+        if err is None:
+            self._delivered += 1
+            if not self.circuit.closed or self.circuit._failures:
+                self.circuit.record_success()
+            if cb is not None:
+                cb(None, msg)
+            return
+        self._handle_failure(err, msg.topic(), msg.value(), msg.key(), msg.headers() or [], partition, None, cb, msg)
+
+    def _on_unprotected_report(self, cb: DeliveryCallback | None, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            self._delivered += 1
+        else:
+            self._failed += 1
+        if cb is not None:
+            cb(err, msg)
+
+    def _on_wal_report(
+        self, row_id: int, m: NewMessage, cb: DeliveryCallback | None, err: KafkaError | None, msg: Message | None
+    ) -> None:
+        """Write-ahead send finished: delete the row, or hand it to the drain workers."""
+        if err is None:
+            self._delivered += 1
+            self.writer.add_delivered(row_id)
+            if not self.circuit.closed or self.circuit._failures:
+                self.circuit.record_success()
+            if cb is not None:
+                cb(None, msg)
+            return
+        code = err.code()
+        now = time.time()
+        disposition = self.retry.classify(code)
+        if disposition is not Disposition.DEAD:
+            self._note_transport_failure(code)
+            if m.key is not None:
+                self._pending_keys.add((m.topic, m.key))
+        decision = self.retry.decide(1, now, now)
+        retry_at = None if disposition is Disposition.DEAD or decision.give_up else now + decision.delay
+        if retry_at is not None:
+            self._outboxed += 1
+            if cb is not None:
+                self._waiting[m.msg_id] = cb
+        elif cb is not None:
+            self._waiting[m.msg_id] = cb  # popped when the writer reports the dead letter
+        self.writer.add_failure(Failure(row_id, describe(err), retry_at, now))
+
+    def _handle_failure(
+        self, err: KafkaError, topic: str, value: Any, key: Any, hdrs: Headers, partition: int,
+        msg_id: str | None, cb: DeliveryCallback | None, msg: Message | None,
+    ) -> None:
+        """A first send failed: outbox it (retriable) or dead-letter it (permanent)."""
+        code = err.code()
+        disposition = self.retry.classify(code)
+        if msg_id is None:
+            found = find(hdrs, self._id_header) if self._id_header else None
+            msg_id = found.decode() if found else self._ids()
+        now = time.time()
+        error = describe(err)
+        if disposition is Disposition.FATAL:
+            self._recreate = True
+        if code in (KafkaError._PURGE_QUEUE, KafkaError._DESTROY):
+            # Never sent: not an attempt, and not the message's fault.
+            self._spill(topic, value, key, hdrs, partition, msg_id, cb, "purged before sending", error=error)
+            return
+        decision = self.retry.decide(1, now, now)
+        if disposition is Disposition.DEAD or decision.give_up:
+            self.writer.add_dead(
+                NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 1, now, error, now), cb
+            )
+            return
+        self._note_transport_failure(code)
+        self._store_pending(
+            NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 1, now, error, now + decision.delay),
+            cb,
+        )
+
+    def _note_transport_failure(self, code: int) -> None:
+        # Only errors that say "the cluster is not reachable or not healthy" count toward the
+        # circuit; a bad topic or a too-large message says nothing about the cluster.
+        if code in _CIRCUIT_CODES:
+            self.circuit.record_failure()
+
+    def _drained(self, rows: list[OutboxMessage]) -> None:
+        """Drain thread: rows delivered from the outbox."""
+        self._drain_delivered += len(rows)
+        keyed: set[tuple[str, bytes]] = set()
+        for row in rows:
+            cb = self._waiting.pop(row.msg_id, None) if self._waiting else None
+            if cb is not None:
+                try:
+                    cb(None, None)
+                except Exception:
+                    log.exception("on_delivery callback raised")
+            if row.key is not None and (row.topic, row.key) in self._pending_keys:
+                keyed.add((row.topic, row.key))
+        if keyed:
+            self._release_keys(keyed)
+
+    def _release_keys(self, keys: set[tuple[str, bytes]]) -> None:
+        """Let keys with nothing left in the outbox take the fast path again."""
+        with self._keys_lock:
+            self.writer.flush()  # a row queued for this key must be visible before we look
+            for topic, key in keys:
+                if not self.store.has_pending(topic, key):
+                    self._pending_keys.discard((topic, key))
+
+    def _drain_dead(self, dl: DeadLetter) -> None:
+        self._notify_dead(dl, self._waiting.pop(dl.msg_id, None) if self._waiting else None)
+        if dl.key is not None and (dl.topic, dl.key) in self._pending_keys:
+            self._release_keys({(dl.topic, dl.key)})
+
+    def _on_error(self, err: KafkaError) -> None:
+        """librdkafka's error_cb: cluster-level events."""
+        code = err.code()
+        if code == KafkaError._ALL_BROKERS_DOWN:
+            self.circuit.trip("all brokers down")
+        elif err.fatal():
+            log.error("outbox: fatal producer error %s; the producer will be recreated", describe(err))
+            self._recreate = True
+        else:
+            log.debug("outbox: producer error %s", describe(err))
+        if self._user_error_cb is not None:
+            self._user_error_cb(err)
+
+    def _circuit_opened(self) -> None:
+        # Move what waits in librdkafka's queue to disk now instead of at message.timeout.ms.
+        self._purge_on_open = True
+
+    # -- the delivery thread -----------------------------------------------------------------
+
+    _stop_poller = False
+
+    def _poll_loop(self) -> None:
+        while not self._stop_poller:
+            try:
+                self._kafka.poll(0.05)
+                if self._purge_on_open:
+                    self._purge_on_open = False
+                    self._kafka.purge(in_queue=True, in_flight=False)
+                if self._recreate:
+                    self._recreate_producer()
+            except Exception:
+                log.exception("outbox delivery thread: callback failed")
+
+    def _recreate_producer(self) -> None:
+        self._recreate = False
+        old = self._kafka
+        self._kafka = Producer(self._config)
+        log.warning("outbox: producer recreated after a fatal error; queued messages move to the outbox")
+        old.purge(in_queue=True, in_flight=True)
+        old.flush(10)
+
+
+def _error_code(last_error: str | None) -> int:
+    """The librdkafka code inside a stored "NAME (code): reason" text."""
+    found = _CODE.search(last_error or "")
+    return int(found.group(1)) if found else KafkaError._FAIL
+
+
+_CODE = re.compile(r"\((-?\d+)\)")
+
+_CIRCUIT_CODES = frozenset(
+    {
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    }
+)

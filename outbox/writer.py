@@ -1,0 +1,230 @@
+"""Group commit: one writer thread turns many small store writes into few transactions.
+
+Callers append to an in-memory list and return (durability "batch") or wait for the commit
+("sync"). The writer swaps the list out, writes everything in one transaction, then hands the
+committed batch to its `after_commit` hook. One fsync then covers hundreds of messages
+(PERF-NOTES: 3.4k rows/s one per transaction, ~100k rows/s batched).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import StoreError
+from .records import NewMessage, OutboxMessage
+from .stores.base import Failure, Outbox
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Batch:
+    """What one transaction writes, and who waits for it."""
+
+    new: list[NewMessage] = field(default_factory=list)
+    new_meta: list[Any] = field(default_factory=list)  # caller's tag per new row (same order)
+    leased: list[bool] = field(default_factory=list)  # per new row: born leased to us?
+    dead: list[NewMessage] = field(default_factory=list)
+    dead_meta: list[Any] = field(default_factory=list)
+    delivered: list[int] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def size(self) -> int:
+        return len(self.new) + len(self.dead) + len(self.delivered) + len(self.failures)
+
+
+@dataclass
+class Committed:
+    """A committed batch, handed to `after_commit`."""
+
+    new_ids: list[int]
+    new: list[NewMessage]
+    new_meta: list[Any]
+    leased: list[bool]
+    dead_ids: list[int]
+    dead: list[NewMessage]
+    dead_meta: list[Any]
+    dead_failed: list[OutboxMessage]  # rows that record_failures dead-lettered now
+
+
+class GroupCommitWriter:
+    """A thread that commits queued store writes in batches.
+
+    Args:
+        store: the outbox.
+        owner: lease owner for rows born leased (write-ahead mode sends them itself).
+        lease_seconds: lease length for rows born leased.
+        max_delay: how long the writer waits for more work after the first item before it
+            commits (the "batch" durability window's floor; the commit itself adds its fsync).
+        max_batch: commit at once when this many items are queued.
+        after_commit: called on the writer thread with each committed batch.
+    """
+
+    def __init__(
+        self,
+        store: Outbox,
+        *,
+        owner: str,
+        lease_seconds: float,
+        max_delay: float = 0.002,
+        max_batch: int = 5000,
+        after_commit: Callable[[Committed], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+        self.max_delay = max_delay
+        self.max_batch = max_batch
+        self.after_commit = after_commit
+        self._cond = threading.Condition()
+        self._batch = Batch()
+        self._committing: Batch | None = None
+        self._closed = False
+        self._failing_since: float | None = None
+        self.committed_rows = 0
+        self._thread = threading.Thread(target=self._run, name="outbox-writer", daemon=True)
+        self._thread.start()
+
+    # -- producers of work (any thread) ------------------------------------------------------
+
+    def add_new(self, msg: NewMessage, meta: Any = None, *, leased: bool = False) -> Batch:
+        with self._cond:
+            b = self._batch
+            b.new.append(msg)
+            b.new_meta.append(meta)
+            b.leased.append(leased)
+            if len(b.new) == 1 or len(b.new) >= self.max_batch:
+                self._cond.notify()
+            return b
+
+    def add_dead(self, msg: NewMessage, meta: Any = None) -> Batch:
+        with self._cond:
+            self._batch.dead.append(msg)
+            self._batch.dead_meta.append(meta)
+            self._cond.notify()
+            return self._batch
+
+    def add_delivered(self, row_id: int) -> None:
+        with self._cond:
+            self._batch.delivered.append(row_id)
+            if len(self._batch.delivered) == 1:
+                self._cond.notify()
+
+    def add_failure(self, failure: Failure) -> None:
+        with self._cond:
+            self._batch.failures.append(failure)
+            self._cond.notify()
+
+    def pending(self) -> int:
+        """Messages accepted but not yet committed (they would be lost if the process died now)."""
+        with self._cond:
+            n = len(self._batch.new) + len(self._batch.dead)
+            if self._committing is not None:
+                n += len(self._committing.new) + len(self._committing.dead)
+            return n
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait until everything queued so far is committed; return how many messages are not."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            target: Batch | None = self._batch
+            if self._batch.size() == 0:
+                target = self._committing  # None: nothing queued, nothing being written
+            self._cond.notify()
+        if target is None:
+            return self.pending()
+        while not target.done.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            target.done.wait(0.05 if left is None else min(0.05, left))
+            with self._cond:
+                self._cond.notify()
+        return self.pending()
+
+    def close(self, timeout: float | None = None) -> int:
+        """Commit what is queued and stop the thread; return how many messages were not committed."""
+        left = self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        return left
+
+    # -- the writer thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._batch.size() == 0 and not self._closed:
+                    self._cond.wait()
+                if self._closed and self._batch.size() == 0:
+                    return
+            if self.max_delay:
+                # Let a burst accumulate: one commit for the whole burst.
+                deadline = time.monotonic() + self.max_delay
+                with self._cond:
+                    while self._batch.size() < self.max_batch and not self._closed:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+            with self._cond:
+                batch, self._batch = self._batch, Batch()
+                self._committing = batch
+            self._commit(batch)
+
+    def _commit(self, batch: Batch) -> None:
+        delay = 0.05
+        while True:
+            try:
+                now = time.time()
+                leased = [m for m, is_leased in zip(batch.new, batch.leased, strict=True) if is_leased]
+                free = [m for m, is_leased in zip(batch.new, batch.leased, strict=True) if not is_leased]
+                # Usually one transaction: rows born leased (write-ahead, circuit closed) or free rows
+                # (fallback spill); a batch mixing both, or holding dead letters, takes one more each.
+                ids_leased, dead_failed = self.store.commit_batch(
+                    leased, batch.delivered, batch.failures,
+                    lease_owner=self.owner, lease_until=now + self.lease_seconds,
+                ) if leased or batch.delivered or batch.failures else ([], [])
+                ids_free = self.store.enqueue(free) if free else []
+                dead_ids = self.store.add_dead(batch.dead, failed_at=now) if batch.dead else []
+                break
+            except StoreError as exc:
+                # Keep the batch in memory and retry: the messages are not lost while we live,
+                # and stats()/flush() report them as not yet safe.
+                if self._failing_since is None:
+                    self._failing_since = time.monotonic()
+                log.error("outbox write failed, retrying in %.2fs: %s", delay, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                if self._closed and time.monotonic() - self._failing_since > 5:
+                    batch.error = exc
+                    with self._cond:
+                        self._committing = None
+                    batch.done.set()
+                    return
+        self._failing_since = None
+        it_l, it_f = iter(ids_leased), iter(ids_free)
+        new_ids = [next(it_l) if is_leased else next(it_f) for is_leased in batch.leased]
+        self.committed_rows += len(new_ids) + len(dead_ids)
+        with self._cond:
+            self._committing = None
+        batch.done.set()
+        if self.after_commit is not None:
+            try:
+                self.after_commit(
+                    Committed(
+                        new_ids, batch.new, batch.new_meta, batch.leased,
+                        dead_ids, batch.dead, batch.dead_meta, dead_failed,
+                    )
+                )
+            except Exception:
+                log.exception("outbox writer: after-commit hook failed")
