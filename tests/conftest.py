@@ -1,4 +1,7 @@
-"""Loads the test-bed plugin when the project is not pip-installed (the ``pytest11`` entry point does it otherwise)."""
+"""Loads the test-bed plugin when the project is not pip-installed.
+
+When installed, the ``pytest11`` entry point ``outbox`` has already registered it; nothing is done then.
+"""
 
 from __future__ import annotations
 

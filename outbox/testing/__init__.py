@@ -1,4 +1,5 @@
 """Test bed for kafka-outbox: a real local Kafka cluster, pytest fixtures and helpers."""
+
 from outbox.testing.cluster import (
     KAFKA_VERSION,
     KafkaCluster,

@@ -16,10 +16,15 @@ from outbox.testing.cluster import KAFKA_VERSION, KafkaCluster, KafkaSetupError,
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m outbox.testing``."""
-    parser = argparse.ArgumentParser(prog="python -m outbox.testing", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m outbox.testing",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("fetch", help=f"fetch Apache Kafka {KAFKA_VERSION} jars (cached) and print their directory")
+    sub.add_parser(
+        "fetch", help=f"fetch Apache Kafka {KAFKA_VERSION} jars (cached) and print their directory"
+    )
     up = sub.add_parser("up", help="run a local Kafka cluster until interrupted")
     up.add_argument("-n", "--brokers", type=int, default=3)
     args = parser.parse_args(argv)

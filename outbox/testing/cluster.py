@@ -40,7 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type: ignore[attr-defined]
 
 __all__ = [
     "KAFKA_VERSION",
@@ -117,7 +117,9 @@ def kafka_libs_dir(*, fetch: bool = True) -> Path:
     if (_cache_root() / _MARKER).is_file() and libs.is_dir():
         return libs
     if not fetch:
-        raise KafkaSetupError(f"Kafka {KAFKA_VERSION} is not fetched yet; run `python -m outbox.testing fetch`")
+        raise KafkaSetupError(
+            f"Kafka {KAFKA_VERSION} is not fetched yet; run `python -m outbox.testing fetch`"
+        )
     return fetch_kafka()
 
 
@@ -325,7 +327,9 @@ def wait_for_isr(bootstrap: str, topic: str, min_isr: int | None = None, *, time
         except Exception as exc:  # noqa: BLE001 - metadata errors while brokers restart are transient
             last = exc
         if time.monotonic() > deadline:
-            raise TimeoutError(f"ISR of topic {topic!r} not >= {min_isr or 'all replicas'} after {timeout}s: {last}")
+            raise TimeoutError(
+                f"ISR of topic {topic!r} not >= {min_isr or 'all replicas'} after {timeout}s: {last}"
+            )
         time.sleep(0.2)
 
 
@@ -787,7 +791,11 @@ class KafkaCluster:
     def _popen(self, cmd: list[str], out: IO[bytes]) -> subprocess.Popen[bytes]:
         parent = os.getpid()
         # PR_SET_PDEATHSIG fires when the *thread* that forked exits, so only use it from the main thread.
-        preexec = (lambda: _child_preexec(parent)) if threading.current_thread() is threading.main_thread() else None
+        preexec = (
+            (lambda: _child_preexec(parent))
+            if threading.current_thread() is threading.main_thread()
+            else None
+        )
         return subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -822,10 +830,14 @@ class KafkaCluster:
             if proc is None or proc.poll() is not None:
                 raise KafkaSetupError(f"{name} exited during start-up; log {log}:\n{_tail(log)}")
             if time.monotonic() > deadline:
-                raise KafkaSetupError(f"{name} not listening on port {port} after {self.startup_timeout}s:\n{_tail(log)}")
+                raise KafkaSetupError(
+                    f"{name} not listening on port {port} after {self.startup_timeout}s:\n{_tail(log)}"
+                )
             time.sleep(0.1)
 
-    def _wait_brokers_serving(self, indices: Iterator[int] | range | list[int], timeout: float | None = None) -> None:
+    def _wait_brokers_serving(
+        self, indices: Iterator[int] | range | list[int], timeout: float | None = None
+    ) -> None:
         wanted = list(indices)
         timeout = self.startup_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
@@ -851,4 +863,6 @@ class KafkaCluster:
             time.sleep(0.2)
 
     def __repr__(self) -> str:
-        return f"KafkaCluster(brokers={self.num_brokers}, bootstrap={self.bootstrap_servers!r}, dir={self._dir})"
+        return (
+            f"KafkaCluster(brokers={self.num_brokers}, bootstrap={self.bootstrap_servers!r}, dir={self._dir})"
+        )

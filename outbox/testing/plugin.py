@@ -43,7 +43,7 @@ SPARK_JDBC_JARS: tuple[tuple[str, ...], ...] = (
     ("/usr/share/java/postgresql.jar",),
     ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/xerial-sqlite-jdbc.jar"),
 )
-"""Candidate paths of the JDBC driver jars (Debian packages libpostgresql-jdbc-java, libxerial-sqlite-jdbc-java)."""
+"""Candidate JDBC driver jar paths (Debian: libpostgresql-jdbc-java, libxerial-sqlite-jdbc-java)."""
 
 _SETUP_HINT = "Run `make services` (or see the README's test set-up section)."
 

@@ -72,7 +72,12 @@ def test_not_enough_replicas_is_reported(chaos_cluster: KafkaCluster, make_topic
 
     # Without retries (and so without idempotence) librdkafka hands the broker's error to the app.
     strict = _produce(
-        bootstrap, topic, 10, acks="all", retries=0, **{"enable.idempotence": False, "message.timeout.ms": 10000}
+        bootstrap,
+        topic,
+        10,
+        acks="all",
+        retries=0,
+        **{"enable.idempotence": False, "message.timeout.ms": 10000},
     )
     assert _codes(strict) == {KafkaError.NOT_ENOUGH_REPLICAS}
 
