@@ -1,0 +1,689 @@
+"""``python -m benchmarks``: run the issue-7 scenarios side by side and print one table.
+
+The parent process owns the Kafka cluster (a local 3-broker outbox.testing.KafkaCluster, or
+KAFKA_BOOTSTRAP_SERVERS), runs every scenario in a fresh child process, interleaves the
+repetitions (A B A B ...), and reports medians with each scenario's ratio to a baseline
+measured in the same run. Results go to benchmarks/results/<date>.json (<date>-quick.json for
+--quick); a full run of every scenario also refreshes the table in benchmarks/README.md.
+
+Phases: (1) brokers up: raw baselines, fallback, write-ahead, naive durable, drain;
+(2) brokers down: spill vs raw SQLite, memory during a long outage, then one shared outage
+window for the recovery and simple-retry scenarios, ended by restarting the brokers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+README = Path(__file__).resolve().parent / "README.md"
+ALL = ("raw", "fallback", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry")
+Result = dict[str, Any]
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class BenchError(RuntimeError):
+    """A scenario child failed."""
+
+
+class Runner:
+    """Starts scenario children and collects their RESULT lines."""
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        self.n = 0
+
+    def _cmd(self, name: str, params: dict[str, Any]) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "benchmarks.scenarios",
+            name,
+            json.dumps({"workdir": self.workdir, **params}),
+        ]
+
+    def _log(self, name: str) -> Path:
+        self.n += 1
+        return Path(self.workdir) / f"{self.n:03d}-{name}.log"
+
+    def run(self, name: str, params: dict[str, Any], timeout: float = 600) -> Result:
+        logf = self._log(name)
+        with open(logf, "wb") as err:
+            proc = subprocess.run(
+                self._cmd(name, params),
+                stdout=subprocess.PIPE,
+                stderr=err,
+                cwd=ROOT,
+                env=self.env,
+                timeout=timeout,
+                text=True,
+            )
+        return self._parse(name, proc.returncode, proc.stdout, logf)
+
+    def start(self, name: str, params: dict[str, Any]) -> Child:
+        logf = self._log(name)
+        err = open(logf, "wb")  # noqa: SIM115 - closed by Child.result
+        proc = subprocess.Popen(
+            self._cmd(name, params),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            cwd=ROOT,
+            env=self.env,
+            text=True,
+            bufsize=1,
+        )
+        return Child(self, name, proc, err, logf)
+
+    @staticmethod
+    def _parse(name: str, code: int, out: str, logf: Path) -> Result:
+        for line in reversed(out.splitlines()):
+            if line.startswith("RESULT "):
+                r: Result = json.loads(line[7:])
+                return r
+        tail = "\n".join(logf.read_text(errors="replace").splitlines()[-25:])
+        raise BenchError(f"scenario {name} failed (exit {code}); stderr tail:\n{tail}")
+
+
+class Child:
+    """An interactive scenario child (READY / GO / UP on its stdin and stdout)."""
+
+    def __init__(
+        self, runner: Runner, name: str, proc: subprocess.Popen[str], err: IO[bytes], logf: Path
+    ) -> None:
+        self.runner, self.name, self.proc, self.err, self.logf = runner, name, proc, err, logf
+        self.lines: list[str] = []
+
+    def expect(self, word: str, timeout: float) -> None:
+        assert self.proc.stdout is not None
+        box: list[str] = []
+        t = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        t.start()
+        t.join(timeout)
+        if not box or box[0].strip() != word:
+            self.proc.kill()
+            raise BenchError(
+                f"{self.name}: expected {word!r}, got {box[0] if box else 'nothing'!r}; see {self.logf}\n"
+                + "\n".join(self.logf.read_text(errors="replace").splitlines()[-15:])
+            )
+
+    def send(self, word: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(word + "\n")
+        self.proc.stdin.flush()
+
+    def result(self, timeout: float) -> Result:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        self.err.close()
+        return Runner._parse(self.name, self.proc.returncode, out, self.logf)
+
+
+# -- statistics and the table ----------------------------------------------------------------
+
+
+def med(results: list[Result], field: str) -> float | None:
+    vals = [r[field] for r in results if r.get(field) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(results: list[Result]) -> Result:
+    out: Result = {"reps": len(results)}
+    for f in ("msgs_per_s", "mb_per_s", "p50_us", "p99_us", "peak_rss_mb", "seconds", "n", "size"):
+        out[f] = med(results, f)
+    return out
+
+
+def fmt(v: Any, digits: int = 0) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        if digits == 0 and abs(v) >= 100:
+            return f"{v:,.0f}"
+        return f"{v:,.{max(digits, 1)}f}"
+    return str(v)
+
+
+class Table:
+    HEAD = (
+        "scenario",
+        "msgs/s",
+        "MB/s",
+        "p50 µs",
+        "p99 µs",
+        "peak RSS MB",
+        "ratio",
+        "target",
+        "met?",
+        "notes",
+    )
+
+    def __init__(self) -> None:
+        self.rows: list[Result] = []
+
+    def add(
+        self,
+        scenario: str,
+        s: Result | None,
+        *,
+        ratio: float | None = None,
+        target: str = "",
+        met: bool | None = None,
+        notes: str = "",
+    ) -> None:
+        s = s or {}
+        self.rows.append(
+            {
+                "scenario": scenario,
+                "msgs_per_s": s.get("msgs_per_s"),
+                "mb_per_s": s.get("mb_per_s"),
+                "p50_us": s.get("p50_us"),
+                "p99_us": s.get("p99_us"),
+                "peak_rss_mb": s.get("peak_rss_mb"),
+                "ratio": ratio,
+                "target": target,
+                "met": met,
+                "notes": notes,
+            }
+        )
+
+    def cells(self, r: Result) -> list[str]:
+        met = "" if r["met"] is None else ("yes" if r["met"] else "NO")
+        return [
+            r["scenario"],
+            fmt(r["msgs_per_s"]),
+            fmt(r["mb_per_s"], 1),
+            fmt(r["p50_us"], 1),
+            fmt(r["p99_us"], 1),
+            fmt(r["peak_rss_mb"]),
+            "" if r["ratio"] is None else f"{r['ratio']:.2f}",
+            r["target"],
+            met,
+            r["notes"],
+        ]
+
+    def text(self) -> str:
+        rows = [list(self.HEAD)] + [self.cells(r) for r in self.rows]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(self.HEAD))]
+        lines = []
+        for k, row in enumerate(rows):
+            lines.append(
+                "  ".join(
+                    c.ljust(w) if i in (0, 7, 9) else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
+                )
+            )
+            if k == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        out = ["| " + " | ".join(self.HEAD) + " |", "|" + "|".join("---" for _ in self.HEAD) + "|"]
+        out += ["| " + " | ".join(c.replace("|", "/") for c in self.cells(r)) + " |" for r in self.rows]
+        return "\n".join(out)
+
+
+# -- machine and cluster ---------------------------------------------------------------------
+
+
+def machine() -> Result:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import confluent_kafka
+
+    mem = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        mem = int(Path("/proc/meminfo").read_text().split()[1]) // 1024 // 1024
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_gib": mem,
+        "python": platform.python_version(),
+        "confluent_kafka": confluent_kafka.version()[0],
+        "librdkafka": confluent_kafka.libversion()[0],
+        "kernel": platform.release(),
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def closed_port() -> tuple[str, socket.socket]:
+    """A bound, not listening port: connections are refused (the external-cluster outage)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    return f"127.0.0.1:{s.getsockname()[1]}", s
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--messages", type=int, help="messages per happy-path/spill run (default 200000; --quick 30000)"
+    )
+    ap.add_argument(
+        "--size", type=str, help="value sizes in bytes, comma-separated (default 200,4096; --quick 200)"
+    )
+    ap.add_argument("--quick", action="store_true", help="small sizes; finishes in under 2 minutes")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions per scenario (default 3)")
+    ap.add_argument(
+        "--scenarios", type=str, default=",".join(ALL), help=f"comma-separated subset of: {','.join(ALL)}"
+    )
+    ap.add_argument(
+        "--drain-rows", type=int, help="pending rows for the drain scenario (default 1000000; --quick 100000)"
+    )
+    ap.add_argument(
+        "--outage", type=float, help="seconds of outage for the retry comparison (default 30; --quick 10)"
+    )
+    ap.add_argument("--no-write", action="store_true", help="do not write results/ or README.md")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t_start = time.monotonic()
+    load0 = os.getloadavg()
+    quick = args.quick
+    selected = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = set(selected) - set(ALL)
+    if unknown:
+        print(
+            f"unknown scenarios: {', '.join(sorted(unknown))} (choose from {', '.join(ALL)})", file=sys.stderr
+        )
+        return 2
+    sel = set(selected)
+    n = args.messages or (30_000 if quick else 200_000)
+    sizes = [int(x) for x in args.size.split(",")] if args.size else ([200] if quick else [200, 4096])
+    base = sizes[0]
+    reps = max(1, args.reps)
+    drain_rows = args.drain_rows or (100_000 if quick else 1_000_000)
+    mem_n = 100_000 if quick else 1_000_000
+    rec_n = 50_000 if quick else 300_000
+    outage = args.outage or (10.0 if quick else 30.0)
+    sample = 64
+    config: Result = {
+        "quick": quick,
+        "messages": n,
+        "sizes": sizes,
+        "reps": reps,
+        "drain_rows": drain_rows,
+        "memory_messages": mem_n,
+        "recovery_rows": rec_n,
+        "outage_s": outage,
+        "sample_every": sample,
+        "scenarios": selected,
+        "producer": {"acks": "all", "enable.idempotence": True, "linger.ms": 5},
+    }
+    workdir = tempfile.mkdtemp(prefix="outbox-bench-")
+    runner = Runner(workdir)
+    runs: dict[str, list[Result]] = {}
+
+    def record(key: str, r: Result) -> Result:
+        runs.setdefault(key, []).append(r)
+        extra = f" ({r['msgs_per_s']:,.0f} msgs/s)" if r.get("msgs_per_s") else ""
+        log(f"  {key}{extra}")
+        return r
+
+    cluster = None
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    try:
+        if external:
+            bootstrap = external
+            log(f"using KAFKA_BOOTSTRAP_SERVERS={external}")
+        else:
+            from outbox.testing import KafkaCluster
+
+            log("starting a local 3-broker Kafka cluster")
+            cluster = KafkaCluster(brokers=3).start()
+            bootstrap = cluster.bootstrap_servers
+        from confluent_kafka.admin import AdminClient
+
+        from outbox.testing import create_topic
+
+        nbrokers = len(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).brokers)
+        rf = min(3, nbrokers)
+        topic = create_topic(
+            bootstrap, f"bench-{int(time.time())}", 3, rf, {"min.insync.replicas": "2"} if rf >= 3 else None
+        )
+        config.update(
+            bootstrap=("external" if external else f"local KafkaCluster, {nbrokers} brokers"),
+            topic_rf=rf,
+            topic_partitions=3,
+        )
+        log(f"topic {topic} (3 partitions, RF {rf}); cluster ready after {time.monotonic() - t_start:.0f}s")
+        common = {"bootstrap": bootstrap, "topic": topic, "sample": sample}
+
+        # -- phase 1: brokers up ----------------------------------------------------------
+        for rep in range(reps):
+            log(f"phase 1, repetition {rep + 1}/{reps}")
+            for size in sizes:
+                # 4 KiB runs carry about the same bytes as the 200-byte runs, not 20x more.
+                ns = n if size == base else max(2_000, n * base // size * 2)
+                p = {**common, "n": ns, "size": size}
+                if sel & {"raw", "fallback", "write-ahead", "naive"}:
+                    record(f"raw/{size}", runner.run("raw", {**p, "header": False}))
+                    record(f"raw_hdr/{size}", runner.run("raw", {**p, "header": True}))
+                if "fallback" in sel:
+                    record(f"fallback/{size}", runner.run("resilient", {**p, "mode": "fallback"}))
+                if sel & {"write-ahead", "naive"}:
+                    record(
+                        f"wa_batch/{size}",
+                        runner.run("resilient", {**p, "mode": "write-ahead", "durability": "batch"}),
+                    )
+                if size != base:
+                    continue
+                if "write-ahead" in sel:
+                    record(
+                        f"wa_sync/{size}",
+                        runner.run(
+                            "resilient",
+                            {
+                                **p,
+                                "n": max(800, n // 20),
+                                "mode": "write-ahead",
+                                "durability": "sync",
+                                "threads": 8,
+                            },
+                        ),
+                    )
+                if "naive" in sel:
+                    record(f"naive/{size}", runner.run("naive", {**p, "n": max(500, n // 20)}))
+        if "drain" in sel:
+            template = os.path.join(workdir, "drain-template.db")
+            log(f"filling the drain template: {drain_rows:,} rows")
+            record("fill", runner.run("fill", {**common, "n": drain_rows, "size": base, "path": template}))
+            for rep in range(reps):
+                log(f"drain, repetition {rep + 1}/{reps}")
+                p = {**common, "n": drain_rows, "size": base, "template": template}
+                record("drain", runner.run("drain", {**p, "workers": 2, "batch": 1000}))
+                record("raw_rows", runner.run("raw_rows", p))
+                if (
+                    (rep + 1) * 2 * drain_rows >= 2_000_000
+                    and quick is False
+                    and time.monotonic() - t_start > 360
+                ):
+                    log("drain: time budget reached; fewer repetitions")
+                    break
+            os.unlink(template)
+
+        # -- phase 2: brokers down ---------------------------------------------------------
+        if sel & {"spill", "memory", "recovery", "retry"}:
+            hold: socket.socket | None = None
+            if cluster is not None:
+                log("stopping all brokers")
+                cluster.stop_all()
+                down = bootstrap
+            else:
+                down, hold = closed_port()
+            pd = {**common, "bootstrap": down, "size": base}
+            if "spill" in sel:
+                for rep in range(reps):
+                    log(f"outage spill, repetition {rep + 1}/{reps}")
+                    record("spill", runner.run("spill", {**pd, "n": n}))
+                    record("sqlite", runner.run("sqlite_batch", {**pd, "n": n}))
+            if "memory" in sel:
+                log(f"memory during an outage: {mem_n:,} messages")
+                record("memory", runner.run("spill", {**pd, "n": mem_n}))
+            if hold is not None:
+                hold.close()
+            if sel & {"recovery", "retry"} and cluster is None:
+                log("recovery / retry comparison need a local cluster to stop and restart: skipped")
+            elif sel & {"recovery", "retry"}:
+                assert cluster is not None
+                children = []
+                if "recovery" in sel:
+                    raw_rate = med(runs.get(f"raw/{base}", []), "msgs_per_s") or 10_000.0
+                    rec = runner.start(
+                        "recovery",
+                        {
+                            **common,
+                            "size": base,
+                            "n": rec_n,
+                            "rate": raw_rate / 2,
+                            "max_wait": 120 if quick else 240,
+                        },
+                    )
+                    log(f"recovery: spilling {rec_n:,} rows with brokers down")
+                    rec.expect("READY", 300)
+                    children.append(rec)
+                if "retry" in sel:
+                    pr = {**common, "size": base, "rate": 200, "tail": 3.0, "settle": 60 if quick else 90}
+                    simple = runner.start("simple_retry", pr)
+                    resil = runner.start("resilient_retry", pr)
+                    simple.expect("READY", 60)
+                    resil.expect("READY", 60)
+                    simple.send("GO")
+                    resil.send("GO")
+                    log(f"retry comparison: {outage:.0f}s outage")
+                    time.sleep(outage)
+                    children += [simple, resil]
+                log("starting the brokers again")
+                cluster.start_all()
+                for c in children:
+                    c.send("UP")
+                for c in children:
+                    record(c.name, c.result(600))
+    finally:
+        if cluster is not None:
+            cluster.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    # -- the table -------------------------------------------------------------------------
+    table = Table()
+    summary: dict[str, Result] = {k: summarize(v) for k, v in runs.items()}
+
+    def ratio(a: str, b: str) -> float | None:
+        x, y = summary.get(a, {}).get("msgs_per_s"), summary.get(b, {}).get("msgs_per_s")
+        return x / y if x and y else None
+
+    def check(r: float | None, target: float) -> bool | None:
+        return None if r is None else r >= target
+
+    for size in sizes:
+        sfx = f" [{size} B]"
+        if f"raw/{size}" in summary:
+            table.add(
+                "R0 raw producer, no header" + sfx, summary[f"raw/{size}"], ratio=1.0, target="baseline"
+            )
+            table.add(
+                "R1 raw producer + id header" + sfx,
+                summary[f"raw_hdr/{size}"],
+                ratio=ratio(f"raw_hdr/{size}", f"raw/{size}"),
+                target="(vs R0)",
+            )
+        if f"fallback/{size}" in summary:
+            r1 = ratio(f"fallback/{size}", f"raw_hdr/{size}")
+            r0 = ratio(f"fallback/{size}", f"raw/{size}")
+            spilled = med(runs[f"fallback/{size}"], "outboxed")
+            note = f"vs R0: {r0:.2f} (aim >= 0.90)" if r0 else ""
+            if spilled:
+                note += f"; median {spilled:.0f} spilled (queue full)"
+            table.add(
+                "fallback mode, happy path" + sfx,
+                summary[f"fallback/{size}"],
+                ratio=r1,
+                target=">= 0.95 x R1",
+                met=check(r1, 0.95),
+                notes=note,
+            )
+        if f"wa_batch/{size}" in summary:
+            r = ratio(f"wa_batch/{size}", f"raw/{size}")
+            early = sum(1 for x in runs[f"wa_batch/{size}"] if x.get("flush_returned_before_delivery"))
+            table.add(
+                "write-ahead, durability=batch" + sfx,
+                summary[f"wa_batch/{size}"],
+                ratio=r,
+                target=">= 0.60 x R0",
+                met=check(r, 0.60),
+                notes=f"flush() returned before delivery in {early} run(s)" if early else "",
+            )
+        if f"wa_sync/{size}" in summary:
+            table.add(
+                "write-ahead, durability=sync, 8 threads" + sfx,
+                summary[f"wa_sync/{size}"],
+                ratio=ratio(f"wa_sync/{size}", f"raw/{size}"),
+                target="report (vs R0)",
+            )
+        if f"naive/{size}" in summary:
+            sp = ratio(f"wa_batch/{size}", f"naive/{size}")
+            table.add(
+                "naive durable: 1 txn/msg FULL, then produce" + sfx,
+                summary[f"naive/{size}"],
+                ratio=sp,
+                target="WA >= 10x naive",
+                met=None if sp is None else sp >= 10,
+                notes=f"write-ahead is {sp:.1f}x faster" if sp else "",
+            )
+    if "spill" in summary:
+        r = ratio("spill", "sqlite")
+        table.add(
+            "raw SQLite executemany, 1000-row txns FULL", summary["sqlite"], ratio=1.0, target="baseline"
+        )
+        table.add(
+            "outage spill (circuit open) to flush()==0",
+            summary["spill"],
+            ratio=r,
+            target=">= 0.50 x SQLite",
+            met=check(r, 0.50),
+        )
+    if "drain" in summary:
+        r = ratio("drain", "raw_rows")
+        rem = max((x.get("remaining", 0) for x in runs["drain"]), default=0)
+        table.add(
+            f"raw producer, same rows from memory ({drain_rows:,})",
+            summary["raw_rows"],
+            ratio=1.0,
+            target="baseline",
+        )
+        table.add(
+            f"drain {drain_rows:,} rows, Drainer 2 workers",
+            summary["drain"],
+            ratio=r,
+            target=">= 0.80 x raw",
+            met=check(r, 0.80),
+            notes=f"{rem} rows left" if rem else "",
+        )
+    if "memory" in summary:
+        m = runs["memory"][0]
+        curve = m.get("rss_mb_at_pct", {})
+        pts = [curve.get(k) for k in ("25", "50", "75", "100") if curve.get(k) is not None]
+        growth = (pts[-1] - pts[0]) if len(pts) >= 2 else None
+        flat = growth is not None and growth < 50
+        table.add(
+            f"memory: {mem_n:,}-message outage",
+            summary["memory"],
+            target="< 300 MB, flat",
+            met=(m["peak_rss_mb"] < 300 and flat),
+            notes="RSS MB at 25/50/75/100%: " + "/".join(f"{x:.0f}" for x in pts),
+        )
+    if "recovery" in summary:
+        r = runs["recovery"][0]
+        table.add(
+            f"recovery: {r['n']:,} spilled rows, brokers back",
+            summary["recovery"],
+            target="report",
+            notes=(
+                f"empty after {r['seconds']:.1f}s"
+                if r.get("empty")
+                else f"NOT empty after {r['seconds']:.0f}s, {r.get('pending_left')} left"
+            )
+            + f"; new traffic {r.get('new_traffic_rate') or 0:,.0f}/s (target {r['target_rate']:,.0f}/s)",
+        )
+    for key, label in (
+        ("simple_retry", "simple retry: tenacity + produce()+flush()"),
+        ("resilient_retry", "ResilientProducer, same app"),
+    ):
+        if key in summary:
+            r = runs[key][0]
+            table.add(
+                f"{label}, {r['outage_s']:.0f}s outage",
+                None,
+                target="0 lost" if key == "resilient_retry" else "report",
+                met=(r["lost"] == 0) if key == "resilient_retry" else None,
+                notes=f"blocked {r['blocked_s']:.2f}s (longest call {r['longest_call_s']:.2f}s), "
+                f"lost {r['lost']}, sent {r['attempted']}/{r['wanted']} wanted",
+            )
+    elapsed = time.monotonic() - t_start
+    text = table.text()
+    print(text)
+    print(
+        f"\n{'quick' if quick else 'full'} run, {reps} reps, medians; {elapsed:.0f}s; "
+        f"load average at start {load0[0]:.1f}, now {os.getloadavg()[0]:.1f}"
+    )
+
+    if not args.no_write:
+        RESULTS.mkdir(exist_ok=True)
+        date = _dt.date.today().isoformat()
+        info = machine()
+        info["loadavg_end"] = os.getloadavg()
+        out = RESULTS / f"{date}{'-quick' if quick else ''}.json"
+        out.write_text(
+            json.dumps(
+                {
+                    "date": _dt.datetime.now().isoformat(timespec="seconds"),
+                    "elapsed_s": elapsed,
+                    "machine": info,
+                    "config": config,
+                    "table": table.rows,
+                    "summary": summary,
+                    "runs": runs,
+                },
+                indent=1,
+                default=str,
+            )
+            + "\n"
+        )
+        print(f"results: {out.relative_to(ROOT)}")
+        if not quick and set(selected) == set(ALL) and README.exists():
+            md = (
+                f"Run {date}, full, {reps} interleaved reps (medians), {elapsed:.0f} s; "
+                f"{info['cores']} cores ({info['cpu']}), {info['mem_gib']} GiB, Python {info['python']}, "
+                f"librdkafka {info['librdkafka']}, load average at start {info['loadavg_start'][0]:.1f} "
+                f"(shared machine).\n\n{table.markdown()}\n"
+            )
+            body = README.read_text()
+            new = re.sub(
+                r"(<!-- table:start -->\n).*?(<!-- table:end -->)",
+                lambda mt: mt.group(1) + md + mt.group(2),
+                body,
+                flags=re.S,
+            )
+            README.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
