@@ -128,15 +128,25 @@ def test_outage_then_drain_delivers_everything(
 
     chaos_cluster.start_all()
     chaos_cluster.wait_until_healthy()
-    up = outbox_cli("drain", "--outbox", str(db), "-b", bootstrap, "--json", "--workers", "2")
-    assert up.returncode == 0, up.stderr
-    result = json.loads(up.stdout)
-    assert (result["delivered"], result["dead"], result["remaining"], result["interrupted"]) == (
-        n,
-        0,
-        0,
-        False,
-    )
+    # Right after a restart, partition leaders may still be moving: a send can fail with a
+    # retriable error and be rescheduled under the retry policy. Exit code 3 says so, and the
+    # operator runs drain again once the next attempt is due (what this loop does).
+    runs: list[dict[str, Any]] = []
+    for _ in range(5):
+        up = outbox_cli("drain", "--outbox", str(db), "-b", bootstrap, "--json", "--workers", "2")
+        assert up.returncode in (0, 3), up.stderr
+        runs.append(json.loads(up.stdout))
+        if up.returncode == 0:
+            break
+        status = json.loads(outbox_cli("status", "--outbox", str(db), "--json").stdout)
+        time.sleep(status["next_due_in_seconds"] + 0.1)
+    print("drain runs after the restart:", runs)
+    assert up.returncode == 0, runs
+    assert sum(r["delivered"] for r in runs) == n and sum(r["dead"] for r in runs) == 0, runs
+    # A drain that was not interrupted never hands rows back unsent (with --workers 2, one worker
+    # finding nothing due must not stop the other's batch in flight).
+    assert sum(r["released"] for r in runs) == 0, runs
+    assert (runs[-1]["remaining"], runs[-1]["interrupted"]) == (0, False)
 
     messages = consume(bootstrap, topic, n, timeout=30)
     assert len(messages) == n
@@ -317,7 +327,7 @@ def test_follow_mode_stops_cleanly_on_sigint(kafka_bootstrap: str, topic: str, t
 
 def test_interrupted_drain_releases_its_leases(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
     db = str(tmp_path / "big.db")
-    n = 20000
+    n = 12000
     store = SQLiteOutbox(db)
     store.enqueue([NewMessage(topic=topic, value=b"x" * 100, msg_id=f"m{i}") for i in range(n)])
     cli = popen_cli("drain", "--outbox", db, "-b", kafka_bootstrap, "--json")
