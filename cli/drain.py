@@ -107,7 +107,7 @@ Examples:
     "until_empty",
     default=True,
     help="--until-empty (default): stop when no pending message is due; the exit code says whether "
-    "any is left. --follow: keep draining new messages until Ctrl-C or SIGTERM.",
+    "any is left. --follow: keep draining new messages until Ctrl-C or SIGTERM (then exit 0).",
 )
 @click.option("--topic", metavar="TOPIC", help="Drain only this topic's messages.")
 @click.option(
@@ -116,10 +116,18 @@ Examples:
     metavar="N",
     help="Stop after about N messages (whole batches are settled, so it may send up to one batch more).",
 )
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True, help="Sending threads.")
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Sending threads, each with its own producer.",
+)
 @click.option(
     "--max-attempts",
     type=click.IntRange(min=1),
+    metavar="N",
     default=_DEFAULT_POLICY.max_attempts,
     show_default=True,
     help="Failed sends (counted in the stored row, across runs) before a message is dead-lettered.",
