@@ -185,10 +185,17 @@ class Drainer:
             t.start()
         try:
             self._worker(until_empty, limit, progress)
-        finally:
+        except BaseException:
             self._stop.set()
+            raise
+        finally:
+            # until_empty: the other workers stop by themselves once nothing is due; setting
+            # _stop before they finish would purge and release the batch they have in flight.
+            if not until_empty:
+                self._stop.set()
             for t in helpers:
                 t.join()
+            self._stop.set()
         st = self.store.stats(now=time.time())
         self.result.remaining = st.pending
         self.result.due_remaining = 0 if st.next_due_at is None or st.next_due_at > time.time() else 1

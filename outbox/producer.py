@@ -149,7 +149,7 @@ class ResilientProducer:
         self._config = {**PRODUCER_DEFAULTS, **config}
         self._config["error_cb"] = self._on_error
         self._config.setdefault("logger", _LIBRDKAFKA_LOG)
-        self._config["on_delivery"] = self._on_report
+        self._config.pop("on_delivery", None)  # every message carries its own callback
         self._config.pop("delivery.report.only.error", None)
         lease_floor = int(self._config["message.timeout.ms"]) / 1000 + 30
         lease_seconds = max(lease_seconds, lease_floor)  # a lease must outlive one send attempt
@@ -274,13 +274,12 @@ class ResilientProducer:
         ):
             return msg_id
         try:
-            if on_delivery is None and partition == -1:
-                self._kafka.produce(topic, value, key, headers=hdrs)
-            else:
-                self._kafka.produce(
-                    topic, value, key, partition=partition, headers=hdrs,
-                    on_delivery=functools.partial(self._on_report_with, on_delivery, partition),
-                )
+            # Delivery reports do not carry headers (confluent-kafka drops them), so a failed
+            # message's headers and id must travel in its callback.
+            self._kafka.produce(
+                topic, value, key, partition=partition, headers=hdrs,
+                on_delivery=functools.partial(self._on_report, hdrs, msg_id, on_delivery, partition),
+            )
         except BufferError:
             self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "local queue full")
         except KafkaException as exc:
@@ -515,18 +514,11 @@ class ResilientProducer:
             except Exception:
                 log.exception("on_dead_letter callback raised; the dead letter is stored anyway")
 
-    def _on_report(self, err: KafkaError | None, msg: Message) -> None:
-        """Delivery thread: reports of fast-path messages without a per-message callback."""
-        if err is None:
-            self._delivered += 1
-            if not self.circuit.closed or self.circuit._failures:
-                self.circuit.record_success()
-            return
-        self._handle_failure(err, msg.topic(), msg.value(), msg.key(), msg.headers() or [], -1, None, None, msg)
-
-    def _on_report_with(
-        self, cb: DeliveryCallback | None, partition: int, err: KafkaError | None, msg: Message
+    def _on_report(
+        self, hdrs: Headers, msg_id: str, cb: DeliveryCallback | None, partition: int,
+        err: KafkaError | None, msg: Message,
     ) -> None:
+        """Delivery thread: the report of a first send."""
         if err is None:
             self._delivered += 1
             if not self.circuit.closed or self.circuit._failures:
@@ -534,7 +526,7 @@ class ResilientProducer:
             if cb is not None:
                 cb(None, msg)
             return
-        self._handle_failure(err, msg.topic(), msg.value(), msg.key(), msg.headers() or [], partition, None, cb, msg)
+        self._handle_failure(err, msg.topic(), msg.value(), msg.key(), hdrs, partition, msg_id, cb, msg)
 
     def _on_unprotected_report(self, cb: DeliveryCallback | None, err: KafkaError | None, msg: Message) -> None:
         if err is None:

@@ -143,6 +143,7 @@ class SQLiteOutbox(Outbox):
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._create = create
         if not os.path.exists(self.path):
             if not create:
                 raise StoreNotFoundError(f"outbox file {self.path} does not exist")
@@ -238,6 +239,16 @@ class SQLiteOutbox(Outbox):
             )
         if version == SCHEMA_VERSION:
             return
+        if version == 0 and not self._create:
+            others = conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            ).fetchall()
+            if others:
+                # An existing database that is not an outbox: never add our tables to it.
+                raise StoreError(
+                    f"{self.path} is a SQLite database but not a kafka-outbox outbox "
+                    f"(tables: {', '.join(r[0] for r in others[:5])})"
+                )
         with self._write() as c:
             for v in range(version + 1, SCHEMA_VERSION + 1):
                 for stmt in _MIGRATIONS[v]:
@@ -268,8 +279,8 @@ class SQLiteOutbox(Outbox):
                 int(status),
                 m.attempts,
                 now,
-                m.first_failed_at,
-                m.first_failed_at if m.attempts else None,
+                m.first_failed_at if m.first_failed_at is not None or status is not Status.DEAD else now,
+                now if status is Status.DEAD else (m.first_failed_at if m.attempts else None),
                 lease_until if lease_owner is not None and lease_until is not None else m.next_attempt_at,
                 m.last_error,
                 lease_owner,

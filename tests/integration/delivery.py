@@ -1,0 +1,96 @@
+"""Reading a topic back and judging what arrived: counts by outbox-id, duplicates, key order."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+
+from outbox import ID_HEADER
+
+
+def header(msg: Message, name: str) -> bytes | None:
+    for h, v in reversed(msg.headers() or []):
+        if h == name:
+            return v
+    return None
+
+
+@dataclass
+class Arrivals:
+    """What a topic holds, keyed by outbox-id."""
+
+    messages: list[Message] = field(default_factory=list)
+    by_id: dict[str, list[Message]] = field(default_factory=lambda: defaultdict(list))
+
+    @property
+    def unique(self) -> int:
+        return len(self.by_id)
+
+    @property
+    def duplicates(self) -> int:
+        return len(self.messages) - len(self.by_id)
+
+    def values(self) -> set[bytes]:
+        return {m.value() for m in self.messages}
+
+    def order_violations(self) -> list[tuple[bytes, list[int]]]:
+        """Keys whose first arrivals are not in produce order.
+
+        Values are b"<key>:<seq>"; a duplicate (same outbox-id) is judged at its first arrival,
+        since consumers that dedup by outbox-id drop the later copies.
+        """
+        seen: set[str] = set()
+        per_key: dict[bytes, list[int]] = defaultdict(list)
+        for m in self.messages:
+            mid = (header(m, ID_HEADER) or b"").decode()
+            if mid in seen:
+                continue
+            seen.add(mid)
+            seq = int(m.value().rsplit(b":", 1)[1])
+            per_key[m.key()].append(seq)
+        return [(k, s) for k, s in per_key.items() if s != sorted(s)]
+
+
+def read_topic(bootstrap: str, topic: str, expect_unique: int, timeout: float = 90.0) -> Arrivals:
+    """Read `topic` from the start until `expect_unique` distinct outbox-ids arrived (or timeout),
+    then keep reading briefly so that duplicates written after them are counted too."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"check-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    out = Arrivals()
+    try:
+        md = consumer.list_topics(topic, timeout=30)
+        parts = sorted(md.topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        deadline = time.monotonic() + timeout
+        quiet_until: float | None = None
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                if quiet_until is not None and time.monotonic() > quiet_until:
+                    break
+                continue
+            if msg.error():
+                continue
+            out.messages.append(msg)
+            out.by_id[(header(msg, ID_HEADER) or b"").decode()].append(msg)
+            if quiet_until is None and out.unique >= expect_unique:
+                quiet_until = time.monotonic() + 2.0
+        return out
+    finally:
+        consumer.close()
+
+
+def keyed_value(key: int, seq: int) -> tuple[bytes, bytes]:
+    """(key, value) with the per-key sequence number inside the value."""
+    k = b"key-%d" % key
+    return k, k + b":%d" % seq

@@ -1,0 +1,281 @@
+"""ResilientProducer against the real 3-broker cluster: every path a message can take."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from outbox import ID_HEADER, DeadLetter, ResilientProducer, RetryPolicy, SQLiteOutbox
+from outbox.records import Status
+from outbox.testing import KafkaCluster
+
+from .delivery import header, keyed_value, read_topic
+
+FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
+
+
+def make_producer(bootstrap: str, path: Path, **kw: Any) -> ResilientProducer:
+    opts: dict[str, Any] = {
+        "outbox": f"sqlite:///{path}",
+        "retry": RetryPolicy(max_attempts=100, initial_delay=0.5),
+        "circuit_reset_timeout": 1.0,
+        "drain_poll_interval": 0.2,
+        "lease_seconds": 10.0,
+    }
+    opts.update(kw)
+    return ResilientProducer({"bootstrap.servers": bootstrap, **FAST}, **opts)
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting until {what}")
+        time.sleep(0.2)
+
+
+def drained(p: ResilientProducer) -> bool:
+    st = p.stats()
+    return st["pending"] == 0 and st["in_memory"] == 0 and st["unsaved"] == 0
+
+
+def test_happy_path_round_trips_bytes_headers_and_partition(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
+    reports: list[tuple[Any, Any]] = []
+    with make_producer(kafka_bootstrap, tmp_path / "o.db") as p:
+        ids = [p.produce(topic, b"v%d" % i, key=b"k%d" % (i % 7), headers=[("h", b"1"), ("h", b"2")]) for i in range(500)]
+        special_id = p.produce(topic, b"\x00\xff binary", key="text-key", headers={"a": "x"}, partition=2,
+                  on_delivery=lambda e, m: reports.append((e, m)))
+        assert p.flush(30) == 0
+        st = p.stats()
+    assert st["delivered"] == 501 and st["outboxed"] == 0 and st["pending"] == 0
+    assert len(reports) == 1 and reports[0][0] is None and reports[0][1].partition() == 2
+    got = read_topic(kafka_bootstrap, topic, 501)
+    assert got.unique == 501 and got.duplicates == 0
+    assert set(got.by_id) == set(ids) | {special_id}
+    special = [m for m in got.messages if m.value() == b"\x00\xff binary"][0]
+    assert special.partition() == 2 and special.key() == b"text-key"
+    assert special.headers() == [("a", b"x"), (ID_HEADER, special_id.encode())]
+    plain = [m for m in got.messages if m.value() == b"v3"][0]
+    assert plain.headers()[:2] == [("h", b"1"), ("h", b"2")]
+
+
+@pytest.mark.parametrize("mode", ["fallback", "write-ahead"])
+def test_outage_of_all_brokers_loses_nothing_and_keeps_key_order(
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path, mode: str
+) -> None:
+    topic = make_topic(config={"min.insync.replicas": "2"})
+    bs = chaos_cluster.bootstrap_servers
+    total = 3000
+    seq = [0] * 10
+    with make_producer(bs, tmp_path / "o.db", mode=mode) as p:
+        for i in range(total):
+            if i == 1000:
+                chaos_cluster.stop_all()
+            if i == 2500:
+                chaos_cluster.start_all()
+            k = i % 10
+            key, value = keyed_value(k, seq[k])
+            seq[k] += 1
+            p.produce(topic, value, key=key)
+            if i % 50 == 0:
+                time.sleep(0.01)
+        wait_until(lambda: drained(p), 120, "the outbox is drained")
+        st = p.stats()
+    assert st["produced"] == total and st["dead"] == 0
+    assert st["outboxed"] > 0, "the outage should have sent messages to the outbox"
+    got = read_topic(bs, topic, total)
+    assert got.unique == total, f"lost {total - got.unique} messages"
+    assert got.order_violations() == []
+    print(f"\n{mode}: {total} produced, {got.unique} unique delivered, {got.duplicates} duplicates, "
+          f"{st['outboxed']} went through the outbox")
+
+
+def test_not_enough_replicas_goes_to_outbox_then_delivers(
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    topic = make_topic(partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    bs = chaos_cluster.bootstrap_servers
+    with make_producer(bs, tmp_path / "o.db", drain_workers=0) as p:
+        chaos_cluster.stop_broker(1)
+        chaos_cluster.stop_broker(2)
+        for i in range(20):
+            p.produce(topic, b"nr-%d" % i)
+        assert p.flush(30) == 0
+        st = p.stats()
+        assert st["pending"] == 20 and st["delivered"] == 0
+        rows = p.store.claim("inspect", 100, 0.0, now=time.time() + 3600)
+        p.store.release([r.id for r in rows], now=time.time())  # looked at, not sent
+        assert len(rows) == 20
+        assert {r.last_error.split(" ")[0] for r in rows} <= {"_MSG_TIMED_OUT", "NOT_ENOUGH_REPLICAS"}, rows[0]
+    chaos_cluster.start_all()
+    chaos_cluster.wait_for_isr(topic, 3)
+    with make_producer(bs, tmp_path / "o.db", retry=RetryPolicy(max_attempts=100, initial_delay=0.1)) as p:
+        wait_until(lambda: drained(p), 60, "the outbox is drained")
+    got = read_topic(bs, topic, 20)
+    assert got.values() == {b"nr-%d" % i for i in range(20)}
+    assert {header(m, "outbox-attempt") for m in got.messages} - {None}, "re-sends carry the attempt header"
+
+
+def test_too_large_message_is_dead_lettered_once(kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path) -> None:
+    topic = make_topic(config={"max.message.bytes": "2000"})
+    dead: list[DeadLetter] = []
+    reports: list[Any] = []
+    with make_producer(kafka_bootstrap, tmp_path / "o.db", on_dead_letter=dead.append) as p:
+        p.produce(topic, b"x" * 10_000, key=b"big", headers=[("trace", b"t1")], on_delivery=lambda e, m: reports.append(e))
+        p.produce(topic, b"small", key=b"ok")
+        assert p.flush(30) == 0
+        wait_until(lambda: len(dead) == 1, 10, "the dead-letter callback ran")
+        time.sleep(0.5)
+        st = p.stats()
+    assert len(dead) == 1 and len(reports) == 1
+    d = dead[0]
+    assert d.topic == topic and d.key == b"big" and d.value == b"x" * 10_000
+    assert d.headers[0] == ("trace", b"t1") and d.attempts == 1
+    assert d.last_error is not None and d.last_error.startswith("MSG_SIZE_TOO_LARGE (10)")
+    assert reports[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    assert st["dead"] == 1 and st["pending"] == 0 and st["delivered"] == 1
+    store = SQLiteOutbox(str(tmp_path / "o.db"))
+    [row] = store.list_dead()
+    assert row.status is Status.DEAD and row.value == b"x" * 10_000
+
+
+def test_enable_retry_false_reports_and_stores_nothing(chaos_cluster: KafkaCluster, topic: str, tmp_path: Path) -> None:
+    errors: list[Any] = []
+    with make_producer(chaos_cluster.bootstrap_servers, tmp_path / "o.db", drain_workers=0) as p:
+        chaos_cluster.stop_all()
+        for i in range(10):
+            p.produce(topic, b"log-%d" % i, enable_retry=False, on_delivery=lambda e, m: errors.append(e))
+        wait_until(lambda: len(errors) == 10, 30, "every delivery report arrived")
+        st = p.stats()
+    assert all(e is not None for e in errors)
+    assert {e.code() for e in errors} <= {KafkaError._MSG_TIMED_OUT, KafkaError._QUEUE_FULL}
+    assert st["pending"] == 0 and st["dead"] == 0 and st["failed_no_retry"] == 10
+
+
+def test_retry_exhaustion_while_down_dead_letters_with_callback(
+    chaos_cluster: KafkaCluster, topic: str, tmp_path: Path
+) -> None:
+    dead: list[DeadLetter] = []
+    policy = RetryPolicy(max_attempts=2, initial_delay=0.2)
+    with make_producer(chaos_cluster.bootstrap_servers, tmp_path / "o.db", retry=policy, on_dead_letter=dead.append) as p:
+        chaos_cluster.stop_all()
+        for i in range(5):
+            p.produce(topic, b"doomed-%d" % i, key=b"d")
+        wait_until(lambda: len(dead) == 5, 60, "all five are dead-lettered")
+        st = p.stats()
+    assert st["pending"] == 0 and st["dead"] == 5
+    assert sorted(d.value for d in dead) == sorted(b"doomed-%d" % i for i in range(5))
+    assert all(d.attempts == 2 for d in dead)
+
+
+def test_circuit_opens_on_outage_and_closes_on_recovery(chaos_cluster: KafkaCluster, topic: str, tmp_path: Path) -> None:
+    bs = chaos_cluster.bootstrap_servers
+    # A long reset timeout: no probe message is let through while the test looks, so only a
+    # drain worker's success can close the circuit.
+    with make_producer(bs, tmp_path / "o.db", circuit_reset_timeout=600.0) as p:
+        p.produce(topic, b"warm-up")
+        assert p.flush(30) == 0
+        chaos_cluster.stop_all()
+        wait_until(lambda: p.stats()["circuit"] != "closed", 30, "the circuit opens")
+        for i in range(200):
+            p.produce(topic, b"while-open-%d" % i)
+        # While open, produce() does not touch librdkafka's queue: everything is on disk.
+        assert p.stats()["in_memory"] == 0
+        assert p.flush(10) == 0
+        assert p.stats()["pending"] >= 200
+        chaos_cluster.start_all()
+        wait_until(lambda: p.stats()["circuit"] == "closed", 60, "the circuit closes")
+        wait_until(lambda: drained(p), 60, "the outbox is drained")
+    got = read_topic(bs, topic, 201)
+    assert got.unique == 201
+
+
+def test_buffer_error_spills_to_outbox(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
+    p = ResilientProducer(
+        {"bootstrap.servers": kafka_bootstrap, **FAST, "queue.buffering.max.messages": 20},
+        outbox=f"sqlite:///{tmp_path / 'o.db'}",
+        drain_poll_interval=0.2,
+    )
+    with p:
+        for i in range(2000):
+            p.produce(topic, b"burst-%d" % i)  # never raises BufferError
+        wait_until(lambda: drained(p), 60, "the outbox is drained")
+        st = p.stats()
+    assert st["outboxed"] > 0, "a 20-message queue must overflow into the outbox"
+    got = read_topic(kafka_bootstrap, topic, 2000)
+    assert got.unique == 2000
+
+
+def test_bad_input_raises_and_stores_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:
+    with make_producer(kafka_bootstrap, tmp_path / "o.db", drain_workers=0) as p:
+        with pytest.raises(ValueError, match="empty"):
+            p.produce("", b"v")
+        with pytest.raises(ValueError, match="characters Kafka does not allow"):
+            p.produce("bad topic!", b"v")
+        with pytest.raises(ValueError, match="249"):
+            p.produce("t" * 250, b"v")
+        with pytest.raises(TypeError, match="value must be bytes, str or None, not int"):
+            p.produce("t", 42)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="key must be bytes"):
+            p.produce("t", b"v", key=object())  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="header names must be str"):
+            p.produce("t", b"v", headers=[(1, b"x")])  # type: ignore[list-item]
+        with pytest.raises(ValueError, match="partition must be an int >= -1"):
+            p.produce("t", b"v", partition=-2)
+        st = p.stats()
+    assert st["produced"] == 0 and st["pending"] == 0 and st["dead"] == 0
+
+
+def test_close_then_produce_raises(kafka_bootstrap: str, tmp_path: Path) -> None:
+    from outbox import ProducerClosedError
+
+    p = make_producer(kafka_bootstrap, tmp_path / "o.db")
+    assert p.close(10) == 0
+    with pytest.raises(ProducerClosedError):
+        p.produce("t", b"v")
+
+
+def test_ordering_after_outage_with_drain_threads(
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Messages of one key produced after the key's first failure queue behind it."""
+    topic = make_topic(partitions=3)
+    bs = chaos_cluster.bootstrap_servers
+    seq = [0] * 5
+    with make_producer(bs, tmp_path / "o.db", drain_workers=3, drain_batch_size=50) as p:
+        chaos_cluster.stop_all()
+        for i in range(500):
+            k = i % 5
+            key, value = keyed_value(k, seq[k])
+            seq[k] += 1
+            p.produce(topic, value, key=key)
+        assert p.flush(30) == 0
+        chaos_cluster.start_all()
+        stop = threading.Event()
+        n = 500
+
+        def keep_producing() -> None:
+            nonlocal n
+            while not stop.is_set():
+                k = n % 5
+                key, value = keyed_value(k, seq[k])
+                seq[k] += 1
+                p.produce(topic, value, key=key)
+                n += 1
+                time.sleep(0.002)
+
+        t = threading.Thread(target=keep_producing)
+        t.start()
+        time.sleep(5)
+        stop.set()
+        t.join()
+        wait_until(lambda: drained(p), 90, "the outbox is drained")
+    got = read_topic(bs, topic, n)
+    assert got.unique == n
+    assert got.order_violations() == []
