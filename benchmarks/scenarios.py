@@ -309,6 +309,7 @@ def spill(p: Params) -> Result:
     rp.circuit.trip("benchmark: brokers are down")
     marks = {n * q // 4 - 1: q * 25 for q in (1, 2, 3, 4)}
     rss: dict[str, float] = {"0": rss_mb()}
+    backlog: dict[str, int] = {}  # accepted but not yet committed, at each quarter
     lat: list[int] = []
     produce = rp.produce
     pc = time.perf_counter_ns
@@ -322,10 +323,16 @@ def spill(p: Params) -> Result:
             lat.append(pc() - s)
         if i in marks:
             rss[str(marks[i])] = rss_mb()
+            backlog[str(marks[i])] = rp.writer.pending()
     left = rp.flush(600)
     seconds = time.perf_counter() - t0
     rss["after_flush"] = rss_mb()
     st = rp.stats()
+    db_mb = sum(os.path.getsize(path + x) for x in ("", "-wal") if os.path.exists(path + x)) / 1e6
+    if not p.get("keep"):
+        for x in ("", "-wal", "-shm"):
+            if os.path.exists(path + x):
+                os.unlink(path + x)
     return result(
         p,
         n,
@@ -335,7 +342,9 @@ def spill(p: Params) -> Result:
         pending=st["pending"],
         circuit=st["circuit"],
         rss_mb_at_pct=rss,
-        db_mb=os.path.getsize(path) / 1e6,
+        uncommitted_at_pct=backlog,
+        db_path=path,
+        db_mb=db_mb,
     )
 
 
