@@ -323,7 +323,7 @@ def closed_port() -> tuple[str, socket.socket]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--messages", type=int, help="messages per happy-path/spill run (default 200000; --quick 30000)"
+        "--messages", type=int, help="messages per happy-path/spill run (default 100000; --quick 30000)"
     )
     ap.add_argument(
         "--size", type=str, help="value sizes in bytes, comma-separated (default 200,4096; --quick 200)"
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     sel = set(selected)
-    n = args.messages or (30_000 if quick else 200_000)
+    n = args.messages or (30_000 if quick else 100_000)
     sizes = [int(x) for x in args.size.split(",")] if args.size else ([200] if quick else [200, 4096])
     base = sizes[0]
     reps = max(1, args.reps)
