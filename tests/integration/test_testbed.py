@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import AdminClient
 
 from outbox.testing import KafkaCluster
 
@@ -30,6 +31,17 @@ def _produce(bootstrap: str, topic: str, n: int, flush_timeout: float = 30.0, **
     assert remaining == 0, f"{remaining} messages still undelivered after {flush_timeout}s"
     assert len(reports) == n
     return reports
+
+
+def _wait_isr_is(bootstrap: str, topic: str, isr: list[int], timeout: float = 30.0) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while True:
+        parts = admin.list_topics(topic, timeout=5).topics[topic].partitions.values()
+        if all(p.leader == isr[0] and sorted(p.isrs) == isr for p in parts):
+            return
+        assert time.monotonic() < deadline, f"ISR of {topic} never became {isr}: {list(parts)}"
+        time.sleep(0.1)
 
 
 def _codes(reports: list[Any]) -> set[int | None]:
@@ -68,7 +80,7 @@ def test_not_enough_replicas_is_reported(chaos_cluster: KafkaCluster, make_topic
     bootstrap = chaos_cluster.bootstrap_servers
     chaos_cluster.stop_broker(1)
     chaos_cluster.stop_broker(2)
-    chaos_cluster.wait_for_isr(topic, 1)  # broker 0 now leads every partition, alone in the ISR
+    _wait_isr_is(bootstrap, topic, [0])  # broker 0 now leads every partition, alone in the ISR
 
     # Without retries (and so without idempotence) librdkafka hands the broker's error to the app.
     strict = _produce(
