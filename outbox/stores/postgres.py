@@ -19,7 +19,16 @@ How N processes claim at once (the choice, and why):
     COMMITTED snapshot, so it sees every lease committed by the previous claimer. SKIP LOCKED
     stays, for rows locked by acknowledging writers (delete / reschedule / release), and the
     per-key check treats any earlier PENDING row of the key that was not among the candidates
-    (not due, leased, or skipped because locked) as blocking the key's later rows.
+    (not due, leased, or skipped because locked) as blocking the key's later rows. That rule
+    alone already closes the SKIP LOCKED hole (the lock-free check still sees the row another
+    claimer is locking); the advisory lock is kept as a second, simpler guarantee. With neither
+    (SQLite's "earlier row not yet due" check and no lock), tests/integration/
+    test_postgres_store.py's 4-process test does catch keys claimed out of order.
+
+Claim plan: a probe counts due rows (up to 5,000) on the (status, next_attempt_at) index. Few
+due: they are fetched by that index and sorted by id. Many due: the pending rows are walked in
+id order. Known slow case: thousands of due rows that all sit behind hundreds of thousands of
+rows backing off (the walk passes them, ~1 s per million).
 
 Ordering caveat: ids come from an identity sequence, so a key's order is the order in which its
 rows were inserted. Two *concurrent* writers of the same key have no order defined between
