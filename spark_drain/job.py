@@ -135,7 +135,9 @@ def run_job(spark: object, options: JobOptions, *, check: bool = True) -> JobRep
                 return report
             rows = reader.rows(sel.where, lo, hi, options.partitions)
             if sel.blocked_where is not None:
-                rows = keep_key_order(rows, reader.blockers(sel.blocked_where))
+                blockers = reader.blockers(sel.blocked_where)
+                if blockers.take(1):  # usually nothing backs off: no join then
+                    rows = keep_key_order(rows, blockers)
     except Exception as exc:
         raise _jdbc_error(exc, options) from exc
 

@@ -128,14 +128,21 @@ class Reader:
     def _jdbc_url(self) -> str:
         return self.url.jdbc_url()
 
-    def query(self, sql: str) -> DataFrame:
-        """One unpartitioned query."""
-        return self.spark.read.jdbc(self._jdbc_url(), f"({sql}) AS q", properties=self._props)
+    def query(self, sql: str, schema: str | None = None) -> DataFrame:
+        """One unpartitioned query; `schema` ("name TYPE, ...") fixes the column types.
+
+        sqlite-jdbc reports no type for an expression column (MIN(id), COUNT(*)) when the result
+        is empty, which Spark reads as NullType and then fails on; a custom schema avoids that.
+        """
+        props = dict(self._props)
+        if schema is not None:
+            props["customSchema"] = schema
+        return self.spark.read.jdbc(self._jdbc_url(), f"({sql}) AS q", properties=props)
 
     def bounds(self, where: str) -> tuple[int, int, int]:
         """(min id, max id, row count) of the selection; (0, 0, 0) when it is empty."""
         sql = f"SELECT MIN(id) AS lo, MAX(id) AS hi, COUNT(*) AS n FROM {self.table} WHERE {where}"
-        row = self.query(sql).first()
+        row = self.query(sql, "lo LONG, hi LONG, n LONG").first()
         if row is None or row["n"] is None or int(row["n"]) == 0:
             return 0, 0, 0
         return int(row["lo"]), int(row["hi"]), int(row["n"])
@@ -158,16 +165,19 @@ class Reader:
         """(topic, key, block_id): the first not-selected pending row of each key."""
         return self.query(
             f"SELECT topic AS b_topic, key AS b_key, MIN(id) AS block_id FROM {self.table} "
-            f"WHERE {blocked_where} GROUP BY topic, key"
+            f"WHERE {blocked_where} GROUP BY topic, key",
+            "b_topic STRING, b_key BINARY, block_id LONG",
         )
 
     def ids(self, where: str) -> list[int]:
         """The ids of the selection, collected on the driver."""
-        return [int(r[0]) for r in self.query(f"SELECT id FROM {self.table} WHERE {where}").collect()]
+        df = self.query(f"SELECT id FROM {self.table} WHERE {where}", "id LONG")
+        return [int(r[0]) for r in df.collect()]
 
     def counts_by_topic(self, where: str) -> dict[str, int]:
         """Rows per topic of a selection (dry runs)."""
-        df = self.query(f"SELECT topic, COUNT(*) AS n FROM {self.table} WHERE {where} GROUP BY topic")
+        sql = f"SELECT topic, COUNT(*) AS n FROM {self.table} WHERE {where} GROUP BY topic"
+        df = self.query(sql, "topic STRING, n LONG")
         return {r["topic"]: int(r["n"]) for r in df.collect()}
 
 
