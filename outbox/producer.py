@@ -31,7 +31,7 @@ from .records import DeadLetter, Headers, NewMessage, OutboxMessage
 from .retry import Disposition, RetryPolicy, describe
 from .stores import Outbox, open_outbox
 from .stores.base import Failure
-from .writer import Committed, GroupCommitWriter
+from .writer import Batch, Committed, GroupCommitWriter
 
 log = logging.getLogger("outbox")
 # librdkafka's own log lines (connection refused, ...) go to logging, not to raw stderr.
@@ -151,7 +151,7 @@ class ResilientProducer:
         self._config.setdefault("logger", _LIBRDKAFKA_LOG)
         self._config.pop("on_delivery", None)  # every message carries its own callback
         self._config.pop("delivery.report.only.error", None)
-        lease_floor = int(self._config["message.timeout.ms"]) / 1000 + 30
+        lease_floor = int(self._config["message.timeout.ms"]) / 1000 + 5
         lease_seconds = max(lease_seconds, lease_floor)  # a lease must outlive one send attempt
         self._owns_store = not isinstance(outbox, Outbox)
         self.store = open_outbox(outbox)
@@ -415,14 +415,14 @@ class ResilientProducer:
         )
         self._store_pending(msg, cb)
 
-    def _store_pending(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
+    def _store_pending(self, msg: NewMessage, cb: DeliveryCallback | None) -> Batch:
         if msg.key is not None:
             with self._keys_lock:
                 self._pending_keys.add((msg.topic, msg.key))
         if cb is not None:
             self._waiting[msg.msg_id] = cb
         self._outboxed += 1
-        self.writer.add_new(msg)
+        return self.writer.add_new(msg)
 
     def _enqueue_in_transaction(
         self, conn: Any, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str
@@ -460,10 +460,10 @@ class ResilientProducer:
         # Sent by us after the commit unless Kafka is known down or the key must wait.
         send_now = self.circuit.closed and not (kb is not None and (topic, kb) in self._pending_keys)
         msg = NewMessage(topic, _as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now)
-        if not send_now:
-            self._store_pending(msg, cb)
-            return
-        batch = self.writer.add_new(msg, cb, leased=True)
+        if send_now:
+            batch = self.writer.add_new(msg, cb, leased=True)
+        else:
+            batch = self._store_pending(msg, cb)
         if self.durability == "sync":
             batch.done.wait()
             if batch.error is not None:

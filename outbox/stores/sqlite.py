@@ -340,13 +340,24 @@ class SQLiteOutbox(Outbox):
             )
         if not dead:
             return []
+        # Only rows still PENDING are dead-lettered now: a row that is already dead must not be
+        # returned again (the caller would hand it to on_dead_letter a second time).
+        pending: list[int] = []
+        for chunk in _chunks([d[3] for d in dead]):
+            pending += [
+                r[0]
+                for r in c.execute(
+                    f"SELECT id FROM outbox WHERE status = 0 AND id IN ({','.join('?' * len(chunk))})",
+                    list(chunk),
+                )
+            ]
         c.executemany(
             "UPDATE outbox SET attempts = attempts + 1, last_error = ?, status = 2, "
             "first_failed_at = COALESCE(first_failed_at, ?), last_failed_at = ?, lease_owner = NULL "
             "WHERE id = ? AND status = 0",
             dead,
         )
-        ids = [d[3] for d in dead]
+        ids = pending
         out: list[OutboxMessage] = []
         for chunk in _chunks(ids):
             out += [
