@@ -83,7 +83,10 @@ def main() -> int:
             raw.poll(0)
             if i % RATE == 0:
                 st = producer.stats()
-                say(f"  produced {i:>6}  delivered {st['delivered']:>6}  in outbox {st['pending']:>6}  circuit {st['circuit']}")
+                say(
+                    f"  produced {i:>6}  delivered {st['delivered']:>6}  "
+                    f"in outbox {st['pending']:>6}  circuit {st['circuit']}"
+                )
             time.sleep(max(0.0, started + (i + 1) / RATE - time.monotonic()))
         say("stream done; draining the outbox")
         raw.flush(30)

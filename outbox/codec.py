@@ -34,7 +34,8 @@ def decode_headers(blob: bytes | None) -> list[tuple[str, bytes | None]]:
     if not blob:
         return []
     view = memoryview(blob)
-    pos, headers = 0, []
+    pos = 0
+    headers: list[tuple[str, bytes | None]] = []
     while pos < len(view):
         (n,) = _NAME.unpack_from(view, pos)
         pos += 2

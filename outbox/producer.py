@@ -84,6 +84,11 @@ def _normalize_headers(headers: Any) -> Headers:
     return out
 
 
+# `# type: ignore[arg-type]` on produce(headers=...): confluent-kafka's stubs type headers as
+# list[tuple[str, str | bytes | None]], and list is invariant, so our list[tuple[str, bytes | None]]
+# is rejected although every value is valid.
+
+
 class ResilientProducer:
     """A Kafka producer that writes what it cannot deliver to a durable outbox.
 
@@ -277,7 +282,7 @@ class ResilientProducer:
             # Delivery reports do not carry headers (confluent-kafka drops them), so a failed
             # message's headers and id must travel in its callback.
             self._kafka.produce(
-                topic, value, key, partition=partition, headers=hdrs,
+                topic, value, key, partition=partition, headers=hdrs,  # type: ignore[arg-type]
                 on_delivery=functools.partial(self._on_report, hdrs, msg_id, on_delivery, partition),
             )
         except BufferError:
@@ -441,7 +446,9 @@ class ResilientProducer:
         """enable_retry=False: Kafka or nothing; failures go to `cb` only."""
         report = functools.partial(self._on_unprotected_report, cb)
         try:
-            self._kafka.produce(topic, value, key, partition=partition, headers=hdrs, on_delivery=report)
+            self._kafka.produce(
+                topic, value, key, partition=partition, headers=hdrs, on_delivery=report  # type: ignore[arg-type]
+            )
         except BufferError:
             self._failed += 1
             if cb is not None:
@@ -460,10 +467,7 @@ class ResilientProducer:
         # Sent by us after the commit unless Kafka is known down or the key must wait.
         send_now = self.circuit.closed and not (kb is not None and (topic, kb) in self._pending_keys)
         msg = NewMessage(topic, _as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now)
-        if send_now:
-            batch = self.writer.add_new(msg, cb, leased=True)
-        else:
-            batch = self._store_pending(msg, cb)
+        batch = self.writer.add_new(msg, cb, leased=True) if send_now else self._store_pending(msg, cb)
         if self.durability == "sync":
             batch.done.wait()
             if batch.error is not None:
@@ -480,7 +484,10 @@ class ResilientProducer:
             report = functools.partial(self._on_wal_report, row_id, msg, cb)
             while True:
                 try:
-                    produce(msg.topic, msg.value, msg.key, partition=msg.partition, headers=msg.headers, on_delivery=report)
+                    produce(
+                        msg.topic, msg.value, msg.key, partition=msg.partition,
+                        headers=msg.headers, on_delivery=report,  # type: ignore[arg-type]
+                    )
                     break
                 except BufferError:
                     time.sleep(0.005)  # the delivery thread is draining the queue
@@ -526,7 +533,7 @@ class ResilientProducer:
             if cb is not None:
                 cb(None, msg)
             return
-        self._handle_failure(err, msg.topic(), msg.value(), msg.key(), hdrs, partition, msg_id, cb, msg)
+        self._handle_failure(err, msg.topic() or "", msg.value(), msg.key(), hdrs, partition, msg_id, cb, msg)
 
     def _on_unprotected_report(self, cb: DeliveryCallback | None, err: KafkaError | None, msg: Message) -> None:
         if err is None:
@@ -590,9 +597,9 @@ class ResilientProducer:
             )
             return
         self._note_transport_failure(code)
+        retry_at = now + decision.delay
         self._store_pending(
-            NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 1, now, error, now + decision.delay),
-            cb,
+            NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 1, now, error, retry_at), cb
         )
 
     def _note_transport_failure(self, code: int) -> None:

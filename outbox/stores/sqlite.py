@@ -7,6 +7,7 @@ batched statements: the caller group-commits, so one transaction carries many ro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -92,7 +93,8 @@ def _row(r: tuple[Any, ...]) -> OutboxMessage:
 
 
 def _dead_where(flt: DeadLetterFilter) -> tuple[str, list[Any]]:
-    where, args = ["status = ?"], [int(Status.DEAD)]
+    where: list[str] = ["status = ?"]
+    args: list[Any] = [int(Status.DEAD)]
     if flt.ids:
         where.append(f"id IN ({','.join('?' * len(flt.ids))})")
         args.extend(flt.ids)
@@ -210,10 +212,8 @@ class SQLiteOutbox(Outbox):
             yield conn
             conn.execute("COMMIT")
         except BaseException as exc:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
             if isinstance(exc, sqlite3.Error):
                 raise self._error(exc) from exc
             raise
@@ -532,8 +532,6 @@ class SQLiteOutbox(Outbox):
             self._closed = True
             conns, self._all = self._all, []
         for conn in conns:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 conn.close()
-            except sqlite3.Error:
-                pass
         self._local = threading.local()

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from outbox import Drainer, NewMessage, ResilientProducer, RetryPolicy, SQLiteOutbox
+from outbox import Drainer, NewMessage, RetryPolicy, SQLiteOutbox
 from outbox.testing import KafkaCluster
 
 from .delivery import keyed_value, read_topic
@@ -42,7 +42,9 @@ CHILD = textwrap.dedent(
 
 def drain_until_empty(path: Path, bootstrap: str, timeout: float) -> int:
     store = SQLiteOutbox(str(path))
-    drainer = Drainer(store, {"bootstrap.servers": bootstrap, **FAST}, retry=RetryPolicy(max_attempts=50, initial_delay=0.2))
+    drainer = Drainer(
+        store, {"bootstrap.servers": bootstrap, **FAST}, retry=RetryPolicy(max_attempts=50, initial_delay=0.2)
+    )
     delivered = 0
     deadline = time.monotonic() + timeout
     while store.stats(now=time.time()).pending:
@@ -58,7 +60,9 @@ def test_write_ahead_survives_kill_9_of_the_application(kafka_bootstrap: str, to
     path = tmp_path / "wal.db"
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, kafka_bootstrap, str(path), topic],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     acknowledged: list[str] = []
     assert child.stdout is not None
@@ -97,11 +101,14 @@ def test_two_drainer_processes_send_each_row_once(kafka_bootstrap: str, topic: s
     store = SQLiteOutbox(str(path))
     total = 6000
     for start in range(0, total, 1000):
-        store.enqueue([
-            NewMessage(topic, b"key-%d:%d" % (i % 8, i // 8), b"key-%d" % (i % 8),
-                       [("outbox-id", b"m%d" % i)], -1, f"m{i}")
-            for i in range(start, start + 1000)
-        ])
+        store.enqueue(
+            [
+                NewMessage(
+                    topic, b"key-%d:%d" % (i % 8, i // 8), b"key-%d" % (i % 8), [("outbox-id", b"m%d" % i)], -1, f"m{i}"
+                )
+                for i in range(start, start + 1000)
+            ]
+        )
     store.close()
     procs = [
         subprocess.Popen([sys.executable, "-c", DRAINER, kafka_bootstrap, str(path)], stdout=subprocess.PIPE, text=True)

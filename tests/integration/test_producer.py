@@ -48,9 +48,17 @@ def drained(p: ResilientProducer) -> bool:
 def test_happy_path_round_trips_bytes_headers_and_partition(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
     reports: list[tuple[Any, Any]] = []
     with make_producer(kafka_bootstrap, tmp_path / "o.db") as p:
-        ids = [p.produce(topic, b"v%d" % i, key=b"k%d" % (i % 7), headers=[("h", b"1"), ("h", b"2")]) for i in range(500)]
-        special_id = p.produce(topic, b"\x00\xff binary", key="text-key", headers={"a": "x"}, partition=2,
-                  on_delivery=lambda e, m: reports.append((e, m)))
+        ids = [
+            p.produce(topic, b"v%d" % i, key=b"k%d" % (i % 7), headers=[("h", b"1"), ("h", b"2")]) for i in range(500)
+        ]
+        special_id = p.produce(
+            topic,
+            b"\x00\xff binary",
+            key="text-key",
+            headers={"a": "x"},
+            partition=2,
+            on_delivery=lambda e, m: reports.append((e, m)),
+        )
         assert p.flush(30) == 0
         st = p.stats()
     assert st["delivered"] == 501 and st["outboxed"] == 0 and st["pending"] == 0
@@ -92,8 +100,10 @@ def test_outage_of_all_brokers_loses_nothing_and_keeps_key_order(
     got = read_topic(bs, topic, total)
     assert got.unique == total, f"lost {total - got.unique} messages"
     assert got.order_violations() == []
-    print(f"\n{mode}: {total} produced, {got.unique} unique delivered, {got.duplicates} duplicates, "
-          f"{st['outboxed']} went through the outbox")
+    print(
+        f"\n{mode}: {total} produced, {got.unique} unique delivered, {got.duplicates} duplicates, "
+        f"{st['outboxed']} went through the outbox"
+    )
 
 
 def test_not_enough_replicas_goes_to_outbox_then_delivers(
@@ -122,12 +132,16 @@ def test_not_enough_replicas_goes_to_outbox_then_delivers(
     assert {header(m, "outbox-attempt") for m in got.messages} - {None}, "re-sends carry the attempt header"
 
 
-def test_too_large_message_is_dead_lettered_once(kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path) -> None:
+def test_too_large_message_is_dead_lettered_once(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
     topic = make_topic(config={"max.message.bytes": "2000"})
     dead: list[DeadLetter] = []
     reports: list[Any] = []
     with make_producer(kafka_bootstrap, tmp_path / "o.db", on_dead_letter=dead.append) as p:
-        p.produce(topic, b"x" * 10_000, key=b"big", headers=[("trace", b"t1")], on_delivery=lambda e, m: reports.append(e))
+        p.produce(
+            topic, b"x" * 10_000, key=b"big", headers=[("trace", b"t1")], on_delivery=lambda e, m: reports.append(e)
+        )
         p.produce(topic, b"small", key=b"ok")
         assert p.flush(30) == 0
         wait_until(lambda: len(dead) == 1, 10, "the dead-letter callback ran")
@@ -163,7 +177,9 @@ def test_retry_exhaustion_while_down_dead_letters_with_callback(
 ) -> None:
     dead: list[DeadLetter] = []
     policy = RetryPolicy(max_attempts=2, initial_delay=0.2)
-    with make_producer(chaos_cluster.bootstrap_servers, tmp_path / "o.db", retry=policy, on_dead_letter=dead.append) as p:
+    with make_producer(
+        chaos_cluster.bootstrap_servers, tmp_path / "o.db", retry=policy, on_dead_letter=dead.append
+    ) as p:
         chaos_cluster.stop_all()
         for i in range(5):
             p.produce(topic, b"doomed-%d" % i, key=b"d")
@@ -174,7 +190,9 @@ def test_retry_exhaustion_while_down_dead_letters_with_callback(
     assert all(d.attempts == 2 for d in dead)
 
 
-def test_circuit_opens_on_outage_and_closes_on_recovery(chaos_cluster: KafkaCluster, topic: str, tmp_path: Path) -> None:
+def test_circuit_opens_on_outage_and_closes_on_recovery(
+    chaos_cluster: KafkaCluster, topic: str, tmp_path: Path
+) -> None:
     bs = chaos_cluster.bootstrap_servers
     # A long reset timeout: no probe message is let through while the test looks, so only a
     # drain worker's success can close the circuit.
