@@ -21,6 +21,7 @@ import functools  # noqa: E402
 import logging  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 from confluent_kafka import KafkaException  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
@@ -30,6 +31,9 @@ from outbox.records import DeadLetterFilter  # noqa: E402
 from outbox.stores import open_outbox  # noqa: E402
 from spark_drain.options import JobOptions, parse_args  # noqa: E402
 from spark_drain.report import JobReport  # noqa: E402
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("spark_drain")
 
@@ -78,7 +82,7 @@ def preflight(options: JobOptions) -> None:
         check_cluster(options)
 
 
-def run_job(spark: object, options: JobOptions, *, check: bool = True) -> JobReport:
+def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> JobReport:
     """Drain an outbox (or replay its dead letters) into Kafka on the given Spark session.
 
     Args:
@@ -93,13 +97,9 @@ def run_job(spark: object, options: JobOptions, *, check: bool = True) -> JobRep
     Raises:
         OutboxError: the outbox or the cluster is unreachable, or an option is invalid.
     """
-    from pyspark.sql import SparkSession
-
     from spark_drain.read import Reader, keep_key_order, only_ids, selection
     from spark_drain.send import SendConfig, send_partition
 
-    if not isinstance(spark, SparkSession):
-        raise ConfigError("run_job needs a pyspark.sql.SparkSession")
     if check:
         preflight(options)
     started = time.time()
@@ -153,7 +153,13 @@ def run_job(spark: object, options: JobOptions, *, check: bool = True) -> JobRep
     # in its original order.
     ordered = rows.repartition(options.partitions, "topic", "key").sortWithinPartitions("id")
     send_started = time.time()
-    results = ordered.rdd.mapPartitions(functools.partial(send_partition, cfg)).collect()
+    try:
+        results = ordered.rdd.mapPartitions(functools.partial(send_partition, cfg)).collect()
+    except Exception as exc:
+        raise OutboxError(
+            f"the send stage failed: {_cause(exc, options)}. Rows Kafka acknowledged before are marked; "
+            "everything else is still pending: run the job again"
+        ) from exc
     report.send_seconds = time.time() - send_started
     report.add_rows(results)
     report.held_back = max(0, selected - report.total.read) if not options.dead_letters else 0
@@ -180,6 +186,19 @@ def _replay(options: JobOptions, ids: Sequence[int]) -> int:
     return n
 
 
+def _cause(exc: Exception, options: JobOptions) -> str:
+    """The most telling line of a Spark/Py4J error: the innermost Python or Java exception."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    picked = next(
+        (line for line in reversed(lines) if line.startswith(("outbox.errors.", "confluent_kafka."))),
+        None,
+    ) or next((line for line in lines if "Exception:" in line or "Error:" in line), lines[0] if lines else "")
+    password = options.store_url().password
+    if password:
+        picked = picked.replace(password, "***")
+    return picked[:400] or type(exc).__name__
+
+
 def _jdbc_error(exc: Exception, options: JobOptions) -> Exception:
     """A one-line error for a failed JDBC read (a missing driver jar above all)."""
     if isinstance(exc, OutboxError):
@@ -193,13 +212,10 @@ def _jdbc_error(exc: Exception, options: JobOptions) -> Exception:
             f"the JDBC driver for {url.kind} is not on Spark's classpath: pass "
             f"--jars {default_jars(url)} to spark-submit (or set spark.jars)"
         )
-    first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
-    if url.password:
-        first = first.replace(url.password, "***")
-    return OutboxError(f"reading outbox {url.where()} with Spark JDBC failed: {first[:300]}")
+    return OutboxError(f"reading outbox {url.where()} with Spark JDBC failed: {_cause(exc, options)}")
 
 
-def build_session(options: JobOptions) -> object:
+def build_session(options: JobOptions) -> SparkSession:
     """A SparkSession for the command-line entry points, with the JDBC driver jar configured.
 
     Under spark-submit the master and jars come from spark-submit; `python -m spark_drain` runs
@@ -241,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"spark_drain: error: {exc}", file=sys.stderr)
         return 1
     finally:
-        spark.stop()  # type: ignore[attr-defined]
+        spark.stop()
     print(report.format_table())
     if options.report_path:
         report.write_json(options.report_path)
