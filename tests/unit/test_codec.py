@@ -58,10 +58,7 @@ def test_layout_is_stable() -> None:
     # The blob lives in outbox files across library versions: pin the byte layout
     # (u16 name length, UTF-8 name, i32 value length or -1 for None, value; big-endian).
     blob = encode_headers([("ké", b"\x00\x01"), ("n", None)])
-    assert blob == (
-        b"\x00\x03k\xc3\xa9" + b"\x00\x00\x00\x02\x00\x01"
-        + b"\x00\x01n" + b"\xff\xff\xff\xff"
-    )
+    assert blob == (b"\x00\x03k\xc3\xa9" + b"\x00\x00\x00\x02\x00\x01" + b"\x00\x01n" + b"\xff\xff\xff\xff")
 
 
 def test_binary_values_are_kept_byte_for_byte() -> None:

@@ -76,9 +76,7 @@ def test_exponential_huge_attempt_number_stays_capped() -> None:
 
 @pytest.mark.parametrize("backoff", ["fixed", "exponential"])
 def test_jitter_stays_within_bounds(backoff: str) -> None:
-    p = RetryPolicy(
-        max_attempts=100, backoff=backoff, initial_delay=2.0, multiplier=2.0, max_delay=16.0, jitter=0.5
-    )
+    p = RetryPolicy(max_attempts=100, backoff=backoff, initial_delay=2.0, multiplier=2.0, max_delay=16.0, jitter=0.5)
     base = RetryPolicy(max_attempts=100, backoff=backoff, initial_delay=2.0, multiplier=2.0, max_delay=16.0)
     seen: set[float] = set()
     for attempt in range(1, 8):
