@@ -271,12 +271,13 @@ class ResilientProducer:
         if not enable_retry:
             self._send_unprotected(topic, value, key, hdrs, partition, on_delivery)
             return msg_id
-        if not self.circuit.closed and not self.circuit.allow_probe():
-            self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "circuit open")
-            return msg_id
+        # Key first: a message that must queue behind its key is no use as the circuit's probe.
         if self._pending_keys and key is not None and self._key_waits(
             topic, key, value, hdrs, partition, msg_id, on_delivery
         ):
+            return msg_id
+        if not self.circuit.closed and not self.circuit.allow_probe():
+            self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "circuit open")
             return msg_id
         try:
             # Delivery reports do not carry headers (confluent-kafka drops them), so a failed
