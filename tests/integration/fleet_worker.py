@@ -1,0 +1,81 @@
+"""One drainer process of the PostgreSQL fleet test (tests/integration/test_postgres_fleet.py).
+
+Run as a script: ``python fleet_worker.py <outbox url> <bootstrap> <report path>``. It drains the
+shared outbox in follow mode until the outbox has had no pending row for 2 s, then writes a JSON
+report: the outbox-ids Kafka acknowledged to *this* process, and its `DrainResult` counts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+
+from outbox import Drainer, OutboxMessage, RetryPolicy, parse_url
+from outbox.stores.postgres import PostgresOutbox
+
+EMPTY_FOR = 2.0  # seconds without a pending row before the worker stops
+
+
+def _stop_when_empty(store: PostgresOutbox, stop: threading.Event) -> None:
+    empty_since: float | None = None
+    while not stop.is_set():
+        if store.stats(now=time.time()).pending:
+            empty_since = None
+        elif empty_since is None:
+            empty_since = time.monotonic()
+        elif time.monotonic() - empty_since >= EMPTY_FOR:
+            stop.set()
+            return
+        time.sleep(0.25)
+
+
+def main(url: str, bootstrap: str, report: str) -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    acked: list[str] = []
+    acked_batches = 0
+
+    def on_delivered(rows: list[OutboxMessage]) -> None:
+        nonlocal acked_batches
+        acked_batches += 1
+        acked.extend(r.msg_id for r in rows)
+
+    store = PostgresOutbox(parse_url(url), create=False)
+    drainer = Drainer(
+        store,
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "message.timeout.ms": 10000,
+        },
+        retry=RetryPolicy(max_attempts=100, initial_delay=0.5),
+        batch_size=1000,
+        lease_seconds=20,
+        on_delivered=on_delivered,
+    )
+    stop = threading.Event()
+    threading.Thread(target=_stop_when_empty, args=(store, stop), daemon=True).start()
+    started = time.monotonic()
+    result = drainer.run(until_empty=False, stop=stop)
+    elapsed = time.monotonic() - started
+    store.close()
+    with open(report, "w") as f:
+        json.dump(
+            {
+                "acked": acked,
+                "acked_batches": acked_batches,
+                "delivered": result.delivered,
+                "retried": result.retried,
+                "dead": result.dead,
+                "released": result.released,
+                "seconds": elapsed,
+            },
+            f,
+        )
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
