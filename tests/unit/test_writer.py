@@ -1,0 +1,362 @@
+"""GroupCommitWriter against a real SQLite outbox in tmp_path.
+
+Stores are real `SQLiteOutbox` subclasses that count, gate or fail some of their calls, so the
+rows checked at the end are the rows SQLite actually committed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from outbox.errors import StoreError, UnknownMessageError
+from outbox.records import NewMessage, OutboxMessage, Status
+from outbox.stores import SQLiteOutbox
+from outbox.stores.base import Failure
+from outbox.writer import Committed, GroupCommitWriter
+
+OWNER = "test-producer"
+ERR = "_MSG_TIMED_OUT (-192): Local: Message timed out"
+DEAD_ERR = "MSG_SIZE_TOO_LARGE (10): Broker: Message size too large"
+
+
+class CountingOutbox(SQLiteOutbox):
+    """Counts the write transactions the writer opens, and the rows in each."""
+
+    def __init__(self, path: str) -> None:
+        self.calls: list[tuple[str, int]] = []
+        super().__init__(path, synchronous="NORMAL")
+
+    def commit_batch(
+        self,
+        new: Sequence[NewMessage],
+        delivered: Sequence[int],
+        failures: Sequence[Failure],
+        *,
+        lease_owner: str | None,
+        lease_until: float | None,
+    ) -> tuple[list[int], list[OutboxMessage]]:
+        out = super().commit_batch(new, delivered, failures, lease_owner=lease_owner, lease_until=lease_until)
+        self.calls.append(("commit_batch", len(new) + len(delivered) + len(failures)))
+        return out
+
+    def enqueue(
+        self,
+        messages: Sequence[NewMessage],
+        *,
+        lease_owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> list[int]:
+        out = super().enqueue(messages, lease_owner=lease_owner, lease_until=lease_until)
+        self.calls.append(("enqueue", len(messages)))
+        return out
+
+    def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:
+        out = super().add_dead(messages, failed_at=failed_at)
+        self.calls.append(("add_dead", len(messages)))
+        return out
+
+
+class GatedOutbox(CountingOutbox):
+    """enqueue() waits at a gate, so a test can look at the writer while a commit is in progress."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def enqueue(
+        self,
+        messages: Sequence[NewMessage],
+        *,
+        lease_owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> list[int]:
+        self.entered.set()
+        assert self.gate.wait(30), "test never opened the gate"
+        return super().enqueue(messages, lease_owner=lease_owner, lease_until=lease_until)
+
+
+class FlakyOutbox(CountingOutbox):
+    """The first `fail` writes of the named kinds raise StoreError, as a locked or full disk would."""
+
+    def __init__(self, path: str, fail: int, kinds: tuple[str, ...] = ("commit_batch", "enqueue")) -> None:
+        super().__init__(path)
+        self.left = fail
+        self.kinds = kinds
+        self.failed = 0
+
+    def _maybe_fail(self, kind: str) -> None:
+        if kind in self.kinds and self.left > 0:
+            self.left -= 1
+            self.failed += 1
+            raise StoreError(f"outbox {self.path}: database is locked (simulated)")
+
+    def commit_batch(
+        self,
+        new: Sequence[NewMessage],
+        delivered: Sequence[int],
+        failures: Sequence[Failure],
+        *,
+        lease_owner: str | None,
+        lease_until: float | None,
+    ) -> tuple[list[int], list[OutboxMessage]]:
+        self._maybe_fail("commit_batch")
+        return super().commit_batch(new, delivered, failures, lease_owner=lease_owner, lease_until=lease_until)
+
+    def enqueue(
+        self,
+        messages: Sequence[NewMessage],
+        *,
+        lease_owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> list[int]:
+        self._maybe_fail("enqueue")
+        return super().enqueue(messages, lease_owner=lease_owner, lease_until=lease_until)
+
+
+def msg(i: int, topic: str = "t", key: bytes | None = None) -> NewMessage:
+    return NewMessage(topic=topic, value=f"v{i}".encode(), key=key, msg_id=f"id-{i}")
+
+
+def all_rows(store: SQLiteOutbox) -> list[tuple[str, int]]:
+    """(msg_id, status) of every row, via the store's own read path."""
+    rows = store._read("SELECT msg_id, status FROM outbox ORDER BY id")
+    return [(r[0], r[1]) for r in rows]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[CountingOutbox]:
+    s = CountingOutbox(str(tmp_path / "outbox.db"))
+    yield s
+    s.close()
+
+
+class Hook:
+    """after_commit collector."""
+
+    def __init__(self) -> None:
+        self.batches: list[Committed] = []
+
+    def __call__(self, c: Committed) -> None:
+        self.batches.append(c)
+
+
+# -- group commit --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("leased", [False, True], ids=["free", "leased"])
+def test_many_threads_commit_in_few_transactions(store: CountingOutbox, leased: bool) -> None:
+    hook = Hook()
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=0.02, after_commit=hook)
+    per_thread, nthreads = 2000, 4
+    start = threading.Barrier(nthreads)
+
+    def add(t: int) -> None:
+        start.wait()
+        for i in range(per_thread):
+            w.add_new(msg(t * per_thread + i), meta=(t, i), leased=leased)
+
+    threads = [threading.Thread(target=add, args=(t,)) for t in range(nthreads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert w.flush() == 0
+    assert w.close() == 0
+    total = per_thread * nthreads
+
+    rows = all_rows(store)
+    assert len(rows) == total
+    assert {r[0] for r in rows} == {f"id-{i}" for i in range(total)}
+    kind = "commit_batch" if leased else "enqueue"
+    assert {k for k, _ in store.calls} == {kind}
+    assert sum(n for _, n in store.calls) == total
+    # Each transaction waits up to max_delay for more work: thousands of adds become a few
+    # transactions (one per 20 ms window at most, however slow the machine).
+    assert 1 <= len(store.calls) <= total // 20
+    assert w.committed_rows == total
+
+    # Born leased rows belong to the writer's owner; free rows are due for any drainer now.
+    claimed = store.claim("drainer", total, 60, now=time.time())
+    assert len(claimed) == (0 if leased else total)
+
+    # after_commit saw every row once, each batch's ids ascending, each thread's rows in order.
+    new_ids = [i for c in hook.batches for i in c.new_ids]
+    metas = [m for c in hook.batches for m in c.new_meta]
+    assert len(new_ids) == len(set(new_ids)) == total
+    assert new_ids == sorted(new_ids)
+    for t in range(nthreads):
+        assert [i for th, i in metas if th == t] == list(range(per_thread))
+    for c in hook.batches:
+        assert c.leased == [leased] * len(c.new)
+        assert [m.msg_id for m in c.new] == [f"id-{th * per_thread + i}" for th, i in c.new_meta]
+
+
+def test_after_commit_ids_match_the_stored_rows_in_order(store: CountingOutbox) -> None:
+    hook = Hook()
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, after_commit=hook)
+    for i in range(300):
+        w.add_new(msg(i), meta=i, leased=i % 3 == 0)  # a mix: two transactions per batch
+    assert w.close() == 0
+    ids = [i for c in hook.batches for i in c.new_ids]
+    metas = [m for c in hook.batches for m in c.new_meta]
+    assert metas == list(range(300))
+    assert len(set(ids)) == 300
+    for row_id, i in zip(ids, metas, strict=True):
+        row = store.get(row_id)
+        assert (row.msg_id, row.value) == (f"id-{i}", f"v{i}".encode())
+
+
+def test_rows_born_leased_carry_the_lease(store: CountingOutbox) -> None:
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=3600)
+    before = time.time()
+    w.add_new(msg(1), leased=True)
+    w.add_new(msg(2), leased=False)
+    assert w.close() == 0
+    # The leased row is not due until its lease ends; the free one is due at once.
+    assert [m.msg_id for m in store.claim("drainer", 10, 86400, now=before + 1)] == ["id-2"]
+    assert [m.msg_id for m in store.claim("drainer", 10, 86400, now=before + 3601 + 60)] == ["id-1"]
+
+
+# -- deliveries, failures, dead letters ----------------------------------------------------------
+
+
+def test_add_delivered_deletes_rows(store: CountingOutbox) -> None:
+    ids = store.enqueue([msg(i) for i in range(4)])
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60)
+    w.add_delivered(ids[0])
+    w.add_delivered(ids[2])
+    w.add_delivered(999_999)  # unknown (delivered by another worker): ignored
+    assert w.flush() == 0
+    assert w.close() == 0
+    for gone in (ids[0], ids[2]):
+        with pytest.raises(UnknownMessageError):
+            store.get(gone)
+    assert [m.msg_id for m in (store.get(ids[1]), store.get(ids[3]))] == ["id-1", "id-3"]
+    assert [k for k, _ in store.calls] == ["enqueue", "commit_batch"]
+
+
+def test_add_failure_reschedules_or_dead_letters(store: CountingOutbox) -> None:
+    retry_id, dead_id = store.enqueue([msg(1), msg(2)])
+    hook = Hook()
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, after_commit=hook)
+    now = 1_700_000_000.0
+    w.add_failure(Failure(retry_id, ERR, retry_at=now + 30, failed_at=now))
+    w.add_failure(Failure(dead_id, DEAD_ERR, retry_at=None, failed_at=now))
+    assert w.close() == 0
+
+    r = store.get(retry_id)
+    assert (r.status, r.attempts, r.last_error) == (Status.PENDING, 1, ERR)
+    assert (r.first_failed_at, r.last_failed_at, r.next_attempt_at) == (now, now, now + 30)
+    d = store.get(dead_id)
+    assert (d.status, d.attempts, d.last_error) == (Status.DEAD, 1, DEAD_ERR)
+    # The dead-lettered row reaches after_commit (the producer hands it to on_dead_letter).
+    dead_failed = [row for c in hook.batches for row in c.dead_failed]
+    assert [(row.id, row.status) for row in dead_failed] == [(dead_id, Status.DEAD)]
+
+
+def test_add_dead_stores_dead_letters(store: CountingOutbox) -> None:
+    hook = Hook()
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, after_commit=hook)
+    w.add_dead(msg(1)._replace(last_error=DEAD_ERR, attempts=1), meta="m1")
+    assert w.close() == 0
+    (c,) = hook.batches
+    assert c.dead_meta == ["m1"] and c.new_ids == []
+    (row,) = store.list_dead()
+    assert (row.id, row.msg_id, row.status, row.last_error) == (c.dead_ids[0], "id-1", Status.DEAD, DEAD_ERR)
+
+
+# -- flush, close, pending -----------------------------------------------------------------------
+
+
+def test_flush_on_idle_writer_returns_zero(store: CountingOutbox) -> None:
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60)
+    assert w.flush() == 0
+    assert w.flush(timeout=0) == 0
+    assert w.pending() == 0
+    assert store.calls == []  # nothing to write: no empty transaction either
+    w.add_new(msg(1))
+    assert w.flush() == 0
+    assert w.flush() == 0  # idle again after the commit
+    assert w.close() == 0
+    assert len(store.calls) == 1
+
+
+def test_close_commits_what_is_queued(store: CountingOutbox) -> None:
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60)
+    for i in range(500):
+        w.add_new(msg(i), leased=bool(i % 2))
+    w.add_dead(msg(500))
+    assert w.close() == 0
+    assert not w._thread.is_alive()
+    assert len(all_rows(store)) == 501
+    assert w.committed_rows == 501
+    assert w.close() == 0  # idempotent
+
+
+def test_pending_counts_uncommitted_messages(tmp_path: Path) -> None:
+    store = GatedOutbox(str(tmp_path / "outbox.db"))
+    try:
+        w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=0)
+        for i in range(5):
+            w.add_new(msg(i))
+        assert store.entered.wait(30)  # the writer took the batch and is inside its transaction
+        # Messages queued behind the running commit count too; deliveries and failures do not
+        # (they are not messages that a crash would lose).
+        w.add_new(msg(5))
+        w.add_new(msg(6))
+        w.add_dead(msg(7))
+        w.add_delivered(12345)
+        assert w.pending() == 5 + 3
+        assert w.flush(timeout=0.01) == 8  # timed out: nothing committed yet
+        store.gate.set()
+        assert w.flush() == 0
+        assert w.pending() == 0
+        assert w.close() == 0
+        assert len(all_rows(store)) == 8
+    finally:
+        store.gate.set()
+        store.close()
+
+
+# -- store failures ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("leased", [False, True], ids=["free", "leased"])
+def test_failed_commits_are_retried_and_nothing_is_lost(tmp_path: Path, leased: bool) -> None:
+    store = FlakyOutbox(str(tmp_path / "outbox.db"), fail=2)
+    hook = Hook()
+    try:
+        w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, after_commit=hook)
+        batch = [w.add_new(msg(i), meta=i, leased=leased) for i in range(200)]
+        assert w.flush() == 0
+        assert w.close() == 0
+        assert store.failed == 2
+        assert all(b.done.is_set() and b.error is None for b in batch)
+        rows = all_rows(store)
+        assert [r[0] for r in rows] == [f"id-{i}" for i in range(200)]  # each once, in order
+        assert [m for c in hook.batches for m in c.new_meta] == list(range(200))
+    finally:
+        store.close()
+
+
+def test_after_commit_hook_failure_does_not_stop_the_writer(store: CountingOutbox) -> None:
+    seen: list[int] = []
+
+    def hook(c: Committed) -> None:
+        seen.extend(c.new_ids)
+        if len(seen) == 1:
+            raise RuntimeError("hook bug")
+
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, after_commit=hook)
+    w.add_new(msg(1))
+    assert w.flush() == 0
+    w.add_new(msg(2))
+    assert w.close() == 0
+    assert len(seen) == 2
+    assert len(all_rows(store)) == 2
