@@ -263,7 +263,7 @@ class Drainer:
 
     def _sleep_until_due(self, now: float) -> None:
         try:
-            due = self.store.stats(now=now).next_due_at
+            due = self.store.next_due_at()
         except Exception as exc:  # a store hiccup must not kill a background worker
             log.warning("outbox drain: cannot read the store: %s", exc)
             due = None

@@ -133,6 +133,16 @@ class Outbox(abc.ABC):
     def has_pending(self, topic: str, key: bytes) -> bool:
         """Whether any PENDING row of this topic and key exists."""
 
+    def next_due_at(self) -> float | None:
+        """Earliest `next_attempt_at` of a PENDING row (None: nothing pending).
+
+        Idle drain workers call this to sleep exactly until work is due; backends override it
+        with one indexed query instead of the full `stats()`.
+        """
+        import time
+
+        return self.stats(now=time.time()).next_due_at
+
     @abc.abstractmethod
     def stats(self, *, now: float) -> StoreStats:
         """Counts by state, topic and error; oldest pending; next due time."""

@@ -658,6 +658,10 @@ class PostgresOutbox(Outbox):
             )
         )
 
+    def next_due_at(self) -> float | None:
+        rows = self._read(f"SELECT min(next_attempt_at) FROM {self._t} WHERE status = 0")
+        return None if rows[0][0] is None else float(rows[0][0])
+
     def stats(self, *, now: float) -> StoreStats:
         with self._conn() as conn:
             by_state = conn.execute(

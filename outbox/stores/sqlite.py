@@ -404,8 +404,8 @@ class SQLiteOutbox(Outbox):
     ) -> list[OutboxMessage]:
         # Cheap probe on the (status, next_attempt_at) index first: during an outage nothing is
         # due, and this keeps idle polls from scanning the table.
-        due = self._read("SELECT MIN(next_attempt_at) FROM outbox WHERE status = 0")
-        if due[0][0] is None or due[0][0] > now:
+        due = self.next_due_at()
+        if due is None or due > now:
             return []
         where = "status = 0 AND next_attempt_at <= ?"
         args: list[Any] = [now]
@@ -490,6 +490,10 @@ class SQLiteOutbox(Outbox):
         return bool(
             self._read("SELECT 1 FROM outbox WHERE topic = ? AND key = ? AND status = 0 LIMIT 1", (topic, key))
         )
+
+    def next_due_at(self) -> float | None:
+        due: float | None = self._read("SELECT MIN(next_attempt_at) FROM outbox WHERE status = 0")[0][0]
+        return due
 
     def stats(self, *, now: float) -> StoreStats:
         by_state = self._read(
