@@ -112,9 +112,7 @@ class Runner:
 class Child:
     """An interactive scenario child (READY / GO / UP on its stdin and stdout)."""
 
-    def __init__(
-        self, runner: Runner, name: str, proc: subprocess.Popen[str], err: IO[bytes], logf: Path
-    ) -> None:
+    def __init__(self, runner: Runner, name: str, proc: subprocess.Popen[str], err: IO[bytes], logf: Path) -> None:
         self.runner, self.name, self.proc, self.err, self.logf = runner, name, proc, err, logf
         self.lines: list[str] = []
 
@@ -156,7 +154,7 @@ def med(results: list[Result], field: str) -> float | None:
 
 def summarize(results: list[Result]) -> Result:
     out: Result = {"reps": len(results)}
-    for f in ("msgs_per_s", "mb_per_s", "p50_us", "p99_us", "peak_rss_mb", "seconds", "n", "size"):
+    for f in ("msgs_per_s", "mb_per_s", "p50_us", "p99_us", "cpu_us_per_msg", "peak_rss_mb", "seconds", "n", "size"):
         out[f] = med(results, f)
     return out
 
@@ -206,6 +204,7 @@ class Table:
                 "mb_per_s": s.get("mb_per_s"),
                 "p50_us": s.get("p50_us"),
                 "p99_us": s.get("p99_us"),
+                "cpu_us_per_msg": s.get("cpu_us_per_msg"),
                 "peak_rss_mb": s.get("peak_rss_mb"),
                 "ratio": ratio,
                 "target": target,
@@ -222,6 +221,7 @@ class Table:
             fmt(r["mb_per_s"], 1),
             fmt(r["p50_us"], 1),
             fmt(r["p99_us"], 1),
+            fmt(r["cpu_us_per_msg"], 1),
             fmt(r["peak_rss_mb"]),
             "" if r["ratio"] is None else f"{r['ratio']:.2f}",
             r["target"],
@@ -236,7 +236,7 @@ class Table:
         for k, row in enumerate(rows):
             lines.append(
                 "  ".join(
-                    c.ljust(w) if i in (0, 7, 9) else c.rjust(w)
+                    c.ljust(w) if i in (0, 8, 10) else c.rjust(w)
                     for i, (c, w) in enumerate(zip(row, widths, strict=True))
                 )
             )
@@ -299,9 +299,7 @@ def prepare_template(src: str, dst: str) -> None:
 def git_rev() -> str:
     """HEAD, with "+dirty" when outbox/ has uncommitted changes (what was measured)."""
     try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "outbox"], cwd=ROOT, capture_output=True, text=True
         ).stdout
@@ -322,23 +320,15 @@ def closed_port() -> tuple[str, socket.socket]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--messages", type=int, help="messages per happy-path/spill run (default 100000; --quick 30000)"
-    )
-    ap.add_argument(
-        "--size", type=str, help="value sizes in bytes, comma-separated (default 200,4096; --quick 200)"
-    )
+    ap.add_argument("--messages", type=int, help="messages per happy-path/spill run (default 100000; --quick 30000)")
+    ap.add_argument("--size", type=str, help="value sizes in bytes, comma-separated (default 200,4096; --quick 200)")
     ap.add_argument("--quick", action="store_true", help="small sizes; finishes in under 2 minutes")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions per scenario (default 3)")
-    ap.add_argument(
-        "--scenarios", type=str, default=",".join(ALL), help=f"comma-separated subset of: {','.join(ALL)}"
-    )
+    ap.add_argument("--scenarios", type=str, default=",".join(ALL), help=f"comma-separated subset of: {','.join(ALL)}")
     ap.add_argument(
         "--drain-rows", type=int, help="pending rows for the drain scenario (default 1000000; --quick 100000)"
     )
-    ap.add_argument(
-        "--outage", type=float, help="seconds of outage for the retry comparison (default 30; --quick 10)"
-    )
+    ap.add_argument("--outage", type=float, help="seconds of outage for the retry comparison (default 30; --quick 10)")
     ap.add_argument("--no-write", action="store_true", help="do not write results/ or README.md")
     return ap.parse_args(argv)
 
@@ -351,9 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     selected = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = set(selected) - set(ALL)
     if unknown:
-        print(
-            f"unknown scenarios: {', '.join(sorted(unknown))} (choose from {', '.join(ALL)})", file=sys.stderr
-        )
+        print(f"unknown scenarios: {', '.join(sorted(unknown))} (choose from {', '.join(ALL)})", file=sys.stderr)
         return 2
     sel = set(selected)
     n = args.messages or (30_000 if quick else 100_000)
@@ -362,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     reps = max(1, args.reps)
     drain_rows = args.drain_rows or (100_000 if quick else 1_000_000)
     mem_n = drain_rows  # the memory run's outbox is the drain scenario's backlog
-    rec_n = 20_000 if quick else 100_000
+    rec_n = 20_000 if quick else 50_000
     outage = args.outage or (10.0 if quick else 30.0)
     sample = 64
     config: Result = {
@@ -476,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
                         "size": base,
                         "n": rec_n,
                         "rate": raw_rate / 2,
-                        "max_wait": 60 if quick else 150,
+                        "max_wait": 60 if quick else 90,
                     },
                 )
                 log(f"recovery: spilling {rec_n:,} rows with brokers down")
@@ -522,9 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             if template is None:
                 template = os.path.join(workdir, "drain-template.db")
                 log(f"filling the drain template: {drain_rows:,} rows")
-                record(
-                    "fill", runner.run("fill", {**common, "n": drain_rows, "size": base, "path": template})
-                )
+                record("fill", runner.run("fill", {**common, "n": drain_rows, "size": base, "path": template}))
             for rep in range(reps):
                 log(f"drain, repetition {rep + 1}/{reps}")
                 p = {**common, "n": drain_rows, "size": base, "template": template}
@@ -554,9 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         sfx = f" [{size} B]"
         if f"raw/{size}" in summary:
-            table.add(
-                "R0 raw producer, no header" + sfx, summary[f"raw/{size}"], ratio=1.0, target="baseline"
-            )
+            table.add("R0 raw producer, no header" + sfx, summary[f"raw/{size}"], ratio=1.0, target="baseline")
             table.add(
                 "R1 raw producer + id header" + sfx,
                 summary[f"raw_hdr/{size}"],
@@ -608,9 +592,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     if "spill" in summary:
         r = ratio("spill", "sqlite")
-        table.add(
-            "raw SQLite executemany, 1000-row txns FULL", summary["sqlite"], ratio=1.0, target="baseline"
-        )
+        table.add("raw SQLite executemany, 1000-row txns FULL", summary["sqlite"], ratio=1.0, target="baseline")
         table.add(
             "outage spill (circuit open) to flush()==0",
             summary["spill"],
