@@ -12,7 +12,7 @@ values = st.none() | st.binary()
 header_lists = st.lists(st.tuples(names, values), max_size=20)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(header_lists)
 def test_round_trip_keeps_everything(headers: list[tuple[str, bytes | None]]) -> None:
     blob = encode_headers(headers)
@@ -24,14 +24,14 @@ def test_round_trip_keeps_everything(headers: list[tuple[str, bytes | None]]) ->
         assert decode_headers(blob) == headers
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.sampled_from(["a", "", "é", "a"]), min_size=1, max_size=10), st.data())
 def test_round_trip_with_many_duplicate_names(hnames: list[str], data: st.DataObject) -> None:
     headers = [(n, data.draw(values)) for n in hnames]
     assert decode_headers(encode_headers(headers)) == headers
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(header_lists)
 def test_encoding_is_a_concatenation_per_header(headers: list[tuple[str, bytes | None]]) -> None:
     # Each header encodes independently, so a blob splits into per-header pieces: no framing state.

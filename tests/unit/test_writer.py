@@ -153,7 +153,7 @@ class Hook:
 def test_many_threads_commit_in_few_transactions(store: CountingOutbox, leased: bool) -> None:
     hook = Hook()
     w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=0.02, after_commit=hook)
-    per_thread, nthreads = 2000, 4
+    per_thread, nthreads = 1000, 4
     start = threading.Barrier(nthreads)
 
     def add(t: int) -> None:
