@@ -66,5 +66,7 @@ def for_resend(
     if first_failed_at is not None:
         out.append((FIRST_FAILED_HEADER, str(int(first_failed_at * 1000)).encode()))
     if last_error:
-        out.append((LAST_ERROR_HEADER, last_error.encode("utf-8", "replace")[:512]))
+        # Cut at 512 bytes on a character boundary, so consumers can decode the value as UTF-8.
+        raw = last_error.encode("utf-8", "replace")[:512].decode("utf-8", "ignore").encode("utf-8")
+        out.append((LAST_ERROR_HEADER, raw))
     return out

@@ -183,19 +183,27 @@ class GroupCommitWriter:
 
     def _commit(self, batch: Batch) -> None:
         delay = 0.05
+        leased = [m for m, is_leased in zip(batch.new, batch.leased, strict=True) if is_leased]
+        free = [m for m, is_leased in zip(batch.new, batch.leased, strict=True) if not is_leased]
+        # Each step below is its own transaction. A step that committed is not repeated when a
+        # later one fails: that would store its rows twice or count its failures twice.
+        first: tuple[list[int], list[OutboxMessage]] | None = None
+        ids_free: list[int] | None = None
+        dead_ids: list[int] | None = None
         while True:
             try:
                 now = time.time()
-                leased = [m for m, is_leased in zip(batch.new, batch.leased, strict=True) if is_leased]
-                free = [m for m, is_leased in zip(batch.new, batch.leased, strict=True) if not is_leased]
                 # Usually one transaction: rows born leased (write-ahead, circuit closed) or free rows
                 # (fallback spill); a batch mixing both, or holding dead letters, takes one more each.
-                ids_leased, dead_failed = self.store.commit_batch(
-                    leased, batch.delivered, batch.failures,
-                    lease_owner=self.owner, lease_until=now + self.lease_seconds,
-                ) if leased or batch.delivered or batch.failures else ([], [])
-                ids_free = self.store.enqueue(free) if free else []
-                dead_ids = self.store.add_dead(batch.dead, failed_at=now) if batch.dead else []
+                if first is None:
+                    first = self.store.commit_batch(
+                        leased, batch.delivered, batch.failures,
+                        lease_owner=self.owner, lease_until=now + self.lease_seconds,
+                    ) if leased or batch.delivered or batch.failures else ([], [])
+                if ids_free is None:
+                    ids_free = self.store.enqueue(free) if free else []
+                if dead_ids is None:
+                    dead_ids = self.store.add_dead(batch.dead, failed_at=now) if batch.dead else []
                 break
             except StoreError as exc:
                 # Keep the batch in memory and retry: the messages are not lost while we live,
@@ -212,6 +220,7 @@ class GroupCommitWriter:
                     batch.done.set()
                     return
         self._failing_since = None
+        ids_leased, dead_failed = first
         it_l, it_f = iter(ids_leased), iter(ids_free)
         new_ids = [next(it_l) if is_leased else next(it_f) for is_leased in batch.leased]
         self.committed_rows += len(new_ids) + len(dead_ids)

@@ -152,3 +152,10 @@ def test_last_error_is_utf8_and_capped_at_512_bytes() -> None:
 def test_empty_last_error_adds_no_header() -> None:
     out = for_resend([], msg_id="m", attempt=1, first_failed_at=None, last_error="")
     assert find(out, LAST_ERROR_HEADER) is None
+
+
+def test_truncated_last_error_header_is_valid_utf8() -> None:
+    out = for_resend([], msg_id="m", attempt=1, first_failed_at=None, last_error="€" * 200)
+    value = find(out, LAST_ERROR_HEADER)
+    assert value is not None and len(value) <= 512
+    assert value.decode("utf-8") == "€" * (len(value) // 3)

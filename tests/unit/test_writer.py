@@ -360,3 +360,37 @@ def test_after_commit_hook_failure_does_not_stop_the_writer(store: CountingOutbo
     assert w.close() == 0
     assert len(seen) == 2
     assert len(all_rows(store)) == 2
+
+
+
+def test_retry_after_a_partial_commit_does_not_write_twice(tmp_path: Path) -> None:
+    # One batch holding a born-leased row and a free row takes two transactions: commit_batch,
+    # then enqueue. enqueue fails once; the retry must not commit the leased row again.
+    store = FlakyOutbox(str(tmp_path / "outbox.db"), fail=1, kinds=("enqueue",))
+    try:
+        # max_batch=2: the writer commits as soon as both are queued, so they share one batch.
+        w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=30, max_batch=2)
+        w.add_new(msg(1), leased=True)
+        w.add_new(msg(2), leased=False)
+        assert w.close() == 0
+        assert store.failed == 1
+        assert sorted(r[0] for r in all_rows(store)) == ["id-1", "id-2"]
+    finally:
+        store.close()
+
+
+def test_retry_after_a_partial_commit_counts_a_failure_once(tmp_path: Path) -> None:
+    # During an outage a batch typically holds failures (commit_batch) and spilled new rows
+    # (enqueue). If enqueue fails, the retry must not count the failed attempt a second time.
+    store = FlakyOutbox(str(tmp_path / "outbox.db"), fail=0, kinds=("enqueue",))
+    try:
+        (row_id,) = store.enqueue([msg(0)])
+        store.left = 1  # fail the writer's enqueue, not the setup's above
+        w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=30, max_batch=2)
+        w.add_failure(Failure(row_id, ERR, retry_at=2e9, failed_at=1.7e9))
+        w.add_new(msg(1), leased=False)
+        assert w.close() == 0
+        assert store.failed == 1
+        assert store.get(row_id).attempts == 1
+    finally:
+        store.close()
