@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 #: Per-topic counter names, in report order.
 COUNTERS = ("read", "delivered", "failed", "dead", "left")
 
+#: Broker errors about a whole produce batch: Kafka fails *every* message of a record batch
+#: that exceeds the topic's max.message.bytes, so small neighbours of one oversized row get
+#: the same error. A row is dead-lettered for these only after it failed when sent alone.
+BATCH_SIZE_CODES = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+
 
 @dataclass(frozen=True)
 class SendConfig:
@@ -62,14 +67,19 @@ class SendConfig:
 class _Row:
     """The fields of a row the delivery report needs (a slotted object: cheap per message)."""
 
-    __slots__ = ("id", "topic", "key", "attempts", "first_failed_at")
+    __slots__ = ("id", "topic", "key", "attempts", "first_failed_at", "send", "alone")
 
-    def __init__(self, id: int, topic: str, key: bytes | None, attempts: int, first_failed_at: float | None):
+    def __init__(
+        self, id: int, topic: str, key: bytes | None, attempts: int, first_failed_at: float | None,
+        send: tuple[Any, ...],
+    ):
         self.id = id
         self.topic = topic
         self.key = key
         self.attempts = attempts
         self.first_failed_at = first_failed_at
+        self.send = send  # (value, partition, headers): to send it again alone
+        self.alone = False
 
 
 class PartitionSender:
@@ -82,6 +92,7 @@ class PartitionSender:
         self.acked: list[_Row] = []
         self.failed: list[tuple[_Row, int, str]] = []  # (row, error code, described error)
         self.failed_keys: set[tuple[str, bytes]] = set()
+        self.suspects: list[_Row] = []  # failed with a batch-size error next to other rows
         self.fatal = False
         self._store: Outbox | None = None
 
@@ -102,6 +113,10 @@ class PartitionSender:
     def _on_report(self, row: _Row, err: KafkaError | None, msg: Message) -> None:
         if err is None:
             self.acked.append(row)
+        elif err.code() in BATCH_SIZE_CODES and not row.alone:
+            self.suspects.append(row)  # maybe an innocent neighbour: send it again on its own
+            if row.key is not None:
+                self.failed_keys.add((row.topic, row.key))
         else:
             self._failed(row, err.code(), describe(err))
 
@@ -151,7 +166,6 @@ class PartitionSender:
                 self._count(topic, 0)
                 if key is not None and (topic, key) in self.failed_keys:
                     continue  # stays pending, untouched: its key must wait for the failed row
-                row = _Row(id_, topic, key, attempts, first_failed_at)
                 hdrs: Any = for_resend(
                     decode_headers(headers),
                     msg_id=msg_id,
@@ -159,6 +173,7 @@ class PartitionSender:
                     first_failed_at=first_failed_at,
                     last_error=last_error,
                 )
+                row = _Row(id_, topic, key, attempts, first_failed_at, (value, part, hdrs))
                 cb = functools.partial(report, row)
                 while True:
                     try:
@@ -186,6 +201,20 @@ class PartitionSender:
             # Every queued message gets a report within message.timeout.ms; wait a little longer.
             timeout = float(self.cfg.producer_config.get("message.timeout.ms", "300000")) / 1000 + 30
             unacked = producer.flush(timeout)
+            suspects, self.suspects = self.suspects, []
+            for row in sorted(suspects, key=lambda r: r.id):  # id order keeps each key's order
+                # One at a time, each in its own request: a row that fails alone is too large
+                # itself (dead letter); one that goes through was only a neighbour.
+                row.alone = True
+                value, part, hdrs = row.send
+                kw: dict[str, Any] = {"partition": part} if part is not None and part >= 0 else {}
+                try:
+                    producer.produce(
+                        row.topic, value, row.key, headers=hdrs, on_delivery=functools.partial(report, row), **kw
+                    )
+                except KafkaException as exc:
+                    self._failed(row, exc.args[0].code(), describe(exc.args[0]))
+                unacked = producer.flush(timeout)
             self._mark()
             if unacked:
                 # Neither acknowledged nor failed: these rows stay pending, untouched.
