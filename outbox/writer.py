@@ -224,9 +224,8 @@ class GroupCommitWriter:
         it_l, it_f = iter(ids_leased), iter(ids_free)
         new_ids = [next(it_l) if is_leased else next(it_f) for is_leased in batch.leased]
         self.committed_rows += len(new_ids) + len(dead_ids)
-        with self._cond:
-            self._committing = None
-        batch.done.set()
+        # The hook runs before the batch counts as done, so flush()/close() also wait until the
+        # committed rows were handed on (sent, or reported as dead letters).
         if self.after_commit is not None:
             try:
                 self.after_commit(
@@ -237,3 +236,6 @@ class GroupCommitWriter:
                 )
             except Exception:
                 log.exception("outbox writer: after-commit hook failed")
+        with self._cond:
+            self._committing = None
+        batch.done.set()
