@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from outbox import Drainer, OutboxMessage, RetryPolicy, parse_url
+from outbox import Drainer, DrainResult, OutboxMessage, RetryPolicy, parse_url
 from outbox.stores.postgres import PostgresOutbox
 
 EMPTY_FOR = 2.0  # seconds without a pending row before the worker stops
@@ -56,10 +56,15 @@ def main(url: str, bootstrap: str, report: str) -> None:
         lease_seconds=20,
         on_delivered=on_delivered,
     )
+    settled: list[tuple[float, int]] = []  # (wall clock, delivered so far) after each batch
+
+    def progress(result: DrainResult) -> None:
+        settled.append((time.time(), result.delivered))
+
     stop = threading.Event()
     threading.Thread(target=_stop_when_empty, args=(store, stop), daemon=True).start()
     started = time.monotonic()
-    result = drainer.run(until_empty=False, stop=stop)
+    result = drainer.run(until_empty=False, stop=stop, progress=progress)
     elapsed = time.monotonic() - started
     store.close()
     with open(report, "w") as f:
@@ -72,6 +77,7 @@ def main(url: str, bootstrap: str, report: str) -> None:
                 "dead": result.dead,
                 "released": result.released,
                 "seconds": elapsed,
+                "settled": settled,
             },
             f,
         )

@@ -71,7 +71,7 @@ def test_four_drainer_processes_on_one_postgres_outbox_while_a_broker_is_killed(
 
         reports = [tmp_path / f"worker-{n}.json" for n in range(N_WORKERS)]
         logs = [tmp_path / f"worker-{n}.log" for n in range(N_WORKERS)]
-        t_start = time.monotonic()
+        t_start, wall_start = time.monotonic(), time.time()
         procs = []
         for report, log in zip(reports, logs, strict=True):
             with open(log, "wb") as err:
@@ -83,8 +83,8 @@ def test_four_drainer_processes_on_one_postgres_outbox_while_a_broker_is_killed(
                     )
                 )
         victim: int | None = None
-        killed_at = restarted_at = None
-        killed_after = restarted_after = 0
+        killed_at = restart_at = restarted_at = None
+        killed_after = restart_after = 0
         try:
             deadline = t_start + 480
             while any(p.poll() is None for p in procs):
@@ -95,11 +95,15 @@ def test_four_drainer_processes_on_one_postgres_outbox_while_a_broker_is_killed(
                     victim = _leader_of_partition_0(bs, topic)
                     chaos_cluster.kill_broker(victim)
                     killed_at, killed_after = now - t_start, done
-                elif victim is not None and restarted_at is None and killed_at is not None and (
-                    done >= 2 * total // 3 or now - t_start - killed_at >= 15
+                elif (
+                    victim is not None
+                    and restarted_at is None
+                    and killed_at is not None
+                    and (done >= 2 * total // 3 or now - t_start - killed_at >= 15)
                 ):
-                    chaos_cluster.start_broker(victim)
-                    restarted_at, restarted_after = time.monotonic() - t_start, done
+                    restart_at, restart_after = round(now - t_start, 1), done
+                    chaos_cluster.start_broker(victim)  # blocks until it serves (tens of s here)
+                    restarted_at = round(time.monotonic() - t_start, 1)
                 time.sleep(0.2)
         finally:
             for p in procs:
@@ -135,16 +139,28 @@ def test_four_drainer_processes_on_one_postgres_outbox_while_a_broker_is_killed(
         if len(copies) > 1 and len({header(m, ATTEMPT_HEADER) for m in copies}) < len(copies)
     ]
     violations = got.order_violations()
+    # Fleet throughput over time (what the broker kill and restart cost) and each worker's
+    # longest wait between two settled batches.
+    per_5s = [0] * (int(drain_seconds) // 5 + 1)
+    longest_gap = []
+    for w in workers:
+        last_t, last_n, gap = wall_start, 0, 0.0
+        for t, n in w["settled"]:
+            per_5s[min(int(t - wall_start) // 5, len(per_5s) - 1)] += n - last_n
+            gap = max(gap, t - last_t)
+            last_t, last_n = t, n
+        longest_gap.append(round(gap, 1))
     retried = sum(w["retried"] for w in workers)
     print(
         f"\nfleet: {total} rows, {n_keys} keys, fill {fill_seconds:.1f}s, drain {drain_seconds:.1f}s "
         f"({total / drain_seconds:.0f} msg/s incl. the 2 s idle stop); broker {victim} killed at "
-        f"{killed_at:.1f}s ({killed_after} done), restarted at "
-        f"{restarted_at if restarted_at is None else round(restarted_at, 1)}s ({restarted_after} done)\n"
+        f"{killed_at:.1f}s ({killed_after} done), restarted at {restart_at}s ({restart_after} done), "
+        f"serving again at {restarted_at}s\n"
         f"fleet: per worker delivered={[w['delivered'] for w in workers]} "
         f"retried={[w['retried'] for w in workers]} released={[w['released'] for w in workers]}; "
         f"topic: {len(got.messages)} records, {got.duplicates} duplicates, "
-        f"{len(same_attempt)} same-attempt duplicates, {len(violations)} keys out of order"
+        f"{len(same_attempt)} same-attempt duplicates, {len(violations)} keys out of order\n"
+        f"fleet: delivered per 5 s {per_5s}; longest wait between settled batches per worker {longest_gap}s"
     )
     assert same_attempt == [], f"{len(same_attempt)} messages sent twice in the same attempt: {same_attempt[:5]}"
     assert got.duplicates == 0 or retried > 0, "duplicates without any failed send"
