@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from .errors import KafkaUnavailableError
 from .headers import for_resend
 from .records import DeadLetter, OutboxMessage
-from .retry import Disposition, RetryPolicy, describe
+from .retry import BATCH_SIZE_CODES, Disposition, RetryPolicy, describe
 from .stores.base import Failure, Outbox
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ class _Batch:
     acked: list[OutboxMessage] = field(default_factory=list)
     failed: list[tuple[OutboxMessage, KafkaError]] = field(default_factory=list)
     purged: list[int] = field(default_factory=list)
+    rejected: list[tuple[OutboxMessage, KafkaError]] = field(default_factory=list)  # refused by produce()
 
 
 class Drainer:
@@ -292,7 +293,7 @@ class Drainer:
                 except BufferError:
                     producer.poll(0.05)  # local queue full: let deliveries drain it
                 except KafkaException as exc:  # rejected locally, e.g. larger than message.max.bytes
-                    batch.failed.append((row, exc.args[0]))
+                    batch.rejected.append((row, exc.args[0]))
                     break
             producer.poll(0)
         # Every row gets a report within message.timeout.ms; stopping early purges the queue so
@@ -315,7 +316,36 @@ class Drainer:
         else:
             batch.failed.append((row, err))
 
+    def _resend_alone(self, producer: Producer, batch: _Batch) -> None:
+        """Re-send, one at a time, rows whose record batch was too large for the broker.
+
+        Only a row that fails on its own keeps the error; its innocent batch-mates get delivered.
+        """
+        suspects = [(row, err) for row, err in batch.failed if err.code() in BATCH_SIZE_CODES]
+        if not suspects:
+            return
+        batch.failed = [(row, err) for row, err in batch.failed if err.code() not in BATCH_SIZE_CODES]
+        for row, _ in suspects:
+            alone = _Batch()
+            kwargs: dict[str, Any] = {
+                "headers": for_resend(row.headers, msg_id=row.msg_id, attempt=row.attempts + 1,
+                                      first_failed_at=row.first_failed_at, last_error=row.last_error),
+                "on_delivery": functools.partial(self._report, alone, row),
+            }
+            if row.partition >= 0:
+                kwargs["partition"] = row.partition
+            try:
+                producer.produce(row.topic, row.value, row.key, **kwargs)
+            except KafkaException as exc:
+                alone.failed.append((row, exc.args[0]))
+            producer.flush()  # a lone message: its report arrives within message.timeout.ms
+            batch.acked += alone.acked
+            batch.failed += alone.failed
+            batch.purged += alone.purged
+
     def _settle(self, producer: Producer, batch: _Batch) -> Producer:
+        self._resend_alone(producer, batch)
+        batch.failed += batch.rejected
         now = time.time()
         failures: list[Failure] = []
         fatal = False

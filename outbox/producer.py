@@ -28,7 +28,7 @@ from .drain import Drainer
 from .errors import ConfigError, ProducerClosedError
 from .headers import ID_HEADER, IdGenerator, find
 from .records import DeadLetter, Headers, NewMessage, OutboxMessage
-from .retry import Disposition, RetryPolicy, describe
+from .retry import BATCH_SIZE_CODES, Disposition, RetryPolicy, describe
 from .stores import Outbox, open_outbox
 from .stores.base import Failure
 from .writer import Batch, Committed, GroupCommitWriter
@@ -565,6 +565,8 @@ class ResilientProducer:
                 self._pending_keys.add((m.topic, m.key))
         decision = self.retry.decide(1, now, now)
         retry_at = None if disposition is Disposition.DEAD or decision.give_up else now + decision.delay
+        if code in BATCH_SIZE_CODES:
+            retry_at = now  # maybe a batch-mate's fault: a drain worker re-sends it alone
         if retry_at is not None:
             self._outboxed += 1
             if cb is not None:
@@ -590,6 +592,15 @@ class ResilientProducer:
         if code in (KafkaError._PURGE_QUEUE, KafkaError._DESTROY):
             # Never sent: not an attempt, and not the message's fault.
             self._spill(topic, value, key, hdrs, partition, msg_id, cb, "purged before sending", error=error)
+            return
+        if code in BATCH_SIZE_CODES and msg is not None:
+            # The broker refused the record batch it was in: maybe another message's fault.
+            # Stored due now; a drain worker re-sends it alone and dead-letters it only if it
+            # fails on its own.
+            self._store_pending(
+                NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 1, now, error, now), cb
+            )
+            self.drainer.wake()
             return
         decision = self.retry.decide(1, now, now)
         if disposition is Disposition.DEAD or decision.give_up:

@@ -91,6 +91,11 @@ PERMANENT_CODES: frozenset[int] = frozenset(
     }
 )
 
+# The broker rejects a whole record *batch* that exceeds the topic's max.message.bytes, so every
+# message batched with an oversized one gets this error too. Senders re-send such a message on its
+# own before deciding: only a message that fails alone is dead-lettered.
+BATCH_SIZE_CODES: frozenset[int] = frozenset({E.MSG_SIZE_TOO_LARGE, E.RECORD_LIST_TOO_LARGE})
+
 # The producer instance itself is broken (idempotence state lost): librdkafka will not send
 # anything more on it. The fix is a new producer; the message itself is fine and is retried.
 FATAL_CODES: frozenset[int] = frozenset(

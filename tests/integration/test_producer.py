@@ -150,7 +150,8 @@ def test_too_large_message_is_dead_lettered_once(
     assert len(dead) == 1 and len(reports) == 1
     d = dead[0]
     assert d.topic == topic and d.key == b"big" and d.value == b"x" * 10_000
-    assert d.headers[0] == ("trace", b"t1") and d.attempts == 1
+    # Sent once in a batch, then alone by a drain worker: it is its own fault, so dead.
+    assert d.headers[0] == ("trace", b"t1") and d.attempts == 2
     assert d.last_error is not None and d.last_error.startswith("MSG_SIZE_TOO_LARGE (10)")
     assert reports[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
     assert st["dead"] == 1 and st["pending"] == 0 and st["delivered"] == 1
@@ -297,3 +298,25 @@ def test_ordering_after_outage_with_drain_threads(
     got = read_topic(bs, topic, n)
     assert got.unique == n
     assert got.order_violations() == []
+
+
+def test_oversized_message_does_not_take_its_batch_mates_down(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """The broker fails a whole record batch with MSG_SIZE_TOO_LARGE: only the big one is dead."""
+    topic = make_topic(partitions=1, config={"max.message.bytes": "3000"})
+    dead: list[DeadLetter] = []
+    p = ResilientProducer(
+        {"bootstrap.servers": kafka_bootstrap, **FAST, "linger.ms": 300},  # one batch for all three
+        outbox=f"sqlite:///{tmp_path / 'o.db'}",
+        on_dead_letter=dead.append,
+        drain_poll_interval=0.2,
+    )
+    with p:
+        p.produce(topic, b"small-1")
+        p.produce(topic, b"B" * 5000)
+        p.produce(topic, b"small-2")
+        wait_until(lambda: len(dead) == 1 and drained(p), 60, "the big one is dead and the rest delivered")
+    assert dead[0].value == b"B" * 5000
+    got = read_topic(kafka_bootstrap, topic, 2)
+    assert got.values() == {b"small-1", b"small-2"}
