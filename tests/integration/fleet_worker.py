@@ -2,13 +2,15 @@
 
 Run as a script: ``python fleet_worker.py <outbox url> <bootstrap> <report path>``. It drains the
 shared outbox in follow mode until the outbox has had no pending row for 2 s, then writes a JSON
-report: the outbox-ids Kafka acknowledged to *this* process, and its `DrainResult` counts.
+report: the outbox-ids Kafka acknowledged to *this* process, its `DrainResult` counts, and the
+time of each settled batch. ``FLEET_MESSAGE_TIMEOUT_MS`` overrides message.timeout.ms (10000).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -49,7 +51,7 @@ def main(url: str, bootstrap: str, report: str) -> None:
             "bootstrap.servers": bootstrap,
             "acks": "all",
             "enable.idempotence": True,
-            "message.timeout.ms": 10000,
+            "message.timeout.ms": int(os.environ.get("FLEET_MESSAGE_TIMEOUT_MS", "10000")),
         },
         retry=RetryPolicy(max_attempts=100, initial_delay=0.5),
         batch_size=1000,
