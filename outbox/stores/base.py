@@ -14,8 +14,60 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from ..records import DeadLetterFilter, NewMessage, OutboxMessage, StoreStats
+from ..codec import decode_headers
+from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+
+#: The row columns every backend selects, in the order `row_from_columns` reads them.
+COLUMNS = (
+    "id, msg_id, topic, key, value, headers, partition, status, attempts, created_at, "
+    "first_failed_at, last_failed_at, next_attempt_at, last_error"
+)
+
+
+def row_from_columns(r: Sequence[Any]) -> OutboxMessage:
+    """An OutboxMessage from a row selected with `COLUMNS`."""
+    return OutboxMessage(
+        id=r[0],
+        msg_id=r[1],
+        topic=r[2],
+        key=None if r[3] is None else bytes(r[3]),
+        value=None if r[4] is None else bytes(r[4]),
+        headers=decode_headers(None if r[5] is None else bytes(r[5])),
+        partition=r[6],
+        status=Status(r[7]),
+        attempts=r[8],
+        created_at=r[9],
+        first_failed_at=r[10],
+        last_failed_at=r[11],
+        next_attempt_at=r[12],
+        last_error=r[13],
+    )
+
+
+def dead_letter_where(flt: DeadLetterFilter, placeholder: str) -> tuple[str, list[Any]]:
+    """The WHERE clause (with the driver's `placeholder`) and arguments of a dead-letter filter."""
+    p = placeholder
+    where: list[str] = [f"status = {p}"]
+    args: list[Any] = [int(Status.DEAD)]
+    if flt.ids:
+        where.append(f"id IN ({', '.join([p] * len(flt.ids))})")
+        args.extend(flt.ids)
+    if flt.topic is not None:
+        where.append(f"topic = {p}")
+        args.append(flt.topic)
+    if flt.error is not None:
+        # Matches the error name or code at the start of "NAME (code): reason".
+        where.append(f"(last_error LIKE {p} OR last_error LIKE {p})")
+        args.extend([f"{flt.error} (%", f"% ({flt.error}):%"])
+    if flt.since is not None:
+        where.append(f"last_failed_at >= {p}")
+        args.append(flt.since)
+    if flt.until is not None:
+        where.append(f"last_failed_at < {p}")
+        args.append(flt.until)
+    return " AND ".join(where), args
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,11 +54,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..codec import decode_headers, encode_headers
+from ..codec import encode_headers
 from ..errors import ConfigError, StoreError, StoreNotFoundError, UnknownMessageError
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from ..urls import StoreURL
-from .base import Failure, Outbox
+from .base import COLUMNS, Failure, Outbox, dead_letter_where, row_from_columns
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
     import psycopg
@@ -68,10 +68,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
-_COLUMNS = (
-    "id, msg_id, topic, key, value, headers, partition, status, attempts, created_at, "
-    "first_failed_at, last_failed_at, next_attempt_at, last_error"
-)
+_COLUMNS = COLUMNS
 
 _ALL = DeadLetterFilter()  # the empty filter: every dead letter
 
@@ -121,45 +118,6 @@ def _lock_key(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
 
 
-def _row(r: Sequence[Any]) -> OutboxMessage:
-    return OutboxMessage(
-        id=r[0],
-        msg_id=r[1],
-        topic=r[2],
-        key=r[3],
-        value=r[4],
-        headers=decode_headers(r[5]),
-        partition=r[6],
-        status=Status(r[7]),
-        attempts=r[8],
-        created_at=r[9],
-        first_failed_at=r[10],
-        last_failed_at=r[11],
-        next_attempt_at=r[12],
-        last_error=r[13],
-    )
-
-
-def _dead_where(flt: DeadLetterFilter) -> tuple[str, list[Any]]:
-    where: list[str] = ["status = %s"]
-    args: list[Any] = [int(Status.DEAD)]
-    if flt.ids:
-        where.append("id = ANY(%s::bigint[])")
-        args.append(list(flt.ids))
-    if flt.topic is not None:
-        where.append("topic = %s")
-        args.append(flt.topic)
-    if flt.error is not None:
-        # Matches the error name or code at the start of "NAME (code): reason".
-        where.append("(last_error LIKE %s OR last_error LIKE %s)")
-        args.extend([f"{flt.error} (%", f"% ({flt.error}):%"])
-    if flt.since is not None:
-        where.append("last_failed_at >= %s")
-        args.append(flt.since)
-    if flt.until is not None:
-        where.append("last_failed_at < %s")
-        args.append(flt.until)
-    return " AND ".join(where), args
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
@@ -508,7 +466,7 @@ class PostgresOutbox(Outbox):
             f"WHERE o.id = f.id AND o.status = 0 RETURNING {cols}",
             [[f.id for f in dead], [f.error for f in dead], [f.failed_at for f in dead]],
         )
-        return sorted((_row(r) for r in cur.fetchall()), key=lambda m: m.id)
+        return sorted((row_from_columns(r) for r in cur.fetchall()), key=lambda m: m.id)
 
     def record_failures(self, failures: Sequence[Failure]) -> list[OutboxMessage]:
         if not failures:
@@ -581,7 +539,7 @@ class PostgresOutbox(Outbox):
                     "WHERE id = ANY(%s::bigint[])",
                     [owner, now + lease_seconds, [r[0] for r in rows]],
                 )
-        return [_row(r) for r in rows]
+        return [row_from_columns(r) for r in rows]
 
     def _keep_key_order(
         self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]
@@ -625,23 +583,23 @@ class PostgresOutbox(Outbox):
         rows = self._read(f"SELECT {_COLUMNS} FROM {self._t} WHERE id = %s", [id])
         if not rows:
             raise UnknownMessageError(f"no message with id {id} in outbox {self.location}")
-        return _row(rows[0])
+        return row_from_columns(rows[0])
 
     def list_dead(self, flt: DeadLetterFilter = _ALL) -> list[OutboxMessage]:
-        where, args = _dead_where(flt)
+        where, args = dead_letter_where(flt, "%s")
         sql = f"SELECT {_COLUMNS} FROM {self._t} WHERE {where} ORDER BY id"
         if flt.limit is not None:
             sql += " LIMIT %s"
             args.append(flt.limit)
-        return [_row(r) for r in self._read(sql, args)]
+        return [row_from_columns(r) for r in self._read(sql, args)]
 
     def purge_dead(self, flt: DeadLetterFilter = _ALL) -> int:
-        where, args = _dead_where(flt)
+        where, args = dead_letter_where(flt, "%s")
         with self._conn() as conn:
             return conn.execute(f"DELETE FROM {self._t} WHERE {where}", args).rowcount
 
     def replay_dead(self, flt: DeadLetterFilter = _ALL, *, now: float, to_topic: str | None = None) -> int:
-        where, args = _dead_where(flt)
+        where, args = dead_letter_where(flt, "%s")
         with self._conn() as conn:
             return conn.execute(
                 f"UPDATE {self._t} SET status = 0, attempts = 0, next_attempt_at = %s, "

@@ -17,20 +17,17 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..codec import decode_headers, encode_headers
+from ..codec import encode_headers
 from ..errors import StoreError, StoreNotFoundError, UnknownMessageError
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
-from .base import Failure, Outbox
+from .base import COLUMNS, Failure, Outbox, dead_letter_where, row_from_columns
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 _CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
 
-_COLUMNS = (
-    "id, msg_id, topic, key, value, headers, partition, status, attempts, created_at, "
-    "first_failed_at, last_failed_at, next_attempt_at, last_error"
-)
+_COLUMNS = COLUMNS
 
 _MIGRATIONS: dict[int, list[str]] = {
     1: [
@@ -73,45 +70,6 @@ def _ranges(ids: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _row(r: tuple[Any, ...]) -> OutboxMessage:
-    return OutboxMessage(
-        id=r[0],
-        msg_id=r[1],
-        topic=r[2],
-        key=r[3],
-        value=r[4],
-        headers=decode_headers(r[5]),
-        partition=r[6],
-        status=Status(r[7]),
-        attempts=r[8],
-        created_at=r[9],
-        first_failed_at=r[10],
-        last_failed_at=r[11],
-        next_attempt_at=r[12],
-        last_error=r[13],
-    )
-
-
-def _dead_where(flt: DeadLetterFilter) -> tuple[str, list[Any]]:
-    where: list[str] = ["status = ?"]
-    args: list[Any] = [int(Status.DEAD)]
-    if flt.ids:
-        where.append(f"id IN ({','.join('?' * len(flt.ids))})")
-        args.extend(flt.ids)
-    if flt.topic is not None:
-        where.append("topic = ?")
-        args.append(flt.topic)
-    if flt.error is not None:
-        # Matches the error name or code at the start of "NAME (code): reason".
-        where.append("(last_error LIKE ? OR last_error LIKE ?)")
-        args.extend([f"{flt.error} (%", f"% ({flt.error}):%"])
-    if flt.since is not None:
-        where.append("last_failed_at >= ?")
-        args.append(flt.since)
-    if flt.until is not None:
-        where.append("last_failed_at < ?")
-        args.append(flt.until)
-    return " AND ".join(where), args
 
 
 class SQLiteOutbox(Outbox):
@@ -363,7 +321,7 @@ class SQLiteOutbox(Outbox):
         out: list[OutboxMessage] = []
         for chunk in _chunks(ids):
             out += [
-                _row(r)
+                row_from_columns(r)
                 for r in c.execute(
                     f"SELECT {_COLUMNS} FROM outbox WHERE status = 2 AND id IN ({','.join('?' * len(chunk))})",
                     list(chunk),
@@ -428,7 +386,7 @@ class SQLiteOutbox(Outbox):
                 "UPDATE outbox SET lease_owner = ?, next_attempt_at = ? WHERE id = ?",
                 [(owner, until, r[0]) for r in rows],
             )
-        return [_row(r) for r in rows]
+        return [row_from_columns(r) for r in rows]
 
     @staticmethod
     def _keep_key_order(
@@ -462,25 +420,25 @@ class SQLiteOutbox(Outbox):
         rows = self._read(f"SELECT {_COLUMNS} FROM outbox WHERE id = ?", (id,))
         if not rows:
             raise UnknownMessageError(f"no message with id {id} in outbox {self.path}")
-        return _row(rows[0])
+        return row_from_columns(rows[0])
 
     def list_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> list[OutboxMessage]:
-        where, args = _dead_where(flt)
+        where, args = dead_letter_where(flt, "?")
         sql = f"SELECT {_COLUMNS} FROM outbox WHERE {where} ORDER BY id"
         if flt.limit is not None:
             sql += " LIMIT ?"
             args.append(flt.limit)
-        return [_row(r) for r in self._read(sql, args)]
+        return [row_from_columns(r) for r in self._read(sql, args)]
 
     def purge_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> int:
-        where, args = _dead_where(flt)
+        where, args = dead_letter_where(flt, "?")
         with self._write() as c:
             return c.execute(f"DELETE FROM outbox WHERE {where}", args).rowcount
 
     def replay_dead(
         self, flt: DeadLetterFilter = DeadLetterFilter(), *, now: float, to_topic: str | None = None
     ) -> int:
-        where, args = _dead_where(flt)
+        where, args = dead_letter_where(flt, "?")
         with self._write() as c:
             return c.execute(
                 "UPDATE outbox SET status = 0, attempts = 0, next_attempt_at = ?, lease_owner = NULL, "
