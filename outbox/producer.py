@@ -167,6 +167,7 @@ class ResilientProducer:
         self._outboxed = 0
         self._dead = 0
         self._failed = 0
+        self._in_transaction = 0
         self._drain_delivered = 0
         self._recreate = False
         self._purge_on_open = False
@@ -335,6 +336,7 @@ class ResilientProducer:
             "dead": store.dead,
             "dead_this_process": self._dead + self.drainer.result.dead,
             "failed_no_retry": self._failed,
+            "enqueued_in_transaction": self._in_transaction,
             "in_memory": len(self._kafka),
             "unsaved": self.writer.pending(),
             "circuit": self.circuit.state.value,
@@ -438,7 +440,8 @@ class ResilientProducer:
             raise ConfigError("transaction= needs a PostgreSQL outbox (postgresql:// or jdbc:postgresql:// URL)")
         msg = NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 0, None, None, time.time())
         enqueue(conn, [msg])
-        self._outboxed += 1
+        # Not counted as "outboxed": the row exists only if the caller commits, which we cannot see.
+        self._in_transaction += 1
         self.drainer.wake()
 
     def _send_unprotected(

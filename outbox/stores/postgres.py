@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 from ..codec import encode_headers
 from ..errors import ConfigError, StoreError, StoreNotFoundError, UnknownMessageError
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
-from ..urls import StoreURL
+from ..urls import StoreURL, parse_url
 from .base import COLUMNS, Failure, Outbox, dead_letter_where, row_from_columns
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
@@ -151,7 +151,9 @@ class PostgresOutbox(Outbox):
         StoreNotFoundError: `create` is False and the outbox table does not exist.
     """
 
-    def __init__(self, url: StoreURL, *, create: bool = True, pool_size: int = 4) -> None:
+    def __init__(self, url: StoreURL | str, *, create: bool = True, pool_size: int = 4) -> None:
+        if isinstance(url, str):
+            url = parse_url(url)
         if url.kind != "postgresql":
             raise ConfigError(f"not a PostgreSQL outbox URL: {url.redacted()}")
         if pool_size < 1:
