@@ -1,0 +1,70 @@
+"""A broken SQLite outbox file gives a clear StoreError naming the file; nothing stored is lost."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from outbox import NewMessage, SQLiteOutbox, StoreError, StoreNotFoundError, open_outbox
+
+
+def test_new_file_is_owner_only(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "o.db"
+    SQLiteOutbox(str(path)).close()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_missing_file_without_create(tmp_path: Path) -> None:
+    with pytest.raises(StoreNotFoundError, match=f"outbox file {tmp_path}/nope.db does not exist"):
+        open_outbox(f"sqlite:///{tmp_path}/nope.db", create=False)
+    assert not (tmp_path / "nope.db").exists()
+
+
+def test_corrupt_file(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match=rf"outbox {path}: file is not a valid SQLite outbox"):
+        SQLiteOutbox(str(path))
+
+
+def test_foreign_database_is_not_adopted_without_create(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE orders (id INTEGER)")
+    with pytest.raises(StoreError, match="is a SQLite database but not a kafka-outbox outbox"):
+        SQLiteOutbox(str(path), create=False)
+    with sqlite3.connect(path) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert tables == {"orders"}
+
+
+def test_locked_file_names_the_file_and_keeps_rows(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    store = SQLiteOutbox(str(path), busy_timeout=0.2)
+    store.enqueue([NewMessage("t", b"kept", None, None, -1, "m1")])
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StoreError, match=rf"outbox {path}: locked by another process"):
+            store.enqueue([NewMessage("t", b"new", None, None, -1, "m2")])
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert store.stats(now=time.time()).pending == 1
+    [row] = store.claim("w", 10, 30, now=time.time())
+    assert row.value == b"kept"
+    store.close()
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    SQLiteOutbox(str(path)).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(StoreError, match="schema version 99 is newer than this kafka-outbox"):
+        SQLiteOutbox(str(path))
