@@ -396,20 +396,17 @@ class SQLiteOutbox(Outbox):
 
         The candidates are the first due rows in id order, so any earlier pending row of the same
         key that is not among them is leased elsewhere or backing off: it blocks the later ones.
+        One query over the not-due rows (the due index's range: other workers' leases and
+        back-offs, few in a healthy drain) finds each blocked key's first blocking id.
         """
-        last_of_key: dict[tuple[str, bytes], int] = {}
-        for r in rows:
-            if r[3] is not None:
-                last_of_key[(r[2], r[3])] = r[0]
-        blocked_from: dict[tuple[str, bytes], int] = {}
-        for (topic, key), last_id in last_of_key.items():
-            hit = c.execute(
-                "SELECT MIN(id) FROM outbox WHERE topic = ? AND key = ? AND id < ? "
-                "AND status = 0 AND next_attempt_at > ?",
-                (topic, key, last_id, now),
-            ).fetchone()[0]
-            if hit is not None:
-                blocked_from[(topic, key)] = hit
+        blocked_from = {
+            (topic, key): first
+            for topic, key, first in c.execute(
+                "SELECT topic, key, MIN(id) FROM outbox WHERE status = 0 AND next_attempt_at > ? "
+                "AND id < ? AND key IS NOT NULL GROUP BY topic, key",
+                (now, rows[-1][0]),
+            )
+        }
         if not blocked_from:
             return rows
         return [r for r in rows if r[3] is None or r[0] < blocked_from.get((r[2], r[3]), r[0] + 1)]
