@@ -176,6 +176,7 @@ class Table:
         "MB/s",
         "p50 µs",
         "p99 µs",
+        "CPU µs/msg",
         "peak RSS MB",
         "ratio",
         "target",
@@ -297,9 +298,11 @@ def prepare_template(src: str, dst: str) -> None:
 
 
 def git_rev() -> str:
-    """HEAD, with "+dirty" when outbox/ has uncommitted changes (what was measured)."""
+    """The last commit of outbox/, "+dirty" when it has uncommitted changes (what was measured)."""
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+        rev = subprocess.run(  # the last commit that touched the SDK, not HEAD
+            ["git", "log", "-1", "--format=%h", "--", "outbox"], cwd=ROOT, capture_output=True, text=True
+        ).stdout
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "outbox"], cwd=ROOT, capture_output=True, text=True
         ).stdout
@@ -337,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t_start = time.monotonic()
     load0 = os.getloadavg()
+    rev0 = git_rev()  # children import outbox/ afresh: note if it changes during the run
     quick = args.quick
     selected = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = set(selected) - set(ALL)
@@ -526,6 +530,10 @@ def main(argv: list[str] | None = None) -> int:
             cluster.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
+    if not args.no_write:  # the raw runs first: a bug in the table below must not lose them
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / ".last-runs.json").write_text(json.dumps({"config": config, "runs": runs}, default=str) + "\n")
+
     # -- the table -------------------------------------------------------------------------
     table = Table()
     summary: dict[str, Result] = {k: summarize(v) for k, v in runs.items()}
@@ -571,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
                 ratio=r,
                 target=">= 0.60 x R0",
                 met=check(r, 0.60),
-                notes=f"flush() returned before delivery in {early} run(s)" if early else "",
+                notes=f"flush() returned once committed, before all deliveries, in {early} run(s)" if early else "",
             )
         if f"wa_sync/{size}" in summary:
             table.add(
@@ -672,6 +680,9 @@ def main(argv: list[str] | None = None) -> int:
         date = _dt.date.today().isoformat()
         info = machine()
         info["loadavg_end"] = os.getloadavg()
+        info["git_at_start"] = rev0
+        if rev0 != info["git"]:
+            print(f"WARNING: outbox/ changed during the run ({rev0} -> {info['git']})", file=sys.stderr)
         out = RESULTS / f"{date}{'-quick' if quick else ''}.json"
         out.write_text(
             json.dumps(
@@ -689,6 +700,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             + "\n"
         )
+        (RESULTS / ".last-runs.json").unlink(missing_ok=True)
         print(f"results: {out.relative_to(ROOT)}")
         if not quick and set(selected) == set(ALL) and README.exists():
             md = (
