@@ -278,7 +278,7 @@ class ResilientProducer:
         ):
             return msg_id
         if not self.circuit.closed and not self.circuit.allow_probe():
-            self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "circuit open")
+            self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "circuit open", wait=True)
             return msg_id
         try:
             # Delivery reports do not carry headers (confluent-kafka drops them), so a failed
@@ -288,7 +288,7 @@ class ResilientProducer:
                 on_delivery=functools.partial(self._on_report, hdrs, msg_id, on_delivery, partition),
             )
         except BufferError:
-            self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "local queue full")
+            self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "local queue full", wait=True)
         except KafkaException as exc:
             self._handle_failure(exc.args[0], topic, value, key, hdrs, partition, msg_id, on_delivery, None)
         return msg_id
@@ -404,6 +404,9 @@ class ResilientProducer:
         """If this key has a message in the outbox, store this one behind it and return True."""
         k = _as_bytes(key)
         assert k is not None
+        if (topic, k) not in self._pending_keys:
+            return False
+        self.writer.wait_for_room()  # outside the lock: the writer's hooks may need it
         with self._keys_lock:
             if (topic, k) not in self._pending_keys:
                 return False
@@ -413,6 +416,7 @@ class ResilientProducer:
     def _spill(
         self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
         cb: DeliveryCallback | None, reason: str, *, attempts: int = 0, error: str | None = None,
+        wait: bool = False,
     ) -> None:
         """Store a message that was not sent (circuit open, queue full): due at once."""
         now = time.time()
@@ -421,16 +425,21 @@ class ResilientProducer:
             topic, _as_bytes(value), kb, hdrs, partition, msg_id, attempts,
             now if attempts else None, error or f"not sent: {reason}", now,
         )
-        self._store_pending(msg, cb)
+        self._store_pending(msg, cb, wait=wait)
 
-    def _store_pending(self, msg: NewMessage, cb: DeliveryCallback | None) -> Batch:
+    def _store_pending(self, msg: NewMessage, cb: DeliveryCallback | None, *, wait: bool = False) -> Batch:
+        """Queue a message for the outbox, due at its next_attempt_at.
+
+        `wait=True` only from the application's produce() call: it may block for backpressure.
+        The delivery thread never waits here (the writer's sends need it to poll).
+        """
         if msg.key is not None:
             with self._keys_lock:
                 self._pending_keys.add((msg.topic, msg.key))
         if cb is not None:
             self._waiting[msg.msg_id] = cb
         self._outboxed += 1
-        return self.writer.add_new(msg)
+        return self.writer.add_new(msg, wait=wait)
 
     def _enqueue_in_transaction(
         self, conn: Any, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str
@@ -471,7 +480,10 @@ class ResilientProducer:
         # Sent by us after the commit unless Kafka is known down or the key must wait.
         send_now = self.circuit.closed and not (kb is not None and (topic, kb) in self._pending_keys)
         msg = NewMessage(topic, _as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now)
-        batch = self.writer.add_new(msg, cb, leased=True) if send_now else self._store_pending(msg, cb)
+        if send_now:
+            batch = self.writer.add_new(msg, cb, leased=True, wait=True)
+        else:
+            batch = self._store_pending(msg, cb, wait=True)
         if self.durability == "sync":
             batch.done.wait()
             if batch.error is not None:

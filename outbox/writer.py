@@ -64,6 +64,8 @@ class GroupCommitWriter:
         max_delay: how long the writer waits for more work after the first item before it
             commits (the "batch" durability window's floor; the commit itself adds its fsync).
         max_batch: commit at once when this many items are queued.
+        max_pending: callers that pass `wait=True` block while this many new messages wait
+            for a commit, so a long outage keeps memory flat instead of queueing in RAM.
         after_commit: called on the writer thread with each committed batch.
     """
 
@@ -75,6 +77,7 @@ class GroupCommitWriter:
         lease_seconds: float,
         max_delay: float = 0.002,
         max_batch: int = 5000,
+        max_pending: int = 50_000,
         after_commit: Callable[[Committed], None] | None = None,
     ) -> None:
         self.store = store
@@ -82,6 +85,7 @@ class GroupCommitWriter:
         self.lease_seconds = lease_seconds
         self.max_delay = max_delay
         self.max_batch = max_batch
+        self.max_pending = max_pending
         self.after_commit = after_commit
         self._cond = threading.Condition()
         self._batch = Batch()
@@ -94,7 +98,10 @@ class GroupCommitWriter:
 
     # -- producers of work (any thread) ------------------------------------------------------
 
-    def add_new(self, msg: NewMessage, meta: Any = None, *, leased: bool = False) -> Batch:
+    def add_new(self, msg: NewMessage, meta: Any = None, *, leased: bool = False, wait: bool = False) -> Batch:
+        """Queue a new row. `wait=True` (application threads only) applies backpressure."""
+        if wait:
+            self.wait_for_room()
         with self._cond:
             b = self._batch
             b.new.append(msg)
@@ -103,6 +110,18 @@ class GroupCommitWriter:
             if len(b.new) == 1 or len(b.new) >= self.max_batch:
                 self._cond.notify()
             return b
+
+    def wait_for_room(self) -> None:
+        """Block while `max_pending` new messages wait for a commit (backpressure).
+
+        Only for application threads, never while holding a lock the writer's hooks need.
+        """
+        if len(self._batch.new) < self.max_pending:  # unlocked peek: the common case is free
+            return
+        with self._cond:
+            while len(self._batch.new) >= self.max_pending and not self._closed:
+                self._cond.notify()
+                self._cond.wait(0.1)
 
     def add_dead(self, msg: NewMessage, meta: Any = None) -> Batch:
         with self._cond:
@@ -238,4 +257,5 @@ class GroupCommitWriter:
                 log.exception("outbox writer: after-commit hook failed")
         with self._cond:
             self._committing = None
+            self._cond.notify_all()  # room again for producers held back by max_pending
         batch.done.set()
