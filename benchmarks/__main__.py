@@ -681,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         info = machine()
         info["loadavg_end"] = os.getloadavg()
         info["git_at_start"] = rev0
+        info["loadavg_start"] = load0
         if rev0 != info["git"]:
             print(f"WARNING: outbox/ changed during the run ({rev0} -> {info['git']})", file=sys.stderr)
         out = RESULTS / f"{date}{'-quick' if quick else ''}.json"
