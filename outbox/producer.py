@@ -48,6 +48,9 @@ PRODUCER_DEFAULTS: Mapping[str, Any] = {
 }
 
 _TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+# Topic names that passed _TOPIC: produce() pays one set lookup instead of a regex match
+# (py-spy: the match was 17% of produce()'s own time on the happy path).
+_VALID_TOPICS: set[str] = set()
 _BYTES_LIKE = (bytes, str, bytearray, memoryview)
 _MODES = ("fallback", "write-ahead")
 _DURABILITY = ("batch", "sync")
@@ -248,7 +251,7 @@ class ResilientProducer:
         """
         if self._closed:
             raise ProducerClosedError("produce() called after close()")
-        if topic.__class__ is not str or _TOPIC.match(topic) is None:
+        if topic.__class__ is not str or (topic not in _VALID_TOPICS and not _topic_ok(topic)):
             self._bad_topic(topic)
         if value is not None and not isinstance(value, _BYTES_LIKE):
             _check_payload("value", value)
@@ -704,6 +707,14 @@ class ResilientProducer:
         log.warning("outbox: producer recreated after a fatal error; queued messages move to the outbox")
         old.purge(in_queue=True, in_flight=True)
         old.flush(10)
+
+
+def _topic_ok(topic: str) -> bool:
+    if _TOPIC.match(topic) is None:
+        return False
+    if len(_VALID_TOPICS) < 10_000:  # bounded: endless generated topic names stay correct, just slower
+        _VALID_TOPICS.add(topic)
+    return True
 
 
 def _error_code(last_error: str | None) -> int:
