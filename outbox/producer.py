@@ -316,9 +316,12 @@ class ResilientProducer:
                 return 0
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                return in_memory + queued
+                # Write-ahead: what librdkafka holds is already committed, hence safe.
+                return queued if self.mode == "write-ahead" else in_memory + queued
             if in_memory == 0:
-                return self.writer.flush(left)
+                # Committing may hand write-ahead rows to librdkafka: look again afterwards.
+                self.writer.flush(left)
+                continue
             time.sleep(0.01 if left is None else min(0.01, left))
 
     def __len__(self) -> int:
