@@ -20,7 +20,7 @@ from .delivery import header, keyed_value, read_topic
 FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
 
 
-def make_producer(bootstrap: str, path: Path, **kw: Any) -> ResilientProducer:
+def make_producer(bootstrap: str, path: Path, *, message_timeout_ms: int = 3000, **kw: Any) -> ResilientProducer:
     opts: dict[str, Any] = {
         "outbox": f"sqlite:///{path}",
         "retry": RetryPolicy(max_attempts=100, initial_delay=0.5),
@@ -29,7 +29,7 @@ def make_producer(bootstrap: str, path: Path, **kw: Any) -> ResilientProducer:
         "lease_seconds": 10.0,
     }
     opts.update(kw)
-    return ResilientProducer({"bootstrap.servers": bootstrap, **FAST}, **opts)
+    return ResilientProducer({"bootstrap.servers": bootstrap, **FAST, "message.timeout.ms": message_timeout_ms}, **opts)
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
