@@ -164,7 +164,6 @@ class ResilientProducer:
         self._owns_store = not isinstance(outbox, Outbox)
         self.store = open_outbox(outbox)
         self._closed = False
-        self._lock = threading.Lock()
         # Counters: each is written by one thread only, so plain ints are enough.
         self._delivered = 0
         self._outboxed = 0
@@ -205,7 +204,6 @@ class ResilientProducer:
             on_dead_letter=self._drain_dead,
             on_success=self.circuit.record_success,
         )
-        self._lease_seconds = lease_seconds
         self._poller = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
         self._poller.start()
         if drain_workers > 0:

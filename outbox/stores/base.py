@@ -12,6 +12,7 @@ send with no transaction open, acknowledge in another.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -191,8 +192,6 @@ class Outbox(abc.ABC):
         Idle drain workers call this to sleep exactly until work is due; backends override it
         with one indexed query instead of the full `stats()`.
         """
-        import time
-
         return self.stats(now=time.time()).next_due_at
 
     @abc.abstractmethod
