@@ -21,6 +21,7 @@ from outbox.records import DeadLetterFilter, NewMessage
 from outbox.stores import open_outbox
 from outbox.stores.base import Outbox
 from outbox.testing import KafkaCluster
+from outbox.testing.maven import jdbc_jar
 from spark_drain import JobOptions, JobReport, preflight, run_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -269,7 +270,7 @@ def test_spark_submit_script_and_report(
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     env.pop("PYTHONPATH", None)  # job.py must find the checkout by itself (or an installed copy)
     out = subprocess.run(
-        [str(spark_submit), "--master", "local[2]", "--jars", "/usr/share/java/sqlite-jdbc.jar",
+        [str(spark_submit), "--master", "local[2]", "--jars", jdbc_jar("sqlite"),
          "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1",
          str(ROOT / "spark_drain" / "job.py"), "--outbox", url, "--bootstrap-servers", kafka_bootstrap,
          "--partitions", "2", "--report", str(report_path)],
