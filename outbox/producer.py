@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 import threading
 import time
@@ -27,6 +26,7 @@ from .circuit import CircuitBreaker
 from .drain import Drainer
 from .errors import ConfigError, ProducerClosedError
 from .headers import ID_HEADER, IdGenerator, find
+from .owners import new_owner
 from .records import DeadLetter, Headers, NewMessage, OutboxMessage
 from .retry import BATCH_SIZE_CODES, Disposition, RetryPolicy, describe
 from .stores import Outbox, open_outbox
@@ -187,7 +187,7 @@ class ResilientProducer:
         self._kafka = Producer(self._config)
         self.writer = GroupCommitWriter(
             self.store,
-            owner=f"producer:{os.urandom(6).hex()}",
+            owner=new_owner("producer"),
             lease_seconds=lease_seconds,
             max_delay=commit_interval,
             after_commit=self._after_commit,

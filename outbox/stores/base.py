@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..codec import decode_headers
+from ..owners import Liveness
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 
 #: The row columns every backend selects, in the order `row_from_columns` reads them.
@@ -207,3 +208,16 @@ class Outbox(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- lease owners (see outbox.owners for the rule) -----------------------------------------
+
+    def owner_liveness(self, owners: Sequence[str]) -> dict[str, Liveness]:
+        """Alive, gone or unknown, for each lease owner. A backend that cannot tell: unknown."""
+        return {o: Liveness.UNKNOWN for o in owners}
+
+    def release_gone_owners(self, *, now: float) -> int:
+        """Give back, due now, the leases of owners known to be gone; return how many rows.
+
+        A backend that cannot tell releases nothing: leases then run until they expire.
+        """
+        return 0
