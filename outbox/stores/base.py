@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..backlog import Backlog
 from ..codec import decode_headers
 from ..owners import Liveness
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
@@ -221,3 +222,9 @@ class Outbox(abc.ABC):
         A backend that cannot tell releases nothing: leases then run until they expire.
         """
         return 0
+
+    @abc.abstractmethod
+    def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
+        """What is left (of one topic, or all) and why: due now, backing off, leased by whom (alive or gone), waiting
+        behind which owner's rows, dead-lettered (`outbox.backlog`). One full read of the table:
+        for operators and the CLI, not for hot paths."""

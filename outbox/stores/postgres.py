@@ -54,6 +54,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from ..backlog import Backlog, backlog_from_rows, backlog_sql
 from ..codec import encode_headers
 from ..errors import ConfigError, StoreError, StoreNotFoundError, UnknownMessageError
 from ..owners import Liveness, SweepSchedule, describe_owner, local_liveness, parse_owner
@@ -750,6 +751,10 @@ class PostgresOutbox(Outbox):
             for key, o in remote.items():
                 out[o] = Liveness.ALIVE if key in held else Liveness.GONE
         return out
+
+    def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
+        sql, args = backlog_sql(self._t, "%s", now, topic)
+        return backlog_from_rows(self._read(sql, args), self.owner_liveness)
 
     def release_gone_owners(self, *, now: float) -> int:
         """Give back, due now, every lease whose owner is gone (see `owner_liveness`).

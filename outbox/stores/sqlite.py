@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from ..backlog import Backlog, backlog_from_rows, backlog_sql
 from ..codec import encode_headers
 from ..errors import StoreError, StoreNotFoundError, UnknownMessageError
 from ..owners import Liveness, SweepSchedule, describe_owner, local_liveness
@@ -531,6 +532,10 @@ class SQLiteOutbox(Outbox):
             dead_by_topic=dead_by_topic,
             dead_by_error={e: n for e, n in errors},
         )
+
+    def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
+        sql, args = backlog_sql("outbox", "?", now, topic)
+        return backlog_from_rows(self._read(sql, args), self.owner_liveness)
 
     def close(self) -> None:
         with self._lock:

@@ -6,6 +6,7 @@ tests can pass by a lease expiring: a takeover happens because the owner is know
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from outbox import NewMessage, SQLiteOutbox
-from outbox.owners import Liveness, OwnerId, new_owner, parse_owner
+from outbox.owners import Liveness, OwnerId, describe_owner, new_owner, parse_owner
 from outbox.stores import Outbox, open_outbox
 from outbox.stores.postgres import PostgresOutbox
 from outbox.testing import KafkaCluster
@@ -208,3 +209,44 @@ def test_drain_takes_over_a_killed_write_ahead_producer_postgres(
     chaos_cluster: KafkaCluster, topic: str, fresh_postgres_url: str
 ) -> None:
     crash_then_drain(chaos_cluster, topic, fresh_postgres_url)
+
+
+T_BACKOFF = 4102444800.0  # 2100-01-01 00:00:00Z
+T_ALIVE = T_BACKOFF + 7200
+
+
+def test_drain_says_what_is_left_and_why(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
+    """After a drain, text and JSON name each remaining row's state; the live owner's rows stay."""
+    path = tmp_path / "o.db"
+    url = f"sqlite:///{path}"
+    store = SQLiteOutbox(str(path))
+    alive = new_owner("producer")  # this test process: alive while the drain runs
+    store.enqueue([NewMessage(topic, b"1", b"a", [], -1, "m1")], lease_owner=alive, lease_until=T_ALIVE)
+    store.enqueue(
+        [
+            NewMessage(topic, b"2", b"a", [], -1, "m2"),  # waits behind the live owner's row
+            NewMessage(topic, b"3", b"b", [], -1, "m3", next_attempt_at=T_BACKOFF),
+            NewMessage(topic, b"4", b"c", [], -1, "m4"),
+            NewMessage(topic, b"5", None, [], -1, "m5"),
+        ]
+    )
+    store.close()
+    text = outbox_cli("drain", "--outbox", url, "-b", kafka_bootstrap)
+    assert text.returncode == 3, text.stderr
+    first, *rest = text.stdout.splitlines()
+    assert first.startswith("Delivered 2, retried 0, dead-lettered 0 in ")
+    who = describe_owner(alive)
+    assert rest == [
+        f"3 message(s) still pending in {url}:",
+        "  1 backing off until 2100-01-01 00:00:00Z",
+        f"  1 leased by {who} (alive) until 2100-01-01 02:00:00Z",
+        f"  1 waiting behind 1 row(s) of their key leased by {who} until 2100-01-01 02:00:00Z",
+    ]
+    assert sorted(m.value() for m in read_topic(kafka_bootstrap, topic, 2).messages) == [b"4", b"5"]
+
+    doc = json.loads(outbox_cli("drain", "--outbox", url, "-b", kafka_bootstrap, "--json").stdout)
+    assert (doc["delivered"], doc["remaining"], doc["next_due_at"]) == (0, 3, "2100-01-01T00:00:00.000Z")
+    assert doc["backlog"]["leases"] == [
+        {"owner": alive, "name": who, "state": "alive", "leased": 1, "waiting": 1, "until": "2100-01-01T02:00:00.000Z"}
+    ]
+    assert (doc["backlog"]["due_now"], doc["backlog"]["backing_off"]) == (0, 1)
