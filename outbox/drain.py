@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from .errors import KafkaUnavailableError
 from .headers import for_resend
+from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
 from .records import DeadLetter, OutboxMessage
 from .retry import BATCH_SIZE_CODES, Disposition, RetryPolicy, describe
@@ -121,7 +122,7 @@ class Drainer:
         self.on_success = on_success
         self.on_failure = on_failure
         self.owner = owner or new_owner("drain")
-        self._config = {**DRAIN_DEFAULTS, "logger": logging.getLogger("outbox.librdkafka"), **producer_config}
+        self._config = {**DRAIN_DEFAULTS, "logger": LIBRDKAFKA_LOG, **producer_config}
         self._config.pop("on_delivery", None)
         self._config.pop("delivery.report.only.error", None)
         self._stop = threading.Event()

@@ -26,6 +26,7 @@ from .circuit import CircuitBreaker
 from .drain import Drainer
 from .errors import ConfigError, ProducerClosedError
 from .headers import ID_HEADER, IdGenerator, find
+from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
 from .records import DeadLetter, Headers, NewMessage, OutboxMessage
 from .retry import BATCH_SIZE_CODES, Disposition, RetryPolicy, describe
@@ -34,8 +35,8 @@ from .stores.base import Failure
 from .writer import Batch, Committed, GroupCommitWriter
 
 log = logging.getLogger("outbox")
-# librdkafka's own log lines (connection refused, ...) go to logging, not to raw stderr.
-_LIBRDKAFKA_LOG = logging.getLogger("outbox.librdkafka")
+# librdkafka's own log lines go to logging (not raw stderr), connection failures summarised.
+_LIBRDKAFKA_LOG = LIBRDKAFKA_LOG
 
 DeliveryCallback = Callable[[KafkaError | None, Message | None], None]
 DeadLetterCallback = Callable[[DeadLetter], None]
