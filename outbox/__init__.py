@@ -7,6 +7,8 @@ drain workers re-send them under a retry policy; what cannot be delivered become
 and the application's recovery callback is called.
 """
 
+import logging
+
 from .circuit import CircuitBreaker, CircuitState
 from .drain import Drainer, DrainResult
 from .errors import (
@@ -27,6 +29,10 @@ from .stores import Outbox, SQLiteOutbox, open_outbox
 from .urls import StoreURL, parse_url
 
 __version__ = "0.1.0"
+
+# A library configures no logging: without this, Python's last-resort handler would print our
+# warnings on the application's stderr (see outbox.logs).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "ATTEMPT_HEADER",

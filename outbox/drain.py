@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,6 +21,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from .errors import KafkaUnavailableError
 from .headers import for_resend
+from .logs import LIBRDKAFKA_LOG
+from .owners import new_owner
 from .records import DeadLetter, OutboxMessage
 from .retry import BATCH_SIZE_CODES, Disposition, RetryPolicy, describe
 from .stores.base import Failure, Outbox
@@ -85,7 +85,8 @@ class Drainer:
         on_dead_letter: called with a DeadLetter for each row dead-lettered, on a worker thread.
         on_success / on_failure: called once per delivered / failed send (the producer's circuit
             breaker listens to these: a drain success proves the cluster is back).
-        owner: lease owner name; default host:pid:random.
+        owner: lease owner name; default `outbox.owners.new_owner("drain")`, whose liveness
+            claimers can check (see outbox.owners). Other names keep leases until expiry.
     """
 
     def __init__(
@@ -120,8 +121,8 @@ class Drainer:
         self.on_dead_letter = on_dead_letter
         self.on_success = on_success
         self.on_failure = on_failure
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
-        self._config = {**DRAIN_DEFAULTS, "logger": logging.getLogger("outbox.librdkafka"), **producer_config}
+        self.owner = owner or new_owner("drain")
+        self._config = {**DRAIN_DEFAULTS, "logger": LIBRDKAFKA_LOG, **producer_config}
         self._config.pop("on_delivery", None)
         self._config.pop("delivery.report.only.error", None)
         self._stop = threading.Event()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 import threading
 import time
@@ -27,6 +26,8 @@ from .circuit import CircuitBreaker
 from .drain import Drainer
 from .errors import ConfigError, ProducerClosedError
 from .headers import ID_HEADER, IdGenerator, find
+from .logs import LIBRDKAFKA_LOG
+from .owners import new_owner
 from .records import DeadLetter, Headers, NewMessage, OutboxMessage
 from .retry import BATCH_SIZE_CODES, Disposition, RetryPolicy, describe
 from .stores import Outbox, open_outbox
@@ -34,8 +35,8 @@ from .stores.base import Failure
 from .writer import Batch, Committed, GroupCommitWriter
 
 log = logging.getLogger("outbox")
-# librdkafka's own log lines (connection refused, ...) go to logging, not to raw stderr.
-_LIBRDKAFKA_LOG = logging.getLogger("outbox.librdkafka")
+# librdkafka's own log lines go to logging (not raw stderr), connection failures summarised.
+_LIBRDKAFKA_LOG = LIBRDKAFKA_LOG
 
 DeliveryCallback = Callable[[KafkaError | None, Message | None], None]
 DeadLetterCallback = Callable[[DeadLetter], None]
@@ -187,7 +188,7 @@ class ResilientProducer:
         self._kafka = Producer(self._config)
         self.writer = GroupCommitWriter(
             self.store,
-            owner=f"producer:{os.urandom(6).hex()}",
+            owner=new_owner("producer"),
             lease_seconds=lease_seconds,
             max_delay=commit_interval,
             after_commit=self._after_commit,

@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..backlog import Backlog
 from ..codec import decode_headers
+from ..owners import Liveness
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 
 #: The row columns every backend selects, in the order `row_from_columns` reads them.
@@ -207,3 +209,22 @@ class Outbox(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- lease owners (see outbox.owners for the rule) -----------------------------------------
+
+    def owner_liveness(self, owners: Sequence[str]) -> dict[str, Liveness]:
+        """Alive, gone or unknown, for each lease owner. A backend that cannot tell: unknown."""
+        return {o: Liveness.UNKNOWN for o in owners}
+
+    def release_gone_owners(self, *, now: float) -> int:
+        """Give back, due now, the leases of owners known to be gone; return how many rows.
+
+        A backend that cannot tell releases nothing: leases then run until they expire.
+        """
+        return 0
+
+    @abc.abstractmethod
+    def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
+        """What is left (of one topic, or all) and why: due now, backing off, leased by whom (alive or gone), waiting
+        behind which owner's rows, dead-lettered (`outbox.backlog`). One full read of the table:
+        for operators and the CLI, not for hot paths."""

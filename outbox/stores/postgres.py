@@ -54,8 +54,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from ..backlog import Backlog, backlog_from_rows, backlog_sql
 from ..codec import encode_headers
 from ..errors import ConfigError, StoreError, StoreNotFoundError, UnknownMessageError
+from ..owners import Liveness, SweepSchedule, describe_owner, local_liveness, parse_owner
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from ..urls import StoreURL, parse_url
 from .base import COLUMNS, Failure, Outbox, dead_letter_where, row_from_columns
@@ -173,6 +175,9 @@ class PostgresOutbox(Outbox):
         self._kwargs.setdefault("connect_timeout", _DEFAULT_CONNECT_TIMEOUT)
         self._closed = False
         self._close_lock = threading.Lock()
+        self._sweeps = SweepSchedule()
+        self._owner_lock = threading.Lock()
+        self._owner_conns: dict[str, tuple[psycopg.Connection[Any], float]] = {}
         # One direct connection first: a pool hides the reason of a failed connect behind a
         # timeout, and the first connect is where wrong credentials and typos show up.
         with self._direct() as conn:
@@ -327,6 +332,8 @@ class PostgresOutbox(Outbox):
         if not messages:
             return []
         leased = lease_owner is not None and lease_until is not None
+        if leased:
+            self._hold_owner(str(lease_owner))
         # One statement for the whole batch: arrays unnested server-side, ~one round trip.
         cur = conn.execute(
             f"INSERT INTO {self._t} (msg_id, topic, key, value, headers, partition, status, "
@@ -506,6 +513,9 @@ class PostgresOutbox(Outbox):
     ) -> list[OutboxMessage]:
         if limit <= 0:
             return []
+        self._hold_owner(owner)
+        if self._sweeps.due():
+            self.release_gone_owners(now=now)
         where = "status = 0 AND next_attempt_at <= %s"
         args: list[Any] = [now]
         if topic is not None:
@@ -664,3 +674,117 @@ class PostgresOutbox(Outbox):
                 return
             self._closed = True
         self._pool.close()
+        with self._owner_lock:
+            conns, self._owner_conns = self._owner_conns, {}
+        for conn, _ in conns.values():
+            conn.close()  # the owners' locks go with them: their leases are free to take
+
+    # -- lease owners ------------------------------------------------------------------------
+
+    def _owner_key(self, owner: str) -> tuple[int, int]:
+        """The two-int advisory-lock key of an owner of this table (31 bits each: no sign)."""
+        digest = hashlib.blake2b(f"{self._schema}.{self._table_name}\0{owner}".encode(), digest_size=8).digest()
+        return (
+            int.from_bytes(digest[:4], "big") & 0x7FFFFFFF,
+            int.from_bytes(digest[4:], "big") & 0x7FFFFFFF,
+        )
+
+    def _hold_owner(self, owner: str) -> None:
+        """Make sure `owner` holds its liveness lock before it leases anything.
+
+        One dedicated connection per owner, outside the pool (a pooled connection is shared and
+        recycled; a session lock must live exactly as long as its owner). Checked at most once
+        a second; after a server restart the lock is taken again on a new connection.
+        """
+        now = time.monotonic()
+        held = self._owner_conns.get(owner)
+        if held is not None and now - held[1] < 1.0:
+            return
+        with self._owner_lock:
+            held = self._owner_conns.get(owner)
+            if held is not None:
+                conn = held[0]
+                try:
+                    conn.execute("SELECT 1")
+                    self._owner_conns[owner] = (conn, now)
+                    return
+                except self._psycopg.Error:
+                    conn.close()
+                    log.warning("PostgreSQL outbox %s: lease owner %s lost its session; taking its lock again",
+                                self._where, describe_owner(owner))
+            if self._closed:
+                raise StoreError(f"PostgreSQL outbox {self._where} is closed")
+            try:
+                conn = self._psycopg.connect(**self._kwargs, autocommit=True)
+                k1, k2 = self._owner_key(owner)
+                got = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [k1, k2]).fetchone()
+            except self._psycopg.Error as exc:
+                raise self._error(exc, "taking the lease owner's lock") from None
+            if not got or not got[0]:
+                log.warning("PostgreSQL outbox %s: another session holds the lock of lease owner %s",
+                            self._where, describe_owner(owner))
+            self._owner_conns[owner] = (conn, now)
+
+    def owner_liveness(self, owners: Sequence[str]) -> dict[str, Liveness]:
+        """Alive, gone or unknown, for each lease owner.
+
+        An owner of this host is judged by its process (`outbox.owners.local_liveness`);
+        otherwise an owner named by `outbox.owners.new_owner` is alive while its advisory lock
+        is held, and gone when it is free. Other names are unknown (their leases expire).
+        """
+        out: dict[str, Liveness] = {}
+        remote: dict[tuple[int, int], str] = {}
+        for o in owners:
+            live = local_liveness(o)
+            if live is Liveness.UNKNOWN and parse_owner(o) is not None:
+                remote[self._owner_key(o)] = o
+            out[o] = live
+        if remote:
+            held = {
+                (int(a), int(b))
+                for a, b in self._read(
+                    "SELECT classid::int8, objid::int8 FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND objsubid = 2 AND granted "
+                    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                )
+            }
+            for key, o in remote.items():
+                out[o] = Liveness.ALIVE if key in held else Liveness.GONE
+        return out
+
+    def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
+        sql, args = backlog_sql(self._t, "%s", now, topic)
+        return backlog_from_rows(self._read(sql, args), self.owner_liveness)
+
+    def release_gone_owners(self, *, now: float) -> int:
+        """Give back, due now, every lease whose owner is gone (see `owner_liveness`).
+
+        Claimers call it at their first claim and then now and then (`SweepSchedule`), so a drain
+        started after an owner died takes over at once. Returns how many rows were released.
+        """
+        started = time.monotonic()
+        try:
+            owners = [
+                r[0]
+                for r in self._read(
+                    f"SELECT DISTINCT lease_owner FROM {self._t} "
+                    "WHERE status = 0 AND next_attempt_at > %s AND lease_owner IS NOT NULL",
+                    [now],
+                )
+            ]
+            gone = [o for o, live in self.owner_liveness(owners).items() if live is Liveness.GONE]
+            if not gone:
+                return 0
+            with self._conn() as conn:
+                released = conn.execute(
+                    f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s "
+                    "WHERE status = 0 AND next_attempt_at > %s AND lease_owner = ANY(%s::text[])",
+                    [now, now, gone],
+                ).rowcount
+        finally:
+            self._sweeps.done(started)
+        log.info(
+            "PostgreSQL outbox %s: released %d leased row(s) of %s (owner gone)",
+            self._where, released, ", ".join(describe_owner(o) for o in gone),
+        )
+        return released

@@ -17,8 +17,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from ..backlog import Backlog, backlog_from_rows, backlog_sql
 from ..codec import encode_headers
 from ..errors import StoreError, StoreNotFoundError, UnknownMessageError
+from ..owners import Liveness, SweepSchedule, describe_owner, local_liveness
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from .base import COLUMNS, Failure, Outbox, dead_letter_where, row_from_columns
 
@@ -104,6 +106,7 @@ class SQLiteOutbox(Outbox):
         self._lock = threading.Lock()
         self._closed = False
         self._create = create
+        self._sweeps = SweepSchedule()
         if not os.path.exists(self.path):
             if not create:
                 raise StoreNotFoundError(f"outbox file {self.path} does not exist")
@@ -362,6 +365,8 @@ class SQLiteOutbox(Outbox):
     def claim(
         self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None
     ) -> list[OutboxMessage]:
+        if self._sweeps.due():
+            self.release_gone_owners(now=now)
         # Cheap probe on the (status, next_attempt_at) index first: during an outage nothing is
         # due, and this keeps idle polls from scanning the table.
         due = self.next_due_at()
@@ -387,6 +392,46 @@ class SQLiteOutbox(Outbox):
                 [(owner, until, r[0]) for r in rows],
             )
         return [row_from_columns(r) for r in rows]
+
+    def owner_liveness(self, owners: Sequence[str]) -> dict[str, Liveness]:
+        """Alive, gone or unknown, for each lease owner (`outbox.owners.local_liveness`)."""
+        return {o: local_liveness(o) for o in owners}
+
+    def release_gone_owners(self, *, now: float) -> int:
+        """Give back, due now, every lease whose owner's process is gone; return how many rows.
+
+        Claimers call it at their first claim and then now and then (`SweepSchedule`), so a drain
+        started after a crash on this host takes over at once. Owners on other hosts, or whose
+        names are not `outbox.owners.new_owner`'s, keep their leases until they expire.
+        """
+        started = time.monotonic()
+        try:
+            owners = [
+                r[0]
+                for r in self._read(
+                    "SELECT DISTINCT lease_owner FROM outbox "
+                    "WHERE status = 0 AND next_attempt_at > ? AND lease_owner IS NOT NULL",
+                    (now,),
+                )
+            ]
+            gone = [o for o, live in self.owner_liveness(owners).items() if live is Liveness.GONE]
+            if not gone:
+                return 0
+            with self._write() as c:
+                before = c.total_changes
+                c.executemany(
+                    "UPDATE outbox SET lease_owner = NULL, next_attempt_at = ? "
+                    "WHERE status = 0 AND lease_owner = ? AND next_attempt_at > ?",
+                    [(now, o, now) for o in gone],
+                )
+                released = c.total_changes - before
+        finally:
+            self._sweeps.done(started)
+        log.info(
+            "outbox %s: released %d leased row(s) of %s (process gone)",
+            self.path, released, ", ".join(describe_owner(o) for o in gone),
+        )
+        return released
 
     @staticmethod
     def _keep_key_order(
@@ -487,6 +532,10 @@ class SQLiteOutbox(Outbox):
             dead_by_topic=dead_by_topic,
             dead_by_error={e: n for e, n in errors},
         )
+
+    def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
+        sql, args = backlog_sql("outbox", "?", now, topic)
+        return backlog_from_rows(self._read(sql, args), self.owner_liveness)
 
     def close(self) -> None:
         with self._lock:
