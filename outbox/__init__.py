@@ -8,6 +8,7 @@ and the application's recovery callback is called.
 """
 
 from .circuit import CircuitBreaker, CircuitState
+from .consumer import Ignore, ResilientConsumer, RetryInPlace, RetryTopics
 from .drain import Drainer, DrainResult
 from .errors import (
     ConfigError,
@@ -42,6 +43,7 @@ __all__ = [
     "Disposition",
     "DrainResult",
     "Drainer",
+    "Ignore",
     "KafkaDeliveryError",
     "KafkaUnavailableError",
     "NewMessage",
@@ -49,8 +51,11 @@ __all__ = [
     "OutboxError",
     "OutboxMessage",
     "ProducerClosedError",
+    "ResilientConsumer",
     "ResilientProducer",
+    "RetryInPlace",
     "RetryPolicy",
+    "RetryTopics",
     "SQLiteOutbox",
     "Status",
     "StoreError",
