@@ -10,6 +10,7 @@ and the application's recovery callback is called.
 import logging
 
 from .circuit import CircuitBreaker, CircuitState
+from .consumer import Ignore, ResilientConsumer, RetryInPlace, RetryTopics
 from .drain import Drainer, DrainResult
 from .errors import (
     ConfigError,
@@ -48,6 +49,7 @@ __all__ = [
     "Disposition",
     "DrainResult",
     "Drainer",
+    "Ignore",
     "KafkaDeliveryError",
     "KafkaUnavailableError",
     "NewMessage",
@@ -55,8 +57,11 @@ __all__ = [
     "OutboxError",
     "OutboxMessage",
     "ProducerClosedError",
+    "ResilientConsumer",
     "ResilientProducer",
+    "RetryInPlace",
     "RetryPolicy",
+    "RetryTopics",
     "SQLiteOutbox",
     "Status",
     "StoreError",
