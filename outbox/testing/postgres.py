@@ -182,9 +182,10 @@ def _free_port() -> int:
 class EmbeddedPostgres:
     """A PostgreSQL cluster of its own: ``initdb`` into a temporary directory, served on 127.0.0.1.
 
-    The superuser is the role ``outbox`` (password ``outbox``); authentication is scram over TCP
-    and trust on the cluster's private Unix socket. As root, every server process runs as
-    ``nobody``. Use as a context manager, or :meth:`start` / :meth:`stop`.
+    The tests' role ``outbox`` (password ``outbox``, LOGIN CREATEDB, no superuser) is made as on
+    the OS server; authentication is scram over TCP, and the superuser ``postgres`` answers only
+    on the cluster's private Unix socket. As root, every server process runs as ``nobody``.
+    Use as a context manager, or :meth:`start` / :meth:`stop`.
     """
 
     def __init__(self, bin_dir: Path | None = None, *, port: int | None = None) -> None:
@@ -206,26 +207,26 @@ class EmbeddedPostgres:
         return str(self.bin_dir / name)
 
     def start(self) -> EmbeddedPostgres:
-        """initdb, then ``pg_ctl start`` and wait until the server takes connections."""
+        """initdb, ``pg_ctl start``, then the role ``outbox`` as the OS server has it."""
         self.base = Path(tempfile.mkdtemp(prefix="outbox-pg-"))
-        pwfile = self.base / "pw"
-        pwfile.write_text(ROLE + "\n")
         if self.user:
             # The server user must own its directory and reach it: a root-only 0700 parent would hide it.
             import pwd
 
             pw = pwd.getpwnam(self.user)
             self.base.chmod(0o755)
-            for p in (self.base, pwfile):
-                os.chown(p, pw.pw_uid, pw.pw_gid)
+            os.chown(self.base, pw.pw_uid, pw.pw_gid)
         _run(
-            [self._bin("initdb"), "-D", str(self.data_dir), "-U", ROLE, f"--pwfile={pwfile}",
-             "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
+            [self._bin("initdb"), "-D", str(self.data_dir), "-U", "postgres", "--auth-host=scram-sha-256",
+             "--auth-local=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
             user=self.user, timeout=120,
         )  # fmt: skip
-        pwfile.unlink()
         self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.base / "server.log"),
                      "-o", f"-h 127.0.0.1 -p {self.port} -k {self.base}")  # fmt: skip
+        # Like the OS set-up: the tests' role may create databases but is no superuser, so
+        # permission errors are real (the superuser only answers on the private socket).
+        _run([self._bin("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(self.base), "-p", str(self.port),
+              "-U", "postgres", "-d", "postgres", "-c", _ENSURE_ROLE_SQL])  # fmt: skip
         _wait_ready("127.0.0.1", self.port)
         return self
 
