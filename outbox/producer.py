@@ -19,6 +19,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -28,9 +29,9 @@ from .drain import Drainer
 from .errors import ConfigError, ProducerClosedError
 from .headers import ID_HEADER, IdGenerator, find
 from .records import DeadLetter, Headers, NewMessage, OutboxMessage
-from .retry import BATCH_SIZE_CODES, Disposition, RetryPolicy, describe
+from .retry import RetryPolicy, describe
+from .settle import Verdict, settle
 from .stores import Outbox, open_outbox
-from .stores.base import Failure
 from .writer import Batch, Committed, GroupCommitWriter
 
 log = logging.getLogger("outbox")
@@ -522,6 +523,7 @@ class ResilientProducer:
                 DeadLetter(
                     row_id, msg.topic, msg.key, msg.value, msg.headers or [], msg.partition, msg.attempts,
                     msg.first_failed_at, msg.first_failed_at, msg.last_error, msg.msg_id,
+                    msg.error_code, msg.error_name,
                 ),
                 cb,
             )
@@ -532,7 +534,8 @@ class ResilientProducer:
     def _notify_dead(self, dl: DeadLetter, cb: DeliveryCallback | None) -> None:
         if cb is not None:
             try:
-                cb(KafkaError(_error_code(dl.last_error), f"dead-lettered: {dl.last_error}"), None)
+                code = dl.error_code if dl.error_code is not None else KafkaError._FAIL
+                cb(KafkaError(code, f"dead-lettered: {dl.last_error}"), None)
             except Exception:
                 log.exception("on_delivery callback raised")
         if self.on_dead_letter is not None:
@@ -575,63 +578,55 @@ class ResilientProducer:
             if cb is not None:
                 cb(None, msg)
             return
-        code = err.code()
         now = time.time()
-        disposition = self.retry.classify(code)
-        if disposition is not Disposition.DEAD:
-            self._note_transport_failure(code)
+        d = settle(m, err, self.retry, now)
+        if d.recreate_producer:
+            self._recreate = True
+        if d.verdict is Verdict.RESEND_ALONE:
+            # Maybe a batch-mate's fault: due now, a drain worker re-sends it (alone if needed).
+            d = replace(d, verdict=Verdict.RESCHEDULE, at=now, attempts=1)
+        if d.verdict is not Verdict.DEAD_LETTER:
+            self._note_transport_failure(err.code())
             if m.key is not None:
                 self._pending_keys.add((m.topic, m.key))
-        decision = self.retry.decide(1, now, now)
-        retry_at = None if disposition is Disposition.DEAD or decision.give_up else now + decision.delay
-        if code in BATCH_SIZE_CODES:
-            retry_at = now  # maybe a batch-mate's fault: a drain worker re-sends it alone
-        if retry_at is not None:
             self._outboxed += 1
-            if cb is not None:
-                self._waiting[m.msg_id] = cb
-        elif cb is not None:
-            self._waiting[m.msg_id] = cb  # popped when the writer reports the dead letter
-        self.writer.add_failure(Failure(row_id, describe(err), retry_at, now))
+        if cb is not None:
+            self._waiting[m.msg_id] = cb  # popped when the row is delivered or dead-lettered
+        self.writer.add_decision(row_id, d, now)
 
     def _handle_failure(
         self, err: KafkaError, topic: str, value: Any, key: Any, hdrs: Headers, partition: int,
         msg_id: str | None, cb: DeliveryCallback | None, msg: Message | None,
     ) -> None:
         """A first send failed: outbox it (retriable) or dead-letter it (permanent)."""
-        code = err.code()
-        disposition = self.retry.classify(code)
         if msg_id is None:
             found = find(hdrs, self._id_header) if self._id_header else None
             msg_id = found.decode() if found else self._ids()
         now = time.time()
-        error = describe(err)
-        if disposition is Disposition.FATAL:
+        # msg None: refused by produce() itself, so the message alone is at fault.
+        d = settle(_FIRST_SEND, err, self.retry, now, alone=msg is None)
+        if d.recreate_producer:
             self._recreate = True
-        if code in (KafkaError._PURGE_QUEUE, KafkaError._DESTROY):
-            # Never sent: not an attempt, and not the message's fault.
-            self._spill(topic, value, key, hdrs, partition, msg_id, cb, "purged before sending", error=error)
+        k, v = _as_bytes(key), _as_bytes(value)
+        if d.verdict is Verdict.RELEASE:  # never sent: stored due now, no attempt counted
+            self._store_pending(
+                NewMessage(topic, v, k, hdrs, partition, msg_id, 0, None, d.error, now, d.code, d.name), cb
+            )
             return
-        if code in BATCH_SIZE_CODES and msg is not None:
+        if d.verdict is Verdict.RESEND_ALONE:
             # The broker refused the record batch it was in: maybe another message's fault.
             # Stored due now; a drain worker re-sends it alone and dead-letters it only if it
             # fails on its own.
-            self._store_pending(
-                NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 1, now, error, now), cb
-            )
+            alone = NewMessage(topic, v, k, hdrs, partition, msg_id, 1, now, d.error, now, d.code, d.name)
+            self._store_pending(alone, cb)
             self.drainer.wake()
             return
-        decision = self.retry.decide(1, now, now)
-        if disposition is Disposition.DEAD or decision.give_up:
-            self.writer.add_dead(
-                NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 1, now, error, now), cb
-            )
+        failed = NewMessage(topic, v, k, hdrs, partition, msg_id, d.attempts, now, d.error, d.at or now, d.code, d.name)
+        if d.verdict is Verdict.DEAD_LETTER:
+            self.writer.add_dead(failed, cb)
             return
-        self._note_transport_failure(code)
-        retry_at = now + decision.delay
-        self._store_pending(
-            NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 1, now, error, retry_at), cb
-        )
+        self._note_transport_failure(err.code())
+        self._store_pending(failed, cb)
 
     def _note_transport_failure(self, code: int) -> None:
         # Only errors that say "the cluster is not reachable or not healthy" count toward the
@@ -718,13 +713,14 @@ def _topic_ok(topic: str) -> bool:
     return True
 
 
-def _error_code(last_error: str | None) -> int:
-    """The librdkafka code inside a stored "NAME (code): reason" text."""
-    found = _CODE.search(last_error or "")
-    return int(found.group(1)) if found else KafkaError._FAIL
+class _FirstSend:
+    """The retry state of a message on its first send: no failure yet."""
+
+    attempts = 0
+    first_failed_at: float | None = None
 
 
-_CODE = re.compile(r"\((-?\d+)\)")
+_FIRST_SEND = _FirstSend()
 
 _CIRCUIT_CODES = frozenset(
     {
