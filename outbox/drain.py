@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ from confluent_kafka import KafkaException, Producer
 from .errors import KafkaUnavailableError, StoreError
 from .records import DeadLetter, OutboxMessage
 from .retry import RetryPolicy
-from .sendloop import RESEND_DEFAULTS, SendLoop
+from .sendloop import RESEND_DEFAULTS, InFlight, SendLoop
 from .settle import Verdict, add_to
 from .stores.base import Outbox, Settlement
 
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 #: Settings the drain producers use unless the caller's config says otherwise.
 DRAIN_DEFAULTS: Mapping[str, Any] = RESEND_DEFAULTS
 
+_PIPELINE_DEPTH = 2  # batches a worker keeps in flight
 _BACKOFF_MAX = 5.0  # longest pause between tries while the store fails (seconds)
 
 
@@ -247,41 +249,61 @@ class Drainer:
         loop = SendLoop(self._config, self.retry)
         # Background workers (start()) survive store failures; run() reports them to its caller.
         background = limit is None
+        # Two batches in flight: the next is claimed and produced while the previous one waits
+        # for its acknowledgements (stop-and-wait left the worker idle for most of each batch).
+        # Per-key order still holds: a claim skips keys with an earlier row leased, in flight.
+        inflight: deque[InFlight[OutboxMessage]] = deque()
         try:
             while not self._stop.is_set():
-                if limit is not None and limit[0] is not None:
-                    with self._lock:
-                        if limit[0] <= 0:
-                            return
-                        take = min(self.batch_size, limit[0])
-                        limit[0] -= take
-                else:
-                    take = self.batch_size
-                now = time.time()
-                try:
-                    rows = self.store.claim(self.owner, take, self.lease_seconds, now=now, topic=self.topic)
-                    self._store_ok()
-                except StoreError as exc:
-                    if not background:
-                        raise
-                    self._store_failed(exc)
-                    rows = []
-                if not rows:
-                    if limit is not None and limit[0] is not None:
-                        with self._lock:
-                            limit[0] += take
-                    if until_empty and self.health.failing_since is None:
-                        return
-                    self._sleep_until_due(now)
+                rows = self._claim(limit, background) if len(inflight) < _PIPELINE_DEPTH else None
+                if rows:
+                    inflight.append(loop.start(rows))
                     continue
-                self._settle(loop, rows, background)
-                if progress is not None:
-                    progress(self.result)
+                if inflight:
+                    self._settle(loop, inflight.popleft(), background)
+                    if progress is not None:
+                        progress(self.result)
+                    continue
+                if rows is None:
+                    continue
+                if limit is not None and limit[0] is not None and limit[0] <= 0:
+                    return
+                if until_empty and self.health.failing_since is None:
+                    return
+                self._sleep_until_due(time.time())
         except Exception:
             log.exception("outbox drain worker %s failed; its leases expire and others take over", self.owner)
             raise
         finally:
+            while inflight:  # stopping: settle what is in flight (the rest is purged, released)
+                try:
+                    self._settle(loop, inflight.popleft(), background)
+                except Exception:
+                    log.exception("outbox drain: could not settle a batch at stop; its leases expire")
             loop.close(5)
+
+    def _claim(self, limit: list[int | None] | None, background: bool) -> list[OutboxMessage]:
+        """Claim the next batch (within `max_messages`); [] when nothing is due or the store failed."""
+        if limit is not None and limit[0] is not None:
+            with self._lock:
+                if limit[0] <= 0:
+                    return []
+                take = min(self.batch_size, limit[0])
+                limit[0] -= take
+        else:
+            take = self.batch_size
+        try:
+            rows = self.store.claim(self.owner, take, self.lease_seconds, now=time.time(), topic=self.topic)
+            self._store_ok()
+        except StoreError as exc:
+            if not background:
+                raise
+            self._store_failed(exc)
+            rows = []
+        if limit is not None and limit[0] is not None and len(rows) < take:
+            with self._lock:
+                limit[0] += take - len(rows)
+        return rows
 
     def _store_ok(self) -> None:
         if self.health.failing_since is not None:
@@ -328,9 +350,9 @@ class Drainer:
         self._wakeup.wait(max(wait, 0.01))
         self._wakeup.clear()
 
-    def _settle(self, loop: SendLoop, rows: list[OutboxMessage], background: bool) -> None:
-        """Send one claimed batch and apply every row's decision in one transaction."""
-        decided = loop.send(rows, time.time, stop=self._stop)
+    def _settle(self, loop: SendLoop, batch: InFlight[OutboxMessage], background: bool) -> None:
+        """Wait for one batch's reports and apply every row's decision in one transaction."""
+        decided = loop.finish(batch, time.time, stop=self._stop)
         now = time.time()
         settlement = Settlement()
         delivered: list[OutboxMessage] = []

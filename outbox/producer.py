@@ -26,9 +26,9 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from .circuit import CircuitBreaker
 from .drain import Drainer
-from .errors import ConfigError, ProducerClosedError
+from .errors import ConfigError, ProducerClosedError, StoreError
 from .headers import ID_HEADER, IdGenerator, find
-from .records import DeadLetter, Headers, NewMessage, OutboxMessage
+from .records import DeadLetter, Headers, NewMessage, OutboxMessage, StoreStats
 from .retry import RetryPolicy, describe
 from .settle import Verdict, settle
 from .stores import Outbox, open_outbox
@@ -120,6 +120,8 @@ class ResilientProducer:
         lease_seconds: how long a drain worker or write-ahead send owns a row.
         drain_batch_size: rows claimed per drain transaction.
         drain_poll_interval: longest pause of an idle drain worker.
+        on_store_error: called (on a drain thread) with each StoreError the drain workers met
+            and survived: they back off and retry, and `stats()` counts them in `store_errors`.
     """
 
     def __init__(
@@ -139,6 +141,7 @@ class ResilientProducer:
         lease_seconds: float = 120.0,
         drain_batch_size: int = 1000,
         drain_poll_interval: float = 0.5,
+        on_store_error: Callable[[StoreError], None] | None = None,
     ) -> None:
         if not isinstance(config, Mapping):
             raise ConfigError("config must be a dict of confluent_kafka settings")
@@ -204,6 +207,7 @@ class ResilientProducer:
             on_delivered=self._drained,
             on_dead_letter=self._drain_dead,
             on_success=self.circuit.record_success,
+            on_store_error=on_store_error,
         )
         self._poller = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
         self._poller.start()
@@ -329,23 +333,30 @@ class ResilientProducer:
     def stats(self) -> dict[str, Any]:
         """Counters and outbox state: see the README for each field."""
         now = time.time()
-        store = self.store.stats(now=now)
+        try:
+            store: StoreStats | None = self.store.stats(now=now)
+        except StoreError:  # the store is down: the counters still answer; its fields read None
+            store = None
         return {
             "produced": self._ids.issued,
             "delivered": self._delivered + self._drain_delivered,
             "delivered_first_try": self._delivered,
             "delivered_from_outbox": self._drain_delivered,
             "outboxed": self._outboxed,
-            "pending": store.pending,
+            "pending": None if store is None else store.pending,
             "retried": self.drainer.result.retried,
-            "dead": store.dead,
+            "dead": None if store is None else store.dead,
             "dead_this_process": self._dead + self.drainer.result.dead,
             "failed_no_retry": self._failed,
+            "store_errors": self.drainer.health.store_errors,
+            "store_failing_since": self.drainer.health.failing_since,
             "enqueued_in_transaction": self._in_transaction,
             "in_memory": len(self._kafka),
             "unsaved": self.writer.pending(),
             "circuit": self.circuit.state.value,
-            "oldest_pending_age": None if store.oldest_pending_at is None else now - store.oldest_pending_at,
+            "oldest_pending_age": (
+                None if store is None or store.oldest_pending_at is None else now - store.oldest_pending_at
+            ),
             "mode": self.mode,
             "outbox": self.store.location,
         }

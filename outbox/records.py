@@ -36,9 +36,12 @@ class NewMessage(NamedTuple):
     error_name: str | None = None  # librdkafka name of that code, e.g. "_MSG_TIMED_OUT"
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxMessage:
-    """A message stored in the outbox (pending or dead), as the store returns it."""
+class OutboxMessage(NamedTuple):
+    """A message stored in the outbox (pending or dead), as the store returns it.
+
+    A NamedTuple, not a frozen dataclass: a drain builds one per row, and a tuple is built
+    several times faster (profile of a 1,000-row claim: the dataclass __init__ was ~1 us/row).
+    """
 
     id: int
     msg_id: str

@@ -36,24 +36,17 @@ INSERT_COLUMNS = (
 
 def row_from_columns(r: Sequence[Any]) -> OutboxMessage:
     """An OutboxMessage from a row selected with `COLUMNS`."""
+    key, value, headers = r[3], r[4], r[5]
     return OutboxMessage(
-        id=r[0],
-        msg_id=r[1],
-        topic=r[2],
-        key=None if r[3] is None else bytes(r[3]),
-        value=None if r[4] is None else bytes(r[4]),
-        headers=decode_headers(None if r[5] is None else bytes(r[5])),
-        partition=r[6],
-        status=Status(r[7]),
-        attempts=r[8],
-        created_at=r[9],
-        first_failed_at=r[10],
-        last_failed_at=r[11],
-        next_attempt_at=r[12],
-        last_error=r[13],
-        error_code=r[14],
-        error_name=r[15],
+        r[0], r[1], r[2],
+        None if key is None else bytes(key),
+        None if value is None else bytes(value),
+        decode_headers(None if headers is None else bytes(headers)),
+        r[6], _STATUS[r[7]], r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15],
     )
+
+
+_STATUS = {int(s): s for s in Status}  # a dict lookup instead of the Enum call, per row
 
 
 def insert_values(
