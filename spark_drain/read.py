@@ -101,9 +101,11 @@ def selection(opts: JobOptions, now: float) -> Selection:
         conds.insert(0, f"status = {int(Status.DEAD)}")
         column = "last_failed_at"
         if opts.error is not None:
-            # The store's own rule: the name or the code at the start of "NAME (code): reason".
-            by_name, by_code = _str(opts.error + " (%"), _str("% (" + opts.error + "):%")
-            conds.append(f"(last_error LIKE {by_name} OR last_error LIKE {by_code})")
+            # The store's own rule (`dead_letter_where`): a code or a name, on its own column.
+            if opts.error.lstrip("-").isdigit():
+                conds.append(f"error_code = {int(opts.error)}")
+            else:
+                conds.append(f"error_name = {_str(opts.error.upper())}")
     else:
         conds.insert(0, f"status = {int(Status.PENDING)}")
         column = "created_at"

@@ -28,7 +28,7 @@ def check_mode(mode: object) -> str:
 
 
 def last_error(exc: BaseException) -> str:
-    """The dead letter's `last_error`: "<class> (consumer): <message>", so `dlq list --error <class>` finds it."""
+    """The dead letter's `last_error`, for people: "<class> (consumer): <message>" (`error_name` holds the class)."""
     return f"{error_class(exc)} (consumer): {cap_utf8(str(exc)).decode('utf-8')}"
 
 
@@ -90,6 +90,8 @@ class DeadLetters:
                 attempts=attempts,
                 first_failed_at=origin.timestamp_ms / 1000.0 if origin.timestamp_ms > 0 else now,
                 last_error=last_error(exc),
+                # No librdkafka code: the handler's exception class is the name `dlq list --error` matches.
+                error_name=error_class(exc),
             )
             row_id = self._store.add_dead([row], failed_at=now)[0]
         self.count += 1
@@ -110,6 +112,7 @@ class DeadLetters:
                 last_failed_at=now,
                 last_error=last_error(exc),
                 msg_id=msg_id,
+                error_name=error_class(exc),
             )
             try:
                 self._on_dead_letter(dl)

@@ -75,6 +75,8 @@ def db(tmp_path: Path) -> Iterator[tuple[str, SQLiteOutbox]]:
                 attempts=3,
                 first_failed_at=now - 3 * HOUR,
                 last_error=TIMED_OUT,
+                error_code=-192,
+                error_name="_MSG_TIMED_OUT",
             )
         ],
         failed_at=now - 3 * HOUR,
@@ -89,6 +91,8 @@ def db(tmp_path: Path) -> Iterator[tuple[str, SQLiteOutbox]]:
                 attempts=1,
                 first_failed_at=now - HOUR,
                 last_error=TOO_LARGE,
+                error_code=10,
+                error_name="MSG_SIZE_TOO_LARGE",
             )
         ],
         failed_at=now - HOUR,
@@ -103,6 +107,8 @@ def db(tmp_path: Path) -> Iterator[tuple[str, SQLiteOutbox]]:
                 attempts=3,
                 first_failed_at=now - 600,
                 last_error=TIMED_OUT,
+                error_code=-192,
+                error_name="_MSG_TIMED_OUT",
             )
         ],
         failed_at=now - 600,
