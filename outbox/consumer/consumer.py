@@ -246,14 +246,14 @@ class ResilientConsumer:
 
         handled, failed (handler raised), retried (hops to a tier), ignored, dead, paused (holds
         made), assigned / revoked (rebalance callbacks), held (partitions paused now), waiting_hops
-        (hops not yet durable), member (group member id), producer (the hop producer's stats()).
+        (hops not yet durable), circuit / circuit_opened, producer (the hop producer's stats()).
+        Safe to call from any thread: it makes no librdkafka consumer call.
         """
         return {
             **self.counts,
             "dead": self._dead.count,
             "held": len(self._scheduler),
             "waiting_hops": self._tracker.waiting_hops,
-            "member": self._consumer.memberid(),
             "circuit": None if self.circuit is None else self.circuit.state.value,
             "circuit_opened": 0 if self.circuit is None else self.circuit.opened,
             "producer": self._producer.stats(),
