@@ -55,6 +55,9 @@ CONSUMER_DEFAULTS: Mapping[str, Any] = {
     "enable.auto.commit": True,
     "auto.commit.interval.ms": 1000,
     "auto.offset.reset": "earliest",
+    # A partition resumed when its head is due joins the *next* fetch request; librdkafka's 500 ms
+    # default long-poll made every tier's delay ~0.5 s late while the other partitions were idle.
+    "fetch.wait.max.ms": 100,
 }
 #: Settings the consumer needs and overrides: offsets are stored only once a message's fate is durable.
 CONSUMER_FORCED: Mapping[str, Any] = {"enable.auto.offset.store": False}
@@ -289,7 +292,9 @@ class ResilientConsumer:
         places = self._places
         handler = self._handler
         circuit = self.circuit
-        done: dict[TP, int] = {}
+        deserializer = self._deserializer
+        # The last handled message per partition: its offset is read once per batch, not per message.
+        done: dict[TP, Message] = {}
         handled = 0
         for m in msgs:
             err = m.error()
@@ -298,53 +303,51 @@ class ResilientConsumer:
                 continue
             # Never None on a consumed message; confluent_kafka's stubs say Optional.
             topic: str = m.topic()  # type: ignore[assignment]
-            offset: int = m.offset()  # type: ignore[assignment]
             tp: TP = (topic, m.partition())  # type: ignore[assignment]
             if held is not None and tp in held:
                 continue  # behind a held message: it is read again after the seek
             place = places[topic]
             if place.tier:
-                if not self._is_due(m, tp, offset):
+                if not self._is_due(m, tp):
                     held = held or set()
                     held.add(tp)
                     continue
             elif circuit is not None and circuit.state is not CircuitState.CLOSED and circuit.blocks(time.time()):
-                self._hold(tp, offset, circuit.open_until)
+                self._hold(tp, m.offset(), circuit.open_until)  # type: ignore[arg-type]
                 held = held or set()
                 held.add(tp)
                 continue
             try:
-                if self._deserializer is not None and not self._deserialize(m, tp, offset, place):
+                if deserializer is not None and not self._deserialize(m, tp, place):
                     continue
                 handler(m)
             except Exception as exc:
-                if not self._failed(m, tp, offset, place, exc):
+                if not self._failed(m, tp, m.offset(), place, exc):  # type: ignore[arg-type]
                     held = held or set()
                     held.add(tp)
                 continue
-            done[tp] = offset
+            done[tp] = m
             handled += 1
             if circuit is not None and not place.tier:
                 circuit.success()
-        # Batched: one tracker call per partition instead of per message (the hot path).
-        for tp, offset in done.items():
-            self._tracker.done(tp, offset)
+        for tp, last in done.items():
+            self._tracker.done(tp, last.offset())  # type: ignore[arg-type]
         self.counts["handled"] += handled
 
-    def _is_due(self, m: Message, tp: TP, offset: int) -> bool:
+    def _is_due(self, m: Message, tp: TP) -> bool:
         due = due_at(m)
         if due is None or due <= time.time():
             return True
-        self._hold(tp, offset, due)
+        self._hold(tp, m.offset(), due)  # type: ignore[arg-type]
         return False
 
-    def _deserialize(self, m: Message, tp: TP, offset: int, place: Place) -> bool:
+    def _deserialize(self, m: Message, tp: TP, place: Place) -> bool:
         assert self._deserializer is not None
         try:
             m.set_value(self._deserializer(m.value()))
         except Exception as exc:
             self.counts["failed"] += 1
-            self._dead_letter(m, tp, offset, place, attempts=place.tier + 1, exc=exc)
+            self._dead_letter(m, tp, m.offset(), place, attempts=place.tier + 1, exc=exc)  # type: ignore[arg-type]
             return False
         return True
 

@@ -432,6 +432,7 @@ def test_retry_in_place_forever_holds_one_partition_past_max_poll_interval_and_s
     )
     with running(consumer) as c:
         wait_until(lambda: sum(1 for v, _ in handled if v.startswith(b"b-")) == 20, 30, "partition 1 flowed")
+        wait_until(lambda: bool(tries), 30, "a-5 failed once")
         started = tries[0]
         wait_until(lambda: time.time() - started > 9.0, 15, "9 s of retrying in place (max.poll.interval.ms 6 s)")
         assert [v for v, _ in handled if v.startswith(b"a-")] == [b"a-%d" % i for i in range(5)]
