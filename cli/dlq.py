@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 import click
 from confluent_kafka import KafkaError
 
-from outbox.records import DeadLetterFilter, Status
+from outbox.consumer.headers import ConsumerFailure, consumer_failure
+from outbox.records import DeadLetterFilter, OutboxMessage, Status
 from outbox.stores import Outbox
 
 from . import format as fmt
@@ -96,9 +97,41 @@ def _filter(
     )
 
 
-def _describe(flt: DeadLetterFilter) -> str:
+def group_option(f: F) -> F:
+    """--group GROUP: only a ResilientConsumer group's dead letters."""
+    return click.option(
+        "--group", metavar="GROUP", help="Only dead letters of this consumer group (ResilientConsumer)."
+    )(f)
+
+
+def _of_group(rows: list[OutboxMessage], group: str | None) -> list[OutboxMessage]:
+    if group is None:
+        return rows
+    out = []
+    for r in rows:
+        o = consumer_failure(r.headers)
+        if o is not None and o.group == group:
+            out.append(r)
+    return out
+
+
+def _origin_text(o: ConsumerFailure) -> str:
+    return f"{o.group}: {o.origin.topic} [{o.origin.partition}] @{o.origin.offset}"
+
+
+def _message_json(row: OutboxMessage, encoding: str = "auto") -> dict[str, Any]:
+    doc = fmt.message_json(row, encoding)
+    o = consumer_failure(row.headers)
+    if o is not None:
+        doc["consumer"] = o.as_dict()
+    return doc
+
+
+def _describe(flt: DeadLetterFilter, group: str | None = None) -> str:
     """The filter in words, for confirmations and messages."""
     parts = []
+    if group is not None:
+        parts.append(f"group {group}")
     if flt.ids:
         parts.append("id " + ", ".join(str(i) for i in flt.ids))
     if flt.topic is not None:
@@ -110,6 +143,14 @@ def _describe(flt: DeadLetterFilter) -> str:
     if flt.until is not None:
         parts.append(f"failed before {fmt.when(flt.until)}")
     return " matching " + ", ".join(parts) if parts else ""
+
+
+def _narrow(store: Outbox, flt: DeadLetterFilter, group: str | None) -> DeadLetterFilter | None:
+    """The filter narrowed to one consumer group's dead letters (by id); None when none matches."""
+    if group is None:
+        return flt
+    ids = tuple(r.id for r in _of_group(store.list_dead(flt), group))
+    return DeadLetterFilter(ids=ids) if ids else None
 
 
 def _check_ids(store: Outbox, ids: Sequence[int]) -> None:
@@ -147,6 +188,7 @@ Examples:
 )
 @outbox_option
 @filter_options
+@group_option
 @click.option(
     "--limit", type=click.IntRange(min=1), metavar="N", help="At most N dead letters (oldest first)."
 )
@@ -157,37 +199,46 @@ def list_cmd(
     error: str | None,
     since: float | None,
     until: float | None,
+    group: str | None,
     limit: int | None,
     as_json: bool,
 ) -> None:
-    """One line per dead letter: id, topic, key, size, attempts, first/last failure, error."""
-    flt = _filter(topic, error, since, until, limit=limit)
+    """One line per dead letter: id, topic, key, size, attempts, first/last failure, error.
+
+    Dead letters of a ResilientConsumer also show where they came from (ORIGIN: group, original
+    topic [partition] @ offset); their TOPIC is the group's first retry tier, where a replay
+    sends them.
+    """
+    flt = _filter(topic, error, since, until, limit=None if group else limit)
     with open_store(outbox_url) as (store, _url):
-        rows = store.list_dead(flt)
+        rows = _of_group(store.list_dead(flt), group)[:limit]
     if as_json:
-        click.echo(fmt.dumps([fmt.message_json(r) for r in rows]))
+        click.echo(fmt.dumps([_message_json(r) for r in rows]))
         return
     if not rows:
-        click.echo(f"No dead letters{_describe(flt)}.")
+        click.echo(f"No dead letters{_describe(flt, group)}.")
         return
-    click.echo(
-        fmt.table(
-            ["ID", "TOPIC", "KEY", "SIZE", "ATTEMPTS", "FIRST FAILED", "LAST FAILED", "ERROR"],
-            [
-                [
-                    str(r.id),
-                    r.topic,
-                    fmt.short_bytes(r.key),
-                    str(len(r.value) if r.value is not None else 0),
-                    str(r.attempts),
-                    fmt.when(r.first_failed_at),
-                    fmt.when(r.last_failed_at),
-                    " ".join((r.last_error or "-").split()),
-                ]
-                for r in rows
-            ],
-        )
-    )
+    origins = [consumer_failure(r.headers) for r in rows]
+    with_origin = any(o is not None for o in origins)
+    columns = ["ID", "TOPIC", "KEY", "SIZE", "ATTEMPTS", "FIRST FAILED", "LAST FAILED", "ERROR"]
+    if with_origin:
+        columns.insert(2, "ORIGIN")
+    lines = []
+    for r, o in zip(rows, origins, strict=True):
+        line = [
+            str(r.id),
+            r.topic,
+            fmt.short_bytes(r.key),
+            str(len(r.value) if r.value is not None else 0),
+            str(r.attempts),
+            fmt.when(r.first_failed_at),
+            fmt.when(r.last_failed_at),
+            " ".join((r.last_error or "-").split()),
+        ]
+        if with_origin:
+            line.insert(2, "-" if o is None else _origin_text(o))
+        lines.append(line)
+    click.echo(fmt.table(columns, lines))
 
 
 @dlq.command(
@@ -218,7 +269,7 @@ def show(message_id: int, outbox_url: str, encoding: str, as_json: bool) -> None
     """
     with open_store(outbox_url) as (store, _url):
         row = store.get(message_id)
-    doc = fmt.message_json(row, encoding)
+    doc = _message_json(row, encoding)
     if as_json:
         click.echo(fmt.dumps(doc))
         return
@@ -237,6 +288,16 @@ def show(message_id: int, outbox_url: str, encoding: str, as_json: bool) -> None
         due_now = row.next_attempt_at <= time.time()
         fields.append(("next attempt", "now" if due_now else fmt.when(row.next_attempt_at)))
     fields.append(("last error", " ".join((row.last_error or "-").split())))
+    origin = consumer_failure(row.headers)
+    if origin is not None:
+        fields += [
+            ("consumer group", origin.group),
+            ("original topic", origin.origin.topic),
+            ("original partition", str(origin.origin.partition)),
+            ("original offset", str(origin.origin.offset)),
+            ("exception", origin.error_class or "-"),
+            ("exception message", " ".join((origin.error_message or "-").split())),
+        ]
     fields.append(("key", _labelled(doc["key"], doc["key_encoding"], row.key)))
     click.echo(fmt.table(None, fields))
     click.echo(f"headers ({len(row.headers)}):")
@@ -278,6 +339,7 @@ Examples:
 )
 @outbox_option
 @filter_options
+@group_option
 @id_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @json_option
@@ -287,6 +349,7 @@ def purge(
     error: str | None,
     since: float | None,
     until: float | None,
+    group: str | None,
     ids: tuple[int, ...],
     yes: bool,
     as_json: bool,
@@ -300,21 +363,23 @@ def purge(
     flt = _filter(topic, error, since, until, ids)
     with open_store(outbox_url) as (store, url):
         _check_ids(store, ids)
-        matching = len(store.list_dead(flt))
+        described = _describe(flt, group)
+        flt = _narrow(store, flt, group)
+        matching = len(store.list_dead(flt)) if flt is not None else 0
         if matching and not yes:
             click.confirm(
-                f"Delete {matching} dead letter(s){_describe(flt)} from {url.redacted()}? "
+                f"Delete {matching} dead letter(s){described} from {url.redacted()}? "
                 "This cannot be undone",
                 abort=True,
                 err=True,
             )
-        removed = store.purge_dead(flt) if matching else 0
+        removed = store.purge_dead(flt) if matching and flt is not None else 0
     if as_json:
         click.echo(fmt.dumps({"outbox": url.redacted(), "removed": removed}))
     elif removed:
         click.echo(f"Removed {removed} dead letter(s).")
     else:
-        click.echo(f"No dead letters{_describe(flt)}; removed 0.")
+        click.echo(f"No dead letters{described}; removed 0.")
 
 
 @dlq.command(
@@ -332,6 +397,7 @@ Examples:
 )
 @outbox_option
 @filter_options
+@group_option
 @id_option
 @click.option(
     "--to-topic", metavar="TOPIC", help="Send the replayed messages to this topic instead of their own."
@@ -343,6 +409,7 @@ def replay(
     error: str | None,
     since: float | None,
     until: float | None,
+    group: str | None,
     ids: tuple[int, ...],
     to_topic: str | None,
     as_json: bool,
@@ -350,7 +417,9 @@ def replay(
     """Put dead letters back into the pending queue, attempts reset, so the next drain sends them.
 
     Key, value and headers are kept byte for byte; --to-topic only changes where they go.
-    With no filter and no --id, every dead letter is replayed.
+    With no filter and no --id, every dead letter is replayed. A ResilientConsumer's dead letter
+    goes to its group's first retry tier (<topic>.<group>.retry-1), never to the main topic that
+    other groups read as well.
     """
     if to_topic is not None and not _TOPIC.match(to_topic):
         raise CliError(
@@ -360,7 +429,9 @@ def replay(
     flt = _filter(topic, error, since, until, ids)
     with open_store(outbox_url) as (store, url):
         _check_ids(store, ids)
-        replayed = store.replay_dead(flt, now=time.time(), to_topic=to_topic)
+        described = _describe(flt, group)
+        flt = _narrow(store, flt, group)
+        replayed = store.replay_dead(flt, now=time.time(), to_topic=to_topic) if flt is not None else 0
     if as_json:
         click.echo(fmt.dumps({"outbox": url.redacted(), "replayed": replayed, "to_topic": to_topic}))
     elif replayed:
@@ -370,4 +441,4 @@ def replay(
             "`outbox drain` sends them."
         )
     else:
-        click.echo(f"No dead letters{_describe(flt)}; replayed 0.")
+        click.echo(f"No dead letters{described}; replayed 0.")
