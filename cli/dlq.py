@@ -15,6 +15,7 @@ import click
 from confluent_kafka import KafkaError
 
 from outbox.consumer.headers import ConsumerFailure, consumer_failure
+from outbox.consumer.redrive import redrive_topic
 from outbox.records import DeadLetterFilter, OutboxMessage, Status
 from outbox.stores import Outbox
 
@@ -30,6 +31,7 @@ from .common import (
     open_store,
     outbox_option,
 )
+from .drain import parse_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -171,6 +173,7 @@ def dlq() -> None:
       outbox dlq show 42 --outbox app.db
       outbox dlq replay --outbox app.db --error MSG_SIZE_TOO_LARGE --to-topic orders-large
       outbox dlq purge --outbox app.db --topic orders --until 2024-05-01 --yes
+      outbox dlq replay-topic orders.billing.dlq -b kafka:9092
     """
 
 
@@ -442,3 +445,71 @@ def replay(
         )
     else:
         click.echo(f"No dead letters{described}; replayed 0.")
+
+
+@dlq.command(
+    "replay-topic",
+    epilog=f"""\b
+Examples:
+  outbox dlq replay-topic orders.billing.dlq -b kafka:9092
+  outbox dlq replay-topic orders.billing.dlq -b kafka:9092 --limit 100 --json
+  outbox dlq replay-topic legacy-dlq -b kafka:9092 --to-topic orders.billing.retry-1
+
+{EXIT_CODES_HELP}""",
+)
+@click.argument("dlq_topic", metavar="DLQ_TOPIC")
+@click.option(
+    "--bootstrap-servers",
+    "-b",
+    envvar="KAFKA_BOOTSTRAP_SERVERS",
+    show_envvar=True,
+    required=True,
+    metavar="HOST:PORT[,...]",
+    help="Kafka brokers.",
+)
+@click.option(
+    "-X",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=parse_settings,
+    help="A librdkafka client setting (repeatable), e.g. -X security.protocol=SSL.",
+)
+@click.option(
+    "--to-topic", metavar="TOPIC", help="Send every message here instead of its group's first retry tier."
+)
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="At most N messages.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=30.0, show_default=True, help="Seconds per step.")
+@json_option
+def replay_topic(
+    dlq_topic: str,
+    bootstrap_servers: str,
+    settings: dict[str, str],
+    to_topic: str | None,
+    limit: int | None,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Republish a ResilientConsumer's DLQ topic into its group's first retry tier.
+
+    Each message goes to <original topic>.<group>.retry-1 (from its outbox-original-topic and
+    outbox-group headers), never to the main topic that other groups read too; headers are
+    kept, except outbox-due-at (due at once). Progress is remembered by the consumer group
+    outbox-redrive.<DLQ_TOPIC> and committed only after Kafka acknowledged every republished
+    message, so running it again replays only what came later (or what an interrupted run did
+    not finish).
+    """
+    if to_topic is not None and not _TOPIC.match(to_topic):
+        raise CliError(
+            f"--to-topic: {to_topic!r} is not a valid Kafka topic name (letters, digits, '.', '_', '-')",
+            EXIT_USAGE,
+        )
+    config = {"bootstrap.servers": bootstrap_servers, **settings}
+    result = redrive_topic(config, dlq_topic, to_topic=to_topic, limit=limit, timeout=timeout)
+    if as_json:
+        click.echo(fmt.dumps({"dlq_topic": dlq_topic, "replayed": result.replayed, "by_topic": result.by_topic}))
+    elif result.replayed:
+        where = ", ".join(f"{n} to {t}" for t, n in sorted(result.by_topic.items()))
+        click.echo(f"Replayed {result.replayed} message(s) from {dlq_topic}: {where}.")
+    else:
+        click.echo(f"Nothing to replay in {dlq_topic}.")
