@@ -535,3 +535,33 @@ def test_main_topic_circuit_opens_then_probes_and_closes(
     assert stats["retried"] == 6
     assert sorted(v for _, v in succeeded) == values
     assert [v for t, v in succeeded if t == topic] == values[6:]  # in order once it closed
+
+
+def test_deserialization_failure_goes_straight_to_the_dead_letters(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    import json
+
+    topic = make_topic(partitions=1)
+    group = group_name()
+    produce(kafka_bootstrap, topic, [b'{"n": 1}', b"not json", b'{"n": 3}'], partition=0)
+    handled: list[Any] = []
+    dead: list[DeadLetter] = []
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        topics=[topic],
+        handler=lambda msg: handled.append(msg.value()),
+        deserializer=json.loads,
+        strategy=RetryTopics(delays=[0.1]),
+        dead_letters="store",
+        on_dead_letter=dead.append,
+        outbox=f"sqlite:///{tmp_path / 'c.db'}",
+    )
+    with running(consumer) as c:
+        wait_until(lambda: len(handled) == 2 and len(dead) == 1, 30, "two handled, one dead")
+        stats = c.stats()
+    assert handled == [{"n": 1}, {"n": 3}]  # the handler gets the deserialized value
+    assert stats["retried"] == 0 and stats["dead"] == 1  # no retry: the bytes will never parse
+    assert dead[0].value == b"not json" and dead[0].attempts == 1
+    assert (dead[0].last_error or "").startswith("json.decoder.JSONDecodeError (consumer): Expecting value")
+    assert committed(kafka_bootstrap, group, topic, 1) == [3]
