@@ -65,7 +65,8 @@ CONSUMER_FORCED: Mapping[str, Any] = {"enable.auto.offset.store": False}
 HOP_PRODUCER_DEFAULTS: Mapping[str, Any] = {
     "acks": "all",
     "enable.idempotence": True,
-    "linger.ms": 5,
+    # Hops are few and never urgent (they wait for a delay anyway): batch them into fewer requests.
+    "linger.ms": 20,
     "message.timeout.ms": 15000,
 }
 ORDERINGS = (None, "key")
