@@ -10,7 +10,7 @@ and the application's recovery callback is called.
 import logging
 
 from .circuit import CircuitBreaker, CircuitState
-from .consumer import Ignore, ResilientConsumer, RetryInPlace, RetryTopics
+from .consumer import Ignore, MainTopicCircuit, ResilientConsumer, RetryInPlace, RetryTopics
 from .drain import Drainer, DrainResult
 from .errors import (
     ConfigError,
@@ -52,6 +52,7 @@ __all__ = [
     "Ignore",
     "KafkaDeliveryError",
     "KafkaUnavailableError",
+    "MainTopicCircuit",
     "NewMessage",
     "Outbox",
     "OutboxError",

@@ -3,6 +3,7 @@
     from outbox import ResilientConsumer, RetryTopics, RetryInPlace, Ignore
 """
 
+from .circuit import MainTopicCircuit
 from .consumer import CONSUMER_DEFAULTS, ResilientConsumer
 from .deadletters import DEAD_LETTER_MODES
 from .strategies import Ignore, RetryInPlace, RetryTopics, Strategy
@@ -13,6 +14,7 @@ __all__ = [
     "DEAD_LETTER_MODES",
     "Ignore",
     "Ladder",
+    "MainTopicCircuit",
     "ResilientConsumer",
     "RetryInPlace",
     "RetryTopics",

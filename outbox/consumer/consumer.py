@@ -37,6 +37,7 @@ from ..producer import ResilientProducer
 from ..records import DeadLetter, Headers
 from ..retry import RetryPolicy
 from ..stores import Outbox, open_outbox
+from .circuit import CircuitBreaker, CircuitState, MainTopicCircuit
 from .deadletters import DeadLetters, check_mode
 from .headers import due_at, failure_headers, origin_of
 from .offsets import OffsetTracker
@@ -54,6 +55,9 @@ CONSUMER_DEFAULTS: Mapping[str, Any] = {
     "enable.auto.commit": True,
     "auto.commit.interval.ms": 1000,
     "auto.offset.reset": "earliest",
+    # A partition resumed when its head is due joins the *next* fetch request; librdkafka's 500 ms
+    # default long-poll made every tier's delay ~0.5 s late while the other partitions were idle.
+    "fetch.wait.max.ms": 100,
 }
 #: Settings the consumer needs and overrides: offsets are stored only once a message's fate is durable.
 CONSUMER_FORCED: Mapping[str, Any] = {"enable.auto.offset.store": False}
@@ -61,7 +65,8 @@ CONSUMER_FORCED: Mapping[str, Any] = {"enable.auto.offset.store": False}
 HOP_PRODUCER_DEFAULTS: Mapping[str, Any] = {
     "acks": "all",
     "enable.idempotence": True,
-    "linger.ms": 5,
+    # Hops are few and never urgent (they wait for a delay anyway): batch them into fewer requests.
+    "linger.ms": 20,
     "message.timeout.ms": 15000,
 }
 ORDERINGS = (None, "key")
@@ -88,6 +93,8 @@ class ResilientConsumer:
         create_topics: create missing tier topics at start-up (else a ConfigError names them).
         deserializer: ``f(value_bytes) -> object`` applied before the handler (the result replaces
             ``msg.value()``); a failure sends the message straight to the dead letters.
+        circuit: a MainTopicCircuit: pause the main topic while the handler keeps failing on it
+            (None: no circuit breaker).
         producer_config: settings for the hop producer, over those derived from `config`.
         batch_size: messages taken from librdkafka per poll.
         poll_timeout: longest wait of one poll, seconds (bounds how late a due partition resumes).
@@ -108,6 +115,7 @@ class ResilientConsumer:
         on_dead_letter: Callable[[DeadLetter], None] | None = None,
         create_topics: bool = True,
         deserializer: Callable[[bytes | None], Any] | None = None,
+        circuit: MainTopicCircuit | None = None,
         producer_config: Mapping[str, Any] | None = None,
         batch_size: int = 500,
         poll_timeout: float = 0.1,
@@ -133,6 +141,8 @@ class ResilientConsumer:
             raise ConfigError(f"ordering must be None or 'key', got {ordering!r}")
         if ordering == "key":
             raise ConfigError("ordering='key' is not supported yet")
+        if circuit is not None and not isinstance(circuit, MainTopicCircuit):
+            raise ConfigError(f"circuit must be a MainTopicCircuit, got {type(circuit).__name__}")
         if batch_size < 1 or poll_timeout <= 0:
             raise ConfigError("batch_size must be >= 1 and poll_timeout > 0")
 
@@ -153,6 +163,7 @@ class ResilientConsumer:
         admin_conf = client_config(config)
         ensure_tiers(admin_conf, self.ladder, create=create_topics)
 
+        self.circuit = CircuitBreaker(circuit) if circuit is not None else None
         self._ids = IdGenerator()
         self._tracker = OffsetTracker()
         self._scheduler = PauseScheduler()
@@ -163,7 +174,9 @@ class ResilientConsumer:
         self._closed = False
         self._auto_commit = str(config.get("enable.auto.commit", True)).lower() not in ("false", "0")
         self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", ""))
-        self.counts = {"handled": 0, "failed": 0, "retried": 0, "ignored": 0, "dead": 0, "paused": 0}
+        self.counts = {
+            "handled": 0, "failed": 0, "retried": 0, "ignored": 0, "dead": 0, "paused": 0, "assigned": 0, "revoked": 0,
+        }
 
         self._owns_store = not isinstance(outbox, Outbox)
         self.store: Outbox = open_outbox(outbox)
@@ -233,12 +246,20 @@ class ResilientConsumer:
         self._stop.set()
 
     def stats(self) -> dict[str, Any]:
-        """Counters: handled, failed, retried (hops), ignored, dead, paused; held partitions; waiting hops."""
+        """Counters and state.
+
+        handled, failed (handler raised), retried (hops to a tier), ignored, dead, paused (holds
+        made), assigned / revoked (rebalance callbacks), held (partitions paused now), waiting_hops
+        (hops not yet durable), circuit / circuit_opened, producer (the hop producer's stats()).
+        Safe to call from any thread: it makes no librdkafka consumer call.
+        """
         return {
             **self.counts,
             "dead": self._dead.count,
             "held": len(self._scheduler),
             "waiting_hops": self._tracker.waiting_hops,
+            "circuit": None if self.circuit is None else self.circuit.state.value,
+            "circuit_opened": 0 if self.circuit is None else self.circuit.opened,
             "producer": self._producer.stats(),
         }
 
@@ -271,7 +292,10 @@ class ResilientConsumer:
         held: set[TP] | None = None
         places = self._places
         handler = self._handler
-        done: dict[TP, int] = {}
+        circuit = self.circuit
+        deserializer = self._deserializer
+        # The last handled message per partition: its offset is read once per batch, not per message.
+        done: dict[TP, Message] = {}
         handled = 0
         for m in msgs:
             err = m.error()
@@ -280,45 +304,51 @@ class ResilientConsumer:
                 continue
             # Never None on a consumed message; confluent_kafka's stubs say Optional.
             topic: str = m.topic()  # type: ignore[assignment]
-            offset: int = m.offset()  # type: ignore[assignment]
             tp: TP = (topic, m.partition())  # type: ignore[assignment]
             if held is not None and tp in held:
                 continue  # behind a held message: it is read again after the seek
             place = places[topic]
-            if place.tier and not self._is_due(m, tp, offset):
+            if place.tier:
+                if not self._is_due(m, tp):
+                    held = held or set()
+                    held.add(tp)
+                    continue
+            elif circuit is not None and circuit.state is not CircuitState.CLOSED and circuit.blocks(time.time()):
+                self._hold(tp, m.offset(), circuit.open_until)  # type: ignore[arg-type]
                 held = held or set()
                 held.add(tp)
                 continue
             try:
-                if self._deserializer is not None and not self._deserialize(m, tp, offset, place):
+                if deserializer is not None and not self._deserialize(m, tp, place):
                     continue
                 handler(m)
             except Exception as exc:
-                if not self._failed(m, tp, offset, place, exc):
+                if not self._failed(m, tp, m.offset(), place, exc):  # type: ignore[arg-type]
                     held = held or set()
                     held.add(tp)
                 continue
-            done[tp] = offset
+            done[tp] = m
             handled += 1
-        # Batched: one tracker call per partition instead of per message (the hot path).
-        for tp, offset in done.items():
-            self._tracker.done(tp, offset)
+            if circuit is not None and not place.tier:
+                circuit.success()
+        for tp, last in done.items():
+            self._tracker.done(tp, last.offset())  # type: ignore[arg-type]
         self.counts["handled"] += handled
 
-    def _is_due(self, m: Message, tp: TP, offset: int) -> bool:
+    def _is_due(self, m: Message, tp: TP) -> bool:
         due = due_at(m)
         if due is None or due <= time.time():
             return True
-        self._hold(tp, offset, due)
+        self._hold(tp, m.offset(), due)  # type: ignore[arg-type]
         return False
 
-    def _deserialize(self, m: Message, tp: TP, offset: int, place: Place) -> bool:
+    def _deserialize(self, m: Message, tp: TP, place: Place) -> bool:
         assert self._deserializer is not None
         try:
             m.set_value(self._deserializer(m.value()))
         except Exception as exc:
             self.counts["failed"] += 1
-            self._dead_letter(m, tp, offset, place, attempts=place.tier + 1, exc=exc)
+            self._dead_letter(m, tp, m.offset(), place, attempts=place.tier + 1, exc=exc)  # type: ignore[arg-type]
             return False
         return True
 
@@ -327,6 +357,8 @@ class ResilientConsumer:
         self.counts["failed"] += 1
         attempts = place.tier + 1
         retriable = not isinstance(exc, self._dead_on) and (self._retry_on is None or isinstance(exc, self._retry_on))
+        if retriable and not place.tier and self.circuit is not None:
+            self.circuit.failure(time.time())
         strategy = self.strategy
         if not retriable:
             self._dead_letter(m, tp, offset, place, attempts=attempts, exc=exc)
@@ -460,6 +492,7 @@ class ResilientConsumer:
                 log.warning("offset commit failed: %s", err)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.counts["assigned"] += 1
         tps = [(p.topic, p.partition) for p in partitions]
         self._scheduler.forget(tps)
         self._tracker.forget(tps)
@@ -484,6 +517,7 @@ class ResilientConsumer:
         log.info("assigned %d partitions", len(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.counts["revoked"] += 1
         tps = [(p.topic, p.partition) for p in partitions]
         self._settle_hops()
         self._store_offsets()

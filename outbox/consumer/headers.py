@@ -151,3 +151,49 @@ def failure_headers(
     kept.append((ERROR_MESSAGE, cap_utf8(str(exc))))
     kept.append((SPRING_ORIGINAL_TOPIC, origin.topic.encode()))
     return kept, msg_id
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerFailure:
+    """What the consumer's headers say about a dead letter or a tier message (for the CLI and tools)."""
+
+    group: str
+    origin: Origin
+    attempt: int | None
+    error_class: str | None
+    error_message: str | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "group": self.group,
+            "original_topic": self.origin.topic,
+            "original_partition": self.origin.partition,
+            "original_offset": self.origin.offset,
+            "original_timestamp_ms": self.origin.timestamp_ms,
+            "attempt": self.attempt,
+            "error_class": self.error_class,
+            "error_message": self.error_message,
+        }
+
+
+def consumer_failure(headers: Headers | None) -> ConsumerFailure | None:
+    """The consumer metadata carried by `headers`, or None when they are not a consumer's."""
+    group = _text(headers, GROUP)
+    topic = _text(headers, ORIGINAL_TOPIC)
+    if group is None or topic is None:
+        return None
+
+    def number(name: str) -> int:
+        try:
+            return int(_text(headers, name) or -1)
+        except ValueError:
+            return -1
+
+    attempt = number(ATTEMPT)
+    return ConsumerFailure(
+        group=group,
+        origin=Origin(topic, number(ORIGINAL_PARTITION), number(ORIGINAL_OFFSET), number(ORIGINAL_TIMESTAMP)),
+        attempt=None if attempt < 0 else attempt,
+        error_class=_text(headers, ERROR_CLASS),
+        error_message=_text(headers, ERROR_MESSAGE),
+    )

@@ -16,7 +16,16 @@ from typing import Any
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
-from outbox import ConfigError, DeadLetter, Ignore, ResilientConsumer, RetryInPlace, RetryPolicy, RetryTopics
+from outbox import (
+    ConfigError,
+    DeadLetter,
+    Ignore,
+    MainTopicCircuit,
+    ResilientConsumer,
+    RetryInPlace,
+    RetryPolicy,
+    RetryTopics,
+)
 from outbox.consumer import headers as H
 from outbox.stores import open_outbox
 from outbox.testing import KafkaCluster
@@ -101,11 +110,14 @@ def test_poison_message_reaches_the_dlq_with_every_header_while_the_partition_fl
     handled: list[bytes] = []
     attempts: list[tuple[str, float]] = []
     dead: list[DeadLetter] = []
+    next_good_at: list[float] = []
 
     def handle(msg: Message) -> None:
         if msg.value() == b"poison":
             attempts.append((msg.topic() or "", time.time()))
             raise TimeoutError("downstream said no " + "x" * 2000)
+        if msg.value() == good[100]:
+            next_good_at.append(time.time())
         handled.append(msg.value() or b"")
 
     consumer = ResilientConsumer(
@@ -126,6 +138,7 @@ def test_poison_message_reaches_the_dlq_with_every_header_while_the_partition_fl
     assert [t for t, _ in attempts] == [topic, f"{topic}.{group}.retry-1", f"{topic}.{group}.retry-2"]
     assert stats["handled"] == 10_000 and stats["retried"] == 2 and stats["dead"] == 1
     # The good message right after the poison was not held back until the poison's retries.
+    assert next_good_at[0] < attempts[1][1]
     dlq = consume_all(f"{topic}.{group}.dlq", 1)
     assert len(dlq) == 1
     m = dlq[0]
@@ -289,6 +302,100 @@ def test_kill_9_in_the_middle_of_the_ladder_then_restart_loses_nothing(
         assert t.endswith(".retry-2") == value.startswith("fail"), (value, t)
 
 
+def test_second_consumer_joins_then_is_killed_during_a_pause_nothing_stuck(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    topic = make_topic(partitions=4)
+    group = group_name()
+    values = [f"fail-{i:03d}" if i % 2 else f"ok-{i:03d}" for i in range(80)]
+    produce(kafka_bootstrap, topic, [v.encode() for v in values])
+    delay = 6.0
+    successes: dict[str, list[tuple[float, float]]] = {}  # value → (handled at, due at)
+
+    def handle(msg: Message) -> None:
+        value = (msg.value() or b"").decode()
+        if value.startswith("fail") and msg.topic() == topic:
+            raise TimeoutError("later")
+        due = int(header(msg, H.DUE_AT) or 0) / 1000
+        successes.setdefault(value, []).append((time.time(), due))
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        topics=[topic],
+        handler=handle,
+        strategy=RetryTopics(delays=[delay]),
+        outbox=f"sqlite:///{tmp_path / 'a.db'}",
+    )
+    log_path = tmp_path / "b.log"
+    with running(consumer) as c:
+        wait_until(lambda: c.stats()["retried"] == 40 and c.stats()["held"] > 0, 30, "40 hops, tier partitions held")
+        b = subprocess.Popen(
+            [sys.executable, str(WORKER), kafka_bootstrap, topic, group, str(tmp_path / "b.db"), str(log_path),
+             str(delay)],
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert b.stdout is not None and b.stdout.readline() == b"ready\n"
+            wait_until(lambda: c.stats()["assigned"] >= 2, 30, "the second consumer joined (rebalance)")
+            time.sleep(1.0)  # B holds its share of the tier partitions, paused
+            b.send_signal(signal.SIGKILL)
+            b.wait(10)
+        finally:
+            if b.poll() is None:
+                b.kill()
+        wait_until(lambda: c.stats()["assigned"] >= 3, 30, "B's partitions came back to A")
+        handled_by_b = {line.split()[0] for line in log_path.read_text().splitlines()} if log_path.exists() else set()
+        wait_until(
+            lambda: set(successes) | handled_by_b == set(values), 60, "every message handled, none stuck paused"
+        )
+        wait_until(lambda: c.stats()["held"] == 0, 10, "no partition left paused")
+    for value, got in successes.items():
+        for at, due in got:
+            assert at >= due, f"{value} handled {due - at:.3f}s before it was due"
+
+
+def test_all_brokers_stopped_while_hops_are_published_they_land_in_the_outbox_then_their_tiers(
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    bootstrap = chaos_cluster.bootstrap_servers
+    topic = make_topic(partitions=3)
+    group = group_name()
+    values = [b"m%03d" % i for i in range(300)]
+    produce(bootstrap, topic, values)
+    brokers_down = threading.Event()
+    main_seen: list[bytes] = []
+    succeeded: set[bytes] = set()
+
+    def handle(msg: Message) -> None:
+        if msg.topic() == topic:
+            main_seen.append(msg.value() or b"")
+            if len(main_seen) == 50:
+                brokers_down.wait(60)  # the remaining prefetched messages hop while no broker is up
+            raise TimeoutError("downstream down")
+        succeeded.add(msg.value() or b"")
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, **GROUP_TIMING, "max.poll.interval.ms": 120000},
+        topics=[topic],
+        handler=handle,
+        strategy=RetryTopics(delays=[0.2]),
+        outbox=f"sqlite:///{tmp_path / 'c.db'}",
+        producer_config={"message.timeout.ms": 2000},
+    )
+    with running(consumer) as c:
+        wait_until(lambda: len(main_seen) >= 50, 60, "50 messages handled")
+        chaos_cluster.stop_all()
+        brokers_down.set()
+        wait_until(lambda: c.stats()["producer"]["pending"] > 0, 60, "hops in the outbox")
+        wait_until(lambda: c.stats()["retried"] >= 250, 60, "the prefetched messages hopped while brokers were down")
+        outboxed = c.stats()["producer"]["outboxed"]
+        chaos_cluster.start_all()
+        wait_until(lambda: succeeded == set(values), 120, "every message handled from its tier")
+        wait_until(lambda: c.stats()["producer"]["pending"] == 0, 60, "the outbox drained")
+    assert outboxed > 0
+    assert sum(committed(bootstrap, group, topic, 3)) == 300
+
+
 # -- RetryInPlace and Ignore ------------------------------------------------------------------
 
 
@@ -300,7 +407,6 @@ def test_retry_in_place_forever_holds_one_partition_past_max_poll_interval_and_s
     produce(kafka_bootstrap, topic, [b"a-%d" % i for i in range(20)], partition=0)
     produce(kafka_bootstrap, topic, [b"b-%d" % i for i in range(20)], partition=1)
     handled: list[tuple[bytes, float]] = []
-    assignments: list[int] = []
     fail_until = time.time() + 1e9
     tries: list[float] = []
 
@@ -318,31 +424,22 @@ def test_retry_in_place_forever_holds_one_partition_past_max_poll_interval_and_s
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 500,
             "max.poll.interval.ms": 6000,
-            "on_commit": lambda err, parts: None,
         },
         topics=[topic],
         handler=handle,
         strategy=RetryInPlace(RetryPolicy(initial_delay=0.3), forever=True),
         outbox=f"sqlite:///{tmp_path / 'c.db'}",
     )
-    original_on_assign = consumer._on_assign
-
-    def counting_on_assign(c: Consumer, parts: list[TopicPartition]) -> None:
-        assignments.append(len(parts))
-        original_on_assign(c, parts)
-
-    consumer._consumer.subscribe([topic], on_assign=counting_on_assign, on_revoke=consumer._on_revoke)
     with running(consumer) as c:
         wait_until(lambda: sum(1 for v, _ in handled if v.startswith(b"b-")) == 20, 30, "partition 1 flowed")
-        member = c._consumer.memberid()
+        wait_until(lambda: bool(tries), 30, "a-5 failed once")
         started = tries[0]
         wait_until(lambda: time.time() - started > 9.0, 15, "9 s of retrying in place (max.poll.interval.ms 6 s)")
         assert [v for v, _ in handled if v.startswith(b"a-")] == [b"a-%d" % i for i in range(5)]
         fail_until = time.time()
         wait_until(lambda: sum(1 for v, _ in handled if v.startswith(b"a-")) == 20, 30, "partition 0 resumed")
-        assert c._consumer.memberid() == member
         stats = c.stats()
-    assert assignments == [2], f"rebalanced: {assignments}"
+    assert stats["assigned"] == 1 and stats["revoked"] == 0, stats  # never left the group
     assert [v for v, _ in handled if v.startswith(b"a-")] == [b"a-%d" % i for i in range(20)]  # order kept
     assert len(tries) >= 10  # retried every 0.3 s, by polling, not sleeping
     assert stats["dead"] == 0 and stats["handled"] == 40
@@ -401,3 +498,70 @@ def test_ignore_skips_and_counts(kafka_bootstrap: str, make_topic: Callable[...,
     assert stats["ignored"] == 5 and stats["handled"] == 45 and stats["dead"] == 0 and stats["retried"] == 0
     assert sorted(ok) == sorted(b"%d" % i for i in range(50) if i % 10 != 3)
     assert sum(committed(kafka_bootstrap, group, topic, 2)) == 50
+
+
+def test_main_topic_circuit_opens_then_probes_and_closes(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    topic = make_topic(partitions=1)
+    group = group_name()
+    values = [b"%03d" % i for i in range(100)]
+    produce(kafka_bootstrap, topic, values, partition=0)
+    main_failures: list[bytes] = []
+    succeeded: list[tuple[str, bytes]] = []
+
+    def handle(msg: Message) -> None:
+        # The downstream is down for the main topic's first 6 attempts: 5 open the circuit, the
+        # 6th is the failed probe that opens it again; the next probe succeeds.
+        if msg.topic() == topic and len(main_failures) < 6:
+            main_failures.append(msg.value() or b"")
+            raise ConnectionError("downstream down")
+        succeeded.append((msg.topic() or "", msg.value() or b""))
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        topics=[topic],
+        handler=handle,
+        strategy=RetryTopics(delays=[0.2]),
+        circuit=MainTopicCircuit(consecutive_failures=5, reset_timeout=1.0),
+        outbox=f"sqlite:///{tmp_path / 'c.db'}",
+    )
+    with running(consumer) as c:
+        wait_until(lambda: len(succeeded) == 100, 60, "every message handled")
+        stats = c.stats()
+    # Without the circuit all 100 would have failed on the main topic and gone up the ladder.
+    assert main_failures == values[:6]
+    assert stats["circuit_opened"] == 2 and stats["circuit"] == "closed"
+    assert stats["retried"] == 6
+    assert sorted(v for _, v in succeeded) == values
+    assert [v for t, v in succeeded if t == topic] == values[6:]  # in order once it closed
+
+
+def test_deserialization_failure_goes_straight_to_the_dead_letters(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    import json
+
+    topic = make_topic(partitions=1)
+    group = group_name()
+    produce(kafka_bootstrap, topic, [b'{"n": 1}', b"not json", b'{"n": 3}'], partition=0)
+    handled: list[Any] = []
+    dead: list[DeadLetter] = []
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        topics=[topic],
+        handler=lambda msg: handled.append(msg.value()),
+        deserializer=json.loads,
+        strategy=RetryTopics(delays=[0.1]),
+        dead_letters="store",
+        on_dead_letter=dead.append,
+        outbox=f"sqlite:///{tmp_path / 'c.db'}",
+    )
+    with running(consumer) as c:
+        wait_until(lambda: len(handled) == 2 and len(dead) == 1, 30, "two handled, one dead")
+        stats = c.stats()
+    assert handled == [{"n": 1}, {"n": 3}]  # the handler gets the deserialized value
+    assert stats["retried"] == 0 and stats["dead"] == 1  # no retry: the bytes will never parse
+    assert dead[0].value == b"not json" and dead[0].attempts == 1
+    assert (dead[0].last_error or "").startswith("json.decoder.JSONDecodeError (consumer): Expecting value")
+    assert committed(kafka_bootstrap, group, topic, 1) == [3]

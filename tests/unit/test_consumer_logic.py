@@ -146,3 +146,38 @@ def test_scheduler_pops_due_holds_in_time_order_and_forgets_revoked() -> None:
     assert s.next_due() == 200.0
     assert s.forget([("t", 0), ("t", 9)]) == [("t", 0)]
     assert s.next_due() is None and len(s) == 0
+
+
+def test_circuit_opens_after_consecutive_failures_probes_and_closes() -> None:
+    from outbox.consumer.circuit import CircuitBreaker, CircuitState, MainTopicCircuit
+
+    c = CircuitBreaker(MainTopicCircuit(consecutive_failures=3, reset_timeout=10))
+    for now in (1.0, 2.0):
+        c.failure(now)
+    c.success()  # resets the run
+    c.failure(3.0)
+    c.failure(4.0)
+    assert c.state is CircuitState.CLOSED and not c.blocks(4.0)
+    c.failure(5.0)
+    assert c.state is CircuitState.OPEN and c.blocks(14.9) and c.opened == 1
+    assert not c.blocks(15.0) and c.state is CircuitState.HALF_OPEN
+    c.failure(15.1)  # the probe failed
+    assert c.state is CircuitState.OPEN and c.open_until == 25.1 and c.opened == 2
+    assert not c.blocks(25.1)
+    c.success()
+    assert c.state is CircuitState.CLOSED
+
+
+def test_circuit_opens_on_a_failure_rate_over_its_window() -> None:
+    from outbox.consumer.circuit import CircuitBreaker, CircuitState, MainTopicCircuit
+
+    c = CircuitBreaker(MainTopicCircuit(consecutive_failures=None, failure_rate=0.5, window=10, reset_timeout=1))
+    for i in range(9):
+        c.failure(float(i)) if i % 2 else c.success()
+    assert c.state is CircuitState.CLOSED  # 4 of 9: the window is not full yet
+    c.failure(9.0)  # 5 of 10
+    assert c.state is CircuitState.OPEN
+    with pytest.raises(ConfigError, match="needs consecutive_failures or failure_rate"):
+        MainTopicCircuit(consecutive_failures=None)
+    with pytest.raises(ConfigError, match=r"failure_rate is a fraction in \(0, 1\], got 2"):
+        MainTopicCircuit(failure_rate=2)
