@@ -132,7 +132,7 @@ def test_metrics_endpoints_during_an_outage_and_after_recovery(
     assert side_up[("outbox_pending_messages", ())] == 0
     got = read_topic(bs, topic, 300)
     assert got.unique == 300
-    circuit = [dict(lab)["outbox_circuit_state"] for (name, lab), v in down.items() if name == "outbox_circuit_state" and v]
+    circuit = [dict(lab)["outbox_circuit_state"] for (n, lab), v in down.items() if n == "outbox_circuit_state" and v]
     print(
         f"\nmetrics: during the outage pending={down[k('outbox_pending_messages')]:.0f}, "
         f"circuit={circuit}; "
