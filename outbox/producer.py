@@ -29,6 +29,7 @@ from .errors import ConfigError, ProducerClosedError
 from .headers import ID_HEADER, IdGenerator, find
 from .records import DeadLetter, Headers, NewMessage, OutboxMessage
 from .retry import BATCH_SIZE_CODES, Disposition, RetryPolicy, describe
+from .serialization import Serializer, Serializers
 from .stores import Outbox, open_outbox
 from .stores.base import Failure
 from .writer import Batch, Committed, GroupCommitWriter
@@ -119,6 +120,9 @@ class ResilientProducer:
         lease_seconds: how long a drain worker or write-ahead send owns a row.
         drain_batch_size: rows claimed per drain transaction.
         drain_poll_interval: longest pause of an idle drain worker.
+        key_serializer, value_serializer: ``serializer(obj, ctx) -> bytes | None``, e.g.
+            confluent_kafka.serialization's or the Schema Registry serializers; called once in
+            produce(), before anything is sent or stored (see outbox.serialization).
     """
 
     def __init__(
@@ -138,6 +142,8 @@ class ResilientProducer:
         lease_seconds: float = 120.0,
         drain_batch_size: int = 1000,
         drain_poll_interval: float = 0.5,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
     ) -> None:
         if not isinstance(config, Mapping):
             raise ConfigError("config must be a dict of confluent_kafka settings")
@@ -147,6 +153,7 @@ class ResilientProducer:
             raise ConfigError(f"durability must be one of {_DURABILITY}, got {durability!r}")
         if drain_workers < 0:
             raise ConfigError(f"drain_workers must be >= 0, got {drain_workers}")
+        self._serializers = Serializers.of(key_serializer, value_serializer)
         self.mode = mode
         self.durability = durability
         self.retry = retry or RetryPolicy()
@@ -251,6 +258,8 @@ class ResilientProducer:
             raise ProducerClosedError("produce() called after close()")
         if topic.__class__ is not str or (topic not in _VALID_TOPICS and not _topic_ok(topic)):
             self._bad_topic(topic)
+        if self._serializers is not None:  # once, before the outbox: re-sends reuse the bytes
+            value, key, headers = self._serializers(topic, value, key, headers)
         if value is not None and not isinstance(value, _BYTES_LIKE):
             _check_payload("value", value)
         if key is not None and not isinstance(key, _BYTES_LIKE):
