@@ -100,8 +100,8 @@ class AsyncResilientProducer:
     async def produce(
         self,
         topic: str,
-        value: bytes | str | None = None,
-        key: bytes | str | None = None,
+        value: Any = None,
+        key: Any = None,
         headers: Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None = None,
         partition: int | None = None,
         on_delivery: AsyncDeliveryCallback | None = None,
@@ -111,7 +111,8 @@ class AsyncResilientProducer:
     ) -> str:
         """Send a message, or store it in the outbox if Kafka cannot take it now.
 
-        Same arguments, errors and return value as :meth:`ResilientProducer.produce`. Returns
+        Same arguments, errors and return value as :meth:`ResilientProducer.produce` (value and
+        key are any object when the producer has serializers). Returns
         once the message is in librdkafka's queue or handed to the outbox writer (fallback, and
         write-ahead "batch"), or committed (write-ahead "sync").
 
