@@ -8,11 +8,15 @@ Standalone (not collected by pytest):
 
 Variants, each in its own child process, repetitions interleaved (plain, metrics, ..., plain, ...):
     plain     ResilientProducer (fallback mode), produce() in a tight loop, 200-byte values.
-    metrics   the same with outbox.metrics.register_producer() and prometheus-client's HTTP
-              server, scraped over HTTP every 100 ms during the run (150x Prometheus' usual 15 s,
-              to make any cost show).
-    otel      the same with outbox.otel.instrument() and an SDK TracerProvider whose exporter
-              drops spans (what the optional spans cost when someone records them).
+    metrics-idle  the same with outbox.metrics.register_producer() and prometheus-client's HTTP
+              server running, not scraped during the run (Prometheus' usual 15 s interval is
+              longer than a run).
+    metrics   the same, scraped over HTTP every 100 ms during the run (150x the usual rate, so
+              that the scrapes' own cost shows).
+    otel-outbox  outbox.otel.instrument(spans_on_produce=False) with an SDK TracerProvider: only
+              the outbox's spans (spill, deliver, dead-letter), none of which occur on the happy path.
+    otel      instrument() with its default `send` span per produce() and the SDK recording it
+              (no exporter): what a span per message costs.
     async     AsyncResilientProducer: batches of 1,000 `await produce()` gathered at a time.
     serialize the same as plain with value_serializer=StringSerializer() (values given as str).
 A run is N messages produced, then waiting until stats() says all N were delivered. Reported:
@@ -37,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-VARIANTS = ("plain", "metrics", "otel", "async", "serialize")
+VARIANTS = ("plain", "metrics-idle", "metrics", "otel-outbox", "otel", "async", "serialize")
 CONFIG = {"acks": "all", "enable.idempotence": True, "linger.ms": 5}
 
 
@@ -64,7 +68,7 @@ def child(variant: str, p: dict[str, Any]) -> dict[str, Any]:
         from confluent_kafka.serialization import StringSerializer
 
         extra["value_serializer"] = StringSerializer()
-    if variant == "otel":
+    if variant.startswith("otel"):
         from opentelemetry.sdk.trace import TracerProvider
 
         from outbox.otel import instrument
@@ -89,9 +93,9 @@ def child(variant: str, p: dict[str, Any]) -> dict[str, Any]:
         seconds, cpu = asyncio.run(run())
     else:
         rp = ResilientProducer(config, outbox=outbox, **{k: v for k, v in extra.items() if k != "tracer_provider"})
-        if variant == "otel":
-            instrument(rp, tracer_provider=extra["tracer_provider"])
-        if variant == "metrics":
+        if variant.startswith("otel"):
+            instrument(rp, tracer_provider=extra["tracer_provider"], spans_on_produce=variant == "otel")
+        if variant.startswith("metrics"):
             from prometheus_client import CollectorRegistry, start_http_server
 
             from outbox.metrics import register_producer
@@ -108,7 +112,8 @@ def child(variant: str, p: dict[str, Any]) -> dict[str, Any]:
                         resp.read()
                     scrapes += 1
 
-            threading.Thread(target=scraper, daemon=True).start()
+            if variant == "metrics":
+                threading.Thread(target=scraper, daemon=True).start()
         rp.produce(topic, value)  # warm-up: metadata and connections, as in benchmarks/
         _wait_delivered(rp.stats, 1)
         produce = rp.produce
@@ -167,21 +172,21 @@ def main() -> None:
                     if line is None:
                         raise SystemExit(f"{v} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
                     runs[v].append(json.loads(line[7:]))
-                    print(f"rep {rep + 1} {v:10s} {runs[v][-1]['msgs_per_s']:>9.0f} msgs/s", file=sys.stderr)
+                    print(f"rep {rep + 1} {v:12s} {runs[v][-1]['msgs_per_s']:>9.0f} msgs/s", file=sys.stderr)
     finally:
         if cluster is not None:
             cluster.close()
     base = statistics.median(r["msgs_per_s"] for r in runs["plain"])
     base_cpu = statistics.median(r["cpu_us_per_msg"] for r in runs["plain"])
     print(f"\n{args.messages} messages x {args.reps} interleaved reps, 200 B, 1 broker, load {os.getloadavg()[0]:.1f}")
-    print(f"{'variant':10s} {'msgs/s':>9s} {'ratio':>6s} {'CPU µs/msg':>11s} {'CPU ratio':>9s}  per-rep ratios")
+    print(f"{'variant':12s} {'msgs/s':>9s} {'ratio':>6s} {'CPU µs/msg':>11s} {'CPU ratio':>9s}  per-rep ratios")
     for v in variants:
         rate = statistics.median(r["msgs_per_s"] for r in runs[v])
         cpu = statistics.median(r["cpu_us_per_msg"] for r in runs[v])
         pairs = zip(runs[v], runs["plain"], strict=True)
         per_rep = " ".join(f"{r['msgs_per_s'] / b['msgs_per_s']:.2f}" for r, b in pairs)
         extra = f"  scrapes/run {statistics.median(r['scrapes'] for r in runs[v]):.0f}" if v == "metrics" else ""
-        print(f"{v:10s} {rate:>9.0f} {rate / base:>6.3f} {cpu:>11.2f} {cpu / base_cpu:>9.3f}  {per_rep}{extra}")
+        print(f"{v:12s} {rate:>9.0f} {rate / base:>6.3f} {cpu:>11.2f} {cpu / base_cpu:>9.3f}  {per_rep}{extra}")
 
 
 if __name__ == "__main__":
