@@ -7,6 +7,7 @@ drain workers re-send them under a retry policy; what cannot be delivered become
 and the application's recovery callback is called.
 """
 
+from .aio import AsyncResilientProducer
 from .circuit import CircuitBreaker, CircuitState
 from .drain import Drainer, DrainResult
 from .errors import (
@@ -34,6 +35,7 @@ __all__ = [
     "ID_HEADER",
     "LAST_ERROR_HEADER",
     "PRODUCER_DEFAULTS",
+    "AsyncResilientProducer",
     "CircuitBreaker",
     "CircuitState",
     "ConfigError",

@@ -43,6 +43,7 @@ AsyncDeliveryCallback = Callable[[KafkaError | None, Message | None], None]
 # burst waits for the last one's produce() (each ~5-10 µs on the fast path).
 _ROUND = 256
 _STOP = object()
+_Result = tuple["asyncio.Future[str]", str | None, BaseException | None]
 _BARRIER = object()
 
 
@@ -186,7 +187,7 @@ class AsyncResilientProducer:
         await fut
 
     def _submit_loop(self) -> None:
-        get, get_nowait, produce = self._queue.get, self._queue.get_nowait, self.producer.produce
+        get, get_nowait = self._queue.get, self._queue.get_nowait
         while True:
             items = [get()]
             try:
@@ -194,28 +195,40 @@ class AsyncResilientProducer:
                     items.append(get_nowait())
             except queue.Empty:
                 pass
-            done: list[tuple[asyncio.Future[str], str | None, BaseException | None]] = []
-            stop = False
-            for item in items:
-                if item is _STOP:
-                    stop = True
-                    continue
-                fut, args, transaction = item
-                if args is _BARRIER:
-                    done.append((fut, "", None))
-                    continue
-                try:
-                    done.append((fut, produce(*args, transaction=transaction), None))
-                except BaseException as exc:  # noqa: BLE001 - every error belongs to its caller
-                    done.append((fut, None, exc))
-            self._resolve(done)
+            try:
+                stop = self._submit_round(items)
+            except Exception:  # a bug here must not leave callers awaiting forever
+                log.exception("outbox: async submit thread failed; failing this round's produce() calls")
+                error = ProducerClosedError("internal error in the submit thread (logged)")
+                failed: list[_Result] = [(it[0], None, error) for it in items if it is not _STOP]
+                self._resolve(failed)
+                stop = any(it is _STOP for it in items)
             if stop:
                 return
 
+    def _submit_round(self, items: list[Any]) -> bool:
+        """Hand one round of calls to the producer; True if the round held the stop marker."""
+        produce = self.producer.produce
+        done: list[_Result] = []
+        stop = False
+        for item in items:
+            if item is _STOP:
+                stop = True
+                continue
+            fut, args, transaction = item
+            if args is _BARRIER:
+                done.append((fut, "", None))
+                continue
+            try:
+                done.append((fut, produce(*args, transaction=transaction), None))
+            except BaseException as exc:  # noqa: BLE001 - every error belongs to its caller
+                done.append((fut, None, exc))
+        self._resolve(done)
+        return stop
+
     @staticmethod
-    def _resolve(done: list[tuple[asyncio.Future[str], str | None, BaseException | None]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[str], str | None, BaseException | None]]]
-        by_loop = {}
+    def _resolve(done: list[_Result]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Result]] = {}
         for entry in done:
             by_loop.setdefault(entry[0].get_loop(), []).append(entry)
         for loop, entries in by_loop.items():
@@ -226,7 +239,7 @@ class AsyncResilientProducer:
                 log.warning("outbox: event loop closed before %d produce() results could be returned", len(entries))
 
 
-def _settle(entries: list[tuple[asyncio.Future[str], str | None, BaseException | None]]) -> None:
+def _settle(entries: list[_Result]) -> None:
     """On the loop: complete the futures of one round."""
     for fut, value, exc in entries:
         if fut.cancelled():

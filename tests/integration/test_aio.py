@@ -20,6 +20,9 @@ from outbox.testing import KafkaCluster
 from .delivery import keyed_value, read_topic
 
 FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
+# Tests without an outage: librdkafka's usual patience, so a loaded machine's slow acknowledgements
+# do not send messages to the outbox (3 s time-outs did at load average 30).
+STEADY = {**FAST, "message.timeout.ms": 30000}
 
 
 def make_async(bootstrap: str, path: Path, **kw: Any) -> AsyncResilientProducer:
@@ -31,7 +34,7 @@ def make_async(bootstrap: str, path: Path, **kw: Any) -> AsyncResilientProducer:
         "lease_seconds": 10.0,
     }
     opts.update(kw)
-    return AsyncResilientProducer({"bootstrap.servers": bootstrap, **FAST}, **opts)
+    return AsyncResilientProducer({"bootstrap.servers": bootstrap, **STEADY}, **opts)
 
 
 async def wait_drained(p: AsyncResilientProducer, timeout: float) -> dict[str, Any]:

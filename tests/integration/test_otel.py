@@ -24,6 +24,9 @@ from outbox.testing import KafkaCluster
 from .delivery import header, read_topic
 
 FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
+# Tests without an outage: librdkafka's usual patience, so a loaded machine's slow acknowledgements
+# do not send messages to the outbox (3 s time-outs did at load average 30).
+STEADY = {**FAST, "message.timeout.ms": 30000}
 # A foreign trace context, as an upstream service would have set it (tracestate with two vendors).
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TRACESTATE = b"congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
@@ -155,7 +158,7 @@ def test_dead_letter_span_and_async_send_spans(
 
     async def app() -> tuple[str, str]:
         ap = AsyncResilientProducer(
-            {"bootstrap.servers": kafka_bootstrap, **FAST}, outbox=f"sqlite:///{tmp_path / 'o.db'}",
+            {"bootstrap.servers": kafka_bootstrap, **STEADY}, outbox=f"sqlite:///{tmp_path / 'o.db'}",
             on_dead_letter=dead.append, drain_poll_interval=0.2,
         )
         instrument(ap, tracer_provider=provider)

@@ -27,6 +27,9 @@ from outbox.aio import AsyncResilientProducer
 from .delivery import header, read_topic
 
 FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
+# Tests without an outage: librdkafka's usual patience, so a loaded machine's slow acknowledgements
+# do not send messages to the outbox (3 s time-outs did at load average 30).
+STEADY = {**FAST, "message.timeout.ms": 30000}
 ORDER_JSON = """{"type": "object", "properties": {"id": {"type": "integer"}, "item": {"type": "string"}},
                  "required": ["id", "item"]}"""
 ORDER_AVRO = """{"type": "record", "name": "Order",
@@ -61,7 +64,7 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
 
 def test_string_serializers_set_key_and_value_bytes(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
     with ResilientProducer(
-        {"bootstrap.servers": kafka_bootstrap, **FAST}, outbox=f"sqlite:///{tmp_path / 'o.db'}",
+        {"bootstrap.servers": kafka_bootstrap, **STEADY}, outbox=f"sqlite:///{tmp_path / 'o.db'}",
         key_serializer=StringSerializer(), value_serializer=StringSerializer("utf_16"),
     ) as p:
         ids = [p.produce(topic, f"héllo {i}", key=f"k-{i}") for i in range(10)]
@@ -69,7 +72,7 @@ def test_string_serializers_set_key_and_value_bytes(kafka_bootstrap: str, topic:
 
     async def via_async() -> str:
         async with AsyncResilientProducer(
-            {"bootstrap.servers": kafka_bootstrap, **FAST}, outbox=f"sqlite:///{tmp_path / 'a.db'}",
+            {"bootstrap.servers": kafka_bootstrap, **STEADY}, outbox=f"sqlite:///{tmp_path / 'a.db'}",
             key_serializer=StringSerializer(), value_serializer=StringSerializer("utf_16"),
         ) as ap:
             return await ap.produce(topic, "async héllo", key="k-async")
@@ -114,7 +117,7 @@ def test_schema_registry_bytes_are_made_once_and_the_outbox_resends_them_unchang
     assert avro_ser.calls == [(avro_topic, MessageField.VALUE)] * 5
     # 2) Another producer, with no serializer at all, drains the stored bytes to the real cluster.
     with ResilientProducer(
-        {"bootstrap.servers": kafka_bootstrap, **FAST}, outbox=db,
+        {"bootstrap.servers": kafka_bootstrap, **STEADY}, outbox=db,
         retry=RetryPolicy(max_attempts=100, initial_delay=0.2), drain_poll_interval=0.2,
     ) as drainer:
         wait_until(lambda: drainer.stats()["pending"] == 0, 60, "the outbox is drained")
@@ -144,7 +147,7 @@ def test_serialization_errors_raise_at_produce_and_store_nothing(
         raise ValueError(f"cannot encode key {obj!r}")
 
     with ResilientProducer(
-        {"bootstrap.servers": kafka_bootstrap, **FAST}, outbox=f"sqlite:///{tmp_path / 'o.db'}",
+        {"bootstrap.servers": kafka_bootstrap, **STEADY}, outbox=f"sqlite:///{tmp_path / 'o.db'}",
         value_serializer=JSONSerializer(ORDER_JSON, registry),
     ) as p:
         with pytest.raises(ValueSerializationError, match="'x' is not of type 'integer'"):
@@ -157,7 +160,7 @@ def test_serialization_errors_raise_at_produce_and_store_nothing(
 
     async def via_async() -> None:
         async with AsyncResilientProducer(
-            {"bootstrap.servers": kafka_bootstrap, **FAST}, outbox=f"sqlite:///{tmp_path / 'a.db'}",
+            {"bootstrap.servers": kafka_bootstrap, **STEADY}, outbox=f"sqlite:///{tmp_path / 'a.db'}",
             key_serializer=bad_key,
         ) as ap:
             with pytest.raises(KeySerializationError, match="cannot encode key 42") as err:
