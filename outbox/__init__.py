@@ -9,6 +9,7 @@ and the application's recovery callback is called.
 
 import logging
 
+from .aio import AsyncResilientProducer
 from .circuit import CircuitBreaker, CircuitState
 from .consumer import Ignore, MainTopicCircuit, ResilientConsumer, RetryInPlace, RetryTopics
 from .drain import Drainer, DrainResult
@@ -41,6 +42,7 @@ __all__ = [
     "ID_HEADER",
     "LAST_ERROR_HEADER",
     "PRODUCER_DEFAULTS",
+    "AsyncResilientProducer",
     "CircuitBreaker",
     "CircuitState",
     "ConfigError",

@@ -31,6 +31,7 @@ from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
 from .records import DeadLetter, Headers, NewMessage, OutboxMessage, StoreStats
 from .retry import RetryPolicy, describe
+from .serialization import Serializer, Serializers
 from .settle import Verdict, settle
 from .stores import Outbox, open_outbox
 from .writer import Batch, Committed, GroupCommitWriter
@@ -123,6 +124,9 @@ class ResilientProducer:
         drain_poll_interval: longest pause of an idle drain worker.
         on_store_error: called (on a drain thread) with each StoreError the drain workers met
             and survived: they back off and retry, and `stats()` counts them in `store_errors`.
+        key_serializer, value_serializer: ``serializer(obj, ctx) -> bytes | None``, e.g.
+            confluent_kafka.serialization's or the Schema Registry serializers; called once in
+            produce(), before anything is sent or stored (see outbox.serialization).
     """
 
     def __init__(
@@ -143,6 +147,8 @@ class ResilientProducer:
         drain_batch_size: int = 1000,
         drain_poll_interval: float = 0.5,
         on_store_error: Callable[[StoreError], None] | None = None,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
     ) -> None:
         if not isinstance(config, Mapping):
             raise ConfigError("config must be a dict of confluent_kafka settings")
@@ -152,6 +158,7 @@ class ResilientProducer:
             raise ConfigError(f"durability must be one of {_DURABILITY}, got {durability!r}")
         if drain_workers < 0:
             raise ConfigError(f"drain_workers must be >= 0, got {drain_workers}")
+        self._serializers = Serializers.of(key_serializer, value_serializer)
         self.mode = mode
         self.durability = durability
         self.retry = retry or RetryPolicy()
@@ -257,6 +264,8 @@ class ResilientProducer:
             raise ProducerClosedError("produce() called after close()")
         if topic.__class__ is not str or (topic not in _VALID_TOPICS and not _topic_ok(topic)):
             self._bad_topic(topic)
+        if self._serializers is not None:  # once, before the outbox: re-sends reuse the bytes
+            value, key, headers = self._serializers(topic, value, key, headers)
         if value is not None and not isinstance(value, _BYTES_LIKE):
             _check_payload("value", value)
         if key is not None and not isinstance(key, _BYTES_LIKE):

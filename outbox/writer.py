@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import StoreError
+from .latency import LatencyHistogram
 from .records import NewMessage, OutboxMessage
 from .settle import Decision, add_to
 from .stores.base import Failure, Outbox, Settlement
@@ -94,6 +95,7 @@ class GroupCommitWriter:
         self._closed = False
         self._failing_since: float | None = None
         self.committed_rows = 0
+        self.commit_seconds = LatencyHistogram()  # per commit, not per message: no hot-path cost
         self._thread = threading.Thread(target=self._run, name="outbox-writer", daemon=True)
         self._thread.start()
 
@@ -210,6 +212,7 @@ class GroupCommitWriter:
 
     def _commit(self, batch: Batch) -> None:
         delay = 0.05
+        started = time.perf_counter()
         leased = [m for m, is_leased in zip(batch.new, batch.leased, strict=True) if is_leased]
         free = [m for m, is_leased in zip(batch.new, batch.leased, strict=True) if not is_leased]
         # Each step below is its own transaction. A step that committed is not repeated when a
@@ -249,6 +252,7 @@ class GroupCommitWriter:
                     batch.done.set()
                     return
         self._failing_since = None
+        self.commit_seconds.observe(time.perf_counter() - started)
         ids_leased, dead_failed = first
         it_l, it_f = iter(ids_leased), iter(ids_free)
         new_ids = [next(it_l) if is_leased else next(it_f) for is_leased in batch.leased]
