@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from outbox import (
@@ -310,8 +311,9 @@ def test_kill_9_in_the_middle_of_the_ladder_then_restart_loses_nothing(
         assert t.endswith(".retry-2") == value.startswith("fail"), (value, t)
 
 
+@pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
 def test_second_consumer_joins_then_is_killed_during_a_pause_nothing_stuck(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, assignor: str
 ) -> None:
     topic = make_topic(partitions=4)
     group = group_name()
@@ -328,7 +330,8 @@ def test_second_consumer_joins_then_is_killed_during_a_pause_nothing_stuck(
         successes.setdefault(value, []).append((time.time(), due))
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING,
+         "partition.assignment.strategy": assignor},
         topics=[topic],
         handler=handle,
         strategy=RetryTopics(delays=[delay]),
@@ -339,7 +342,7 @@ def test_second_consumer_joins_then_is_killed_during_a_pause_nothing_stuck(
         wait_until(lambda: c.stats()["retried"] == 40 and c.stats()["held"] > 0, 30, "40 hops, tier partitions held")
         b = subprocess.Popen(
             [sys.executable, str(WORKER), kafka_bootstrap, topic, group, str(tmp_path / "b.db"), str(log_path),
-             str(delay)],
+             str(delay), assignor],
             stdout=subprocess.PIPE,
         )
         try:
