@@ -39,7 +39,7 @@ from ..retry import RetryPolicy
 from ..stores import Outbox, open_outbox
 from .circuit import CircuitBreaker, CircuitState, MainTopicCircuit
 from .deadletters import DeadLetters, check_mode
-from .headers import due_at, failure_headers, origin_of
+from .headers import due_at, failure_headers
 from .offsets import OffsetTracker
 from .scheduler import PauseScheduler
 from .strategies import Ignore, RetryInPlace, RetryTopics, Strategy, check_strategy
@@ -383,7 +383,7 @@ class ResilientConsumer:
         elif isinstance(strategy, RetryTopics):
             if place.tier < len(self._delays):
                 due = time.time() + self._delays[place.tier]
-                headers, _ = failure_headers(
+                headers, _, _ = failure_headers(
                     m, group=self.group, attempt=attempts, exc=exc, due_at_s=due, ids=self._ids
                 )
                 token = self._publish(self.ladder.retry_topic(place.main, place.tier + 1), m, headers, tp[1])
@@ -420,13 +420,15 @@ class ResilientConsumer:
     def _dead_letter(
         self, m: Message, tp: TP, offset: int, place: Place, *, attempts: int, exc: BaseException
     ) -> None:
-        headers, msg_id = failure_headers(m, group=self.group, attempt=attempts, exc=exc, due_at_s=None, ids=self._ids)
+        headers, msg_id, origin = failure_headers(
+            m, group=self.group, attempt=attempts, exc=exc, due_at_s=None, ids=self._ids
+        )
         replay = self.ladder.retry_topic(place.main, 1) if self._delays else place.main
         token = self._dead.record(
             m,
             headers=headers,
             msg_id=msg_id,
-            origin=origin_of(m),
+            origin=origin,
             attempts=attempts,
             exc=exc,
             dlq_topic=self.ladder.dlq_topic(place.main),
