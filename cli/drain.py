@@ -30,6 +30,7 @@ from outbox.errors import KafkaUnavailableError
 from outbox.retry import RetryPolicy
 from outbox.stores import Outbox
 
+from . import backlog
 from . import format as fmt
 from .common import (
     EXIT_CODES_HELP,
@@ -206,7 +207,9 @@ def drain(
         started = time.time()
         result, interrupted = _run(drainer, store, topic, until_empty, max_messages, total, as_json)
         remaining = _pending(store, topic)
-        next_due = store.stats(now=time.time()).next_due_at if remaining else None
+        now = time.time()
+        left = store.backlog(now=now, topic=topic) if remaining else None
+        next_due = backlog.next_move(left, now) if left is not None else None
         elapsed = time.time() - started
 
     if as_json:
@@ -220,7 +223,8 @@ def drain(
                     "dead": result.dead,
                     "released": result.released,
                     "remaining": remaining,
-                    "next_due_at": None if next_due is None else fmt.iso(max(next_due, time.time())),
+                    "next_due_at": fmt.iso(next_due),
+                    "backlog": None if left is None else backlog.as_json(left),
                     "interrupted": interrupted,
                     "seconds": round(elapsed, 3),
                 }
@@ -232,9 +236,9 @@ def drain(
             f"Delivered {result.delivered}, retried {result.retried}, dead-lettered {result.dead} "
             f"in {fmt.duration(elapsed)} ({rate:.0f} msg/s)."
         )
-        if remaining:
-            due = "now" if next_due is not None and next_due <= time.time() else fmt.when(next_due)
-            click.echo(f"{remaining} message(s) still pending in {url.redacted()} (next due: {due}).")
+        if remaining and left is not None:
+            click.echo(f"{remaining} message(s) still pending in {url.redacted()}:")
+            click.echo("\n".join(f"  {line}" for line in backlog.lines(left)))
         else:
             scope = f" for topic {topic}" if topic else ""
             click.echo(f"Nothing left pending in {url.redacted()}{scope}.")

@@ -10,6 +10,7 @@ import click
 
 from outbox.urls import StoreURL
 
+from . import backlog
 from . import format as fmt
 from .common import EXIT_CODES_HELP, OutboxCommand, json_option, open_store, outbox_option
 
@@ -43,12 +44,16 @@ Examples:
 def status(outbox_url: str, as_json: bool) -> None:
     """Counts by state and by topic, oldest pending age, next due time, dead letters by error.
 
-    For a SQLite outbox the file size (and its write-ahead log's) is shown too. Messages that a
-    drainer holds right now are counted as pending and shown as "leased".
+    For a SQLite outbox the file size (and its write-ahead log's) is shown too. "What is left"
+    says why each pending message is still there: due now, backing off until a time, leased by
+    an owner (alive, or gone: the next drain takes its rows at once) or waiting behind an earlier
+    message of its key. "Leases by owner" lists who holds what.
     """
     with open_store(outbox_url) as (store, url):
         now = time.time()
         st = store.stats(now=now)
+        left = store.backlog(now=now)
+    next_due = backlog.next_move(left, now)
     sizes = _file_sizes(url)
     oldest_age = None if st.oldest_pending_at is None else max(0.0, now - st.oldest_pending_at)
     if as_json:
@@ -59,14 +64,14 @@ def status(outbox_url: str, as_json: bool) -> None:
             "dead": st.dead,
             "oldest_pending_at": fmt.iso(st.oldest_pending_at),
             "oldest_pending_age_seconds": None if oldest_age is None else round(oldest_age, 3),
-            # A row due long ago (enqueued due "now") is reported as due now, not as 1970.
-            "next_due_at": None if st.next_due_at is None else fmt.iso(max(st.next_due_at, now)),
-            "next_due_in_seconds": None
-            if st.next_due_at is None
-            else round(max(0.0, st.next_due_at - now), 3),
+            # When a drain can next send something: rows that wait behind a lease or a back-off
+            # are not "due now" even if their own time has come.
+            "next_due_at": fmt.iso(next_due),
+            "next_due_in_seconds": None if next_due is None else round(next_due - now, 3),
             "pending_by_topic": dict(sorted(st.pending_by_topic.items())),
             "dead_by_topic": dict(sorted(st.dead_by_topic.items())),
             "dead_by_error": dict(sorted(st.dead_by_error.items())),
+            "backlog": backlog.as_json(left),
             "file_bytes": None if sizes is None else sizes["file"],
             "wal_bytes": None if sizes is None else sizes["wal"],
         }
@@ -76,19 +81,24 @@ def status(outbox_url: str, as_json: bool) -> None:
     lines = [("outbox", url.redacted())]
     if sizes is not None:
         lines.append(("file size", f"{fmt.size(sizes['file'])} (+ {fmt.size(sizes['wal'])} write-ahead log)"))
-    leased = f" ({st.leased} leased by a drainer now)" if st.leased else ""
+    leased = f" ({st.leased} leased now)" if st.leased else ""
     lines.append(("pending", f"{st.pending}{leased}"))
     lines.append(("dead letters", str(st.dead)))
     if st.oldest_pending_at is not None and oldest_age is not None:
         lines.append(("oldest pending", f"{fmt.when(st.oldest_pending_at)} ({fmt.duration(oldest_age)} ago)"))
-    if st.next_due_at is not None:
-        wait = st.next_due_at - now
-        lines.append(
-            ("next due", "now" if wait <= 0 else f"{fmt.when(st.next_due_at)} (in {fmt.duration(wait)})")
-        )
+    if next_due is not None:
+        wait = next_due - now
+        lines.append(("next due", "now" if wait <= 0 else f"{fmt.when(next_due)} (in {fmt.duration(wait)})"))
     width = len("oldest pending")  # fixed, so the layout does not shift with what is shown
     for k, v in lines:
         click.echo(f"{k.ljust(width)}  {v}")
+    what = backlog.lines(left)
+    if what:
+        click.echo("\nwhat is left:")
+        click.echo("\n".join(f"  {line}" for line in what))
+    if left.leases:
+        click.echo("\nleases by owner:")
+        click.echo(backlog.lease_table(left))
     for title, counts in (
         ("pending by topic", st.pending_by_topic),
         ("dead letters by topic", st.dead_by_topic),

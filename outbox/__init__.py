@@ -7,8 +7,11 @@ drain workers re-send them under a retry policy; what cannot be delivered become
 and the application's recovery callback is called.
 """
 
+import logging
+
 from .aio import AsyncResilientProducer
 from .circuit import CircuitBreaker, CircuitState
+from .consumer import Ignore, MainTopicCircuit, ResilientConsumer, RetryInPlace, RetryTopics
 from .drain import Drainer, DrainResult
 from .errors import (
     ConfigError,
@@ -29,6 +32,10 @@ from .urls import StoreURL, parse_url
 
 __version__ = "0.1.0"
 
+# A library configures no logging: without this, Python's last-resort handler would print our
+# warnings on the application's stderr (see outbox.logs).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
 __all__ = [
     "ATTEMPT_HEADER",
     "FIRST_FAILED_HEADER",
@@ -44,15 +51,20 @@ __all__ = [
     "Disposition",
     "DrainResult",
     "Drainer",
+    "Ignore",
     "KafkaDeliveryError",
     "KafkaUnavailableError",
+    "MainTopicCircuit",
     "NewMessage",
     "Outbox",
     "OutboxError",
     "OutboxMessage",
     "ProducerClosedError",
+    "ResilientConsumer",
     "ResilientProducer",
+    "RetryInPlace",
     "RetryPolicy",
+    "RetryTopics",
     "SQLiteOutbox",
     "Status",
     "StoreError",

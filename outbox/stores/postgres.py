@@ -54,11 +54,22 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..codec import encode_headers
+from ..backlog import Backlog, backlog_from_rows, backlog_sql
 from ..errors import ConfigError, StoreError, StoreNotFoundError, UnknownMessageError
+from ..owners import Liveness, SweepSchedule, describe_owner, local_liveness, parse_owner
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from ..urls import StoreURL, parse_url
-from .base import COLUMNS, Failure, Outbox, dead_letter_where, row_from_columns
+from .base import (
+    COLUMNS,
+    INSERT_COLUMNS,
+    Applied,
+    Failure,
+    Outbox,
+    Settlement,
+    dead_letter_where,
+    insert_values,
+    row_from_columns,
+)
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
     import psycopg
@@ -66,9 +77,19 @@ if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily a
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _COLUMNS = COLUMNS
+_TYPES = {
+    "msg_id": "text", "topic": "text", "key": "bytea", "value": "bytea", "headers": "bytea",
+    "partition": "int", "status": "smallint", "attempts": "int", "created_at": "float8",
+    "first_failed_at": "float8", "last_failed_at": "float8", "next_attempt_at": "float8",
+    "last_error": "text", "error_code": "int", "error_name": "text", "lease_owner": "text",
+}
+_INSERT = (
+    "INSERT INTO {t} (" + ", ".join(INSERT_COLUMNS) + ") SELECT * FROM unnest("
+    + ", ".join(f"%s::{_TYPES[c]}[]" for c in INSERT_COLUMNS) + ") RETURNING id"
+)
 
 _ALL = DeadLetterFilter()  # the empty filter: every dead letter
 
@@ -109,7 +130,17 @@ def _migrations(schema: str, table: str) -> dict[int, list[str]]:
             f'CREATE INDEX IF NOT EXISTS "{table}_key" ON {t} (topic, md5(key), id) '
             "WHERE status = 0 AND key IS NOT NULL",
             f'CREATE INDEX IF NOT EXISTS "{table}_dead" ON {t} (id) WHERE status = 2',
-        ]
+        ],
+        # The error as code and name columns: filters and stats read them, never the text.
+        2: [
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS error_code INTEGER",
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS error_name TEXT",
+            # The one place the old text form "NAME (code): reason" (version 1) is parsed.
+            f"UPDATE {t} SET error_name = m[1], error_code = m[2]::integer "
+            "FROM (SELECT id AS mid, regexp_match(last_error, '^(\\S+) \\((-?\\d+)\\):') AS m "
+            f"FROM {t} WHERE last_error IS NOT NULL AND error_code IS NULL) AS x "
+            "WHERE id = x.mid AND x.m IS NOT NULL",
+        ],
     }
 
 
@@ -173,6 +204,9 @@ class PostgresOutbox(Outbox):
         self._kwargs.setdefault("connect_timeout", _DEFAULT_CONNECT_TIMEOUT)
         self._closed = False
         self._close_lock = threading.Lock()
+        self._sweeps = SweepSchedule()
+        self._owner_lock = threading.Lock()
+        self._owner_conns: dict[str, tuple[psycopg.Connection[Any], float]] = {}
         # One direct connection first: a pool hides the reason of a failed connect behind a
         # timeout, and the first connect is where wrong credentials and typos show up.
         with self._direct() as conn:
@@ -326,32 +360,11 @@ class PostgresOutbox(Outbox):
     ) -> list[int]:
         if not messages:
             return []
-        leased = lease_owner is not None and lease_until is not None
+        if lease_owner is not None and lease_until is not None:
+            self._hold_owner(str(lease_owner))
+        rows = [insert_values(m, status, lease_owner, lease_until, now) for m in messages]
         # One statement for the whole batch: arrays unnested server-side, ~one round trip.
-        cur = conn.execute(
-            f"INSERT INTO {self._t} (msg_id, topic, key, value, headers, partition, status, "
-            "attempts, created_at, first_failed_at, last_failed_at, next_attempt_at, last_error, "
-            "lease_owner) "
-            "SELECT m, t, k, v, h, p, %s, a, %s, f, CASE WHEN a > 0 THEN f END, n, e, %s "
-            "FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[], "
-            "%s::int[], %s::int[], %s::float8[], %s::float8[], %s::text[]) "
-            "AS x(m, t, k, v, h, p, a, f, n, e) RETURNING id",
-            [
-                int(status),
-                now,
-                lease_owner if leased else None,
-                [m.msg_id for m in messages],
-                [m.topic for m in messages],
-                [m.key for m in messages],
-                [m.value for m in messages],
-                [encode_headers(m.headers) for m in messages],
-                [m.partition for m in messages],
-                [m.attempts for m in messages],
-                [m.first_failed_at for m in messages],
-                [lease_until if leased else m.next_attempt_at for m in messages],
-                [m.last_error for m in messages],
-            ],
-        )
+        cur = conn.execute(_INSERT.format(t=self._t), [list(col) for col in zip(*rows, strict=True)])
         # Identity values are drawn as the unnested rows are inserted, in order, so sorted
         # ids line up with the input even when other writers insert at the same time.
         return sorted(r[0] for r in cur.fetchall())
@@ -432,12 +445,6 @@ class PostgresOutbox(Outbox):
         cur = conn.execute(f"DELETE FROM {self._t} WHERE id = ANY(%s::bigint[]) AND status = 0", [list(ids)])
         return cur.rowcount
 
-    def mark_delivered(self, ids: Sequence[int]) -> int:
-        if not ids:
-            return 0
-        with self._conn() as conn:
-            return self._delete(conn, ids)
-
     def _fail(self, conn: psycopg.Connection[Any], failures: Sequence[Failure]) -> list[OutboxMessage]:
         if not failures:
             return []
@@ -446,13 +453,16 @@ class PostgresOutbox(Outbox):
         if retry:
             conn.execute(
                 f"UPDATE {self._t} AS o SET attempts = o.attempts + 1, last_error = f.e, "
+                "error_code = f.c, error_name = f.n, "
                 "first_failed_at = COALESCE(o.first_failed_at, f.at), last_failed_at = f.at, "
                 "next_attempt_at = f.retry, lease_owner = NULL "
-                "FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::float8[]) "
-                "AS f(id, e, at, retry) WHERE o.id = f.id AND o.status = 0",
+                "FROM unnest(%s::bigint[], %s::text[], %s::int[], %s::text[], %s::float8[], %s::float8[]) "
+                "AS f(id, e, c, n, at, retry) WHERE o.id = f.id AND o.status = 0",
                 [
                     [f.id for f in retry],
                     [f.error for f in retry],
+                    [f.code for f in retry],
+                    [f.name for f in retry],
                     [f.failed_at for f in retry],
                     [f.retry_at for f in retry],
                 ],
@@ -462,50 +472,49 @@ class PostgresOutbox(Outbox):
         cols = ", ".join(f"o.{c.strip()}" for c in _COLUMNS.split(","))
         cur = conn.execute(
             f"UPDATE {self._t} AS o SET attempts = o.attempts + 1, last_error = f.e, status = 2, "
+            "error_code = f.c, error_name = f.n, "
             "first_failed_at = COALESCE(o.first_failed_at, f.at), last_failed_at = f.at, "
             "lease_owner = NULL "
-            "FROM unnest(%s::bigint[], %s::text[], %s::float8[]) AS f(id, e, at) "
+            "FROM unnest(%s::bigint[], %s::text[], %s::int[], %s::text[], %s::float8[]) AS f(id, e, c, n, at) "
             f"WHERE o.id = f.id AND o.status = 0 RETURNING {cols}",
-            [[f.id for f in dead], [f.error for f in dead], [f.failed_at for f in dead]],
+            [
+                [f.id for f in dead], [f.error for f in dead], [f.code for f in dead], [f.name for f in dead],
+                [f.failed_at for f in dead],
+            ],
         )
         return sorted((row_from_columns(r) for r in cur.fetchall()), key=lambda m: m.id)
 
-    def record_failures(self, failures: Sequence[Failure]) -> list[OutboxMessage]:
-        if not failures:
-            return []
-        with self._tx() as conn:
-            return self._fail(conn, failures)
-
-    def release(self, ids: Sequence[int], *, now: float) -> None:
-        if not ids:
-            return
-        with self._conn() as conn:
-            conn.execute(
-                f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s "
-                "WHERE id = ANY(%s::bigint[]) AND status = 0",
-                [now, list(ids)],
-            )
-
-    def commit_batch(
+    def apply(
         self,
-        new: Sequence[NewMessage],
-        delivered: Sequence[int],
-        failures: Sequence[Failure],
+        settlement: Settlement,
         *,
-        lease_owner: str | None,
-        lease_until: float | None,
-    ) -> tuple[list[int], list[OutboxMessage]]:
+        now: float,
+        new: Sequence[NewMessage] = (),
+        lease_owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> Applied:
+        if not settlement and not new:
+            return Applied([], 0, [])
         with self._tx() as conn:
-            ids = self._insert(conn, new, Status.PENDING, lease_owner, lease_until, time.time())
-            self._delete(conn, delivered)
-            dead = self._fail(conn, failures)
-        return ids, dead
+            ids = self._insert(conn, new, Status.PENDING, lease_owner, lease_until, now)
+            deleted = self._delete(conn, settlement.delivered)
+            dead = self._fail(conn, settlement.failures)
+            if settlement.released:
+                conn.execute(
+                    f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s "
+                    "WHERE id = ANY(%s::bigint[]) AND status = 0",
+                    [now, settlement.released],
+                )
+        return Applied(ids, deleted, dead)
 
     def claim(
         self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None
     ) -> list[OutboxMessage]:
         if limit <= 0:
             return []
+        self._hold_owner(owner)
+        if self._sweeps.due():
+            self.release_gone_owners(now=now)
         where = "status = 0 AND next_attempt_at <= %s"
         args: list[Any] = [now]
         if topic is not None:
@@ -631,8 +640,7 @@ class PostgresOutbox(Outbox):
                 [now],
             ).fetchall()
             errors = conn.execute(
-                "SELECT COALESCE(CASE WHEN strpos(last_error, ':') > 0 "
-                "THEN substr(last_error, 1, strpos(last_error, ':') - 1) ELSE last_error END, '?'), "
+                "SELECT COALESCE(error_name || ' (' || error_code || ')', '?'), "
                 f"count(*) FROM {self._t} WHERE status = 2 GROUP BY 1"
             ).fetchall()
             due = conn.execute(f"SELECT min(next_attempt_at) FROM {self._t} WHERE status = 0").fetchone()
@@ -664,3 +672,117 @@ class PostgresOutbox(Outbox):
                 return
             self._closed = True
         self._pool.close()
+        with self._owner_lock:
+            conns, self._owner_conns = self._owner_conns, {}
+        for conn, _ in conns.values():
+            conn.close()  # the owners' locks go with them: their leases are free to take
+
+    # -- lease owners ------------------------------------------------------------------------
+
+    def _owner_key(self, owner: str) -> tuple[int, int]:
+        """The two-int advisory-lock key of an owner of this table (31 bits each: no sign)."""
+        digest = hashlib.blake2b(f"{self._schema}.{self._table_name}\0{owner}".encode(), digest_size=8).digest()
+        return (
+            int.from_bytes(digest[:4], "big") & 0x7FFFFFFF,
+            int.from_bytes(digest[4:], "big") & 0x7FFFFFFF,
+        )
+
+    def _hold_owner(self, owner: str) -> None:
+        """Make sure `owner` holds its liveness lock before it leases anything.
+
+        One dedicated connection per owner, outside the pool (a pooled connection is shared and
+        recycled; a session lock must live exactly as long as its owner). Checked at most once
+        a second; after a server restart the lock is taken again on a new connection.
+        """
+        now = time.monotonic()
+        held = self._owner_conns.get(owner)
+        if held is not None and now - held[1] < 1.0:
+            return
+        with self._owner_lock:
+            held = self._owner_conns.get(owner)
+            if held is not None:
+                conn = held[0]
+                try:
+                    conn.execute("SELECT 1")
+                    self._owner_conns[owner] = (conn, now)
+                    return
+                except self._psycopg.Error:
+                    conn.close()
+                    log.warning("PostgreSQL outbox %s: lease owner %s lost its session; taking its lock again",
+                                self._where, describe_owner(owner))
+            if self._closed:
+                raise StoreError(f"PostgreSQL outbox {self._where} is closed")
+            try:
+                conn = self._psycopg.connect(**self._kwargs, autocommit=True)
+                k1, k2 = self._owner_key(owner)
+                got = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [k1, k2]).fetchone()
+            except self._psycopg.Error as exc:
+                raise self._error(exc, "taking the lease owner's lock") from None
+            if not got or not got[0]:
+                log.warning("PostgreSQL outbox %s: another session holds the lock of lease owner %s",
+                            self._where, describe_owner(owner))
+            self._owner_conns[owner] = (conn, now)
+
+    def owner_liveness(self, owners: Sequence[str]) -> dict[str, Liveness]:
+        """Alive, gone or unknown, for each lease owner.
+
+        An owner of this host is judged by its process (`outbox.owners.local_liveness`);
+        otherwise an owner named by `outbox.owners.new_owner` is alive while its advisory lock
+        is held, and gone when it is free. Other names are unknown (their leases expire).
+        """
+        out: dict[str, Liveness] = {}
+        remote: dict[tuple[int, int], str] = {}
+        for o in owners:
+            live = local_liveness(o)
+            if live is Liveness.UNKNOWN and parse_owner(o) is not None:
+                remote[self._owner_key(o)] = o
+            out[o] = live
+        if remote:
+            held = {
+                (int(a), int(b))
+                for a, b in self._read(
+                    "SELECT classid::int8, objid::int8 FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND objsubid = 2 AND granted "
+                    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                )
+            }
+            for key, o in remote.items():
+                out[o] = Liveness.ALIVE if key in held else Liveness.GONE
+        return out
+
+    def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
+        sql, args = backlog_sql(self._t, "%s", now, topic)
+        return backlog_from_rows(self._read(sql, args), self.owner_liveness)
+
+    def release_gone_owners(self, *, now: float) -> int:
+        """Give back, due now, every lease whose owner is gone (see `owner_liveness`).
+
+        Claimers call it at their first claim and then now and then (`SweepSchedule`), so a drain
+        started after an owner died takes over at once. Returns how many rows were released.
+        """
+        started = time.monotonic()
+        try:
+            owners = [
+                r[0]
+                for r in self._read(
+                    f"SELECT DISTINCT lease_owner FROM {self._t} "
+                    "WHERE status = 0 AND next_attempt_at > %s AND lease_owner IS NOT NULL",
+                    [now],
+                )
+            ]
+            gone = [o for o, live in self.owner_liveness(owners).items() if live is Liveness.GONE]
+            if not gone:
+                return 0
+            with self._conn() as conn:
+                released = conn.execute(
+                    f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s "
+                    "WHERE status = 0 AND next_attempt_at > %s AND lease_owner = ANY(%s::text[])",
+                    [now, now, gone],
+                ).rowcount
+        finally:
+            self._sweeps.done(started)
+        log.info(
+            "PostgreSQL outbox %s: released %d leased row(s) of %s (owner gone)",
+            self._where, released, ", ".join(describe_owner(o) for o in gone),
+        )
+        return released
