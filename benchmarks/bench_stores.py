@@ -34,8 +34,6 @@ from outbox.stores.base import Outbox  # noqa: E402
 from outbox.stores.sqlite import SQLiteOutbox  # noqa: E402
 from outbox.urls import parse_url  # noqa: E402
 
-DEFAULT_PG = os.environ.get("OUTBOX_TEST_POSTGRES", "postgresql://outbox:outbox@127.0.0.1:5432/outbox")
-
 
 def messages(n: int) -> list[NewMessage]:
     value = os.urandom(200)
@@ -76,7 +74,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--claim", type=int, default=500, help="rows per claim (default 500)")
     ap.add_argument("--quick", action="store_true", help="10,000 rows, 2 repetitions")
-    ap.add_argument("--postgres", default=DEFAULT_PG, help="PostgreSQL URL (default: %(default)s)")
+    ap.add_argument("--postgres", help="PostgreSQL URL (default: the test harness's server)")
     ap.add_argument("--sqlite-sync", default="FULL", choices=["FULL", "NORMAL"])
     args = ap.parse_args()
     if args.quick:
@@ -84,6 +82,10 @@ def main() -> None:
 
     from outbox.stores.postgres import PostgresOutbox
 
+    if not args.postgres:
+        from outbox.testing.postgres import ensure_server
+
+        args.postgres = ensure_server()
     base = parse_url(args.postgres)
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     tmp = tempfile.TemporaryDirectory()

@@ -173,14 +173,15 @@ def raw(p: Params) -> Result:
 
 
 def _wait_delivered(rp: Any, n: int, timeout: float = 300) -> int:
-    """flush(), then wait until `n` deliveries were reported (flush() alone can return while
-    write-ahead rows are committed but not yet handed to librdkafka)."""
+    """flush(), then wait until `n` deliveries were reported (public API: `stats()`)."""
     rp.flush(timeout)
     deadline = time.monotonic() + timeout
-    while rp._delivered + rp._drain_delivered < n and time.monotonic() < deadline:
-        time.sleep(0.002)
+    delivered = int(rp.stats()["delivered"])
+    while delivered < n and time.monotonic() < deadline:
+        time.sleep(0.01)
         rp.flush(timeout)
-    return int(rp._delivered + rp._drain_delivered)
+        delivered = int(rp.stats()["delivered"])
+    return delivered
 
 
 @scenario("resilient")
@@ -195,7 +196,7 @@ def resilient(p: Params) -> Result:
     rp = ResilientProducer(
         kafka_config(p), outbox=f"sqlite:///{path}", mode=p["mode"], durability=p.get("durability", "batch")
     )
-    rp._kafka.list_topics(topic, timeout=10)
+    Producer(kafka_config(p)).list_topics(topic, timeout=10)  # the topic's metadata exists
     flush_early = 0
     lats: list[list[int]] = [[] for _ in range(threads)]
 
@@ -223,9 +224,10 @@ def resilient(p: Params) -> Result:
         for t in ts:
             t.join()
     left = rp.flush(300)
-    if rp._delivered + rp._drain_delivered < n - rp._outboxed:
-        flush_early = n - rp._outboxed - rp._delivered - rp._drain_delivered
-    delivered = _wait_delivered(rp, n - rp._outboxed)
+    st = rp.stats()
+    if st["delivered"] < n - st["outboxed"]:
+        flush_early = n - st["outboxed"] - st["delivered"]
+    delivered = _wait_delivered(rp, n - st["outboxed"])
     seconds = time.perf_counter() - t0
     st = rp.stats()
     return result(
@@ -245,6 +247,14 @@ def resilient(p: Params) -> Result:
 # -- 5. the naive durable approach -----------------------------------------------------------
 
 
+def _sqlite(path: str) -> sqlite3.Connection:
+    """A plain connection with the store's settings (WAL, FULL), transactions explicit."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    return conn
+
+
 @scenario("naive")
 def naive(p: Params) -> Result:
     """Commit each message to SQLite (own transaction, synchronous=FULL), then produce it.
@@ -258,8 +268,8 @@ def naive(p: Params) -> Result:
     n, topic, every = int(p["n"]), p["topic"], int(p["sample"])
     value = os.urandom(int(p["size"]))
     path = os.path.join(p["workdir"], f"naive-{os.getpid()}.db")
-    store = SQLiteOutbox(path, synchronous="FULL")
-    conn = store._conn()
+    SQLiteOutbox(path, synchronous="FULL").close()  # the outbox schema
+    conn = _sqlite(path)
     prod = Producer(kafka_config(p))
     prod.list_topics(topic, timeout=10)
     done: list[int] = []
@@ -362,40 +372,23 @@ def spill(p: Params) -> Result:
 @scenario("sqlite_batch")
 def sqlite_batch(p: Params) -> Result:
     """Baseline of the spill: the same rows, executemany in 1,000-row FULL transactions."""
-    from outbox.codec import encode_headers
+    from outbox.records import NewMessage, Status
+    from outbox.stores.base import INSERT_COLUMNS, insert_values
     from outbox.stores.sqlite import SQLiteOutbox
 
     n, topic = int(p["n"]), p["topic"]
     value = os.urandom(int(p["size"]))
     path = os.path.join(p["workdir"], f"sqlite-{os.getpid()}.db")
-    store = SQLiteOutbox(path, synchronous="FULL")
-    conn = store._conn()
+    SQLiteOutbox(path, synchronous="FULL").close()  # the outbox schema
+    conn = _sqlite(path)
     now = time.time()
-    # Exactly the columns SQLiteOutbox._insert writes for a spilled message.
+    # Exactly the columns and values the store writes for a spilled message.
     rows = [
-        (
-            m.decode(),
-            topic,
-            None,
-            value,
-            encode_headers([(ID_HEADER, m)]),
-            -1,
-            0,
-            0,
-            now,
-            None,
-            None,
-            now,
-            "not sent: circuit open",
-            None,
-        )
+        insert_values(NewMessage(topic, value, None, [(ID_HEADER, m)], -1, m.decode(), 0, None, None, now),
+                      Status.PENDING, None, None, now)
         for m in ids(os.urandom(8).hex(), n)
     ]
-    sql = (
-        "INSERT INTO outbox (msg_id, topic, key, value, headers, partition, status, attempts, "
-        "created_at, first_failed_at, last_failed_at, next_attempt_at, last_error, lease_owner) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-    )
+    sql = f"INSERT INTO outbox ({', '.join(INSERT_COLUMNS)}) VALUES ({','.join('?' * len(INSERT_COLUMNS))})"
     t0 = start_clock()
     for k in range(0, n, 1000):
         conn.execute("BEGIN IMMEDIATE")
@@ -450,13 +443,17 @@ def drain(p: Params) -> Result:
 
 @scenario("raw_rows")
 def raw_rows(p: Params) -> Result:
-    """Baseline of the drain: the same rows, loaded into memory first, sent by a raw producer."""
+    """Baseline of the drain: the same rows WITH THE SAME HEADERS (the stored ones plus the
+    re-send's `outbox-attempt`), loaded into memory first, sent by a raw producer."""
     from outbox.codec import decode_headers
+    from outbox.headers import for_resend
 
     conn = sqlite3.connect(p["template"])
     rows = [
-        (t, v, k, decode_headers(h))
-        for t, v, k, h in conn.execute("SELECT topic, value, key, headers FROM outbox ORDER BY id")
+        (t, v, k, for_resend(decode_headers(h), msg_id=m, attempt=a + 1, first_failed_at=f, last_error=e))
+        for t, v, k, h, m, a, f, e in conn.execute(
+            "SELECT topic, value, key, headers, msg_id, attempts, first_failed_at, last_error FROM outbox ORDER BY id"
+        )
     ]
     conn.close()
     n = len(rows)
@@ -483,57 +480,103 @@ def raw_rows(p: Params) -> Result:
 
 @scenario("recovery")
 def recovery(p: Params) -> Result:
-    """Spill N with brokers down; after UP, time until the outbox is empty, traffic continuing."""
+    """Recovery as a user feels it: steady keyed traffic at `rate` msgs/s through a full outage.
+
+    A service produces 200 B messages over `keys` keys at a steady rate (fallback mode, default
+    settings). The parent stops every broker (``DOWN``), starts them after the outage (``UP``),
+    and the service keeps producing throughout. Measured: the outbox's pending rows over time
+    (`stats()["pending"]`, the curve), when the outbox is empty again after ``UP``, and the
+    latency (produce() → on_delivery) of messages produced after ``UP``.
+    """
     from outbox import ResilientProducer
 
-    n, topic = int(p["n"]), p["topic"]
+    topic, rate, nkeys = p["topic"], float(p["rate"]), int(p.get("keys", 1000))
+    max_wait, tail, sample_every = float(p["max_wait"]), float(p.get("tail", 3.0)), float(p.get("sample_s", 1.0))
     value = os.urandom(int(p["size"]))
-    rate = float(p["rate"])
+    keys = [f"key-{i:04d}".encode() for i in range(nkeys)]
     path = os.path.join(p["workdir"], f"recovery-{os.getpid()}.db")
     rp = ResilientProducer(kafka_config(p), outbox=f"sqlite:///{path}", mode="fallback")
-    rp.circuit.trip("benchmark: brokers are down")
-    for _ in range(n):
-        rp.produce(topic, value)
-    rp.flush(600)
-    spilled = rp.stats()["pending"]
-    _say("READY")
-    t_up = _wait_line("UP")
-    # New traffic at `rate` msgs/s, paced in 10 ms slices, until the outbox is empty.
-    sent = 0
-    empty_at: float | None = None
+    Producer(kafka_config(p)).list_topics(topic, timeout=10)
+    events: dict[str, float] = {}
+
+    def listen() -> None:
+        for line in sys.stdin:
+            events.setdefault(line.strip(), time.monotonic())
+
+    threading.Thread(target=listen, daemon=True).start()
+    after_up: list[float] = []  # latency (s) of each delivered message produced after UP
+    sent_after_up = 0
+
+    def delivered(t0: float, err: KafkaError | None, msg: Message | None) -> None:
+        if err is None:
+            after_up.append(time.monotonic() - t0)
+
     samples: list[tuple[float, int]] = []
-    next_check = t_up
-    deadline = t_up + float(p["max_wait"])
+    sent = 0
+    burst = max(1, int(rate * 0.02))  # at most 20 ms of traffic per step: the loop stays responsive
+    t_start = start_clock()
+    m0 = time.monotonic()
+    next_sample = m0
+    ready = False
+    empty_at: float | None = None
     while True:
         now = time.monotonic()
-        due = int((now - t_up) * rate)
+        due = min(int((now - m0) * rate), sent + burst)
+        up = events.get("UP")
         while sent < due:
-            rp.produce(topic, value)
+            if up is not None:
+                rp.produce(topic, value, keys[sent % nkeys], on_delivery=functools.partial(delivered, now))
+                sent_after_up += 1
+            else:
+                rp.produce(topic, value, keys[sent % nkeys])
             sent += 1
-        if now >= next_check:
-            pending = rp.store.stats(now=time.time()).pending
-            samples.append((round(now - t_up, 2), pending))
-            if pending == 0 and rp.writer.pending() == 0:
+        if now >= next_sample:
+            st = rp.stats()
+            samples.append((round(now - m0, 2), int(st["pending"] or 0)))
+            next_sample = now + sample_every
+            if not ready and now - m0 >= 3:
+                ready = True
+                _say("READY")
+            if up is not None and empty_at is None and st["pending"] == 0 and st["unsaved"] == 0:
                 empty_at = now
-                break
-            next_check = now + 0.25
-        if now > deadline:
+        if empty_at is not None and now - empty_at >= tail:
             break
-        time.sleep(0.01)
-    seconds = (empty_at or time.monotonic()) - t_up
+        if up is not None and now - up >= max_wait:
+            break
+        time.sleep(0.002)
+    seconds = time.perf_counter() - t_start
     st = rp.stats()
+    down, up = events.get("DOWN"), events.get("UP")
+    lat = sorted(after_up)
+    lost_or_late = sent_after_up - len(lat)  # produced after UP, not delivered by the end
+
+    def pct(q: float) -> float | None:
+        # Undelivered messages count as later than any delivered one.
+        if not sent_after_up:
+            return None
+        k = int(q * (sent_after_up - 1))
+        return lat[k] if k < len(lat) else None
+
     return result(
         p,
-        spilled,
+        sent,
         seconds,
         None,
+        rate_wanted=rate,
+        rate_achieved=sent / (time.monotonic() - m0),
+        down_at=None if down is None else down - m0,
+        up_at=None if up is None else up - m0,
         empty=empty_at is not None,
-        new_traffic_sent=sent,
-        new_traffic_rate=sent / seconds if seconds else None,
-        target_rate=rate,
-        delivered_from_outbox=st["delivered_from_outbox"],
+        empty_after_up_s=None if empty_at is None or up is None else empty_at - up,
+        pending_at_up=next((n for t, n in samples if up is not None and t >= up - m0), None),
+        pending_max=max((n for _, n in samples), default=0),
         pending_left=st["pending"],
-        pending_curve=samples[:: max(1, len(samples) // 20)],
+        sent_after_up=sent_after_up,
+        not_delivered_after_up=lost_or_late,
+        latency_p50_s=pct(0.50),
+        latency_p99_s=pct(0.99),
+        delivered_from_outbox=st["delivered_from_outbox"],
+        pending_curve=samples,
     )
 
 

@@ -14,7 +14,9 @@ from typing import Any, TypeVar
 import click
 from confluent_kafka import KafkaError
 
-from outbox.records import DeadLetterFilter, Status
+from outbox.consumer.headers import ConsumerFailure, consumer_failure
+from outbox.consumer.redrive import redrive_topic
+from outbox.records import DeadLetterFilter, OutboxMessage, Status
 from outbox.stores import Outbox
 
 from . import format as fmt
@@ -29,6 +31,7 @@ from .common import (
     open_store,
     outbox_option,
 )
+from .drain import parse_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,10 +40,11 @@ _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 def error_filter(value: str | None) -> str | None:
-    """`--error` as the store matches it: a librdkafka code (`-192`) or name (`_MSG_TIMED_OUT`).
+    """`--error` as the store matches it: a librdkafka code (`-192`) or name (`_MSG_TIMED_OUT`),
+    or a consumer dead letter's exception class (`builtins.ValueError`).
 
-    Names are case-insensitive and the leading underscore of librdkafka's local errors may be
-    left out (`msg_timed_out`).
+    librdkafka names are case-insensitive and the leading underscore of its local errors may be
+    left out (`msg_timed_out`); exception classes are matched as given.
     """
     if value is None:
         return None
@@ -48,9 +52,12 @@ def error_filter(value: str | None) -> str | None:
     if re.fullmatch(r"[+-]?\d+", v):
         return str(int(v))
     name = v.upper()
-    if not name.startswith("_") and not hasattr(KafkaError, name) and hasattr(KafkaError, "_" + name):
-        name = "_" + name
-    return name
+    if hasattr(KafkaError, name):
+        return name
+    if not name.startswith("_") and hasattr(KafkaError, "_" + name):
+        return "_" + name
+    # Not a librdkafka name: a consumer dead letter's exception class ("builtins.ValueError"), as given.
+    return v
 
 
 def filter_options(f: F) -> F:
@@ -96,9 +103,41 @@ def _filter(
     )
 
 
-def _describe(flt: DeadLetterFilter) -> str:
+def group_option(f: F) -> F:
+    """--group GROUP: only a ResilientConsumer group's dead letters."""
+    return click.option(
+        "--group", metavar="GROUP", help="Only dead letters of this consumer group (ResilientConsumer)."
+    )(f)
+
+
+def _of_group(rows: list[OutboxMessage], group: str | None) -> list[OutboxMessage]:
+    if group is None:
+        return rows
+    out = []
+    for r in rows:
+        o = consumer_failure(r.headers)
+        if o is not None and o.group == group:
+            out.append(r)
+    return out
+
+
+def _origin_text(o: ConsumerFailure) -> str:
+    return f"{o.group}: {o.origin.topic} [{o.origin.partition}] @{o.origin.offset}"
+
+
+def _message_json(row: OutboxMessage, encoding: str = "auto") -> dict[str, Any]:
+    doc = fmt.message_json(row, encoding)
+    o = consumer_failure(row.headers)
+    if o is not None:
+        doc["consumer"] = o.as_dict()
+    return doc
+
+
+def _describe(flt: DeadLetterFilter, group: str | None = None) -> str:
     """The filter in words, for confirmations and messages."""
     parts = []
+    if group is not None:
+        parts.append(f"group {group}")
     if flt.ids:
         parts.append("id " + ", ".join(str(i) for i in flt.ids))
     if flt.topic is not None:
@@ -110,6 +149,14 @@ def _describe(flt: DeadLetterFilter) -> str:
     if flt.until is not None:
         parts.append(f"failed before {fmt.when(flt.until)}")
     return " matching " + ", ".join(parts) if parts else ""
+
+
+def _narrow(store: Outbox, flt: DeadLetterFilter, group: str | None) -> DeadLetterFilter | None:
+    """The filter narrowed to one consumer group's dead letters (by id); None when none matches."""
+    if group is None:
+        return flt
+    ids = tuple(r.id for r in _of_group(store.list_dead(flt), group))
+    return DeadLetterFilter(ids=ids) if ids else None
 
 
 def _check_ids(store: Outbox, ids: Sequence[int]) -> None:
@@ -130,6 +177,7 @@ def dlq() -> None:
       outbox dlq show 42 --outbox app.db
       outbox dlq replay --outbox app.db --error MSG_SIZE_TOO_LARGE --to-topic orders-large
       outbox dlq purge --outbox app.db --topic orders --until 2024-05-01 --yes
+      outbox dlq replay-topic orders.billing.dlq -b kafka:9092
     """
 
 
@@ -147,6 +195,7 @@ Examples:
 )
 @outbox_option
 @filter_options
+@group_option
 @click.option(
     "--limit", type=click.IntRange(min=1), metavar="N", help="At most N dead letters (oldest first)."
 )
@@ -157,37 +206,46 @@ def list_cmd(
     error: str | None,
     since: float | None,
     until: float | None,
+    group: str | None,
     limit: int | None,
     as_json: bool,
 ) -> None:
-    """One line per dead letter: id, topic, key, size, attempts, first/last failure, error."""
-    flt = _filter(topic, error, since, until, limit=limit)
+    """One line per dead letter: id, topic, key, size, attempts, first/last failure, error.
+
+    Dead letters of a ResilientConsumer also show where they came from (ORIGIN: group, original
+    topic [partition] @ offset); their TOPIC is the group's first retry tier, where a replay
+    sends them.
+    """
+    flt = _filter(topic, error, since, until, limit=None if group else limit)
     with open_store(outbox_url) as (store, _url):
-        rows = store.list_dead(flt)
+        rows = _of_group(store.list_dead(flt), group)[:limit]
     if as_json:
-        click.echo(fmt.dumps([fmt.message_json(r) for r in rows]))
+        click.echo(fmt.dumps([_message_json(r) for r in rows]))
         return
     if not rows:
-        click.echo(f"No dead letters{_describe(flt)}.")
+        click.echo(f"No dead letters{_describe(flt, group)}.")
         return
-    click.echo(
-        fmt.table(
-            ["ID", "TOPIC", "KEY", "SIZE", "ATTEMPTS", "FIRST FAILED", "LAST FAILED", "ERROR"],
-            [
-                [
-                    str(r.id),
-                    r.topic,
-                    fmt.short_bytes(r.key),
-                    str(len(r.value) if r.value is not None else 0),
-                    str(r.attempts),
-                    fmt.when(r.first_failed_at),
-                    fmt.when(r.last_failed_at),
-                    " ".join((r.last_error or "-").split()),
-                ]
-                for r in rows
-            ],
-        )
-    )
+    origins = [consumer_failure(r.headers) for r in rows]
+    with_origin = any(o is not None for o in origins)
+    columns = ["ID", "TOPIC", "KEY", "SIZE", "ATTEMPTS", "FIRST FAILED", "LAST FAILED", "ERROR"]
+    if with_origin:
+        columns.insert(2, "ORIGIN")
+    lines = []
+    for r, o in zip(rows, origins, strict=True):
+        line = [
+            str(r.id),
+            r.topic,
+            fmt.short_bytes(r.key),
+            str(len(r.value) if r.value is not None else 0),
+            str(r.attempts),
+            fmt.when(r.first_failed_at),
+            fmt.when(r.last_failed_at),
+            " ".join((r.last_error or "-").split()),
+        ]
+        if with_origin:
+            line.insert(2, "-" if o is None else _origin_text(o))
+        lines.append(line)
+    click.echo(fmt.table(columns, lines))
 
 
 @dlq.command(
@@ -218,7 +276,7 @@ def show(message_id: int, outbox_url: str, encoding: str, as_json: bool) -> None
     """
     with open_store(outbox_url) as (store, _url):
         row = store.get(message_id)
-    doc = fmt.message_json(row, encoding)
+    doc = _message_json(row, encoding)
     if as_json:
         click.echo(fmt.dumps(doc))
         return
@@ -237,6 +295,16 @@ def show(message_id: int, outbox_url: str, encoding: str, as_json: bool) -> None
         due_now = row.next_attempt_at <= time.time()
         fields.append(("next attempt", "now" if due_now else fmt.when(row.next_attempt_at)))
     fields.append(("last error", " ".join((row.last_error or "-").split())))
+    origin = consumer_failure(row.headers)
+    if origin is not None:
+        fields += [
+            ("consumer group", origin.group),
+            ("original topic", origin.origin.topic),
+            ("original partition", str(origin.origin.partition)),
+            ("original offset", str(origin.origin.offset)),
+            ("exception", origin.error_class or "-"),
+            ("exception message", " ".join((origin.error_message or "-").split())),
+        ]
     fields.append(("key", _labelled(doc["key"], doc["key_encoding"], row.key)))
     click.echo(fmt.table(None, fields))
     click.echo(f"headers ({len(row.headers)}):")
@@ -278,6 +346,7 @@ Examples:
 )
 @outbox_option
 @filter_options
+@group_option
 @id_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @json_option
@@ -287,6 +356,7 @@ def purge(
     error: str | None,
     since: float | None,
     until: float | None,
+    group: str | None,
     ids: tuple[int, ...],
     yes: bool,
     as_json: bool,
@@ -300,21 +370,23 @@ def purge(
     flt = _filter(topic, error, since, until, ids)
     with open_store(outbox_url) as (store, url):
         _check_ids(store, ids)
-        matching = len(store.list_dead(flt))
+        described = _describe(flt, group)
+        flt = _narrow(store, flt, group)
+        matching = len(store.list_dead(flt)) if flt is not None else 0
         if matching and not yes:
             click.confirm(
-                f"Delete {matching} dead letter(s){_describe(flt)} from {url.redacted()}? "
+                f"Delete {matching} dead letter(s){described} from {url.redacted()}? "
                 "This cannot be undone",
                 abort=True,
                 err=True,
             )
-        removed = store.purge_dead(flt) if matching else 0
+        removed = store.purge_dead(flt) if matching and flt is not None else 0
     if as_json:
         click.echo(fmt.dumps({"outbox": url.redacted(), "removed": removed}))
     elif removed:
         click.echo(f"Removed {removed} dead letter(s).")
     else:
-        click.echo(f"No dead letters{_describe(flt)}; removed 0.")
+        click.echo(f"No dead letters{described}; removed 0.")
 
 
 @dlq.command(
@@ -332,6 +404,7 @@ Examples:
 )
 @outbox_option
 @filter_options
+@group_option
 @id_option
 @click.option(
     "--to-topic", metavar="TOPIC", help="Send the replayed messages to this topic instead of their own."
@@ -343,6 +416,7 @@ def replay(
     error: str | None,
     since: float | None,
     until: float | None,
+    group: str | None,
     ids: tuple[int, ...],
     to_topic: str | None,
     as_json: bool,
@@ -350,7 +424,9 @@ def replay(
     """Put dead letters back into the pending queue, attempts reset, so the next drain sends them.
 
     Key, value and headers are kept byte for byte; --to-topic only changes where they go.
-    With no filter and no --id, every dead letter is replayed.
+    With no filter and no --id, every dead letter is replayed. A ResilientConsumer's dead letter
+    goes to its group's first retry tier (<topic>.<group>.retry-1), never to the main topic that
+    other groups read as well.
     """
     if to_topic is not None and not _TOPIC.match(to_topic):
         raise CliError(
@@ -360,7 +436,9 @@ def replay(
     flt = _filter(topic, error, since, until, ids)
     with open_store(outbox_url) as (store, url):
         _check_ids(store, ids)
-        replayed = store.replay_dead(flt, now=time.time(), to_topic=to_topic)
+        described = _describe(flt, group)
+        flt = _narrow(store, flt, group)
+        replayed = store.replay_dead(flt, now=time.time(), to_topic=to_topic) if flt is not None else 0
     if as_json:
         click.echo(fmt.dumps({"outbox": url.redacted(), "replayed": replayed, "to_topic": to_topic}))
     elif replayed:
@@ -370,4 +448,72 @@ def replay(
             "`outbox drain` sends them."
         )
     else:
-        click.echo(f"No dead letters{_describe(flt)}; replayed 0.")
+        click.echo(f"No dead letters{described}; replayed 0.")
+
+
+@dlq.command(
+    "replay-topic",
+    epilog=f"""\b
+Examples:
+  outbox dlq replay-topic orders.billing.dlq -b kafka:9092
+  outbox dlq replay-topic orders.billing.dlq -b kafka:9092 --limit 100 --json
+  outbox dlq replay-topic legacy-dlq -b kafka:9092 --to-topic orders.billing.retry-1
+
+{EXIT_CODES_HELP}""",
+)
+@click.argument("dlq_topic", metavar="DLQ_TOPIC")
+@click.option(
+    "--bootstrap-servers",
+    "-b",
+    envvar="KAFKA_BOOTSTRAP_SERVERS",
+    show_envvar=True,
+    required=True,
+    metavar="HOST:PORT[,...]",
+    help="Kafka brokers.",
+)
+@click.option(
+    "-X",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=parse_settings,
+    help="A librdkafka client setting (repeatable), e.g. -X security.protocol=SSL.",
+)
+@click.option(
+    "--to-topic", metavar="TOPIC", help="Send every message here instead of its group's first retry tier."
+)
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="At most N messages.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=30.0, show_default=True, help="Seconds per step.")
+@json_option
+def replay_topic(
+    dlq_topic: str,
+    bootstrap_servers: str,
+    settings: dict[str, str],
+    to_topic: str | None,
+    limit: int | None,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Republish a ResilientConsumer's DLQ topic into its group's first retry tier.
+
+    Each message goes to <original topic>.<group>.retry-1 (from its outbox-original-topic and
+    outbox-group headers), never to the main topic that other groups read too; headers are
+    kept, except outbox-due-at (due at once). Progress is remembered by the consumer group
+    outbox-redrive.<DLQ_TOPIC> and committed only after Kafka acknowledged every republished
+    message, so running it again replays only what came later (or what an interrupted run did
+    not finish).
+    """
+    if to_topic is not None and not _TOPIC.match(to_topic):
+        raise CliError(
+            f"--to-topic: {to_topic!r} is not a valid Kafka topic name (letters, digits, '.', '_', '-')",
+            EXIT_USAGE,
+        )
+    config = {"bootstrap.servers": bootstrap_servers, **settings}
+    result = redrive_topic(config, dlq_topic, to_topic=to_topic, limit=limit, timeout=timeout)
+    if as_json:
+        click.echo(fmt.dumps({"dlq_topic": dlq_topic, "replayed": result.replayed, "by_topic": result.by_topic}))
+    elif result.replayed:
+        where = ", ".join(f"{n} to {t}" for t, n in sorted(result.by_topic.items()))
+        click.echo(f"Replayed {result.replayed} message(s) from {dlq_topic}: {where}.")
+    else:
+        click.echo(f"Nothing to replay in {dlq_topic}.")

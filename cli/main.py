@@ -10,6 +10,7 @@ import click
 from .common import EXIT_CODES_HELP, TIME_HELP, OutboxGroup
 from .dlq import dlq
 from .drain import drain
+from .metrics import metrics
 from .status import status
 
 
@@ -53,6 +54,7 @@ def cli() -> None:
 cli.add_command(drain)
 cli.add_command(status)
 cli.add_command(dlq)
+cli.add_command(metrics)
 
 
 def main() -> None:

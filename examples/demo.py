@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 
 from outbox import ResilientProducer, RetryPolicy
 from outbox.testing import KafkaCluster, create_topic
-from outbox.testing.consume import consume
+from outbox.testing.consume import consume_to_end
 
 TOTAL = int(os.environ.get("DEMO_MESSAGES", "6000"))
 RATE = 500  # messages per second: the stream lasts TOTAL / RATE seconds
@@ -99,9 +99,10 @@ def main() -> int:
             time.sleep(2)
         st = producer.stats()
         producer.close(30)
-        got = consume(bootstrap, topic, TOTAL, timeout=60)
+        # Everything the topics hold, to the end: a count would stop early on a duplicate.
+        got = consume_to_end(bootstrap, topic, timeout=60)
         ids = {dict(m.headers() or []).get("outbox-id") for m in got}
-        raw_got = consume(bootstrap, raw_topic, TOTAL, timeout=20)
+        raw_got = consume_to_end(bootstrap, raw_topic, timeout=60)
         pending, n_dead = st["pending"], len(dead)
         lost = TOTAL - len(ids) - pending - n_dead
         print()

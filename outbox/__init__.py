@@ -9,7 +9,9 @@ and the application's recovery callback is called.
 
 import logging
 
+from .aio import AsyncResilientProducer
 from .circuit import CircuitBreaker, CircuitState
+from .consumer import Ignore, MainTopicCircuit, ResilientConsumer, RetryInPlace, RetryTopics
 from .drain import Drainer, DrainResult
 from .errors import (
     ConfigError,
@@ -40,6 +42,7 @@ __all__ = [
     "ID_HEADER",
     "LAST_ERROR_HEADER",
     "PRODUCER_DEFAULTS",
+    "AsyncResilientProducer",
     "CircuitBreaker",
     "CircuitState",
     "ConfigError",
@@ -48,15 +51,20 @@ __all__ = [
     "Disposition",
     "DrainResult",
     "Drainer",
+    "Ignore",
     "KafkaDeliveryError",
     "KafkaUnavailableError",
+    "MainTopicCircuit",
     "NewMessage",
     "Outbox",
     "OutboxError",
     "OutboxMessage",
     "ProducerClosedError",
+    "ResilientConsumer",
     "ResilientProducer",
+    "RetryInPlace",
     "RetryPolicy",
+    "RetryTopics",
     "SQLiteOutbox",
     "Status",
     "StoreError",

@@ -1,41 +1,44 @@
 """Drain workers: claim due rows, send them, acknowledge what Kafka acknowledged.
 
-Each worker owns a producer and loops: claim a batch with a lease (one short transaction),
-produce it with no transaction open, wait for every delivery report, then delete the delivered
-rows and reschedule or dead-letter the failed ones (one short transaction). Retry state lives in
-the row, so workers never sleep per message and a crashed worker's rows come back when their
-lease expires.
+Each worker owns a `SendLoop` (one producer) and loops: claim a batch with a lease (one short
+transaction), send it with no transaction open (`outbox.sendloop`), then apply every row's
+`settle()` decision in one short transaction (`Outbox.apply`). Retry state lives in the row, so
+workers never sleep per message and a crashed worker's rows come back when their lease expires.
+
+A worker thread never dies of a store failure (PostgreSQL restarted, SQLite locked past its busy
+timeout): the error is logged once, counted in `Drainer.health`, passed to `on_store_error`, and
+the worker backs off and tries again; a settlement that could not be written is kept and retried,
+so what Kafka acknowledged is not sent twice because of it.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaException, Producer
 
-from .errors import KafkaUnavailableError
-from .headers import for_resend
+from .errors import KafkaUnavailableError, StoreError
 from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
 from .records import DeadLetter, OutboxMessage
-from .retry import BATCH_SIZE_CODES, Disposition, RetryPolicy, describe
-from .stores.base import Failure, Outbox
+from .retry import RetryPolicy
+from .sendloop import RESEND_DEFAULTS, InFlight, SendLoop
+from .settle import Verdict, add_to
+from .stores.base import Outbox, Settlement
 
 log = logging.getLogger(__name__)
 
 #: Settings the drain producers use unless the caller's config says otherwise.
-DRAIN_DEFAULTS: Mapping[str, Any] = {
-    "enable.idempotence": True,  # resends within one batch cannot reorder or duplicate
-    "acks": "all",
-    "linger.ms": 5,
-    "message.timeout.ms": 30000,
-}
+DRAIN_DEFAULTS: Mapping[str, Any] = RESEND_DEFAULTS
+
+_PIPELINE_DEPTH = 2  # batches a worker keeps in flight
+_BACKOFF_MAX = 5.0  # longest pause between tries while the store fails (seconds)
 
 
 @dataclass
@@ -58,13 +61,20 @@ class DrainResult:
 
 
 @dataclass
-class _Batch:
-    """Delivery reports of one claimed batch, filled by the producer's callbacks."""
+class DrainHealth:
+    """Store failures the workers met and survived (they back off and retry).
 
-    acked: list[OutboxMessage] = field(default_factory=list)
-    failed: list[tuple[OutboxMessage, KafkaError]] = field(default_factory=list)
-    purged: list[int] = field(default_factory=list)
-    rejected: list[tuple[OutboxMessage, KafkaError]] = field(default_factory=list)  # refused by produce()
+    Attributes:
+        store_errors: store operations that failed so far.
+        failing_since: epoch seconds of the first failure of the current run of failures, or
+            None when the last store operation succeeded.
+        last_error: the text of the latest store error (no credentials: StoreError texts are
+            scrubbed by the stores).
+    """
+
+    store_errors: int = 0
+    failing_since: float | None = None
+    last_error: str | None = None
 
 
 class Drainer:
@@ -87,6 +97,8 @@ class Drainer:
             breaker listens to these: a drain success proves the cluster is back).
         owner: lease owner name; default `outbox.owners.new_owner("drain")`, whose liveness
             claimers can check (see outbox.owners). Other names keep leases until expiry.
+        on_store_error: called with each StoreError a background worker survived (it backs off
+            and retries); `health` keeps the counts.
     """
 
     def __init__(
@@ -105,6 +117,7 @@ class Drainer:
         on_success: Callable[[], None] | None = None,
         on_failure: Callable[[], None] | None = None,
         owner: str | None = None,
+        on_store_error: Callable[[StoreError], None] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
@@ -122,9 +135,10 @@ class Drainer:
         self.on_success = on_success
         self.on_failure = on_failure
         self.owner = owner or new_owner("drain")
+        self.on_store_error = on_store_error
+        self.health = DrainHealth()
         self._config = {**DRAIN_DEFAULTS, "logger": LIBRDKAFKA_LOG, **producer_config}
         self._config.pop("on_delivery", None)
-        self._config.pop("delivery.report.only.error", None)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -233,37 +247,101 @@ class Drainer:
         limit: list[int | None] | None,
         progress: Callable[[DrainResult], None] | None = None,
     ) -> None:
-        producer = Producer(self._config)
+        loop = SendLoop(self._config, self.retry)
+        # Background workers (start()) survive store failures; run() reports them to its caller.
+        background = limit is None
+        # Two batches in flight: the next is claimed and produced while the previous one waits
+        # for its acknowledgements (stop-and-wait left the worker idle for most of each batch).
+        # Per-key order still holds: a claim skips keys with an earlier row leased, in flight.
+        inflight: deque[InFlight[OutboxMessage]] = deque()
         try:
             while not self._stop.is_set():
-                if limit is not None and limit[0] is not None:
-                    with self._lock:
-                        if limit[0] <= 0:
-                            return
-                        take = min(self.batch_size, limit[0])
-                        limit[0] -= take
-                else:
-                    take = self.batch_size
-                now = time.time()
-                rows = self.store.claim(self.owner, take, self.lease_seconds, now=now, topic=self.topic)
-                if not rows:
-                    if limit is not None and limit[0] is not None:
-                        with self._lock:
-                            limit[0] += take
-                    if until_empty:
-                        return
-                    self._sleep_until_due(now)
+                rows = self._claim(limit, background) if len(inflight) < _PIPELINE_DEPTH else None
+                if rows:
+                    inflight.append(loop.start(rows))
                     continue
-                producer = self._send(producer, rows)
-                if progress is not None:
-                    progress(self.result)
+                if inflight:
+                    self._settle(loop, inflight.popleft(), background)
+                    if progress is not None:
+                        progress(self.result)
+                    continue
+                if rows is None:
+                    continue
+                if limit is not None and limit[0] is not None and limit[0] <= 0:
+                    return
+                if until_empty and self.health.failing_since is None:
+                    return
+                self._sleep_until_due(time.time())
         except Exception:
             log.exception("outbox drain worker %s failed; its leases expire and others take over", self.owner)
             raise
         finally:
-            producer.flush(5)
+            while inflight:  # stopping: settle what is in flight (the rest is purged, released)
+                try:
+                    self._settle(loop, inflight.popleft(), background)
+                except Exception:
+                    log.exception("outbox drain: could not settle a batch at stop; its leases expire")
+            loop.close(5)
+
+    def _claim(self, limit: list[int | None] | None, background: bool) -> list[OutboxMessage]:
+        """Claim the next batch (within `max_messages`); [] when nothing is due or the store failed."""
+        if limit is not None and limit[0] is not None:
+            with self._lock:
+                if limit[0] <= 0:
+                    return []
+                take = min(self.batch_size, limit[0])
+                limit[0] -= take
+        else:
+            take = self.batch_size
+        try:
+            rows = self.store.claim(self.owner, take, self.lease_seconds, now=time.time(), topic=self.topic)
+            self._store_ok()
+        except StoreError as exc:
+            if not background:
+                raise
+            self._store_failed(exc)
+            rows = []
+        if limit is not None and limit[0] is not None and len(rows) < take:
+            with self._lock:
+                limit[0] += take - len(rows)
+        return rows
+
+    def _store_ok(self) -> None:
+        if self.health.failing_since is not None:
+            log.warning(
+                "outbox drain: the store works again after %.1f s of errors", time.time() - self.health.failing_since
+            )
+            self.health.failing_since = None
+
+    def _store_failed(self, exc: StoreError) -> None:
+        """Count, report once per run of failures, tell the application; the caller backs off."""
+        h = self.health
+        with self._lock:
+            h.store_errors += 1
+            h.last_error = str(exc)
+            first = h.failing_since is None
+            if first:
+                h.failing_since = time.time()
+        if first:
+            log.error("outbox drain: store failed, retrying with back-off: %s", exc)
+        else:
+            log.debug("outbox drain: store still failing: %s", exc)
+        if self.on_store_error is not None:
+            try:
+                self.on_store_error(exc)
+            except Exception:
+                log.exception("on_store_error callback raised")
+
+    def _backoff(self) -> float:
+        since = self.health.failing_since
+        elapsed = 0.0 if since is None else time.time() - since
+        return min(_BACKOFF_MAX, 0.1 + elapsed / 4)
 
     def _sleep_until_due(self, now: float) -> None:
+        if self.health.failing_since is not None:
+            self._wakeup.wait(self._backoff())
+            self._wakeup.clear()
+            return
         try:
             due = self.store.next_due_at()
         except Exception as exc:  # a store hiccup must not kill a background worker
@@ -273,120 +351,53 @@ class Drainer:
         self._wakeup.wait(max(wait, 0.01))
         self._wakeup.clear()
 
-    def _send(self, producer: Producer, rows: list[OutboxMessage]) -> Producer:
-        batch = _Batch()
-        report = functools.partial(self._report, batch)
-        for n, row in enumerate(rows):
-            if n % 500 == 0:
-                producer.poll(0)  # serve reports now and then; one poll per message costs ~20 us
-            headers = for_resend(
-                row.headers,
-                msg_id=row.msg_id,
-                attempt=row.attempts + 1,
-                first_failed_at=row.first_failed_at,
-                last_error=row.last_error,
-            )
-            kwargs: dict[str, Any] = {"headers": headers, "on_delivery": functools.partial(report, row)}
-            if row.partition >= 0:
-                kwargs["partition"] = row.partition
-            while True:
-                try:
-                    producer.produce(row.topic, row.value, row.key, **kwargs)
-                    break
-                except BufferError:
-                    producer.poll(0.05)  # local queue full: let deliveries drain it
-                except KafkaException as exc:  # rejected locally, e.g. larger than message.max.bytes
-                    batch.rejected.append((row, exc.args[0]))
-                    break
-        # Every row gets a report within message.timeout.ms; stopping early purges the queue so
-        # the unsent rows come back as _PURGE_QUEUE and are released, not counted as failures.
-        while len(producer) > 0:
-            producer.poll(0.1)
-            if self._stop.is_set() and len(producer) > 0:
-                producer.purge(in_queue=True, in_flight=False)
-                producer.poll(0.1)
-                producer.flush(30)
-                break
-        return self._settle(producer, batch)
-
-    @staticmethod
-    def _report(batch: _Batch, row: OutboxMessage, err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            batch.acked.append(row)
-        elif err.code() == KafkaError._PURGE_QUEUE:
-            batch.purged.append(row.id)
-        else:
-            batch.failed.append((row, err))
-
-    def _resend_alone(self, producer: Producer, batch: _Batch) -> None:
-        """Re-send, one at a time, rows whose record batch was too large for the broker.
-
-        Only a row that fails on its own keeps the error; its innocent batch-mates get delivered.
-        """
-        suspects = [(row, err) for row, err in batch.failed if err.code() in BATCH_SIZE_CODES]
-        if not suspects:
-            return
-        batch.failed = [(row, err) for row, err in batch.failed if err.code() not in BATCH_SIZE_CODES]
-        for row, _ in suspects:
-            alone = _Batch()
-            kwargs: dict[str, Any] = {
-                "headers": for_resend(row.headers, msg_id=row.msg_id, attempt=row.attempts + 1,
-                                      first_failed_at=row.first_failed_at, last_error=row.last_error),
-                "on_delivery": functools.partial(self._report, alone, row),
-            }
-            if row.partition >= 0:
-                kwargs["partition"] = row.partition
-            try:
-                producer.produce(row.topic, row.value, row.key, **kwargs)
-            except KafkaException as exc:
-                alone.failed.append((row, exc.args[0]))
-            producer.flush()  # a lone message: its report arrives within message.timeout.ms
-            batch.acked += alone.acked
-            batch.failed += alone.failed
-            batch.purged += alone.purged
-
-    def _settle(self, producer: Producer, batch: _Batch) -> Producer:
-        self._resend_alone(producer, batch)
-        batch.failed += batch.rejected
+    def _settle(self, loop: SendLoop, batch: InFlight[OutboxMessage], background: bool) -> None:
+        """Wait for one batch's reports and apply every row's decision in one transaction."""
+        decided = loop.finish(batch, time.time, stop=self._stop)
         now = time.time()
-        failures: list[Failure] = []
-        fatal = False
-        for row, err in batch.failed:
-            disposition = self.retry.classify(err.code())
-            fatal = fatal or disposition is Disposition.FATAL
-            retry_at: float | None = None
-            if disposition is not Disposition.DEAD:
-                decision = self.retry.decide(row.attempts + 1, row.first_failed_at or now, now)
-                retry_at = None if decision.give_up else now + decision.delay
-            failures.append(Failure(id=row.id, error=describe(err), retry_at=retry_at, failed_at=now))
-        acked_ids = [r.id for r in batch.acked]
-        _, dead = self.store.commit_batch([], acked_ids, failures, lease_owner=None, lease_until=None)
-        if batch.purged:
-            self.store.release(batch.purged, now=now)
+        settlement = Settlement()
+        delivered: list[OutboxMessage] = []
+        failed = 0
+        last_error: str | None = None
+        for row, d in decided:
+            add_to(settlement, row.id, d, now)
+            if d.verdict is Verdict.DELIVERED:
+                delivered.append(row)
+            elif d.verdict is not Verdict.RELEASE:
+                failed += 1
+                last_error = d.error
+        while True:
+            try:
+                dead = self.store.apply(settlement, now=now).dead
+                self._store_ok()
+                break
+            except StoreError as exc:
+                if not background:
+                    raise
+                self._store_failed(exc)
+                if self._stop.is_set():
+                    log.error("outbox drain: stopping with %d rows unsettled; their leases expire", len(decided))
+                    return
+                self._stop.wait(self._backoff())
         with self._lock:
-            self.result.delivered += len(batch.acked)
-            self.result.retried += len(failures) - len(dead)
+            self.result.delivered += len(delivered)
+            self.result.retried += failed - len(dead)
             self.result.dead += len(dead)
-            self.result.released += len(batch.purged)
-        if batch.acked and self.on_success is not None:
+            self.result.released += len(settlement.released)
+        if delivered and self.on_success is not None:
             self.on_success()
-        if failures and self.on_failure is not None and not batch.acked:
+        if failed and self.on_failure is not None and not delivered:
             self.on_failure()
-        if self.on_delivered is not None and batch.acked:
-            self.on_delivered(batch.acked)
+        if self.on_delivered is not None and delivered:
+            self.on_delivered(delivered)
         if self.on_dead_letter is not None:
             for row in dead:
                 try:
                     self.on_dead_letter(DeadLetter.from_row(row))
                 except Exception:
                     log.exception("on_dead_letter callback raised; the dead letter is stored anyway")
-        if failures:
+        if failed:
             log.info(
                 "outbox drain: %d delivered, %d to retry, %d dead-lettered in this batch (last error: %s)",
-                len(batch.acked), len(failures) - len(dead), len(dead), failures[-1].error,
+                len(delivered), failed - len(dead), len(dead), last_error,
             )
-        if fatal:
-            log.warning("outbox drain: fatal producer error; recreating the producer")
-            producer.flush(5)
-            return Producer(self._config)
-        return producer

@@ -11,7 +11,7 @@ ID_HEADER = "outbox-id"  # stable unique id, set at produce(): consumers dedup o
 ATTEMPT_HEADER = "outbox-attempt"  # 1-based number of this send, on re-sends from the outbox
 FIRST_FAILED_HEADER = "outbox-first-failed-at"  # epoch milliseconds, on re-sends
 LAST_ERROR_HEADER = "outbox-last-error"  # "NAME (code): reason" of the previous failure
-_RETRY_HEADERS = (ATTEMPT_HEADER, FIRST_FAILED_HEADER, LAST_ERROR_HEADER)
+_RETRY_HEADERS = frozenset((ATTEMPT_HEADER, FIRST_FAILED_HEADER, LAST_ERROR_HEADER))
 
 
 class IdGenerator:
@@ -57,14 +57,29 @@ def for_resend(
     The application's headers keep their order; earlier retry metadata is replaced, not repeated;
     an `outbox-id` is added if the stored headers lack one (rows enqueued without the id header).
     """
-    out = [(h, v) for h, v in (headers or []) if h not in _RETRY_HEADERS]
-    if msg_id and find(out, ID_HEADER) is None:
+    out: Headers = []
+    has_id = False
+    for h, v in headers or ():
+        if h in _RETRY_HEADERS:
+            continue
+        if h == ID_HEADER:
+            has_id = True
+        out.append((h, v))
+    if msg_id and not has_id:
         out.append((ID_HEADER, msg_id.encode()))
-    out.append((ATTEMPT_HEADER, str(attempt).encode()))
+    out.append((ATTEMPT_HEADER, _ATTEMPTS[attempt] if attempt < len(_ATTEMPTS) else str(attempt).encode()))
     if first_failed_at is not None:
         out.append((FIRST_FAILED_HEADER, str(int(first_failed_at * 1000)).encode()))
     if last_error:
-        # Cut at 512 bytes on a character boundary, so consumers can decode the value as UTF-8.
-        raw = last_error.encode("utf-8", "replace")[:512].decode("utf-8", "ignore").encode("utf-8")
+        raw = _ERRORS.get(last_error)
+        if raw is None:
+            # Cut at 512 bytes on a character boundary, so consumers can decode the value as UTF-8.
+            raw = last_error.encode("utf-8", "replace")[:512].decode("utf-8", "ignore").encode("utf-8")
+            if len(_ERRORS) < 1000:  # a drain re-sends many rows with the same few error texts
+                _ERRORS[last_error] = raw
         out.append((LAST_ERROR_HEADER, raw))
     return out
+
+
+_ATTEMPTS = [str(i).encode() for i in range(100)]
+_ERRORS: dict[str, bytes] = {}

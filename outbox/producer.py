@@ -18,20 +18,22 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from .circuit import CircuitBreaker
 from .drain import Drainer
-from .errors import ConfigError, ProducerClosedError
+from .errors import ConfigError, ProducerClosedError, StoreError
 from .headers import ID_HEADER, IdGenerator, find
 from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
-from .records import DeadLetter, Headers, NewMessage, OutboxMessage
-from .retry import BATCH_SIZE_CODES, Disposition, RetryPolicy, describe
+from .records import DeadLetter, Headers, NewMessage, OutboxMessage, StoreStats
+from .retry import RetryPolicy, describe
+from .serialization import Serializer, Serializers
+from .settle import Verdict, settle
 from .stores import Outbox, open_outbox
-from .stores.base import Failure
 from .writer import Batch, Committed, GroupCommitWriter
 
 log = logging.getLogger("outbox")
@@ -126,6 +128,11 @@ class ResilientProducer:
         lease_seconds: how long a drain worker or write-ahead send owns a row.
         drain_batch_size: rows claimed per drain transaction.
         drain_poll_interval: longest pause of an idle drain worker.
+        on_store_error: called (on a drain thread) with each StoreError the drain workers met
+            and survived: they back off and retry, and `stats()` counts them in `store_errors`.
+        key_serializer, value_serializer: ``serializer(obj, ctx) -> bytes | None``, e.g.
+            confluent_kafka.serialization's or the Schema Registry serializers; called once in
+            produce(), before anything is sent or stored (see outbox.serialization).
     """
 
     def __init__(
@@ -145,6 +152,9 @@ class ResilientProducer:
         lease_seconds: float = 120.0,
         drain_batch_size: int = 1000,
         drain_poll_interval: float = 0.5,
+        on_store_error: Callable[[StoreError], None] | None = None,
+        key_serializer: Serializer | None = None,
+        value_serializer: Serializer | None = None,
     ) -> None:
         if not isinstance(config, Mapping):
             raise ConfigError("config must be a dict of confluent_kafka settings")
@@ -154,6 +164,7 @@ class ResilientProducer:
             raise ConfigError(f"durability must be one of {_DURABILITY}, got {durability!r}")
         if drain_workers < 0:
             raise ConfigError(f"drain_workers must be >= 0, got {drain_workers}")
+        self._serializers = Serializers.of(key_serializer, value_serializer)
         self.mode = mode
         self.durability = durability
         self.retry = retry or RetryPolicy()
@@ -210,6 +221,7 @@ class ResilientProducer:
             on_delivered=self._drained,
             on_dead_letter=self._drain_dead,
             on_success=self.circuit.record_success,
+            on_store_error=on_store_error,
         )
         self._poller = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
         self._poller.start()
@@ -258,6 +270,8 @@ class ResilientProducer:
             raise ProducerClosedError("produce() called after close()")
         if topic.__class__ is not str or (topic not in _VALID_TOPICS and not _topic_ok(topic)):
             self._bad_topic(topic)
+        if self._serializers is not None:  # once, before the outbox: re-sends reuse the bytes
+            value, key, headers = self._serializers(topic, value, key, headers)
         if value is not None and not isinstance(value, _BYTES_LIKE):
             _check_payload("value", value)
         if key is not None and not isinstance(key, _BYTES_LIKE):
@@ -335,23 +349,30 @@ class ResilientProducer:
     def stats(self) -> dict[str, Any]:
         """Counters and outbox state: see the README for each field."""
         now = time.time()
-        store = self.store.stats(now=now)
+        try:
+            store: StoreStats | None = self.store.stats(now=now)
+        except StoreError:  # the store is down: the counters still answer; its fields read None
+            store = None
         return {
             "produced": self._ids.issued,
             "delivered": self._delivered + self._drain_delivered,
             "delivered_first_try": self._delivered,
             "delivered_from_outbox": self._drain_delivered,
             "outboxed": self._outboxed,
-            "pending": store.pending,
+            "pending": None if store is None else store.pending,
             "retried": self.drainer.result.retried,
-            "dead": store.dead,
+            "dead": None if store is None else store.dead,
             "dead_this_process": self._dead + self.drainer.result.dead,
             "failed_no_retry": self._failed,
+            "store_errors": self.drainer.health.store_errors,
+            "store_failing_since": self.drainer.health.failing_since,
             "enqueued_in_transaction": self._in_transaction,
             "in_memory": len(self._kafka),
             "unsaved": self.writer.pending(),
             "circuit": self.circuit.state.value,
-            "oldest_pending_age": None if store.oldest_pending_at is None else now - store.oldest_pending_at,
+            "oldest_pending_age": (
+                None if store is None or store.oldest_pending_at is None else now - store.oldest_pending_at
+            ),
             "mode": self.mode,
             "outbox": self.store.location,
         }
@@ -529,6 +550,7 @@ class ResilientProducer:
                 DeadLetter(
                     row_id, msg.topic, msg.key, msg.value, msg.headers or [], msg.partition, msg.attempts,
                     msg.first_failed_at, msg.first_failed_at, msg.last_error, msg.msg_id,
+                    msg.error_code, msg.error_name,
                 ),
                 cb,
             )
@@ -539,7 +561,8 @@ class ResilientProducer:
     def _notify_dead(self, dl: DeadLetter, cb: DeliveryCallback | None) -> None:
         if cb is not None:
             try:
-                cb(KafkaError(_error_code(dl.last_error), f"dead-lettered: {dl.last_error}"), None)
+                code = dl.error_code if dl.error_code is not None else KafkaError._FAIL
+                cb(KafkaError(code, f"dead-lettered: {dl.last_error}"), None)
             except Exception:
                 log.exception("on_delivery callback raised")
         if self.on_dead_letter is not None:
@@ -582,63 +605,55 @@ class ResilientProducer:
             if cb is not None:
                 cb(None, msg)
             return
-        code = err.code()
         now = time.time()
-        disposition = self.retry.classify(code)
-        if disposition is not Disposition.DEAD:
-            self._note_transport_failure(code)
+        d = settle(m, err, self.retry, now)
+        if d.recreate_producer:
+            self._recreate = True
+        if d.verdict is Verdict.RESEND_ALONE:
+            # Maybe a batch-mate's fault: due now, a drain worker re-sends it (alone if needed).
+            d = replace(d, verdict=Verdict.RESCHEDULE, at=now, attempts=1)
+        if d.verdict is not Verdict.DEAD_LETTER:
+            self._note_transport_failure(err.code())
             if m.key is not None:
                 self._pending_keys.add((m.topic, m.key))
-        decision = self.retry.decide(1, now, now)
-        retry_at = None if disposition is Disposition.DEAD or decision.give_up else now + decision.delay
-        if code in BATCH_SIZE_CODES:
-            retry_at = now  # maybe a batch-mate's fault: a drain worker re-sends it alone
-        if retry_at is not None:
             self._outboxed += 1
-            if cb is not None:
-                self._waiting[m.msg_id] = cb
-        elif cb is not None:
-            self._waiting[m.msg_id] = cb  # popped when the writer reports the dead letter
-        self.writer.add_failure(Failure(row_id, describe(err), retry_at, now))
+        if cb is not None:
+            self._waiting[m.msg_id] = cb  # popped when the row is delivered or dead-lettered
+        self.writer.add_decision(row_id, d, now)
 
     def _handle_failure(
         self, err: KafkaError, topic: str, value: Any, key: Any, hdrs: Headers, partition: int,
         msg_id: str | None, cb: DeliveryCallback | None, msg: Message | None,
     ) -> None:
         """A first send failed: outbox it (retriable) or dead-letter it (permanent)."""
-        code = err.code()
-        disposition = self.retry.classify(code)
         if msg_id is None:
             found = find(hdrs, self._id_header) if self._id_header else None
             msg_id = found.decode() if found else self._ids()
         now = time.time()
-        error = describe(err)
-        if disposition is Disposition.FATAL:
+        # msg None: refused by produce() itself, so the message alone is at fault.
+        d = settle(_FIRST_SEND, err, self.retry, now, alone=msg is None)
+        if d.recreate_producer:
             self._recreate = True
-        if code in (KafkaError._PURGE_QUEUE, KafkaError._DESTROY):
-            # Never sent: not an attempt, and not the message's fault.
-            self._spill(topic, value, key, hdrs, partition, msg_id, cb, "purged before sending", error=error)
+        k, v = _as_bytes(key), _as_bytes(value)
+        if d.verdict is Verdict.RELEASE:  # never sent: stored due now, no attempt counted
+            self._store_pending(
+                NewMessage(topic, v, k, hdrs, partition, msg_id, 0, None, d.error, now, d.code, d.name), cb
+            )
             return
-        if code in BATCH_SIZE_CODES and msg is not None:
+        if d.verdict is Verdict.RESEND_ALONE:
             # The broker refused the record batch it was in: maybe another message's fault.
             # Stored due now; a drain worker re-sends it alone and dead-letters it only if it
             # fails on its own.
-            self._store_pending(
-                NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 1, now, error, now), cb
-            )
+            alone = NewMessage(topic, v, k, hdrs, partition, msg_id, 1, now, d.error, now, d.code, d.name)
+            self._store_pending(alone, cb)
             self.drainer.wake()
             return
-        decision = self.retry.decide(1, now, now)
-        if disposition is Disposition.DEAD or decision.give_up:
-            self.writer.add_dead(
-                NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 1, now, error, now), cb
-            )
+        failed = NewMessage(topic, v, k, hdrs, partition, msg_id, d.attempts, now, d.error, d.at or now, d.code, d.name)
+        if d.verdict is Verdict.DEAD_LETTER:
+            self.writer.add_dead(failed, cb)
             return
-        self._note_transport_failure(code)
-        retry_at = now + decision.delay
-        self._store_pending(
-            NewMessage(topic, _as_bytes(value), _as_bytes(key), hdrs, partition, msg_id, 1, now, error, retry_at), cb
-        )
+        self._note_transport_failure(err.code())
+        self._store_pending(failed, cb)
 
     def _note_transport_failure(self, code: int) -> None:
         # Only errors that say "the cluster is not reachable or not healthy" count toward the
@@ -725,13 +740,14 @@ def _topic_ok(topic: str) -> bool:
     return True
 
 
-def _error_code(last_error: str | None) -> int:
-    """The librdkafka code inside a stored "NAME (code): reason" text."""
-    found = _CODE.search(last_error or "")
-    return int(found.group(1)) if found else KafkaError._FAIL
+class _FirstSend:
+    """The retry state of a message on its first send: no failure yet."""
+
+    attempts = 0
+    first_failed_at: float | None = None
 
 
-_CODE = re.compile(r"\((-?\d+)\)")
+_FIRST_SEND = _FirstSend()
 
 _CIRCUIT_CODES = frozenset(
     {

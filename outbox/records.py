@@ -32,11 +32,16 @@ class NewMessage(NamedTuple):
     first_failed_at: float | None = None
     last_error: str | None = None
     next_attempt_at: float = 0.0
+    error_code: int | None = None  # librdkafka code of last_error (None: no failure yet)
+    error_name: str | None = None  # librdkafka name of that code, e.g. "_MSG_TIMED_OUT"
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxMessage:
-    """A message stored in the outbox (pending or dead), as the store returns it."""
+class OutboxMessage(NamedTuple):
+    """A message stored in the outbox (pending or dead), as the store returns it.
+
+    A NamedTuple, not a frozen dataclass: a drain builds one per row, and a tuple is built
+    several times faster (profile of a 1,000-row claim: the dataclass __init__ was ~1 us/row).
+    """
 
     id: int
     msg_id: str
@@ -52,6 +57,8 @@ class OutboxMessage:
     last_failed_at: float | None
     next_attempt_at: float
     last_error: str | None
+    error_code: int | None = None
+    error_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +71,8 @@ class DeadLetter:
         topic, key, value, headers, partition: the message exactly as produced.
         attempts: how many sends failed.
         first_failed_at, last_failed_at: epoch seconds.
-        last_error: the error that ended it, as "NAME (code): reason".
+        last_error: the error that ended it, as "NAME (code): reason" (for people).
+        error_code, error_name: that error's librdkafka code and name (for programs).
     """
 
     id: int
@@ -78,6 +86,8 @@ class DeadLetter:
     last_failed_at: float | None
     last_error: str | None
     msg_id: str = ""
+    error_code: int | None = None
+    error_name: str | None = None
 
     @classmethod
     def from_row(cls, row: OutboxMessage) -> DeadLetter:
@@ -93,6 +103,8 @@ class DeadLetter:
             last_failed_at=row.last_failed_at,
             last_error=row.last_error,
             msg_id=row.msg_id,
+            error_code=row.error_code,
+            error_name=row.error_name,
         )
 
 

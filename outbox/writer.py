@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import StoreError
+from .latency import LatencyHistogram
 from .records import NewMessage, OutboxMessage
-from .stores.base import Failure, Outbox
+from .settle import Decision, add_to
+from .stores.base import Failure, Outbox, Settlement
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +33,13 @@ class Batch:
     leased: list[bool] = field(default_factory=list)  # per new row: born leased to us?
     dead: list[NewMessage] = field(default_factory=list)
     dead_meta: list[Any] = field(default_factory=list)
-    delivered: list[int] = field(default_factory=list)
-    failures: list[Failure] = field(default_factory=list)
+    settled: Settlement = field(default_factory=Settlement)  # decisions about sent rows
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
 
     def size(self) -> int:
-        return len(self.new) + len(self.dead) + len(self.delivered) + len(self.failures)
+        st = self.settled
+        return len(self.new) + len(self.dead) + len(st.delivered) + len(st.failures) + len(st.released)
 
 
 @dataclass
@@ -93,6 +95,7 @@ class GroupCommitWriter:
         self._closed = False
         self._failing_since: float | None = None
         self.committed_rows = 0
+        self.commit_seconds = LatencyHistogram()  # per commit, not per message: no hot-path cost
         self._thread = threading.Thread(target=self._run, name="outbox-writer", daemon=True)
         self._thread.start()
 
@@ -132,13 +135,20 @@ class GroupCommitWriter:
 
     def add_delivered(self, row_id: int) -> None:
         with self._cond:
-            self._batch.delivered.append(row_id)
-            if len(self._batch.delivered) == 1:
+            delivered = self._batch.settled.delivered
+            delivered.append(row_id)
+            if len(delivered) == 1:
                 self._cond.notify()
 
     def add_failure(self, failure: Failure) -> None:
         with self._cond:
-            self._batch.failures.append(failure)
+            self._batch.settled.failures.append(failure)
+            self._cond.notify()
+
+    def add_decision(self, row_id: int, decision: Decision, now: float) -> None:
+        """A `settle()` decision about a stored row, applied with the next commit."""
+        with self._cond:
+            add_to(self._batch.settled, row_id, decision, now)
             self._cond.notify()
 
     def pending(self) -> int:
@@ -202,6 +212,7 @@ class GroupCommitWriter:
 
     def _commit(self, batch: Batch) -> None:
         delay = 0.05
+        started = time.perf_counter()
         leased = [m for m, is_leased in zip(batch.new, batch.leased, strict=True) if is_leased]
         free = [m for m, is_leased in zip(batch.new, batch.leased, strict=True) if not is_leased]
         # Each step below is its own transaction. A step that committed is not repeated when a
@@ -214,11 +225,13 @@ class GroupCommitWriter:
                 now = time.time()
                 # Usually one transaction: rows born leased (write-ahead, circuit closed) or free rows
                 # (fallback spill); a batch mixing both, or holding dead letters, takes one more each.
+                if first is None and not (leased or batch.settled):
+                    first = ([], [])
                 if first is None:
-                    first = self.store.commit_batch(
-                        leased, batch.delivered, batch.failures,
-                        lease_owner=self.owner, lease_until=now + self.lease_seconds,
-                    ) if leased or batch.delivered or batch.failures else ([], [])
+                    done = self.store.apply(
+                        batch.settled, now=now, new=leased, lease_owner=self.owner, lease_until=now + self.lease_seconds
+                    )
+                    first = (done.new_ids, done.dead)
                 if ids_free is None:
                     ids_free = self.store.enqueue(free) if free else []
                 if dead_ids is None:
@@ -239,6 +252,7 @@ class GroupCommitWriter:
                     batch.done.set()
                     return
         self._failing_since = None
+        self.commit_seconds.observe(time.perf_counter() - started)
         ids_leased, dead_failed = first
         it_l, it_f = iter(ids_leased), iter(ids_free)
         new_ids = [next(it_l) if is_leased else next(it_f) for is_leased in batch.leased]

@@ -10,7 +10,8 @@ producer per Spark partition, with the same headers as the SDK's drain (`outbox-
 Usage::
 
     python -m spark_drain --outbox sqlite:///var/lib/app/outbox.db --bootstrap-servers k1:9092
-    spark-submit --jars /usr/share/java/postgresql.jar spark_drain/job.py \\
+    python -m outbox.testing fetch     # once: pinned JDBC drivers (and Kafka) from Maven Central
+    spark-submit --jars ~/.cache/kafka-outbox/jdbc-1/libs/postgresql-42.7.14.jar spark_drain/job.py \\
         --outbox 'jdbc:postgresql://db/app?user=outbox' --bootstrap-servers k1:9092 --partitions 16
     python -m spark_drain ... --dead-letters --topic orders --error MSG_TIMED_OUT
     python -m spark_drain ... --dry-run            # count per topic, send nothing
@@ -20,11 +21,12 @@ Usage::
 
 Running on a cluster:
     * JDBC driver jars: Spark loads the database driver, not Python. `python -m spark_drain` sets
-      `spark.jars` to Debian's jar (`/usr/share/java/postgresql.jar`, `org.postgresql.Driver`;
-      `/usr/share/java/sqlite-jdbc.jar`, `org.sqlite.JDBC`) or to `--jars`. Under spark-submit
-      pass `--jars /usr/share/java/postgresql.jar` (or `--conf spark.jars=...`, or
-      `spark.jars.packages=org.postgresql:postgresql:42.7.4`); a missing driver is reported as
-      one line naming the jar to pass. A SQLite outbox is one local file: every executor must
+      `spark.jars` to `--jars`, else to the pinned driver that `python -m outbox.testing fetch`
+      cached from Maven Central (`org.postgresql:postgresql:42.7.14`, `org.sqlite.JDBC` from
+      `org.xerial:sqlite-jdbc:3.54.1.0`), else to Debian's jar in `/usr/share/java` if installed.
+      Under spark-submit pass `--jars PATH` (or `--conf spark.jars=...`, or
+      `spark.jars.packages=org.postgresql:postgresql:42.7.14`); a missing driver is reported as
+      one line saying how to get it. A SQLite outbox is one local file: every executor must
       see it at the same path, so SQLite is for `local[*]` and single-host runs.
     * Python on executors: executors import `outbox` (stores, codec, retry policy) and
       `confluent_kafka`; `PYSPARK_PYTHON` must name an interpreter with kafka-outbox installed

@@ -206,11 +206,9 @@ def _jdbc_error(exc: Exception, options: JobOptions) -> Exception:
     text = str(exc)
     url = options.store_url()
     if "ClassNotFoundException" in text or "No suitable driver" in text:
-        from spark_drain.read import default_jars
-
         return ConfigError(
-            f"the JDBC driver for {url.kind} is not on Spark's classpath: pass "
-            f"--jars {default_jars(url)} to spark-submit (or set spark.jars)"
+            f"the JDBC driver for {url.kind} is not on Spark's classpath: pass its jar with --jars to "
+            "spark-submit (or set spark.jars); `python -m outbox.testing fetch` downloads the pinned drivers"
         )
     return OutboxError(f"reading outbox {url.where()} with Spark JDBC failed: {_cause(exc, options)}")
 
@@ -228,7 +226,7 @@ def build_session(options: JobOptions) -> SparkSession:
     url = options.store_url()
     jars = options.jars or default_jars(url)
     if not jar_exists(jars):
-        raise ConfigError(f"JDBC driver jar not found: {jars} (install the Debian package or pass --jars)")
+        raise ConfigError(f"JDBC driver jar not found: {jars} (run `python -m outbox.testing fetch` or pass --jars)")
     master = options.master or os.environ.get("MASTER")
     if master is None or master.startswith("local"):
         # Local executors are forks of this interpreter's PySpark workers: use this Python so

@@ -20,12 +20,6 @@ from outbox.urls import StoreURL
 
 from .options import JobOptions
 
-#: Debian's JDBC driver jars (packages libpostgresql-jdbc-java and libxerial-sqlite-jdbc-java).
-DEFAULT_JARS: dict[str, str] = {
-    "postgresql": "/usr/share/java/postgresql.jar",
-    "sqlite": "/usr/share/java/sqlite-jdbc.jar",
-}
-
 #: What the executors need of a row, in this order (`partition` is a keyword in both databases).
 COLUMNS = (
     "id",
@@ -42,8 +36,23 @@ COLUMNS = (
 
 
 def default_jars(url: StoreURL) -> str:
-    """The JDBC driver jar for the URL's database on this machine."""
-    return DEFAULT_JARS[url.kind]
+    """The JDBC driver jar for the URL's database on this machine.
+
+    The pinned driver fetched from Maven Central by `python -m outbox.testing fetch` wins, then
+    Debian's package (libpostgresql-jdbc-java, libxerial-sqlite-jdbc-java).
+
+    Raises:
+        ConfigError: Neither is there.
+    """
+    from outbox.testing.maven import cached_jdbc_jar
+
+    jar = cached_jdbc_jar(url.kind)
+    if jar is None:
+        raise ConfigError(
+            f"no JDBC driver jar for {url.kind} on this machine: run `python -m outbox.testing fetch` "
+            "(downloads the pinned drivers from Maven Central) or pass --jars"
+        )
+    return jar
 
 
 def table_ref(url: StoreURL) -> str:
@@ -92,9 +101,11 @@ def selection(opts: JobOptions, now: float) -> Selection:
         conds.insert(0, f"status = {int(Status.DEAD)}")
         column = "last_failed_at"
         if opts.error is not None:
-            # The store's own rule: the name or the code at the start of "NAME (code): reason".
-            by_name, by_code = _str(opts.error + " (%"), _str("% (" + opts.error + "):%")
-            conds.append(f"(last_error LIKE {by_name} OR last_error LIKE {by_code})")
+            # The store's own rule (`dead_letter_where`): a code or a name, on its own column.
+            if opts.error.lstrip("-").isdigit():
+                conds.append(f"error_code = {int(opts.error)}")
+            else:
+                conds.append(f"error_name = {_str(opts.error.upper())}")
     else:
         conds.insert(0, f"status = {int(Status.PENDING)}")
         column = "created_at"

@@ -14,38 +14,67 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..backlog import Backlog
-from ..codec import decode_headers
+from ..codec import decode_headers, encode_headers
 from ..owners import Liveness
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 
 #: The row columns every backend selects, in the order `row_from_columns` reads them.
 COLUMNS = (
     "id, msg_id, topic, key, value, headers, partition, status, attempts, created_at, "
-    "first_failed_at, last_failed_at, next_attempt_at, last_error"
+    "first_failed_at, last_failed_at, next_attempt_at, last_error, error_code, error_name"
+)
+
+#: The columns `insert_values` fills, in its order (both backends insert exactly these).
+INSERT_COLUMNS = (
+    "msg_id", "topic", "key", "value", "headers", "partition", "status", "attempts", "created_at",
+    "first_failed_at", "last_failed_at", "next_attempt_at", "last_error", "error_code", "error_name",
+    "lease_owner",
 )
 
 
 def row_from_columns(r: Sequence[Any]) -> OutboxMessage:
     """An OutboxMessage from a row selected with `COLUMNS`."""
+    key, value, headers = r[3], r[4], r[5]
     return OutboxMessage(
-        id=r[0],
-        msg_id=r[1],
-        topic=r[2],
-        key=None if r[3] is None else bytes(r[3]),
-        value=None if r[4] is None else bytes(r[4]),
-        headers=decode_headers(None if r[5] is None else bytes(r[5])),
-        partition=r[6],
-        status=Status(r[7]),
-        attempts=r[8],
-        created_at=r[9],
-        first_failed_at=r[10],
-        last_failed_at=r[11],
-        next_attempt_at=r[12],
-        last_error=r[13],
+        r[0], r[1], r[2],
+        None if key is None else bytes(key),
+        None if value is None else bytes(value),
+        decode_headers(None if headers is None else bytes(headers)),
+        r[6], _STATUS[r[7]], r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15],
+    )
+
+
+_STATUS = {int(s): s for s in Status}  # a dict lookup instead of the Enum call, per row
+
+
+def insert_values(
+    m: NewMessage, status: Status, lease_owner: str | None, lease_until: float | None, now: float
+) -> tuple[Any, ...]:
+    """One row's values in `INSERT_COLUMNS` order: the single definition of what each column means.
+
+    * created_at: when the row was written (`now`).
+    * first_failed_at: the message's first failed send; a dead letter always has one (`now` if
+      the message never failed before, e.g. added straight as dead).
+    * last_failed_at: the latest failed send: `now` for a dead letter (it failed just now), the
+      first failure for a pending row that failed once, None for a row never sent.
+    * next_attempt_at: when it is due; a row born leased is due when its lease ends.
+    * error_code / error_name: the librdkafka code and name of `last_error`.
+    """
+    dead = status is Status.DEAD
+    first = m.first_failed_at if m.first_failed_at is not None or not dead else now
+    if dead:
+        last: float | None = now
+    else:
+        last = m.first_failed_at if m.attempts else None
+    due = lease_until if lease_owner is not None and lease_until is not None else m.next_attempt_at
+    return (
+        m.msg_id, m.topic, m.key, m.value, encode_headers(m.headers), m.partition, int(status), m.attempts,
+        now, first, last, due, m.last_error, m.error_code, m.error_name,
+        lease_owner if lease_owner is not None and lease_until is not None else None,
     )
 
 
@@ -61,9 +90,13 @@ def dead_letter_where(flt: DeadLetterFilter, placeholder: str) -> tuple[str, lis
         where.append(f"topic = {p}")
         args.append(flt.topic)
     if flt.error is not None:
-        # Matches the error name or code at the start of "NAME (code): reason".
-        where.append(f"(last_error LIKE {p} OR last_error LIKE {p})")
-        args.extend([f"{flt.error} (%", f"% ({flt.error}):%"])
+        # A librdkafka code ("-192") or name ("_MSG_TIMED_OUT"), matched on its own column.
+        if flt.error.lstrip("-").isdigit():
+            where.append(f"error_code = {p}")
+            args.append(int(flt.error))
+        else:
+            where.append(f"error_name = {p}")
+            args.append(flt.error)
     if flt.since is not None:
         where.append(f"last_failed_at >= {p}")
         args.append(flt.since)
@@ -79,15 +112,43 @@ class Failure:
 
     Attributes:
         id: row id.
-        error: "NAME (code): reason".
+        error: "NAME (code): reason" (stored as `last_error`, for people).
         retry_at: epoch seconds of the next attempt, or None to dead-letter the row.
         failed_at: epoch seconds of this failure.
+        code, name: the librdkafka error code and name (stored as `error_code`, `error_name`).
     """
 
     id: int
     error: str
     retry_at: float | None
     failed_at: float
+    code: int
+    name: str
+
+
+@dataclass
+class Settlement:
+    """The decisions about one batch of sent rows, applied by `Outbox.apply` in one transaction.
+
+    Built by `outbox.settle.Settler` from `settle()` decisions; rows that must be re-sent alone
+    are not here (they are sent again before the batch is settled).
+    """
+
+    delivered: list[int] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    released: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.delivered or self.failures or self.released)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What `Outbox.apply` did: ids of new rows, delivered rows deleted, rows dead-lettered now."""
+
+    new_ids: list[int]
+    deleted: int
+    dead: list[OutboxMessage]
 
 
 class Outbox(abc.ABC):
@@ -133,22 +194,50 @@ class Outbox(abc.ABC):
         """
 
     @abc.abstractmethod
+    def apply(
+        self,
+        settlement: Settlement,
+        *,
+        now: float,
+        new: Sequence[NewMessage] = (),
+        lease_owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> Applied:
+        """Apply a batch of decisions (and store new rows) in ONE short transaction.
+
+        * `settlement.delivered`: rows Kafka acknowledged are deleted (idempotent; DEAD rows are
+          never deleted this way).
+        * `settlement.failures`: one failed attempt counted per row; rescheduled at `retry_at`,
+          or dead-lettered (`retry_at` None). Rows already deleted or dead are ignored.
+        * `settlement.released`: leased rows given back, due at `now`, no attempt counted.
+        * `new`: PENDING rows, born leased to `lease_owner` until `lease_until` if given
+          (write-ahead mode: the producer sends them itself).
+
+        Returns the new row ids in order, how many delivered rows were deleted, and the rows
+        dead-lettered now, in their final state, in id order.
+        """
+
     def mark_delivered(self, ids: Sequence[int]) -> int:
         """Delete rows Kafka acknowledged. Idempotent; returns how many were deleted."""
+        if not ids:
+            return 0
+        return self.apply(Settlement(delivered=list(ids)), now=time.time()).deleted
 
-    @abc.abstractmethod
     def record_failures(self, failures: Sequence[Failure]) -> list[OutboxMessage]:
         """Count one failed attempt per row: reschedule it, or dead-letter it (retry_at None).
 
         Rows already deleted (delivered by someone else) are ignored. Returns the rows that were
         dead-lettered now, in their final state.
         """
+        if not failures:
+            return []
+        return self.apply(Settlement(failures=list(failures)), now=time.time()).dead
 
-    @abc.abstractmethod
     def release(self, ids: Sequence[int], *, now: float) -> None:
         """Give leased rows back, due now, without counting an attempt (clean stop)."""
+        if ids:
+            self.apply(Settlement(released=list(ids)), now=now)
 
-    @abc.abstractmethod
     def commit_batch(
         self,
         new: Sequence[NewMessage],
@@ -162,6 +251,13 @@ class Outbox(abc.ABC):
 
         Returns (ids of the new rows, rows dead-lettered now).
         """
+        if not (new or delivered or failures):
+            return [], []
+        done = self.apply(
+            Settlement(delivered=list(delivered), failures=list(failures)),
+            now=time.time(), new=new, lease_owner=lease_owner, lease_until=lease_until,
+        )
+        return done.new_ids, done.dead
 
     @abc.abstractmethod
     def get(self, id: int) -> OutboxMessage:

@@ -55,12 +55,21 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..backlog import Backlog, backlog_from_rows, backlog_sql
-from ..codec import encode_headers
 from ..errors import ConfigError, StoreError, StoreNotFoundError, UnknownMessageError
 from ..owners import Liveness, SweepSchedule, describe_owner, local_liveness, parse_owner
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from ..urls import StoreURL, parse_url
-from .base import COLUMNS, Failure, Outbox, dead_letter_where, row_from_columns
+from .base import (
+    COLUMNS,
+    INSERT_COLUMNS,
+    Applied,
+    Failure,
+    Outbox,
+    Settlement,
+    dead_letter_where,
+    insert_values,
+    row_from_columns,
+)
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
     import psycopg
@@ -68,9 +77,19 @@ if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily a
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _COLUMNS = COLUMNS
+_TYPES = {
+    "msg_id": "text", "topic": "text", "key": "bytea", "value": "bytea", "headers": "bytea",
+    "partition": "int", "status": "smallint", "attempts": "int", "created_at": "float8",
+    "first_failed_at": "float8", "last_failed_at": "float8", "next_attempt_at": "float8",
+    "last_error": "text", "error_code": "int", "error_name": "text", "lease_owner": "text",
+}
+_INSERT = (
+    "INSERT INTO {t} (" + ", ".join(INSERT_COLUMNS) + ") SELECT * FROM unnest("
+    + ", ".join(f"%s::{_TYPES[c]}[]" for c in INSERT_COLUMNS) + ") RETURNING id"
+)
 
 _ALL = DeadLetterFilter()  # the empty filter: every dead letter
 
@@ -111,7 +130,17 @@ def _migrations(schema: str, table: str) -> dict[int, list[str]]:
             f'CREATE INDEX IF NOT EXISTS "{table}_key" ON {t} (topic, md5(key), id) '
             "WHERE status = 0 AND key IS NOT NULL",
             f'CREATE INDEX IF NOT EXISTS "{table}_dead" ON {t} (id) WHERE status = 2',
-        ]
+        ],
+        # The error as code and name columns: filters and stats read them, never the text.
+        2: [
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS error_code INTEGER",
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS error_name TEXT",
+            # The one place the old text form "NAME (code): reason" (version 1) is parsed.
+            f"UPDATE {t} SET error_name = m[1], error_code = m[2]::integer "
+            "FROM (SELECT id AS mid, regexp_match(last_error, '^(\\S+) \\((-?\\d+)\\):') AS m "
+            f"FROM {t} WHERE last_error IS NOT NULL AND error_code IS NULL) AS x "
+            "WHERE id = x.mid AND x.m IS NOT NULL",
+        ],
     }
 
 
@@ -331,34 +360,11 @@ class PostgresOutbox(Outbox):
     ) -> list[int]:
         if not messages:
             return []
-        leased = lease_owner is not None and lease_until is not None
-        if leased:
+        if lease_owner is not None and lease_until is not None:
             self._hold_owner(str(lease_owner))
+        rows = [insert_values(m, status, lease_owner, lease_until, now) for m in messages]
         # One statement for the whole batch: arrays unnested server-side, ~one round trip.
-        cur = conn.execute(
-            f"INSERT INTO {self._t} (msg_id, topic, key, value, headers, partition, status, "
-            "attempts, created_at, first_failed_at, last_failed_at, next_attempt_at, last_error, "
-            "lease_owner) "
-            "SELECT m, t, k, v, h, p, %s, a, %s, f, CASE WHEN a > 0 THEN f END, n, e, %s "
-            "FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[], "
-            "%s::int[], %s::int[], %s::float8[], %s::float8[], %s::text[]) "
-            "AS x(m, t, k, v, h, p, a, f, n, e) RETURNING id",
-            [
-                int(status),
-                now,
-                lease_owner if leased else None,
-                [m.msg_id for m in messages],
-                [m.topic for m in messages],
-                [m.key for m in messages],
-                [m.value for m in messages],
-                [encode_headers(m.headers) for m in messages],
-                [m.partition for m in messages],
-                [m.attempts for m in messages],
-                [m.first_failed_at for m in messages],
-                [lease_until if leased else m.next_attempt_at for m in messages],
-                [m.last_error for m in messages],
-            ],
-        )
+        cur = conn.execute(_INSERT.format(t=self._t), [list(col) for col in zip(*rows, strict=True)])
         # Identity values are drawn as the unnested rows are inserted, in order, so sorted
         # ids line up with the input even when other writers insert at the same time.
         return sorted(r[0] for r in cur.fetchall())
@@ -439,12 +445,6 @@ class PostgresOutbox(Outbox):
         cur = conn.execute(f"DELETE FROM {self._t} WHERE id = ANY(%s::bigint[]) AND status = 0", [list(ids)])
         return cur.rowcount
 
-    def mark_delivered(self, ids: Sequence[int]) -> int:
-        if not ids:
-            return 0
-        with self._conn() as conn:
-            return self._delete(conn, ids)
-
     def _fail(self, conn: psycopg.Connection[Any], failures: Sequence[Failure]) -> list[OutboxMessage]:
         if not failures:
             return []
@@ -453,13 +453,16 @@ class PostgresOutbox(Outbox):
         if retry:
             conn.execute(
                 f"UPDATE {self._t} AS o SET attempts = o.attempts + 1, last_error = f.e, "
+                "error_code = f.c, error_name = f.n, "
                 "first_failed_at = COALESCE(o.first_failed_at, f.at), last_failed_at = f.at, "
                 "next_attempt_at = f.retry, lease_owner = NULL "
-                "FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::float8[]) "
-                "AS f(id, e, at, retry) WHERE o.id = f.id AND o.status = 0",
+                "FROM unnest(%s::bigint[], %s::text[], %s::int[], %s::text[], %s::float8[], %s::float8[]) "
+                "AS f(id, e, c, n, at, retry) WHERE o.id = f.id AND o.status = 0",
                 [
                     [f.id for f in retry],
                     [f.error for f in retry],
+                    [f.code for f in retry],
+                    [f.name for f in retry],
                     [f.failed_at for f in retry],
                     [f.retry_at for f in retry],
                 ],
@@ -469,44 +472,40 @@ class PostgresOutbox(Outbox):
         cols = ", ".join(f"o.{c.strip()}" for c in _COLUMNS.split(","))
         cur = conn.execute(
             f"UPDATE {self._t} AS o SET attempts = o.attempts + 1, last_error = f.e, status = 2, "
+            "error_code = f.c, error_name = f.n, "
             "first_failed_at = COALESCE(o.first_failed_at, f.at), last_failed_at = f.at, "
             "lease_owner = NULL "
-            "FROM unnest(%s::bigint[], %s::text[], %s::float8[]) AS f(id, e, at) "
+            "FROM unnest(%s::bigint[], %s::text[], %s::int[], %s::text[], %s::float8[]) AS f(id, e, c, n, at) "
             f"WHERE o.id = f.id AND o.status = 0 RETURNING {cols}",
-            [[f.id for f in dead], [f.error for f in dead], [f.failed_at for f in dead]],
+            [
+                [f.id for f in dead], [f.error for f in dead], [f.code for f in dead], [f.name for f in dead],
+                [f.failed_at for f in dead],
+            ],
         )
         return sorted((row_from_columns(r) for r in cur.fetchall()), key=lambda m: m.id)
 
-    def record_failures(self, failures: Sequence[Failure]) -> list[OutboxMessage]:
-        if not failures:
-            return []
-        with self._tx() as conn:
-            return self._fail(conn, failures)
-
-    def release(self, ids: Sequence[int], *, now: float) -> None:
-        if not ids:
-            return
-        with self._conn() as conn:
-            conn.execute(
-                f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s "
-                "WHERE id = ANY(%s::bigint[]) AND status = 0",
-                [now, list(ids)],
-            )
-
-    def commit_batch(
+    def apply(
         self,
-        new: Sequence[NewMessage],
-        delivered: Sequence[int],
-        failures: Sequence[Failure],
+        settlement: Settlement,
         *,
-        lease_owner: str | None,
-        lease_until: float | None,
-    ) -> tuple[list[int], list[OutboxMessage]]:
+        now: float,
+        new: Sequence[NewMessage] = (),
+        lease_owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> Applied:
+        if not settlement and not new:
+            return Applied([], 0, [])
         with self._tx() as conn:
-            ids = self._insert(conn, new, Status.PENDING, lease_owner, lease_until, time.time())
-            self._delete(conn, delivered)
-            dead = self._fail(conn, failures)
-        return ids, dead
+            ids = self._insert(conn, new, Status.PENDING, lease_owner, lease_until, now)
+            deleted = self._delete(conn, settlement.delivered)
+            dead = self._fail(conn, settlement.failures)
+            if settlement.released:
+                conn.execute(
+                    f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s "
+                    "WHERE id = ANY(%s::bigint[]) AND status = 0",
+                    [now, settlement.released],
+                )
+        return Applied(ids, deleted, dead)
 
     def claim(
         self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None
@@ -641,8 +640,7 @@ class PostgresOutbox(Outbox):
                 [now],
             ).fetchall()
             errors = conn.execute(
-                "SELECT COALESCE(CASE WHEN strpos(last_error, ':') > 0 "
-                "THEN substr(last_error, 1, strpos(last_error, ':') - 1) ELSE last_error END, '?'), "
+                "SELECT COALESCE(error_name || ' (' || error_code || ')', '?'), "
                 f"count(*) FROM {self._t} WHERE status = 2 GROUP BY 1"
             ).fetchall()
             due = conn.execute(f"SELECT min(next_attempt_at) FROM {self._t} WHERE status = 0").fetchone()

@@ -23,7 +23,6 @@ import atexit
 import base64
 import contextlib
 import ctypes
-import fcntl
 import logging
 import os
 import shutil
@@ -42,6 +41,9 @@ from typing import IO, Any
 
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type: ignore[attr-defined]
 
+from outbox.testing.maven import KAFKA, KAFKA_VERSION, MavenFetchError
+from outbox.testing.maven import fetch as maven_fetch
+
 __all__ = [
     "KAFKA_VERSION",
     "KafkaCluster",
@@ -52,16 +54,11 @@ __all__ = [
     "wait_for_isr",
 ]
 
-KAFKA_VERSION = "4.1.1"
-"""The Apache Kafka version the test cluster runs (pinned in ``pom.xml``)."""
-
 CONTROLLER_NODE_ID = 1000
 """Node id of the dedicated KRaft controller (brokers use ``0..N-1``)."""
 
 _log = logging.getLogger(__name__)
 _rdkafka_log = logging.getLogger("outbox.testing.rdkafka")
-
-_MARKER = ".complete"
 
 
 class KafkaSetupError(RuntimeError):
@@ -71,11 +68,6 @@ class KafkaSetupError(RuntimeError):
 # ---------------------------------------------------------------------------
 # Fetching the Kafka jars
 # ---------------------------------------------------------------------------
-
-
-def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kafka-outbox" / f"kafka-{KAFKA_VERSION}"
 
 
 def _java() -> str:
@@ -88,7 +80,7 @@ def _java() -> str:
     if not found:
         raise KafkaSetupError(
             "Java was not found (no `java` on PATH and no usable $JAVA_HOME). The Kafka test cluster "
-            "needs a JRE >= 17: on Debian/Ubuntu run `apt-get install default-jdk-headless`."
+            "needs a JRE >= 17: on Debian/Ubuntu run `apt-get install openjdk-17-jdk-headless`."
         )
     return found
 
@@ -113,80 +105,25 @@ def kafka_libs_dir(*, fetch: bool = True) -> Path:
         if not any(libs.glob("kafka_*.jar")):
             raise KafkaSetupError(f"KAFKA_HOME={kafka_home} has no Kafka jars in {libs}")
         return libs
-    libs = _cache_root() / "libs"
-    if (_cache_root() / _MARKER).is_file() and libs.is_dir():
-        return libs
+    if KAFKA.is_cached():
+        return KAFKA.libs
     if not fetch:
-        raise KafkaSetupError(
-            f"Kafka {KAFKA_VERSION} is not fetched yet; run `python -m outbox.testing fetch`"
-        )
+        raise KafkaSetupError(f"Kafka {KAFKA_VERSION} is not fetched yet; run `python -m outbox.testing fetch`")
     return fetch_kafka()
 
 
 def fetch_kafka(*, force: bool = False) -> Path:
-    """Download the Kafka broker jars with Maven into the user's cache.
-
-    Runs ``mvn -q -B dependency:copy-dependencies`` on the ``pom.xml`` shipped
-    with this package. A marker file is written only once the copy is
-    complete, so an interrupted fetch is redone next time. Concurrent callers
-    (e.g. several pytest workers) are serialised with a file lock.
-
-    Args:
-        force: Re-fetch even if a complete copy is cached.
-
-    Returns:
-        The directory containing the jars.
+    """Download the Kafka broker jars with Maven into the user's cache (see :mod:`outbox.testing.maven`).
 
     Raises:
-        KafkaSetupError: ``mvn`` is missing or the fetch failed (the message
+        KafkaSetupError: ``mvn`` or ``java`` is missing or the fetch failed (the message
             ends with the tail of Maven's output).
     """
-    root = _cache_root()
-    libs = root / "libs"
-    marker = root / _MARKER
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.is_file() and libs.is_dir() and not force:
-            return libs
-        mvn = shutil.which("mvn")
-        if not mvn:
-            raise KafkaSetupError(
-                "Maven (`mvn`) was not found on PATH; it is needed once to download Apache Kafka "
-                f"{KAFKA_VERSION} from Maven Central (on Debian/Ubuntu: `apt-get install maven`). "
-                "Alternatively point KAFKA_HOME at an existing Kafka installation."
-            )
-        _java()  # fail early with a clear message if there is no JVM at all
-        marker.unlink(missing_ok=True)
-        work = root / "fetch"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        shutil.copyfile(Path(__file__).with_name("pom.xml"), work / "pom.xml")
-        tmp_libs = work / "libs"
-        cmd = [
-            mvn,
-            "-q",
-            "-B",
-            "-Dstyle.color=never",
-            "-f",
-            str(work / "pom.xml"),
-            "dependency:copy-dependencies",
-            f"-DoutputDirectory={tmp_libs}",
-            "-DincludeScope=runtime",
-        ]
-        _log.info("fetching Kafka %s: %s", KAFKA_VERSION, " ".join(cmd))
-        proc = subprocess.run(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if proc.returncode != 0 or not any(tmp_libs.glob("kafka_*.jar")):
-            tail = "\n".join(proc.stdout.strip().splitlines()[-40:])
-            raise KafkaSetupError(
-                f"Fetching Apache Kafka {KAFKA_VERSION} with Maven failed (exit {proc.returncode}). "
-                f"Command: {' '.join(cmd)}\n--- mvn output (tail) ---\n{tail}"
-            )
-        shutil.rmtree(libs, ignore_errors=True)
-        tmp_libs.rename(libs)
-        shutil.rmtree(work, ignore_errors=True)
-        marker.write_text(f"kafka {KAFKA_VERSION}\n")
-        return libs
+    _java()  # fail early with a clear message if there is no JVM at all
+    try:
+        return maven_fetch(KAFKA, force=force)
+    except MavenFetchError as exc:
+        raise KafkaSetupError(f"{exc} Alternatively point KAFKA_HOME at an existing Kafka installation.") from exc
 
 
 # ---------------------------------------------------------------------------
@@ -327,9 +264,7 @@ def wait_for_isr(bootstrap: str, topic: str, min_isr: int | None = None, *, time
         except Exception as exc:  # noqa: BLE001 - metadata errors while brokers restart are transient
             last = exc
         if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"ISR of topic {topic!r} not >= {min_isr or 'all replicas'} after {timeout}s: {last}"
-            )
+            raise TimeoutError(f"ISR of topic {topic!r} not >= {min_isr or 'all replicas'} after {timeout}s: {last}")
         time.sleep(0.2)
 
 
@@ -791,11 +726,7 @@ class KafkaCluster:
     def _popen(self, cmd: list[str], out: IO[bytes]) -> subprocess.Popen[bytes]:
         parent = os.getpid()
         # PR_SET_PDEATHSIG fires when the *thread* that forked exits, so only use it from the main thread.
-        preexec = (
-            (lambda: _child_preexec(parent))
-            if threading.current_thread() is threading.main_thread()
-            else None
-        )
+        preexec = (lambda: _child_preexec(parent)) if threading.current_thread() is threading.main_thread() else None
         return subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
@@ -835,9 +766,7 @@ class KafkaCluster:
                 )
             time.sleep(0.1)
 
-    def _wait_brokers_serving(
-        self, indices: Iterator[int] | range | list[int], timeout: float | None = None
-    ) -> None:
+    def _wait_brokers_serving(self, indices: Iterator[int] | range | list[int], timeout: float | None = None) -> None:
         wanted = list(indices)
         timeout = self.startup_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
@@ -863,6 +792,4 @@ class KafkaCluster:
             time.sleep(0.2)
 
     def __repr__(self) -> str:
-        return (
-            f"KafkaCluster(brokers={self.num_brokers}, bootstrap={self.bootstrap_servers!r}, dir={self._dir})"
-        )
+        return f"KafkaCluster(brokers={self.num_brokers}, bootstrap={self.bootstrap_servers!r}, dir={self._dir})"

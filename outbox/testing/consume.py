@@ -9,7 +9,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-__all__ = ["consume"]
+__all__ = ["consume", "consume_to_end"]
 
 
 def consume(
@@ -76,6 +76,61 @@ def consume(
                     continue
                 raise RuntimeError(f"consumer error on {topic!r}: {err}")
             out.append(msg)
+        return out
+    finally:
+        consumer.close()
+
+
+def consume_to_end(
+    bootstrap: str, topic: str, timeout: float = 60.0, *, config: Mapping[str, Any] | None = None
+) -> list[Message]:
+    """Read every message ``topic`` holds now: from the beginning up to each partition's high watermark.
+
+    Unlike :func:`consume` with a count, duplicates cannot make it stop early, so it is the way
+    to count what reached Kafka (at-least-once delivery may write a message twice).
+
+    Raises:
+        TimeoutError: The end was not reached within ``timeout`` seconds.
+    """
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"outbox-testing-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": True,
+    }
+    conf.update(config or {})
+    deadline = time.monotonic() + timeout
+    consumer = Consumer(conf)
+    out: list[Message] = []
+    try:
+        md = consumer.list_topics(topic, timeout=max(1.0, min(10.0, timeout)))
+        tmd = md.topics.get(topic)
+        if tmd is None or tmd.error is not None:
+            raise RuntimeError(f"topic {topic!r} is not readable: {tmd.error if tmd else 'unknown topic'}")
+        ends: dict[int, int] = {}
+        for p in sorted(tmd.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > low:
+                ends[p] = high
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        while ends:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic!r}: partitions {sorted(ends)} not read to their end in {timeout} s")
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    ends.pop(msg.partition() or 0, None)  # at the end (also past trailing control records)
+                elif err.fatal():
+                    raise RuntimeError(f"consumer error on {topic!r}: {err}")
+                continue
+            out.append(msg)
+            p, offset = msg.partition(), msg.offset()
+            if p in ends and offset is not None and offset + 1 >= ends[p]:
+                del ends[p]
         return out
     finally:
         consumer.close()

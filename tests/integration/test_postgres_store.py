@@ -205,7 +205,7 @@ def test_schema_and_table_from_the_jdbc_url_and_versioned(postgres_url: str) -> 
             assert conn.execute(f"SELECT count(*) FROM {schema}.events_outbox").fetchone() == (1,)
             assert conn.execute(
                 f"SELECT max(version) FROM {schema}.events_outbox_schema_version"
-            ).fetchone() == (1,)
+            ).fetchone() == (2,)
             indexes = {
                 r[0]
                 for r in conn.execute(
@@ -325,3 +325,42 @@ def test_broken_connections_are_replaced_and_nothing_is_lost(
     for exc in errors:
         assert store.url.where() in str(exc)
     assert [store.get(i).value for i in ids] == [bytes([n]) for n in range(10)]
+
+
+def test_version_1_outbox_is_migrated_with_error_columns(postgres_url: str) -> None:
+    """A table written by schema version 1 gets error_code/error_name, filled from last_error."""
+    import psycopg
+
+    from outbox.records import DeadLetterFilter
+
+    schema = f"mig_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(
+            f'CREATE TABLE "{schema}".outbox (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, '
+            "msg_id TEXT NOT NULL, topic TEXT NOT NULL, key BYTEA, value BYTEA, headers BYTEA, "
+            "partition INTEGER NOT NULL DEFAULT -1, status SMALLINT NOT NULL DEFAULT 0, "
+            "attempts INTEGER NOT NULL DEFAULT 0, created_at DOUBLE PRECISION NOT NULL, "
+            "first_failed_at DOUBLE PRECISION, last_failed_at DOUBLE PRECISION, "
+            "next_attempt_at DOUBLE PRECISION NOT NULL DEFAULT 0, last_error TEXT, lease_owner TEXT)"
+        )
+        conn.execute(
+            f'CREATE TABLE "{schema}".outbox_schema_version (version INTEGER PRIMARY KEY, '
+            "applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        conn.execute(f'INSERT INTO "{schema}".outbox_schema_version VALUES (1, 0)')
+        conn.execute(
+            f'INSERT INTO "{schema}".outbox (msg_id, topic, status, attempts, created_at, last_error) VALUES '
+            "('a', 't', 2, 3, 1, '_MSG_TIMED_OUT (-192): Local: Message timed out'), "
+            "('b', 't', 0, 0, 1, NULL), ('c', 't', 2, 1, 1, 'odd text')"
+        )
+    store = PostgresOutbox(dataclasses.replace(parse_url(postgres_url), schema=schema))
+    try:
+        [a, b, c] = [store.get(i) for i in (1, 2, 3)]
+        assert (a.error_code, a.error_name) == (-192, "_MSG_TIMED_OUT")
+        assert (b.error_code, b.error_name, c.error_code, c.error_name) == (None, None, None, None)
+        assert [r.id for r in store.list_dead(DeadLetterFilter(error="-192"))] == [1]
+    finally:
+        store.close()
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -21,6 +21,7 @@ from outbox.records import DeadLetterFilter, NewMessage
 from outbox.stores import open_outbox
 from outbox.stores.base import Outbox
 from outbox.testing import KafkaCluster
+from outbox.testing.maven import jdbc_jar
 from spark_drain import JobOptions, JobReport, preflight, run_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,11 +143,14 @@ def test_dead_letter_replay_sends_only_the_selected_dead_letters(
         keep = fill(store, t1, 10)  # pending rows of t1: not part of a dead-letter replay
         dead_ids = store.add_dead(
             [NewMessage(topic=t1, value=f"k1:{i}".encode(), key=b"k1", msg_id=f"d-{i}", attempts=3,
-                        first_failed_at=now - 60, last_error=timed_out) for i in range(1, 301)]
+                        first_failed_at=now - 60, last_error=timed_out, error_code=-192,
+                        error_name="_MSG_TIMED_OUT") for i in range(1, 301)]
             + [NewMessage(topic=t2, value=b"k2:1", key=b"k2", msg_id="other-topic", attempts=3,
-                          first_failed_at=now - 60, last_error=timed_out)]
+                          first_failed_at=now - 60, last_error=timed_out, error_code=-192,
+                          error_name="_MSG_TIMED_OUT")]
             + [NewMessage(topic=t1, value=b"k3:1", key=b"k3", msg_id="too-large", attempts=1,
-                          first_failed_at=now - 60, last_error="MSG_SIZE_TOO_LARGE (10): too large")],
+                          first_failed_at=now - 60, last_error="MSG_SIZE_TOO_LARGE (10): too large",
+                          error_code=10, error_name="MSG_SIZE_TOO_LARGE")],
             failed_at=now - 30,
         )
         assert len(dead_ids) == 302
@@ -269,7 +273,7 @@ def test_spark_submit_script_and_report(
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     env.pop("PYTHONPATH", None)  # job.py must find the checkout by itself (or an installed copy)
     out = subprocess.run(
-        [str(spark_submit), "--master", "local[2]", "--jars", "/usr/share/java/sqlite-jdbc.jar",
+        [str(spark_submit), "--master", "local[2]", "--jars", jdbc_jar("sqlite"),
          "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1",
          str(ROOT / "spark_drain" / "job.py"), "--outbox", url, "--bootstrap-servers", kafka_bootstrap,
          "--partitions", "2", "--report", str(report_path)],

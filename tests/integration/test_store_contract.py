@@ -93,7 +93,8 @@ def msg(topic: str = "t", value: bytes | None = b"v", key: bytes | None = None, 
 def fail(
     id: int, retry_at: float | None, error: str = "REQUEST_TIMED_OUT (7): slow", at: float = NOW
 ) -> Failure:
-    return Failure(id=id, error=error, retry_at=retry_at, failed_at=at)
+    name, rest = error.split(" (", 1)
+    return Failure(id=id, error=error, retry_at=retry_at, failed_at=at, code=int(rest.split(")")[0]), name=name)
 
 
 def ids(rows: list[OutboxMessage]) -> list[int]:
@@ -671,3 +672,88 @@ def test_state_machine(backend: str, request: pytest.FixtureRequest) -> None:
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
+
+
+# -- every column's meaning, the same on every backend -------------------------------------------
+
+
+def test_columns_of_a_rescheduled_row(store: Outbox) -> None:
+    [a] = store.enqueue([msg(key=b"k", next_attempt_at=NOW - 1)])
+    fresh = store.get(a)
+    assert (fresh.attempts, fresh.first_failed_at, fresh.last_failed_at) == (0, None, None)
+    assert (fresh.last_error, fresh.error_code, fresh.error_name, fresh.next_attempt_at) == (None, None, None, NOW - 1)
+    assert fresh.created_at > 0
+    store.claim("w", 10, 30, now=NOW)
+    assert store.get(a).next_attempt_at == NOW + 30  # leased: due when the lease ends
+    store.record_failures([fail(a, NOW + 5, "_MSG_TIMED_OUT (-192): late", at=NOW + 1)])
+    r = store.get(a)
+    assert (r.status, r.attempts, r.first_failed_at, r.last_failed_at, r.next_attempt_at) == (
+        Status.PENDING, 1, NOW + 1, NOW + 1, NOW + 5
+    )
+    assert (r.last_error, r.error_code, r.error_name) == ("_MSG_TIMED_OUT (-192): late", -192, "_MSG_TIMED_OUT")
+    assert r.created_at == fresh.created_at
+    assert store.stats(now=NOW + 2).leased == 0  # a rescheduled row is not leased any more
+
+
+def test_columns_of_a_dead_letter_from_failures(store: Outbox) -> None:
+    [a] = store.enqueue([msg()])
+    store.record_failures([fail(a, NOW + 5, at=NOW)])
+    [d] = store.record_failures([fail(a, None, "MSG_SIZE_TOO_LARGE (10): big", at=NOW + 7)])
+    assert (d.status, d.attempts, d.first_failed_at, d.last_failed_at) == (Status.DEAD, 2, NOW, NOW + 7)
+    assert (d.last_error, d.error_code, d.error_name) == ("MSG_SIZE_TOO_LARGE (10): big", 10, "MSG_SIZE_TOO_LARGE")
+    assert store.get(a) == d
+
+
+@pytest.mark.parametrize("first", [None, NOW - 50])
+def test_columns_of_a_dead_letter_added_directly(store: Outbox, first: float | None) -> None:
+    [d] = store.add_dead(
+        [msg(attempts=1, first_failed_at=first, last_error="INVALID_RECORD (87): no key",
+             error_code=87, error_name="INVALID_RECORD")],
+        failed_at=NOW,
+    )
+    r = store.get(d)
+    # A dead letter failed just now (last_failed_at) and always has a first failure.
+    assert (r.status, r.attempts, r.first_failed_at, r.last_failed_at, r.created_at) == (
+        Status.DEAD, 1, first if first is not None else NOW, NOW, NOW
+    )
+    assert (r.error_code, r.error_name, r.last_error) == (87, "INVALID_RECORD", "INVALID_RECORD (87): no key")
+
+
+def test_columns_of_a_spilled_row_that_failed_once(store: Outbox) -> None:
+    [a] = store.enqueue(
+        [msg(attempts=1, first_failed_at=NOW, last_error="_TRANSPORT (-195): down", next_attempt_at=NOW + 3,
+             error_code=-195, error_name="_TRANSPORT")]
+    )
+    r = store.get(a)
+    assert (r.attempts, r.first_failed_at, r.last_failed_at, r.next_attempt_at) == (1, NOW, NOW, NOW + 3)
+    assert (r.error_code, r.error_name) == (-195, "_TRANSPORT")
+
+
+def test_apply_settles_a_whole_batch_in_one_call(store: Outbox) -> None:
+    from outbox.stores.base import Settlement
+
+    [a, b, c, d] = store.enqueue([msg(), msg(), msg(), msg()])
+    store.claim("w", 10, 300, now=NOW)
+    done = store.apply(
+        Settlement(delivered=[a, 999], failures=[fail(b, NOW + 9), fail(c, None)], released=[d]),
+        now=NOW + 1, new=[msg(value=b"n")], lease_owner="p", lease_until=NOW + 60,
+    )
+    assert done.deleted == 1 and ids(done.dead) == [c] and len(done.new_ids) == 1
+    with pytest.raises(UnknownMessageError):
+        store.get(a)
+    assert (store.get(b).attempts, store.get(b).next_attempt_at) == (1, NOW + 9)
+    rd = store.get(d)
+    assert (rd.attempts, rd.next_attempt_at, rd.last_error) == (0, NOW + 1, None)  # released: no attempt
+    assert store.get(done.new_ids[0]).next_attempt_at == NOW + 60
+    assert ids(store.claim("w2", 10, 30, now=NOW + 1)) == [d]
+
+
+def test_dead_letter_error_filter_reads_the_code_and_name_columns(store: Outbox) -> None:
+    # The text says one thing, the columns another: the filter must follow the columns.
+    [a] = store.add_dead(
+        [msg(last_error="free text (1): whatever", error_code=10, error_name="MSG_SIZE_TOO_LARGE")], failed_at=NOW
+    )
+    assert ids(store.list_dead(DeadLetterFilter(error="10"))) == [a]
+    assert ids(store.list_dead(DeadLetterFilter(error="MSG_SIZE_TOO_LARGE"))) == [a]
+    assert store.list_dead(DeadLetterFilter(error="1")) == []
+    assert store.stats(now=NOW).dead_by_error == {"MSG_SIZE_TOO_LARGE (10)": 1}

@@ -141,3 +141,18 @@ def test_close_leaves_no_process(tmp_path: Any) -> None:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not cluster_dir.exists()
+
+
+def test_consume_to_end_reads_duplicates_and_everything_after_them(kafka_bootstrap: str, topic: str) -> None:
+    """Counting by message count stops early when a message was written twice; reading to the end does not."""
+    from outbox.testing.consume import consume, consume_to_end
+
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(10):
+        p.produce(topic, b"v%d" % i, key=b"k", partition=0)
+    p.produce(topic, b"v3", key=b"k", partition=0)  # a duplicate, as at-least-once may write
+    p.produce(topic, b"last", key=b"k", partition=1)
+    assert p.flush(30) == 0
+    everything = consume_to_end(kafka_bootstrap, topic, timeout=30)
+    assert sorted(m.value() for m in everything) == sorted([b"v%d" % i for i in range(10)] + [b"v3", b"last"])
+    assert len(consume(kafka_bootstrap, topic, 11, timeout=30)) == 11  # a count of 11 stops before the 12th

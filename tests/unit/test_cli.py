@@ -75,6 +75,8 @@ def db(tmp_path: Path) -> Iterator[tuple[str, SQLiteOutbox]]:
                 attempts=3,
                 first_failed_at=now - 3 * HOUR,
                 last_error=TIMED_OUT,
+                error_code=-192,
+                error_name="_MSG_TIMED_OUT",
             )
         ],
         failed_at=now - 3 * HOUR,
@@ -89,6 +91,8 @@ def db(tmp_path: Path) -> Iterator[tuple[str, SQLiteOutbox]]:
                 attempts=1,
                 first_failed_at=now - HOUR,
                 last_error=TOO_LARGE,
+                error_code=10,
+                error_name="MSG_SIZE_TOO_LARGE",
             )
         ],
         failed_at=now - HOUR,
@@ -103,6 +107,8 @@ def db(tmp_path: Path) -> Iterator[tuple[str, SQLiteOutbox]]:
                 attempts=3,
                 first_failed_at=now - 600,
                 last_error=TIMED_OUT,
+                error_code=-192,
+                error_name="_MSG_TIMED_OUT",
             )
         ],
         failed_at=now - 600,
@@ -294,9 +300,7 @@ def test_dlq_list_iso_times(db: tuple[str, SQLiteOutbox]) -> None:
     result = run("dlq", "list", "--outbox", path, "--json", "--since", naive_utc, "--until", "15m")
     assert [d["id"] for d in json.loads(result.stdout)] == [5]
     # The same instant written with a +02:00 offset selects the same dead letters.
-    shifted = datetime.fromtimestamp(t5 - 1, UTC).astimezone(
-        datetime.fromisoformat("2024-01-01T00:00+02:00").tzinfo
-    )
+    shifted = datetime.fromtimestamp(t5 - 1, UTC).astimezone(datetime.fromisoformat("2024-01-01T00:00+02:00").tzinfo)
     result = run("dlq", "list", "--outbox", path, "--json", "--since", shifted.isoformat(), "--until", "15m")
     assert [d["id"] for d in json.loads(result.stdout)] == [5]
 
@@ -463,9 +467,7 @@ def test_dlq_replay_by_id_keeps_bytes_and_resets_attempts(db: tuple[str, SQLiteO
 
 def test_dlq_replay_filter_to_topic_json(db: tuple[str, SQLiteOutbox]) -> None:
     path, store = db
-    result = run(
-        "dlq", "replay", "--outbox", path, "--error", "_MSG_TIMED_OUT", "--to-topic", "orders.retry", "--json"
-    )
+    result = run("dlq", "replay", "--outbox", path, "--error", "_MSG_TIMED_OUT", "--to-topic", "orders.retry", "--json")
     assert result.exit_code == 0
     assert json.loads(result.stdout) == {
         "outbox": f"sqlite:///{path}",
@@ -690,3 +692,26 @@ def test_value_printing() -> None:
         "1d 1h",
     ]
     assert [size(n) for n in (0, 1023, 1536, 5 * 1024 * 1024)] == ["0 B", "1023 B", "1.5 KiB", "5.0 MiB"]
+
+
+def test_dlq_list_error_matches_a_consumer_exception_class(tmp_path: Path) -> None:
+    """A consumer dead letter carries its exception class as error name; --error finds it as given."""
+    path = str(tmp_path / "c.db")
+    with SQLiteOutbox(path) as store:
+        (kept,) = store.add_dead(
+            [
+                NewMessage(
+                    "orders", b"v", error_name="builtins.ValueError", last_error="builtins.ValueError (consumer): bad"
+                )
+            ],
+            failed_at=time.time(),
+        )
+        store.add_dead(
+            [NewMessage("orders", b"w", error_name="_MSG_TIMED_OUT", error_code=-192)], failed_at=time.time()
+        )
+    result = run("dlq", "list", "--outbox", path, "--json", "--error", "builtins.ValueError")
+    assert result.exit_code == 0, result.output
+    assert [d["id"] for d in json.loads(result.stdout)] == [kept]
+    assert (
+        json.loads(run("dlq", "list", "--outbox", path, "--json", "--error", "msg_timed_out").stdout)[0]["id"] != kept
+    )

@@ -68,3 +68,47 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
         conn.execute("PRAGMA user_version = 99")
     with pytest.raises(StoreError, match="schema version 99 is newer than this kafka-outbox"):
         SQLiteOutbox(str(path))
+
+
+def test_version_1_outbox_is_migrated_with_error_columns(tmp_path: Path) -> None:
+    """A file written by schema version 1 gets error_code/error_name (filled from last_error),
+    keeps its rows, indexes and AUTOINCREMENT, and never reuses an id it issued."""
+    from outbox.records import DeadLetterFilter
+    from outbox.stores.sqlite import _MIGRATIONS
+
+    path = tmp_path / "v1.db"
+    conn = sqlite3.connect(path)
+    for stmt in _MIGRATIONS[1]:
+        conn.execute(stmt)
+    conn.executemany(
+        "INSERT INTO outbox (msg_id, topic, status, attempts, created_at, last_error) VALUES (?, 't', ?, 1, 1, ?)",
+        [
+            ("a", 2, "_MSG_TIMED_OUT (-192): Local: Message timed out"),
+            ("b", 0, None),
+            ("c", 2, "odd text without a code"),
+            ("d", 0, None),
+        ],
+    )
+    conn.execute("DELETE FROM outbox WHERE msg_id = 'd'")  # id 4 was issued, then deleted
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+
+    store = SQLiteOutbox(str(path))
+    try:
+        a, b, c = (store.get(i) for i in (1, 2, 3))
+        assert (a.error_code, a.error_name, a.last_error) == (
+            -192, "_MSG_TIMED_OUT", "_MSG_TIMED_OUT (-192): Local: Message timed out"
+        )
+        assert (b.error_code, c.error_code, c.error_name) == (None, None, None)
+        assert [r.id for r in store.list_dead(DeadLetterFilter(error="_MSG_TIMED_OUT"))] == [1]
+        assert store.enqueue([NewMessage("t", b"new")]) == [5]
+        raw = sqlite3.connect(path)
+        sql = raw.execute("SELECT sql FROM sqlite_master WHERE name = 'outbox'").fetchone()[0]
+        indexes = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        version = raw.execute("PRAGMA user_version").fetchone()[0]
+        raw.close()
+        assert "AUTOINCREMENT" in sql and sql.index("error_code") < sql.index("lease_owner")
+        assert {"outbox_due", "outbox_key"} <= indexes and version == 2
+    finally:
+        store.close()

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from outbox.errors import StoreError, UnknownMessageError
-from outbox.records import NewMessage, OutboxMessage, Status
+from outbox.records import NewMessage, Status
 from outbox.stores import SQLiteOutbox
-from outbox.stores.base import Failure
+from outbox.stores.base import Applied, Failure, Settlement
 from outbox.writer import Committed, GroupCommitWriter
 
 OWNER = "test-producer"
@@ -31,17 +31,18 @@ class CountingOutbox(SQLiteOutbox):
         self.calls: list[tuple[str, int]] = []
         super().__init__(path, synchronous="NORMAL")
 
-    def commit_batch(
+    def apply(
         self,
-        new: Sequence[NewMessage],
-        delivered: Sequence[int],
-        failures: Sequence[Failure],
+        settlement: Settlement,
         *,
-        lease_owner: str | None,
-        lease_until: float | None,
-    ) -> tuple[list[int], list[OutboxMessage]]:
-        out = super().commit_batch(new, delivered, failures, lease_owner=lease_owner, lease_until=lease_until)
-        self.calls.append(("commit_batch", len(new) + len(delivered) + len(failures)))
+        now: float,
+        new: Sequence[NewMessage] = (),
+        lease_owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> Applied:
+        out = super().apply(settlement, now=now, new=new, lease_owner=lease_owner, lease_until=lease_until)
+        s = settlement
+        self.calls.append(("apply", len(new) + len(s.delivered) + len(s.failures) + len(s.released)))
         return out
 
     def enqueue(
@@ -84,7 +85,7 @@ class GatedOutbox(CountingOutbox):
 class FlakyOutbox(CountingOutbox):
     """The first `fail` writes of the named kinds raise StoreError, as a locked or full disk would."""
 
-    def __init__(self, path: str, fail: int, kinds: tuple[str, ...] = ("commit_batch", "enqueue")) -> None:
+    def __init__(self, path: str, fail: int, kinds: tuple[str, ...] = ("apply", "enqueue")) -> None:
         super().__init__(path)
         self.left = fail
         self.kinds = kinds
@@ -96,17 +97,17 @@ class FlakyOutbox(CountingOutbox):
             self.failed += 1
             raise StoreError(f"outbox {self.path}: database is locked (simulated)")
 
-    def commit_batch(
+    def apply(
         self,
-        new: Sequence[NewMessage],
-        delivered: Sequence[int],
-        failures: Sequence[Failure],
+        settlement: Settlement,
         *,
-        lease_owner: str | None,
-        lease_until: float | None,
-    ) -> tuple[list[int], list[OutboxMessage]]:
-        self._maybe_fail("commit_batch")
-        return super().commit_batch(new, delivered, failures, lease_owner=lease_owner, lease_until=lease_until)
+        now: float,
+        new: Sequence[NewMessage] = (),
+        lease_owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> Applied:
+        self._maybe_fail("apply")
+        return super().apply(settlement, now=now, new=new, lease_owner=lease_owner, lease_until=lease_until)
 
     def enqueue(
         self,
@@ -173,7 +174,7 @@ def test_many_threads_commit_in_few_transactions(store: CountingOutbox, leased: 
     rows = all_rows(store)
     assert len(rows) == total
     assert {r[0] for r in rows} == {f"id-{i}" for i in range(total)}
-    kind = "commit_batch" if leased else "enqueue"
+    kind = "apply" if leased else "enqueue"
     assert {k for k, _ in store.calls} == {kind}
     assert sum(n for _, n in store.calls) == total
     # Each transaction waits up to max_delay for more work: thousands of adds become a few
@@ -238,7 +239,7 @@ def test_add_delivered_deletes_rows(store: CountingOutbox) -> None:
         with pytest.raises(UnknownMessageError):
             store.get(gone)
     assert [m.msg_id for m in (store.get(ids[1]), store.get(ids[3]))] == ["id-1", "id-3"]
-    assert [k for k, _ in store.calls] == ["enqueue", "commit_batch"]
+    assert [k for k, _ in store.calls] == ["enqueue", "apply"]
 
 
 def test_add_failure_reschedules_or_dead_letters(store: CountingOutbox) -> None:
@@ -246,8 +247,8 @@ def test_add_failure_reschedules_or_dead_letters(store: CountingOutbox) -> None:
     hook = Hook()
     w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, after_commit=hook)
     now = 1_700_000_000.0
-    w.add_failure(Failure(retry_id, ERR, retry_at=now + 30, failed_at=now))
-    w.add_failure(Failure(dead_id, DEAD_ERR, retry_at=None, failed_at=now))
+    w.add_failure(Failure(retry_id, ERR, retry_at=now + 30, failed_at=now, code=-192, name="_MSG_TIMED_OUT"))
+    w.add_failure(Failure(dead_id, DEAD_ERR, retry_at=None, failed_at=now, code=10, name="MSG_SIZE_TOO_LARGE"))
     assert w.close() == 0
 
     r = store.get(retry_id)
@@ -387,7 +388,7 @@ def test_retry_after_a_partial_commit_counts_a_failure_once(tmp_path: Path) -> N
         (row_id,) = store.enqueue([msg(0)])
         store.left = 1  # fail the writer's enqueue, not the setup's above
         w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=30, max_batch=2)
-        w.add_failure(Failure(row_id, ERR, retry_at=2e9, failed_at=1.7e9))
+        w.add_failure(Failure(row_id, ERR, retry_at=2e9, failed_at=1.7e9, code=-192, name="_MSG_TIMED_OUT"))
         w.add_new(msg(1), leased=False)
         assert w.close() == 0
         assert store.failed == 1

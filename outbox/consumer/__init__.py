@@ -1,0 +1,24 @@
+"""The consumer side: retry tiers with growing delays, dead letters, four strategies, no loss.
+
+    from outbox import ResilientConsumer, RetryTopics, RetryInPlace, Ignore
+"""
+
+from .circuit import MainTopicCircuit
+from .consumer import CONSUMER_DEFAULTS, ResilientConsumer
+from .deadletters import DEAD_LETTER_MODES
+from .strategies import Ignore, RetryInPlace, RetryTopics, Strategy
+from .tiers import Ladder, dlq_name, retry_tier_name
+
+__all__ = [
+    "CONSUMER_DEFAULTS",
+    "DEAD_LETTER_MODES",
+    "Ignore",
+    "Ladder",
+    "MainTopicCircuit",
+    "ResilientConsumer",
+    "RetryInPlace",
+    "RetryTopics",
+    "Strategy",
+    "dlq_name",
+    "retry_tier_name",
+]

@@ -1,0 +1,579 @@
+"""ResilientConsumer: one confluent_kafka consumer for a main topic and its group's retry tiers.
+
+The poll loop never sleeps: a partition that must wait (a tier whose head is not yet due, or a
+message retried in place) is paused at that message and resumed when it is due, while the loop
+keeps polling, so the consumer stays in its group however long the wait. Offsets are stored for
+commit only past messages whose fate is durable: handled, hop acknowledged by Kafka or committed
+to the outbox (the hop producer is a ResilientProducer), or dead letter stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import FrameType
+from typing import Any
+
+import tenacity
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from ..errors import ConfigError, KafkaDeliveryError
+from ..headers import IdGenerator
+from ..producer import ResilientProducer
+from ..records import DeadLetter, Headers
+from ..retry import RetryPolicy
+from ..stores import Outbox, open_outbox
+from .circuit import CircuitBreaker, CircuitState, MainTopicCircuit
+from .deadletters import DeadLetters, check_mode
+from .headers import due_at, failure_headers, origin_of
+from .offsets import OffsetTracker
+from .scheduler import PauseScheduler
+from .strategies import Ignore, RetryInPlace, RetryTopics, Strategy, check_strategy
+from .tiers import Ladder, Place, client_config, ensure_tiers
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+Handler = Callable[[Message], Any]
+
+#: Consumer settings we choose unless the caller sets them.
+CONSUMER_DEFAULTS: Mapping[str, Any] = {
+    "enable.auto.commit": True,
+    "auto.commit.interval.ms": 1000,
+    "auto.offset.reset": "earliest",
+    # A partition resumed when its head is due joins the *next* fetch request; librdkafka's 500 ms
+    # default long-poll made every tier's delay ~0.5 s late while the other partitions were idle.
+    "fetch.wait.max.ms": 100,
+}
+#: Settings the consumer needs and overrides: offsets are stored only once a message's fate is durable.
+CONSUMER_FORCED: Mapping[str, Any] = {"enable.auto.offset.store": False}
+#: Hop producer defaults (the caller's producer_config wins): hops must not be lost or reordered.
+HOP_PRODUCER_DEFAULTS: Mapping[str, Any] = {
+    "acks": "all",
+    "enable.idempotence": True,
+    # Hops are few and never urgent (they wait for a delay anyway): batch them into fewer requests.
+    "linger.ms": 20,
+    "message.timeout.ms": 15000,
+}
+ORDERINGS = (None, "key")
+
+
+class ResilientConsumer:
+    """Consume a topic with non-blocking retry tiers, dead letters and no loss on a crash.
+
+    Args:
+        config: confluent_kafka.Consumer settings; `group.id` is required. `enable.auto.offset.store`
+            is always False (offsets are stored once a message's fate is durable); auto commit of
+            those stored offsets stays on unless you turn it off (then run() commits them).
+        topics: the main topics.
+        handler: ``handler(msg)`` with a confluent_kafka.Message; raising means the message failed.
+        strategy: RetryTopics(delays=[...]) (default [1, 10, 60]), RetryInPlace(policy),
+            RetryInPlace(forever=True) or Ignore().
+        retry_on: exception classes worth a retry (default: every exception not in `dead_on`).
+        dead_on: exception classes that go straight to the dead letters.
+        dead_letters: "topic" (``<topic>.<group>.dlq``), "store" (the outbox's dead-letter store)
+            or "both".
+        outbox: URL or Outbox instance for the hop producer's outbox and the dead-letter store.
+        ordering: None, or "key" (not supported yet: ConfigError).
+        on_dead_letter: recovery callback, once per dead letter, after it is stored or published.
+        create_topics: create missing tier topics at start-up (else a ConfigError names them).
+        deserializer: ``f(value_bytes) -> object`` applied before the handler (the result replaces
+            ``msg.value()``); a failure sends the message straight to the dead letters.
+        circuit: a MainTopicCircuit: pause the main topic while the handler keeps failing on it
+            (None: no circuit breaker).
+        producer_config: settings for the hop producer, over those derived from `config`.
+        batch_size: messages taken from librdkafka per poll.
+        poll_timeout: longest wait of one poll, seconds (bounds how late a due partition resumes).
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        topics: Sequence[str],
+        handler: Handler,
+        strategy: Strategy | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        dead_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+        dead_letters: str = "topic",
+        outbox: str | Outbox = "sqlite:///consumer-outbox.db",
+        ordering: str | None = None,
+        on_dead_letter: Callable[[DeadLetter], None] | None = None,
+        create_topics: bool = True,
+        deserializer: Callable[[bytes | None], Any] | None = None,
+        circuit: MainTopicCircuit | None = None,
+        producer_config: Mapping[str, Any] | None = None,
+        batch_size: int = 500,
+        poll_timeout: float = 0.1,
+    ) -> None:
+        if not isinstance(config, Mapping):
+            raise ConfigError("config must be a dict of confluent_kafka consumer settings")
+        group = config.get("group.id")
+        if not isinstance(group, str) or not group:
+            raise ConfigError("config needs a 'group.id': retry tiers, offsets and dead letters belong to a group")
+        if isinstance(topics, str) or not topics or not all(isinstance(t, str) and t for t in topics):
+            raise ConfigError(f"topics must be a non-empty list of topic names, got {topics!r}")
+        if not callable(handler):
+            raise ConfigError(f"handler must be callable, got {type(handler).__name__}")
+        if deserializer is not None and not callable(deserializer):
+            raise ConfigError(f"deserializer must be callable, got {type(deserializer).__name__}")
+        if on_dead_letter is not None and not callable(on_dead_letter):
+            raise ConfigError(f"on_dead_letter must be callable, got {type(on_dead_letter).__name__}")
+        self.strategy = check_strategy(RetryTopics(delays=[1, 10, 60]) if strategy is None else strategy)
+        self._retry_on = _exception_classes("retry_on", retry_on) if retry_on is not None else None
+        self._dead_on = _exception_classes("dead_on", dead_on)
+        mode = check_mode(dead_letters)
+        if ordering not in ORDERINGS:
+            raise ConfigError(f"ordering must be None or 'key', got {ordering!r}")
+        if ordering == "key":
+            raise ConfigError("ordering='key' is not supported yet")
+        if circuit is not None and not isinstance(circuit, MainTopicCircuit):
+            raise ConfigError(f"circuit must be a MainTopicCircuit, got {type(circuit).__name__}")
+        if batch_size < 1 or poll_timeout <= 0:
+            raise ConfigError("batch_size must be >= 1 and poll_timeout > 0")
+
+        self.group = group
+        self._handler = handler
+        self._deserializer = deserializer
+        self._batch_size = batch_size
+        self._poll_timeout = poll_timeout
+        tiers = self.strategy.tiers if isinstance(self.strategy, RetryTopics) else 0
+        self.ladder = Ladder(group, tuple(dict.fromkeys(topics)), tiers, with_dlq=mode in ("topic", "both"))
+        self._places: dict[str, Place] = self.ladder.places()
+        self._delays = tuple(self.strategy.delays) if isinstance(self.strategy, RetryTopics) else ()
+        self._in_place: RetryPolicy | None = None
+        if isinstance(self.strategy, RetryInPlace):
+            p = self.strategy.policy
+            self._in_place = dataclasses.replace(p, stop=tenacity.stop_never) if self.strategy.forever else p
+
+        admin_conf = client_config(config)
+        ensure_tiers(admin_conf, self.ladder, create=create_topics)
+
+        self.circuit = CircuitBreaker(circuit) if circuit is not None else None
+        self._ids = IdGenerator()
+        self._tracker = OffsetTracker()
+        self._scheduler = PauseScheduler()
+        self._durable: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._tokens = 0
+        self._in_place_attempts: dict[tuple[str, int, int], tuple[int, float]] = {}
+        self._stop = threading.Event()
+        self._closed = False
+        self._auto_commit = str(config.get("enable.auto.commit", True)).lower() not in ("false", "0")
+        self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", ""))
+        self.counts = {
+            "handled": 0, "failed": 0, "retried": 0, "ignored": 0, "dead": 0, "paused": 0, "assigned": 0, "revoked": 0,
+        }
+
+        self._owns_store = not isinstance(outbox, Outbox)
+        self.store: Outbox = open_outbox(outbox)
+        try:
+            self._producer = ResilientProducer(
+                {**HOP_PRODUCER_DEFAULTS, **admin_conf, **(producer_config or {})},
+                outbox=self.store,
+                id_header=None,  # hops carry the message's own outbox-id (kept, or set once)
+            )
+        except BaseException:
+            self._close_store()
+            raise
+        self._dead = DeadLetters(mode, self.store, self._publish, on_dead_letter)
+        conf = {**CONSUMER_DEFAULTS, **config, **CONSUMER_FORCED}
+        try:
+            self._consumer = Consumer(conf)
+            self._consumer.subscribe(
+                list(self._places), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+            )
+        except KafkaException as exc:
+            self._producer.close(5)
+            self._close_store()
+            raise ConfigError(f"consumer config rejected: {exc.args[0]}") from None
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def run(self, timeout: float | None = None) -> None:
+        """Consume until stop(), SIGTERM or SIGINT (or `timeout` seconds), then return.
+
+        SIGTERM/SIGINT handlers are installed only when called from the main thread, and the
+        previous ones are restored on return. Call close() (or use ``with``) afterwards.
+        """
+        restore = self._install_signals()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._stop.is_set():
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                self.poll_once()
+        finally:
+            for sig, old in restore:
+                signal.signal(sig, old)
+
+    def poll_once(self) -> int:
+        """One turn of the loop: resume due partitions, settle hops, poll a batch, handle it.
+
+        Returns:
+            How many messages were taken from Kafka (held ones included).
+        """
+        now = time.time()
+        if self._scheduler:
+            self._resume_due(now)
+        if self._tracker.waiting_hops:
+            self._settle_hops()
+        timeout = self._poll_timeout
+        nxt = self._scheduler.next_due()
+        if nxt is not None:
+            timeout = min(timeout, max(0.0, nxt - time.time()))
+        msgs = self._consumer.consume(self._batch_size, timeout)
+        if msgs:
+            self._handle_batch(msgs)
+        self._store_offsets()
+        return len(msgs)
+
+    def stop(self) -> None:
+        """Ask run() to return after the current message (thread- and signal-safe)."""
+        self._stop.set()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and state.
+
+        handled, failed (handler raised), retried (hops to a tier), ignored, dead, paused (holds
+        made), assigned / revoked (rebalance callbacks), held (partitions paused now), waiting_hops
+        (hops not yet durable), circuit / circuit_opened, producer (the hop producer's stats()).
+        Safe to call from any thread: it makes no librdkafka consumer call.
+        """
+        return {
+            **self.counts,
+            "dead": self._dead.count,
+            "held": len(self._scheduler),
+            "waiting_hops": self._tracker.waiting_hops,
+            "circuit": None if self.circuit is None else self.circuit.state.value,
+            "circuit_opened": 0 if self.circuit is None else self.circuit.opened,
+            "producer": self._producer.stats(),
+        }
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Make pending hops durable, commit, leave the group, close the producer and the store."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        try:
+            if self._tracker.waiting_hops and self._producer.flush(max(0.0, deadline - time.monotonic())) == 0:
+                self._tracker.resolve_all()
+            self._settle_hops()
+            self._store_offsets()
+            self._commit(sync=True)
+            self._consumer.close()
+        finally:
+            self._producer.close(max(1.0, deadline - time.monotonic()))
+            self._close_store()
+
+    def __enter__(self) -> ResilientConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _handle_batch(self, msgs: list[Message]) -> None:
+        held: set[TP] | None = None
+        places = self._places
+        handler = self._handler
+        circuit = self.circuit
+        deserializer = self._deserializer
+        # The last handled message per partition: its offset is read once per batch, not per message.
+        done: dict[TP, Message] = {}
+        handled = 0
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                self._consumer_error(err)
+                continue
+            # Never None on a consumed message; confluent_kafka's stubs say Optional.
+            topic: str = m.topic()  # type: ignore[assignment]
+            tp: TP = (topic, m.partition())  # type: ignore[assignment]
+            if held is not None and tp in held:
+                continue  # behind a held message: it is read again after the seek
+            place = places[topic]
+            if place.tier:
+                if not self._is_due(m, tp):
+                    held = held or set()
+                    held.add(tp)
+                    continue
+            elif circuit is not None and circuit.state is not CircuitState.CLOSED and circuit.blocks(time.time()):
+                self._hold(tp, m.offset(), circuit.open_until)  # type: ignore[arg-type]
+                held = held or set()
+                held.add(tp)
+                continue
+            try:
+                if deserializer is not None and not self._deserialize(m, tp, place):
+                    continue
+                handler(m)
+            except Exception as exc:
+                if not self._failed(m, tp, m.offset(), place, exc):  # type: ignore[arg-type]
+                    held = held or set()
+                    held.add(tp)
+                continue
+            done[tp] = m
+            handled += 1
+            if circuit is not None and not place.tier:
+                circuit.success()
+        for tp, last in done.items():
+            self._tracker.done(tp, last.offset())  # type: ignore[arg-type]
+        self.counts["handled"] += handled
+
+    def _is_due(self, m: Message, tp: TP) -> bool:
+        due = due_at(m)
+        if due is None or due <= time.time():
+            return True
+        self._hold(tp, m.offset(), due)  # type: ignore[arg-type]
+        return False
+
+    def _deserialize(self, m: Message, tp: TP, place: Place) -> bool:
+        assert self._deserializer is not None
+        try:
+            m.set_value(self._deserializer(m.value()))
+        except Exception as exc:
+            self.counts["failed"] += 1
+            self._dead_letter(m, tp, m.offset(), place, attempts=place.tier + 1, exc=exc)  # type: ignore[arg-type]
+            return False
+        return True
+
+    def _failed(self, m: Message, tp: TP, offset: int, place: Place, exc: Exception) -> bool:
+        """Decide a failed message's fate. False: its partition is now held at it."""
+        self.counts["failed"] += 1
+        attempts = place.tier + 1
+        retriable = not isinstance(exc, self._dead_on) and (self._retry_on is None or isinstance(exc, self._retry_on))
+        if retriable and not place.tier and self.circuit is not None:
+            self.circuit.failure(time.time())
+        strategy = self.strategy
+        if not retriable:
+            self._dead_letter(m, tp, offset, place, attempts=attempts, exc=exc)
+        elif isinstance(strategy, RetryTopics):
+            if place.tier < len(self._delays):
+                due = time.time() + self._delays[place.tier]
+                headers, _ = failure_headers(
+                    m, group=self.group, attempt=attempts, exc=exc, due_at_s=due, ids=self._ids
+                )
+                token = self._publish(self.ladder.retry_topic(place.main, place.tier + 1), m, headers, tp[1])
+                self._tracker.wait(tp, offset, token)
+                self.counts["retried"] += 1
+            else:
+                self._dead_letter(m, tp, offset, place, attempts=attempts, exc=exc)
+        elif isinstance(strategy, RetryInPlace):
+            return self._retry_in_place(m, tp, offset, place, exc)
+        else:
+            assert isinstance(strategy, Ignore)
+            self.counts["ignored"] += 1
+            log.warning("ignored a failed message %s [%d] @%d: %r", tp[0], tp[1], offset, exc)
+            self._tracker.done(tp, offset)
+        return True
+
+    def _retry_in_place(self, m: Message, tp: TP, offset: int, place: Place, exc: Exception) -> bool:
+        assert self._in_place is not None
+        key = (tp[0], tp[1], offset)
+        now = time.time()
+        n, first = self._in_place_attempts.get(key, (0, now))
+        n += 1
+        decision = self._in_place.decide(n, first, now)
+        if decision.give_up:
+            self._in_place_attempts.pop(key, None)
+            self._dead_letter(m, tp, offset, place, attempts=n, exc=exc)
+            return True
+        self._in_place_attempts[key] = (n, first)
+        log.info("retrying %s [%d] @%d in place in %.3fs (attempt %d): %r", tp[0], tp[1], offset,
+                 decision.delay, n, exc)
+        self._hold(tp, offset, now + decision.delay)
+        return False
+
+    def _dead_letter(
+        self, m: Message, tp: TP, offset: int, place: Place, *, attempts: int, exc: BaseException
+    ) -> None:
+        headers, msg_id = failure_headers(m, group=self.group, attempt=attempts, exc=exc, due_at_s=None, ids=self._ids)
+        replay = self.ladder.retry_topic(place.main, 1) if self._delays else place.main
+        token = self._dead.record(
+            m,
+            headers=headers,
+            msg_id=msg_id,
+            origin=origin_of(m),
+            attempts=attempts,
+            exc=exc,
+            dlq_topic=self.ladder.dlq_topic(place.main),
+            replay_topic=replay,
+            partition=tp[1],
+        )
+        if token is None:
+            self._tracker.done(tp, offset)
+        else:
+            self._tracker.wait(tp, offset, token)
+
+    def _publish(self, topic: str, m: Message, headers: Headers, partition: int) -> int:
+        """Send a hop through the ResilientProducer; its token is settled once the hop is durable."""
+        self._tokens += 1
+        token = self._tokens
+        self._producer.produce(
+            topic, m.value(), m.key(), headers, partition, on_delivery=functools.partial(self._hop_settled, token)
+        )
+        return token
+
+    def _hop_settled(self, token: int, err: KafkaError | None, _msg: Message | None) -> None:
+        # Runs on the producer's delivery or drain thread: hand the token to the loop thread.
+        if err is not None:
+            log.error("hop %d was dead-lettered by the producer (kept in the outbox's dead letters): %s", token, err)
+        self._durable.put(token)
+
+    def _settle_hops(self) -> None:
+        tracker = self._tracker
+        while True:
+            try:
+                tracker.resolve(self._durable.get_nowait())
+            except queue.Empty:
+                break
+        # Every hop produced so far is delivered or committed to the outbox (the producer's flush
+        # contract): those in the outbox have no report yet, yet their fate is durable.
+        if tracker.waiting_hops and len(self._producer) == 0:
+            tracker.resolve_all()
+
+    # -- pause / resume ----------------------------------------------------------------------
+
+    def _hold(self, tp: TP, offset: int, due: float) -> None:
+        part = TopicPartition(tp[0], tp[1], offset)
+        # Pause first, then seek: librdkafka drops the prefetched messages on pause, and a seek made
+        # before the pause can be lost (librdkafka #3471). The seek is repeated on resume (#2557).
+        self._consumer.pause([part])
+        self._consumer.seek(part)
+        self._scheduler.hold(tp, offset, due)
+        self.counts["paused"] += 1
+
+    def _resume_due(self, now: float) -> None:
+        for tp, hold in self._scheduler.pop_due(now):
+            part = TopicPartition(tp[0], tp[1], hold.offset)
+            try:
+                self._consumer.seek(part)
+                self._consumer.resume([part])
+            except KafkaException as exc:
+                log.warning("could not resume %s [%d]: %s", tp[0], tp[1], exc.args[0])
+
+    # -- offsets and rebalances ---------------------------------------------------------------
+
+    def _store_offsets(self) -> None:
+        moved = self._tracker.committable()
+        if not moved:
+            return
+        try:
+            self._consumer.store_offsets(offsets=[TopicPartition(t, p, o) for (t, p), o in moved])
+        except KafkaException as exc:
+            log.debug("store_offsets: %s", exc.args[0])  # a partition was revoked meanwhile
+        if not self._auto_commit:
+            self._commit(sync=False)
+
+    def _commit(self, *, sync: bool) -> None:
+        try:
+            if sync:
+                self._consumer.commit(asynchronous=False)
+            else:
+                self._consumer.commit(asynchronous=True)
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            if err.code() != KafkaError._NO_OFFSET:
+                log.warning("offset commit failed: %s", err)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.counts["assigned"] += 1
+        tps = [(p.topic, p.partition) for p in partitions]
+        self._scheduler.forget(tps)
+        self._tracker.forget(tps)
+        # A tier partition this group never committed must start at its beginning whatever
+        # auto.offset.reset says: its messages were produced by this group for this group.
+        tier_parts = [p for p in partitions if self._places[p.topic].tier]
+        if tier_parts:
+            try:
+                committed = {(c.topic, c.partition): c.offset for c in consumer.committed(tier_parts, timeout=10)}
+            except KafkaException as exc:
+                log.warning("could not read committed offsets of tier partitions: %s", exc.args[0])
+                committed = {}
+            for p in tier_parts:
+                if committed.get((p.topic, p.partition), OFFSET_INVALID) == OFFSET_INVALID:
+                    p.offset = OFFSET_BEGINNING
+        if self._cooperative:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
+        # A pause does not survive in our state; make sure none survives in librdkafka's either.
+        consumer.resume(partitions)
+        log.info("assigned %d partitions", len(partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.counts["revoked"] += 1
+        tps = [(p.topic, p.partition) for p in partitions]
+        self._settle_hops()
+        self._store_offsets()
+        self._commit(sync=True)
+        self._forget(tps)
+        if self._cooperative:
+            consumer.incremental_unassign(partitions)
+        else:
+            consumer.unassign()
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Lost, not revoked: another member may own them already, so commit nothing.
+        self._forget([(p.topic, p.partition) for p in partitions])
+        if self._cooperative:
+            consumer.incremental_unassign(partitions)
+        else:
+            consumer.unassign()
+
+    def _forget(self, tps: list[TP]) -> None:
+        self._scheduler.forget(tps)
+        self._tracker.forget(tps)
+        gone = set(tps)
+        self._in_place_attempts = {k: v for k, v in self._in_place_attempts.items() if (k[0], k[1]) not in gone}
+
+    # -- misc ---------------------------------------------------------------------------------
+
+    def _consumer_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        if err.fatal():
+            raise KafkaDeliveryError(err.code(), err.name(), err.str())
+        log.warning("consumer error: %s", err)
+
+    def _install_signals(self) -> list[tuple[int, Any]]:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            log.info("signal %d: stopping the consumer", signum)
+            self.stop()
+
+        restore: list[tuple[int, Any]] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            restore.append((sig, signal.signal(sig, on_signal)))
+        return restore
+
+    def _close_store(self) -> None:
+        if self._owns_store:
+            self.store.close()
+
+
+def _exception_classes(
+    name: str, value: type[BaseException] | Iterable[type[BaseException]]
+) -> tuple[type[BaseException], ...]:
+    classes = (value,) if isinstance(value, type) else tuple(value)
+    for c in classes:
+        if not (isinstance(c, type) and issubclass(c, BaseException)):
+            raise ConfigError(f"{name} must be exception classes, got {c!r}")
+    return classes

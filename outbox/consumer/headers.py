@@ -1,0 +1,199 @@
+"""The consumer's metadata headers: UTF-8 text that any tool can read, replaced (never repeated) per hop.
+
+A hop keeps the application's headers in order, drops the previous hop's metadata and appends the
+new one, so headers do not grow over the ladder; the error message is capped for the same reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+from confluent_kafka import Message
+
+from ..headers import ID_HEADER, IdGenerator
+from ..records import Headers
+
+ORIGINAL_TOPIC = "outbox-original-topic"
+ORIGINAL_PARTITION = "outbox-original-partition"
+ORIGINAL_OFFSET = "outbox-original-offset"
+ORIGINAL_TIMESTAMP = "outbox-original-timestamp"  # epoch ms of the message in the main topic
+GROUP = "outbox-group"
+ATTEMPT = "outbox-attempt"  # handling attempts made so far (1 after the main topic failed)
+DUE_AT = "outbox-due-at"  # epoch ms: the message is not handled before this
+ERROR_CLASS = "outbox-error-class"  # e.g. "builtins.TimeoutError"
+ERROR_MESSAGE = "outbox-error-message"  # str(exception), capped at ERROR_MESSAGE_MAX bytes
+SPRING_ORIGINAL_TOPIC = "kafka_dlt-original-topic"  # Spring Kafka's name, so its consoles can redrive
+
+#: Headers this module writes; a hop replaces them. `outbox-id` is kept, not replaced.
+MANAGED = frozenset(
+    {
+        ORIGINAL_TOPIC,
+        ORIGINAL_PARTITION,
+        ORIGINAL_OFFSET,
+        ORIGINAL_TIMESTAMP,
+        GROUP,
+        ATTEMPT,
+        DUE_AT,
+        ERROR_CLASS,
+        ERROR_MESSAGE,
+        SPRING_ORIGINAL_TOPIC,
+    }
+)
+ERROR_MESSAGE_MAX = 512
+
+
+def error_class(exc: BaseException) -> str:
+    """``module.QualName`` of an exception's class (``builtins.`` kept, so the name is never ambiguous)."""
+    t = type(exc)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def cap_utf8(text: str, limit: int = ERROR_MESSAGE_MAX) -> bytes:
+    """`text` as UTF-8, cut to `limit` bytes on a character boundary."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return raw
+    return raw[:limit].decode("utf-8", "ignore").encode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a message first entered the consumer: the main topic's coordinates."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+def headers_of(msg: Message) -> Headers:
+    """A consumed message's headers as (name, bytes | None) pairs (confluent_kafka's stubs are looser)."""
+    return cast(Headers, msg.headers() or [])
+
+
+def _text(headers: Headers | None, name: str) -> str | None:
+    if headers:
+        for h, v in reversed(headers):
+            if h == name:
+                return None if v is None else v.decode("utf-8", "replace")
+    return None
+
+
+def origin_of(msg: Message) -> Origin:
+    """The main-topic coordinates: from the headers of a tier message, from the message itself otherwise."""
+    headers = headers_of(msg)
+    topic = _text(headers, ORIGINAL_TOPIC)
+    if topic is not None:
+        try:
+            return Origin(
+                topic,
+                int(_text(headers, ORIGINAL_PARTITION) or -1),
+                int(_text(headers, ORIGINAL_OFFSET) or -1),
+                int(_text(headers, ORIGINAL_TIMESTAMP) or -1),
+            )
+        except ValueError:
+            pass  # damaged by hand: fall back to the message's own place
+    ts = msg.timestamp()[1]
+    return Origin(msg.topic() or "", msg.partition() or 0, msg.offset() or 0, ts)
+
+
+def due_at(msg: Message) -> float | None:
+    """Epoch seconds when the message becomes due (None: no due time, due now)."""
+    v = _text(headers_of(msg), DUE_AT)
+    if v is None:
+        return None
+    try:
+        return int(v) / 1000.0
+    except ValueError:
+        return None
+
+
+def msg_id_of(headers: Headers | None) -> str | None:
+    """The `outbox-id` header value, if any."""
+    return _text(headers, ID_HEADER)
+
+
+def failure_headers(
+    msg: Message,
+    *,
+    group: str,
+    attempt: int,
+    exc: BaseException,
+    due_at_s: float | None,
+    ids: IdGenerator,
+) -> tuple[Headers, str]:
+    """Headers for a hop to a retry tier or to the dead letters, and the message id they carry.
+
+    Args:
+        msg: the message that failed (from the main topic or a tier).
+        group: the consumer group.
+        attempt: handling attempts made so far, this failed one included.
+        exc: the exception the handler raised.
+        due_at_s: epoch seconds when the next attempt is due (None for a dead letter).
+        ids: where a new `outbox-id` comes from when the message has none.
+    """
+    origin = origin_of(msg)
+    kept: Headers = [(h, v) for h, v in headers_of(msg) if h not in MANAGED]
+    msg_id = msg_id_of(kept)
+    if msg_id is None:
+        msg_id = ids()
+        kept.append((ID_HEADER, msg_id.encode()))
+    kept.append((ORIGINAL_TOPIC, origin.topic.encode()))
+    kept.append((ORIGINAL_PARTITION, str(origin.partition).encode()))
+    kept.append((ORIGINAL_OFFSET, str(origin.offset).encode()))
+    kept.append((ORIGINAL_TIMESTAMP, str(origin.timestamp_ms).encode()))
+    kept.append((GROUP, group.encode()))
+    kept.append((ATTEMPT, str(attempt).encode()))
+    if due_at_s is not None:
+        kept.append((DUE_AT, str(int(due_at_s * 1000)).encode()))
+    kept.append((ERROR_CLASS, error_class(exc).encode()))
+    kept.append((ERROR_MESSAGE, cap_utf8(str(exc))))
+    kept.append((SPRING_ORIGINAL_TOPIC, origin.topic.encode()))
+    return kept, msg_id
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerFailure:
+    """What the consumer's headers say about a dead letter or a tier message (for the CLI and tools)."""
+
+    group: str
+    origin: Origin
+    attempt: int | None
+    error_class: str | None
+    error_message: str | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "group": self.group,
+            "original_topic": self.origin.topic,
+            "original_partition": self.origin.partition,
+            "original_offset": self.origin.offset,
+            "original_timestamp_ms": self.origin.timestamp_ms,
+            "attempt": self.attempt,
+            "error_class": self.error_class,
+            "error_message": self.error_message,
+        }
+
+
+def consumer_failure(headers: Headers | None) -> ConsumerFailure | None:
+    """The consumer metadata carried by `headers`, or None when they are not a consumer's."""
+    group = _text(headers, GROUP)
+    topic = _text(headers, ORIGINAL_TOPIC)
+    if group is None or topic is None:
+        return None
+
+    def number(name: str) -> int:
+        try:
+            return int(_text(headers, name) or -1)
+        except ValueError:
+            return -1
+
+    attempt = number(ATTEMPT)
+    return ConsumerFailure(
+        group=group,
+        origin=Origin(topic, number(ORIGINAL_PARTITION), number(ORIGINAL_OFFSET), number(ORIGINAL_TIMESTAMP)),
+        attempt=None if attempt < 0 else attempt,
+        error_class=_text(headers, ERROR_CLASS),
+        error_message=_text(headers, ERROR_MESSAGE),
+    )

@@ -1,0 +1,257 @@
+"""Optional OpenTelemetry spans for kafka-outbox (``pip install 'kafka-outbox[otel]'``).
+
+    from outbox.otel import instrument
+    instrument(producer)       # a ResilientProducer, an AsyncResilientProducer or a Drainer
+
+Trace context travels in the message's own headers (W3C ``traceparent`` / ``tracestate``). The
+outbox stores headers as opaque bytes and every re-send sends them back unchanged, so a
+consumer links to the producing trace whether the message went straight to Kafka or spent an
+hour in the outbox. That needs no instrumentation at all; this module adds spans:
+
+* ``send {topic}`` (PRODUCER): around each ``produce()`` call, in the caller's context. If the
+  message has no ``traceparent`` header yet, this span's context is injected into its headers
+  (appended after the application's own); one the application set is kept as it is and linked.
+* ``outbox spill {topic}`` (INTERNAL): a message was committed to the outbox instead of being
+  sent (circuit open, queue full, failed send). Linked to the message's context.
+* ``outbox deliver {topic}`` (PRODUCER): a message delivered *from the outbox*; it starts when
+  the message was first stored and ends at the acknowledgement, so its length is the time the
+  outbox held it. Linked to the message's context.
+* ``outbox dead-letter {topic}`` (INTERNAL, status ERROR): the message was dead-lettered.
+
+Without a configured SDK (opentelemetry-api alone) the spans are non-recording and cost little.
+The hooks wrap public callbacks (``Drainer.on_delivered``, ``ResilientProducer.on_dead_letter``,
+the group-commit writer's ``after_commit``); nothing in the producer's fast path changes unless
+``produce()`` itself is instrumented, which it is by default (``spans_on_produce=False`` skips
+it for throughput-critical producers: the outbox spans still link to the context the
+application put in the headers).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+try:
+    from opentelemetry import propagate, trace
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer, TracerProvider
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError("outbox.otel needs opentelemetry-api: pip install 'kafka-outbox[otel]'") from exc
+
+from .aio import AsyncResilientProducer
+from .drain import Drainer
+from .producer import ResilientProducer
+from .records import DeadLetter, OutboxMessage
+from .writer import Committed
+
+__all__ = ["TRACE_HEADERS", "instrument", "message_context"]
+
+#: The W3C trace-context headers; kept byte for byte through the outbox and every re-send.
+TRACE_HEADERS = ("traceparent", "tracestate")
+_SCOPE = "kafka-outbox"
+_SEND = {"messaging.operation.type": "send"}
+
+
+def _getter_headers(headers: Iterable[tuple[str, bytes | str | None]]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in headers:
+        if name in TRACE_HEADERS and value is not None and name not in out:
+            out[name] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return out
+
+
+def message_context(headers: Iterable[tuple[str, bytes | str | None]] | None) -> Context | None:
+    """The trace context carried in a message's headers (None if it carries none)."""
+    carrier = _getter_headers(headers or ())
+    if "traceparent" not in carrier:
+        return None
+    return propagate.extract(carrier)
+
+
+def _links(headers: Iterable[tuple[str, bytes | str | None]] | None) -> list[Link]:
+    ctx = message_context(headers)
+    if ctx is None:
+        return []
+    span_ctx = trace.get_current_span(ctx).get_span_context()
+    return [Link(span_ctx)] if span_ctx.is_valid else []
+
+
+def _attributes(topic: str, msg_id: str | None, **extra: Any) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"messaging.system": "kafka", "messaging.destination.name": topic}
+    if msg_id:
+        attrs["messaging.message.id"] = msg_id
+    attrs.update({k: v for k, v in extra.items() if v is not None})
+    return attrs
+
+
+def _with_trace_headers(
+    headers: Sequence[tuple[str, Any]] | Mapping[str, Any] | None,
+) -> tuple[list[tuple[str, Any]], list[Link]]:
+    """The application's headers plus the current context's traceparent/tracestate, unless it
+    set its own (then those stay as they are and the span links to them)."""
+    items: list[tuple[str, Any]] = list(headers.items() if isinstance(headers, Mapping) else headers or [])
+    if any(name == "traceparent" for name, _ in items if isinstance(name, str)):
+        return items, _links(items)
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    items.extend((name, carrier[name].encode()) for name in TRACE_HEADERS if name in carrier)
+    return items, []
+
+
+def instrument(
+    target: ResilientProducer | AsyncResilientProducer | Drainer,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    spans_on_produce: bool = True,
+) -> None:
+    """Add spans to a producer (sync or async) or a standalone Drainer.
+
+    Args:
+        target: what to instrument. For an AsyncResilientProducer the ``send`` span is opened
+            on the event loop, in the awaiting task's context.
+        tracer_provider: default: the global one (``opentelemetry.trace.set_tracer_provider``).
+        spans_on_produce: open a ``send`` span and inject its context in every produce() call.
+
+    Raises:
+        TypeError: `target` is none of the three.
+    """
+    tracer = trace.get_tracer(_SCOPE, tracer_provider=tracer_provider)
+    if isinstance(target, Drainer):
+        _instrument_drainer(target, tracer)
+        return
+    if isinstance(target, AsyncResilientProducer):
+        _instrument_producer(target.producer, tracer, spans_on_produce=False)
+        if spans_on_produce:
+            _wrap_async_produce(target, tracer)
+        return
+    if isinstance(target, ResilientProducer):
+        _instrument_producer(target, tracer, spans_on_produce=spans_on_produce)
+        return
+    raise TypeError(
+        f"cannot instrument {type(target).__name__}: expected a ResilientProducer, an AsyncResilientProducer "
+        "or a Drainer"
+    )
+
+
+def _instrument_producer(p: ResilientProducer, tracer: Tracer, *, spans_on_produce: bool) -> None:
+    if getattr(p, "_outbox_otel", False):
+        return  # instrumenting twice would double every span
+    p._outbox_otel = True  # type: ignore[attr-defined]
+    # The producer's drainer hands its dead letters to the producer's on_dead_letter (wrapped
+    # below, which also sees first-send dead letters), so only its deliveries are wrapped here.
+    p.drainer.on_delivered = functools.partial(_on_delivered, tracer, p.drainer.on_delivered)
+    p.writer.after_commit = functools.partial(_after_commit, tracer, p.writer.after_commit)
+    p.on_dead_letter = functools.partial(_on_dead_letter, tracer, p.on_dead_letter)
+    if spans_on_produce:
+        p.produce = functools.partial(_produce, tracer, p.produce)  # type: ignore[method-assign]
+
+
+def _instrument_drainer(d: Drainer, tracer: Tracer) -> None:
+    if getattr(d, "_outbox_otel", False):
+        return
+    d._outbox_otel = True  # type: ignore[attr-defined]
+    d.on_delivered = functools.partial(_on_delivered, tracer, d.on_delivered)
+    d.on_dead_letter = functools.partial(_on_dead_letter, tracer, d.on_dead_letter)
+
+
+def _send_span(tracer: Tracer, topic: str) -> Any:
+    return tracer.start_as_current_span(
+        f"send {topic}", kind=SpanKind.PRODUCER, attributes=_attributes(topic, None, **_SEND)
+    )
+
+
+def _produce(
+    tracer: Tracer,
+    produce: Callable[..., str],
+    topic: str,
+    value: Any = None,
+    key: Any = None,
+    headers: Any = None,
+    partition: int | None = None,
+    on_delivery: Any = None,
+    enable_retry: bool = True,
+    *,
+    transaction: Any = None,
+) -> str:
+    with _send_span(tracer, topic) as span:
+        hdrs, links = _with_trace_headers(headers)
+        for link in links:
+            span.add_link(link.context)
+        msg_id = produce(topic, value, key, hdrs, partition, on_delivery, enable_retry, transaction=transaction)
+        span.set_attribute("messaging.message.id", msg_id)
+        return msg_id
+
+
+def _wrap_async_produce(ap: AsyncResilientProducer, tracer: Tracer) -> None:
+    produce = ap.produce
+
+    async def traced(
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        headers: Any = None,
+        partition: int | None = None,
+        on_delivery: Any = None,
+        enable_retry: bool = True,
+        *,
+        transaction: Any = None,
+    ) -> str:
+        # Opened here, on the loop, so the span's parent is the awaiting task's context.
+        with _send_span(tracer, topic) as span:
+            hdrs, links = _with_trace_headers(headers)
+            for link in links:
+                span.add_link(link.context)
+            msg_id = await produce(
+                topic, value, key, hdrs, partition, on_delivery, enable_retry, transaction=transaction
+            )
+            span.set_attribute("messaging.message.id", msg_id)
+            return msg_id
+
+    ap.produce = traced  # type: ignore[method-assign]
+
+
+def _after_commit(tracer: Tracer, inner: Callable[[Committed], None] | None, c: Committed) -> None:
+    if inner is not None:
+        inner(c)
+    for msg, leased in zip(c.new, c.leased, strict=True):
+        if leased:
+            continue  # write-ahead rows sent at once: part of the normal path, not a spill
+        span = tracer.start_span(
+            f"outbox spill {msg.topic}",
+            kind=SpanKind.INTERNAL,
+            links=_links(msg.headers),
+            attributes=_attributes(msg.topic, msg.msg_id, **{"outbox.reason": msg.last_error}),
+        )
+        span.end()
+
+
+def _on_delivered(
+    tracer: Tracer, inner: Callable[[list[OutboxMessage]], None] | None, rows: list[OutboxMessage]
+) -> None:
+    if inner is not None:
+        inner(rows)
+    end = time.time_ns()
+    for row in rows:
+        span = tracer.start_span(
+            f"outbox deliver {row.topic}",
+            kind=SpanKind.PRODUCER,
+            links=_links(row.headers),
+            start_time=int(row.created_at * 1e9),
+            attributes=_attributes(row.topic, row.msg_id, **{"outbox.attempts": row.attempts}),
+        )
+        span.end(end_time=end)
+
+
+def _on_dead_letter(tracer: Tracer, inner: Callable[[DeadLetter], None] | None, dl: DeadLetter) -> None:
+    span = tracer.start_span(
+        f"outbox dead-letter {dl.topic}",
+        kind=SpanKind.INTERNAL,
+        links=_links(dl.headers),
+        attributes=_attributes(dl.topic, dl.msg_id, **{"outbox.attempts": dl.attempts}),
+    )
+    span.set_status(Status(StatusCode.ERROR, dl.last_error or "dead-lettered"))
+    span.end()
+    if inner is not None:
+        inner(dl)

@@ -1,0 +1,53 @@
+"""One ResilientConsumer process for the kill -9 and rebalance tests (tests/integration/test_consumer.py).
+
+Run as a script: ``python consumer_worker.py <bootstrap> <topic> <group> <outbox path> <log path> <delays>``.
+Messages whose value starts with ``fail`` fail on the main topic and every tier but the last,
+and succeed on the last tier; every other message succeeds at once. Each successful handling appends
+``<value> <topic> <epoch s>`` to the log file (one write per line, so a kill -9 loses no line the
+handler finished). Runs until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from confluent_kafka import Message
+
+from outbox import ResilientConsumer, RetryTopics
+
+
+def main(bootstrap: str, topic: str, group: str, outbox_path: str, log_path: str, delays: str) -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    out = open(log_path, "a", buffering=1)  # noqa: SIM115 - kept open for the process's life
+    last_tier = f".retry-{len(delays.split(','))}"
+
+    def handle(msg: Message) -> None:
+        value = (msg.value() or b"").decode()
+        t = msg.topic() or ""
+        if value.startswith("fail") and not t.endswith(last_tier):
+            raise TimeoutError(f"downstream timed out for {value}")
+        out.write(f"{value} {t} {time.time():.3f}\n")
+
+    config = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 500,
+        "max.poll.interval.ms": 10000,
+    }
+    with ResilientConsumer(
+        config,
+        topics=[topic],
+        handler=handle,
+        strategy=RetryTopics(delays=[float(d) for d in delays.split(",")]),
+        outbox=f"sqlite:///{outbox_path}",
+        producer_config={"message.timeout.ms": 5000},
+    ) as consumer:
+        print("ready", flush=True)
+        consumer.run()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:7])

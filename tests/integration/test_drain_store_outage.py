@@ -1,0 +1,75 @@
+"""A drain worker never dies of a store failure: PostgreSQL drops its connections mid-drain
+("terminating connection due to administrator command"), the worker logs it once, backs off,
+retries, the application hears of it, and every message still reaches Kafka."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox import ResilientProducer
+from outbox.errors import StoreError
+from outbox.records import NewMessage
+from outbox.stores.postgres import PostgresOutbox
+
+ROWS = 6000
+
+
+def _terminate_other_backends(url: str) -> int:
+    """pg_terminate_backend on every other connection to this test's own database."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+
+def test_drain_survives_postgres_dropping_its_connections(
+    fresh_postgres_url: str, kafka_bootstrap: str, topic: str, consume_all: Callable[..., list[Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[StoreError] = []
+    store = PostgresOutbox(fresh_postgres_url, pool_size=4)
+    ids = [f"pg-restart-{i:05d}" for i in range(ROWS)]
+    store.enqueue(
+        [NewMessage(topic, f"v{i}".encode(), f"k{i % 50}".encode(), [("outbox-id", m.encode())], -1, m)
+         for i, m in enumerate(ids)]
+    )
+    rp = ResilientProducer(
+        {"bootstrap.servers": kafka_bootstrap}, outbox=store, drain_workers=2, drain_batch_size=200,
+        on_store_error=seen.append,
+    )
+    try:
+        terminated = 0
+        for _ in range(4):  # while the workers claim and settle, drop their connections
+            time.sleep(0.4)
+            terminated += _terminate_other_backends(fresh_postgres_url)
+        assert terminated > 0
+        deadline = time.monotonic() + 120
+        pending = None
+        while time.monotonic() < deadline:
+            pending = rp.stats()["pending"]
+            if pending == 0:
+                break
+            time.sleep(0.5)
+        assert pending == 0
+        st = rp.stats()
+        assert st["store_errors"] >= 1 and len(seen) == st["store_errors"]
+        assert all("PostgreSQL outbox" in str(e) for e in seen)
+        assert st["store_failing_since"] is None  # recovered
+        drain_threads = [t for t in threading.enumerate() if t.name.startswith("outbox-drain-")]
+        assert len(drain_threads) == 2 and all(t.is_alive() for t in drain_threads)
+        errors_logged = [r for r in caplog.records if "store failed, retrying" in r.getMessage()]
+        assert 1 <= len(errors_logged) <= st["store_errors"]
+    finally:
+        rp.close(30)
+        store.close()
+    got = consume_all(topic, ROWS, timeout=60)
+    delivered = {dict(m.headers())["outbox-id"].decode() for m in got}
+    assert delivered == set(ids)  # every message, duplicates allowed (at-least-once)
