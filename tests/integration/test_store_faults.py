@@ -169,3 +169,28 @@ def test_file_locked_by_another_process_for_30s(chaos_cluster: KafkaCluster, top
     assert locker.wait(60) == 0
     recover_and_check(chaos_cluster, p, stream, topic)
     assert os.path.exists(path)
+
+
+def test_postgresql_restarted_and_killed_during_spill_and_drain(chaos_cluster: KafkaCluster, topic: str) -> None:
+    """A private server (the shared one is never restarted): fast restart and kill -9 while
+    spilling, another restart while draining; the producer is never restarted."""
+    from .private_pg import PrivatePostgres
+
+    pg = PrivatePostgres("faults-pw")
+    pg.start()
+    try:
+        chaos_cluster.stop_all()
+        p = producer(pg.url, chaos_cluster.bootstrap_servers)
+        stream = Stream(p, topic).start()
+        stream.wait_for(300)
+        pg.restart("fast")  # pg_ctl -m fast: connections terminated by the administrator
+        stream.wait_for(300)
+        pg.restart("kill")  # kill -9 of the postmaster, then crash recovery
+        stream.wait_for(300)
+        chaos_cluster.start_all()
+        chaos_cluster.wait_until_healthy()
+        wait_until(lambda: p.store.stats(now=time.time()).pending < len(stream.returned), "draining to start")
+        pg.restart("fast")  # while the drain workers send the backlog
+        recover_and_check(chaos_cluster, p, stream, topic)
+    finally:
+        pg.close()
