@@ -1,10 +1,14 @@
-"""When the outbox itself fails: SQLite full, read-only, locked by another process (issue 12, point 4).
+"""When the outbox itself fails: SQLite full or locked, PostgreSQL restarted or killed (issue 12, point 4).
 
 Each test runs a produce() stream during an outage (every broker stopped, so every message must
 go to the outbox) while the store fails, then brings the store and the brokers back, and checks:
 what produce() did meanwhile (it returned: the messages waited in memory), and that every
 message whose produce() returned is delivered, each once by its outbox-id, without restarting
 the producer. The small file system is a real tmpfs mounted for the test (root only, as in CI).
+
+Not here: a read-only file system. A tmpfs (or a bind mount) that has a file open for writing
+cannot be remounted read-only (EBUSY), and root ignores file modes, so there is no honest way to
+make the live outbox read-only under a running producer on this machine.
 """
 
 from __future__ import annotations
@@ -28,10 +32,10 @@ from .delivery import read_topic
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs: an outbox on it runs out of space within a few thousand messages."""
+    """A 64 MiB tmpfs of our own, which `fill` fills to the last byte."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], check=True)
     try:
         yield mnt
     finally:
@@ -127,21 +131,6 @@ def test_disk_full_during_spill(chaos_cluster: KafkaCluster, topic: str, small_f
     time.sleep(3)
     assert p.writer.committed_rows <= committed + 200  # nothing more fits on the disk
     filler.unlink()  # space again: the writer commits what waited
-    recover_and_check(chaos_cluster, p, stream, topic)
-
-
-def test_read_only_during_spill(chaos_cluster: KafkaCluster, topic: str, small_fs: Path) -> None:
-    chaos_cluster.stop_all()
-    p = producer(f"sqlite:///{small_fs / 'o.db'}", chaos_cluster.bootstrap_servers)
-    stream = Stream(p, topic).start()
-    stream.wait_for(300)
-    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
-    try:
-        stream.wait_for(500)
-        time.sleep(3)
-        assert p.writer.pending() > 0
-    finally:
-        subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
     recover_and_check(chaos_cluster, p, stream, topic)
 
 
