@@ -82,6 +82,7 @@ class OutboxCommand(click.Command):
     """A click command whose library errors become one line on stderr and an exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        _check_text(ctx)
         try:
             return super().invoke(ctx)
         except CliError as exc:
@@ -101,6 +102,24 @@ class OutboxCommand(click.Command):
             raise CliError(scrub(ctx, "Kafka: " + kafka_error_text(exc)), EXIT_ERROR) from exc
         except OSError as exc:
             raise CliError(scrub(ctx, str(exc)), EXIT_ERROR) from exc
+
+
+def _check_text(ctx: click.Context) -> None:
+    """Refuse arguments that are not UTF-8 text, naming the option.
+
+    Bytes of the command line that are not UTF-8 reach Python as lone surrogates; a store,
+    librdkafka or the terminal would each fail on them later with a traceback.
+    """
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if not isinstance(v, str):
+                continue
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                name = param.opts[0] if param.opts else (param.name or "argument")
+                raise CliError(f"{name}: {v!r} is not valid UTF-8 text", EXIT_USAGE) from None
 
 
 class OutboxGroup(click.Group):
@@ -175,15 +194,17 @@ def parse_time(text: str, *, now: float | None = None) -> float:
         ValueError: the text is neither.
     """
     m = _AGE.match(text)
-    if m:
-        return (time.time() if now is None else now) - float(m.group(1)) * _UNIT[m.group(2).lower()]
     try:
+        if m:
+            ts = (time.time() if now is None else now) - float(m.group(1)) * _UNIT[m.group(2).lower()]
+            datetime.fromtimestamp(ts, UTC)  # an age beyond year 1 cannot be shown or compared
+            return ts
         dt = datetime.fromisoformat(text.strip())
-    except ValueError:
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)  # documented: a time without a zone is UTC
+        return dt.timestamp()
+    except (ValueError, OverflowError, OSError):
         raise ValueError(text) from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)  # documented: a time without a zone is UTC
-    return dt.timestamp()
 
 
 class TimeParam(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2

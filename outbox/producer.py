@@ -79,14 +79,20 @@ def _normalize_headers(headers: Any) -> Headers:
         raise TypeError(f"headers must be a list of (name, value) pairs or a dict, not {type(headers).__name__}")
     out: Headers = []
     for item in items:
-        try:
-            name, value = item
-        except (TypeError, ValueError):
-            raise TypeError(f"each header must be a (name, value) pair, got {item!r}") from None
+        # A str of two characters unpacks as a pair too: only tuples and lists are pairs.
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError(f"each header must be a (name, value) pair, got {item!r}")
+        name, value = item
         if not isinstance(name, str):
             raise TypeError(f"header names must be str, got {type(name).__name__}")
         _check_payload(f"header {name!r} value", value)
-        out.append((name, _as_bytes(value)))
+        try:
+            # Encoded here, not on the writer thread, where the error would kill the thread.
+            name.encode("utf-8")
+            out.append((name, _as_bytes(value)))
+        except UnicodeEncodeError as exc:
+            what = "name" if exc.object is name else "value"
+            raise ValueError(f"header {name!r}: {what} is not valid UTF-8 text ({exc.reason})") from None
     return out
 
 
@@ -272,8 +278,8 @@ class ResilientProducer:
             _check_payload("key", key)
         if partition is None:
             partition = -1
-        elif partition.__class__ is not int or partition < -1:
-            raise ConfigError(f"partition must be an int >= -1, got {partition!r}")
+        elif partition.__class__ is not int or not -1 <= partition <= 0x7FFFFFFF:  # Kafka: int32
+            raise ConfigError(f"partition must be an int from -1 to 2147483647, got {partition!r}")
         hdrs: Headers = _normalize_headers(headers) if headers is not None else []
         msg_id = self._ids()
         if self._id_header is not None:

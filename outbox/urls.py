@@ -127,7 +127,10 @@ def _sqlite(path: str, original: str) -> StoreURL:
 
 
 def _postgres(url: str, *, jdbc: bool) -> StoreURL:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed "[" (IPv6 host); not echoed: it may hold a password
+        raise ConfigError(f"PostgreSQL outbox URL is malformed ({exc}): use postgresql://user@host:port/db") from None
     if not parts.hostname:
         raise ConfigError(f"PostgreSQL outbox URL needs a host: {_safe(url)}")
     database = unquote(parts.path.lstrip("/"))

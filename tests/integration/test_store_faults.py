@@ -1,0 +1,185 @@
+"""When the outbox itself fails: SQLite full or locked, PostgreSQL restarted or killed (issue 12, point 4).
+
+Each test runs a produce() stream during an outage (every broker stopped, so every message must
+go to the outbox) while the store fails, then brings the store and the brokers back, and checks:
+what produce() did meanwhile (it returned: the messages waited in memory), and that every
+message whose produce() returned is delivered, each once by its outbox-id, without restarting
+the producer. The small file system is a real tmpfs mounted for the test (root only, as in CI).
+
+Not here: a read-only file system. A tmpfs (or a bind mount) that has a file open for writing
+cannot be remounted read-only (EBUSY), and root ignores file modes, so there is no honest way to
+make the live outbox read-only under a running producer on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from outbox import ResilientProducer, RetryPolicy
+from outbox.testing import KafkaCluster
+
+from .delivery import read_topic
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 MiB tmpfs of our own, which `fill` fills to the last byte."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(mnt: Path) -> Path:
+    """Take every free byte of the file system; return the filler file."""
+    filler = mnt / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+class Stream:
+    """produce() in a thread, recording the id of every call that returned."""
+
+    def __init__(self, p: ResilientProducer, topic: str) -> None:
+        self.p, self.topic = p, topic
+        self.returned: list[str] = []
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            try:
+                self.returned.append(self.p.produce(self.topic, b"%d:" % i + b"x" * 500, key=b"k%d" % (i % 7)))
+            except Exception as exc:  # the test reports what produce() raised, if anything
+                self.errors.append(exc)
+            i += 1
+            time.sleep(0.002)
+
+    def start(self) -> Stream:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def wait_for(self, n: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        start = len(self.returned)
+        while len(self.returned) < start + n:
+            assert time.monotonic() < deadline, f"produce() stalled at {len(self.returned)}"
+            time.sleep(0.05)
+
+
+def producer(url: str, bootstrap: str) -> ResilientProducer:
+    return ResilientProducer(
+        {"bootstrap.servers": bootstrap, "message.timeout.ms": 2000},
+        outbox=url, drain_workers=1, drain_poll_interval=0.2, circuit_reset_timeout=1.0,
+        retry=RetryPolicy(max_attempts=1000, initial_delay=0.5, max_delay=2.0),
+    )
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def recover_and_check(cluster: KafkaCluster, p: ResilientProducer, stream: Stream, topic: str) -> None:
+    cluster.start_all()
+    cluster.wait_until_healthy()
+    stream.wait_for(200)  # still producing, now through a healthy store and cluster
+    stream.stop()
+    wait_until(lambda: p.flush(5) == 0 and p.store.stats(now=time.time()).pending == 0, "the outbox to drain")
+    got = read_topic(cluster.bootstrap_servers, topic, len(stream.returned))
+    missing = set(stream.returned) - set(got.by_id)
+    p.close(timeout=10)
+    assert not stream.errors, stream.errors[:3]
+    assert not missing, f"{len(missing)} of {len(stream.returned)} returned messages lost"
+
+
+def test_disk_full_during_spill(chaos_cluster: KafkaCluster, topic: str, small_fs: Path) -> None:
+    chaos_cluster.stop_all()
+    p = producer(f"sqlite:///{small_fs / 'o.db'}", chaos_cluster.bootstrap_servers)
+    stream = Stream(p, topic).start()
+    stream.wait_for(300)
+    filler = fill(small_fs)
+    committed = p.writer.committed_rows
+    stream.wait_for(1000)  # produce() goes on returning: the messages wait in memory
+    assert p.writer.pending() > 0  # and the writer says they are not safe yet
+    time.sleep(3)
+    assert p.writer.committed_rows <= committed + 200  # nothing more fits on the disk
+    filler.unlink()  # space again: the writer commits what waited
+    recover_and_check(chaos_cluster, p, stream, topic)
+
+
+LOCKER = textwrap.dedent(
+    """
+    import sqlite3, sys, time
+    conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+    conn.execute("BEGIN EXCLUSIVE")
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+    conn.execute("COMMIT")
+    """
+)
+
+
+def test_file_locked_by_another_process_for_30s(chaos_cluster: KafkaCluster, topic: str, tmp_path: Path) -> None:
+    chaos_cluster.stop_all()
+    path = tmp_path / "o.db"
+    p = producer(f"sqlite:///{path}", chaos_cluster.bootstrap_servers)
+    stream = Stream(p, topic).start()
+    stream.wait_for(300)
+    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(path), "30"], stdout=subprocess.PIPE, text=True)
+    assert locker.stdout is not None and locker.stdout.readline().strip() == "locked"
+    stream.wait_for(500)  # produce() does not wait for the lock
+    assert locker.wait(60) == 0
+    recover_and_check(chaos_cluster, p, stream, topic)
+    assert os.path.exists(path)
+
+
+def test_postgresql_restarted_and_killed_during_spill_and_drain(chaos_cluster: KafkaCluster, topic: str) -> None:
+    """A private server (the shared one is never restarted): fast restart and kill -9 while
+    spilling, another restart while draining; the producer is never restarted."""
+    from .private_pg import PrivatePostgres
+
+    pg = PrivatePostgres("faults-pw")
+    pg.start()
+    try:
+        chaos_cluster.stop_all()
+        p = producer(pg.url, chaos_cluster.bootstrap_servers)
+        stream = Stream(p, topic).start()
+        stream.wait_for(300)
+        pg.restart("fast")  # pg_ctl -m fast: connections terminated by the administrator
+        stream.wait_for(300)
+        pg.restart("kill")  # kill -9 of the postmaster, then crash recovery
+        stream.wait_for(300)
+        chaos_cluster.start_all()
+        chaos_cluster.wait_until_healthy()
+        wait_until(lambda: p.store.stats(now=time.time()).pending < len(stream.returned), "draining to start")
+        pg.restart("fast")  # while the drain workers send the backlog
+        recover_and_check(chaos_cluster, p, stream, topic)
+    finally:
+        pg.close()
