@@ -777,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
                 target="0 lost" if key == "resilient_retry" else "report",
                 met=(r["lost"] == 0) if key == "resilient_retry" else None,
                 notes=f"blocked {r['blocked_s']:.2f}s (longest call {r['longest_call_s']:.2f}s), "
-                f"lost {r['lost']}, sent {r['attempted']}/{r['wanted']} wanted",
+                f"lost {r['lost']}, dead-lettered {r.get('dead', '?')}, sent {r['attempted']}/{r['wanted']} wanted",
             )
     elapsed = time.monotonic() - t_start
     text = table.text()

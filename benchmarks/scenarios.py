@@ -702,7 +702,9 @@ def resilient_retry(p: Params) -> Result:
     st = rp.stats()
     r["delivered"] = st["delivered"]
     r["still_in_outbox"] = st["pending"]
-    r["lost"] = r["attempted"] - st["delivered"] - st["pending"]
+    # Dead letters are stored, not lost: a long outage can exhaust the retry policy's attempts.
+    r["dead"] = st["dead"]
+    r["lost"] = r["attempted"] - st["delivered"] - st["pending"] - (st["dead"] or 0)
     r["outboxed"] = st["outboxed"]
     return {**r, "n": r["attempted"], "seconds": r["window_s"]}
 
