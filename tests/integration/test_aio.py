@@ -138,7 +138,7 @@ def test_async_bad_input_raises_at_await_and_stores_nothing(kafka_bootstrap: str
     assert errors == [
         "topic name 'bad topic!' has characters Kafka does not allow (only a-z A-Z 0-9 . _ -)",
         "value must be bytes, str or None, not int",
-        "partition must be an int >= -1, got -5",
+        "partition must be an int from -1 to 2147483647, got -5",
         "produce() called after close()",
     ]
     with SQLiteOutbox(tmp_path / "o.db") as store:
