@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -38,7 +39,7 @@ README = Path(__file__).resolve().parent / "README.md"
 # (fraction of R0, longest wait for an empty outbox after the restart, seconds)
 RECOVERY = ((0.10, 90.0), (0.25, 200.0), (0.50, 120.0))
 RECOVERY_QUICK = ((0.10, 45.0),)
-ALL = ("raw", "fallback", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry")
+ALL = ("raw", "fallback", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark")
 Result = dict[str, Any]
 
 
@@ -256,6 +257,33 @@ class Table:
 
 
 # -- machine and cluster ---------------------------------------------------------------------
+
+
+def spark_variant(bootstrap: str, variant: str, rows: int, workdir: str) -> Result:
+    """One variant of benchmarks/bench_spark.py in its own process: rows/s, and the CPU of the
+    whole job per row (Spark's JVM and Python workers, or the CLI; start-up included)."""
+    out = Path(workdir) / f"spark-{variant}.json"
+    args = ["--rows", str(rows), "--reps", "1", "--json", str(out)]
+    if variant == "cli":
+        args += ["--partitions", "1", "--cli-workers", "1"]
+    else:
+        args += ["--partitions", variant, "--cli-workers", ""]
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=bootstrap)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "bench_spark.py"), *args], capture_output=True, text=True, env=env, timeout=1200
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise BenchError(f"bench_spark.py {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    rates = json.loads(out.read_text())["rows_per_s"]
+    key = "cli drain workers=1" if variant == "cli" else f"spark p={variant}"
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    # bench_spark runs a warm-up job and (for the CLI variant) a Spark p=1 run too: the CPU is of
+    # the whole child, so it is an upper bound per row.
+    return {"n": rows, "msgs_per_s": statistics.median(rates[key]), "cpu_us_per_msg": cpu / rows * 1e6,
+            "seconds": time.monotonic() - t0}
 
 
 def fmt_s(v: float | None) -> str:
@@ -560,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
         elif "recovery" in sel:
             r0 = med(runs.get(f"raw/{base}", []), "msgs_per_s")
             if r0 is None:
-                log("recovery: measuring R0 first")
+                log("recovery: measuring R0 first (after a warm-up run)")
+                runner.run("raw", {**common, "n": n, "size": base, "header": True})
                 r0 = record(f"raw/{base}", runner.run("raw", {**common, "n": n, "size": base, "header": False}))[
                     "msgs_per_s"
                 ]
@@ -579,6 +608,13 @@ def main(argv: list[str] | None = None) -> int:
                 cluster.start_all()
                 c.send("UP")
                 record(f"recovery/{round(frac * 100)}", c.result(wait + 300))
+
+        # -- phase 5: Spark bulk drain at 1 / 2 / 4 partitions and the CLI drain, same outbox ---
+        if "spark" in sel:
+            spark_rows = 20_000 if quick else 100_000
+            for variant in ("1", "2", "4", "cli"):
+                log(f"spark bulk drain: {variant} ({spark_rows:,} rows, 1,000 keys)")
+                record(f"spark/{variant}", spark_variant(bootstrap, variant, spark_rows, workdir))
     finally:
         if cluster is not None:
             cluster.close()
@@ -603,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
         sfx = f" [{size} B]"
         if f"raw/{size}" in summary:
             table.add("R0 raw producer, no header" + sfx, summary[f"raw/{size}"], ratio=1.0, target="baseline")
+        if f"raw_hdr/{size}" in summary:
             table.add(
                 "R1 raw producer + id header" + sfx,
                 summary[f"raw_hdr/{size}"],
@@ -714,6 +751,17 @@ def main(argv: list[str] | None = None) -> int:
             notes=f"{state}; {lat}; pending at restart {r.get('pending_at_up') or 0:,}, max {r['pending_max']:,}; "
             f"offered {r['rate_achieved']:,.0f}/s; {r['not_delivered_after_up']:,} post-restart msgs undelivered",
         )
+    for variant, label in (("1", "Spark bulk drain, 1 partition"), ("2", "Spark bulk drain, 2 partitions"),
+                           ("4", "Spark bulk drain, 4 partitions"), ("cli", "CLI drain (outbox drain, 1 worker)")):
+        key = f"spark/{variant}"
+        if key in summary:
+            table.add(
+                f"{label}, {runs[key][0]['n']:,} rows",
+                summary[key],
+                ratio=ratio(key, "spark/1"),
+                target="report (vs Spark p=1)",
+                notes="CPU: the whole child per row (JVM, workers, start-up): an upper bound",
+            )
     png = plot_recovery(runs, outage, quick)
     if png is not None:
         print(f"recovery curves: {png.relative_to(ROOT)}")

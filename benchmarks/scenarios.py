@@ -516,9 +516,26 @@ def recovery(p: Params) -> Result:
     burst = max(1, int(rate * 0.02))  # at most 20 ms of traffic per step: the loop stays responsive
     t_start = start_clock()
     m0 = time.monotonic()
-    next_sample = m0
-    ready = False
-    empty_at: float | None = None
+    state: dict[str, float] = {}
+    finished = threading.Event()
+
+    def sample() -> None:
+        # Its own thread: stats() counts the store's rows (a scan), which must not pace the
+        # application's produce loop (py-spy: it did, at ~1 s per call with 100k rows).
+        ready = False
+        while not finished.is_set():
+            now = time.monotonic()
+            st = rp.stats()
+            samples.append((round(now - m0, 2), int(st["pending"] or 0)))
+            if not ready and now - m0 >= 3:
+                ready = True
+                _say("READY")
+            if "UP" in events and "empty" not in state and st["pending"] == 0 and st["unsaved"] == 0:
+                state["empty"] = now
+            finished.wait(max(0.0, sample_every - (time.monotonic() - now)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     while True:
         now = time.monotonic()
         due = min(int((now - m0) * rate), sent + burst)
@@ -530,20 +547,14 @@ def recovery(p: Params) -> Result:
             else:
                 rp.produce(topic, value, keys[sent % nkeys])
             sent += 1
-        if now >= next_sample:
-            st = rp.stats()
-            samples.append((round(now - m0, 2), int(st["pending"] or 0)))
-            next_sample = now + sample_every
-            if not ready and now - m0 >= 3:
-                ready = True
-                _say("READY")
-            if up is not None and empty_at is None and st["pending"] == 0 and st["unsaved"] == 0:
-                empty_at = now
+        empty_at = state.get("empty")
         if empty_at is not None and now - empty_at >= tail:
             break
         if up is not None and now - up >= max_wait:
             break
         time.sleep(0.002)
+    finished.set()
+    sampler.join()
     seconds = time.perf_counter() - t_start
     st = rp.stats()
     down, up = events.get("DOWN"), events.get("UP")

@@ -6,6 +6,7 @@
 from .circuit import MainTopicCircuit
 from .consumer import CONSUMER_DEFAULTS, ResilientConsumer
 from .deadletters import DEAD_LETTER_MODES
+from .redrive import RedriveResult, redrive_topic
 from .strategies import Ignore, RetryInPlace, RetryTopics, Strategy
 from .tiers import Ladder, dlq_name, retry_tier_name
 
@@ -15,10 +16,12 @@ __all__ = [
     "Ignore",
     "Ladder",
     "MainTopicCircuit",
+    "RedriveResult",
     "ResilientConsumer",
     "RetryInPlace",
     "RetryTopics",
     "Strategy",
     "dlq_name",
+    "redrive_topic",
     "retry_tier_name",
 ]

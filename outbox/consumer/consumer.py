@@ -39,7 +39,7 @@ from ..retry import RetryPolicy
 from ..stores import Outbox, open_outbox
 from .circuit import CircuitBreaker, CircuitState, MainTopicCircuit
 from .deadletters import DeadLetters, check_mode
-from .headers import due_at, failure_headers, origin_of
+from .headers import due_at, failure_headers
 from .offsets import OffsetTracker
 from .scheduler import PauseScheduler
 from .strategies import Ignore, RetryInPlace, RetryTopics, Strategy, check_strategy
@@ -70,6 +70,7 @@ HOP_PRODUCER_DEFAULTS: Mapping[str, Any] = {
     "message.timeout.ms": 15000,
 }
 ORDERINGS = (None, "key")
+_NOWHERE = Place("", 0)  # before the first message of a batch
 
 
 class ResilientConsumer:
@@ -289,34 +290,50 @@ class ResilientConsumer:
     # -- the loop -----------------------------------------------------------------------------
 
     def _handle_batch(self, msgs: list[Message]) -> None:
+        # librdkafka returns a batch as runs of one partition's messages: per-partition work (the
+        # place lookup, the held check, the offset bookkeeping) is done once per run, not per message.
         held: set[TP] | None = None
         places = self._places
         handler = self._handler
         circuit = self.circuit
         deserializer = self._deserializer
-        # The last handled message per partition: its offset is read once per batch, not per message.
-        done: dict[TP, Message] = {}
+        done = self._tracker.done
         handled = 0
+        cur_topic: str | None = None
+        cur_part = -1
+        tp: TP = ("", -1)
+        place = _NOWHERE
+        skip = False  # the current run's partition is held
+        last: Message | None = None  # the current run's last handled message
         for m in msgs:
             err = m.error()
             if err is not None:
                 self._consumer_error(err)
                 continue
-            # Never None on a consumed message; confluent_kafka's stubs say Optional.
-            topic: str = m.topic()  # type: ignore[assignment]
-            tp: TP = (topic, m.partition())  # type: ignore[assignment]
-            if held is not None and tp in held:
+            part = m.partition()
+            topic = m.topic()
+            if part != cur_part or topic != cur_topic:
+                if last is not None:
+                    done(tp, last.offset())  # type: ignore[arg-type]
+                    last = None
+                # Never None on a consumed message; confluent_kafka's stubs say Optional.
+                cur_topic, cur_part = topic, part  # type: ignore[assignment]
+                tp = (topic, part)  # type: ignore[assignment]
+                place = places[topic]  # type: ignore[index]
+                skip = held is not None and tp in held
+            if skip:
                 continue  # behind a held message: it is read again after the seek
-            place = places[topic]
             if place.tier:
                 if not self._is_due(m, tp):
                     held = held or set()
                     held.add(tp)
+                    skip = True
                     continue
             elif circuit is not None and circuit.state is not CircuitState.CLOSED and circuit.blocks(time.time()):
                 self._hold(tp, m.offset(), circuit.open_until)  # type: ignore[arg-type]
                 held = held or set()
                 held.add(tp)
+                skip = True
                 continue
             try:
                 if deserializer is not None and not self._deserialize(m, tp, place):
@@ -326,13 +343,14 @@ class ResilientConsumer:
                 if not self._failed(m, tp, m.offset(), place, exc):  # type: ignore[arg-type]
                     held = held or set()
                     held.add(tp)
+                    skip = True
                 continue
-            done[tp] = m
+            last = m
             handled += 1
             if circuit is not None and not place.tier:
                 circuit.success()
-        for tp, last in done.items():
-            self._tracker.done(tp, last.offset())  # type: ignore[arg-type]
+        if last is not None:
+            done(tp, last.offset())  # type: ignore[arg-type]
         self.counts["handled"] += handled
 
     def _is_due(self, m: Message, tp: TP) -> bool:
@@ -365,7 +383,7 @@ class ResilientConsumer:
         elif isinstance(strategy, RetryTopics):
             if place.tier < len(self._delays):
                 due = time.time() + self._delays[place.tier]
-                headers, _ = failure_headers(
+                headers, _, _ = failure_headers(
                     m, group=self.group, attempt=attempts, exc=exc, due_at_s=due, ids=self._ids
                 )
                 token = self._publish(self.ladder.retry_topic(place.main, place.tier + 1), m, headers, tp[1])
@@ -402,13 +420,15 @@ class ResilientConsumer:
     def _dead_letter(
         self, m: Message, tp: TP, offset: int, place: Place, *, attempts: int, exc: BaseException
     ) -> None:
-        headers, msg_id = failure_headers(m, group=self.group, attempt=attempts, exc=exc, due_at_s=None, ids=self._ids)
+        headers, msg_id, origin = failure_headers(
+            m, group=self.group, attempt=attempts, exc=exc, due_at_s=None, ids=self._ids
+        )
         replay = self.ladder.retry_topic(place.main, 1) if self._delays else place.main
         token = self._dead.record(
             m,
             headers=headers,
             msg_id=msg_id,
-            origin=origin_of(m),
+            origin=origin,
             attempts=attempts,
             exc=exc,
             dlq_topic=self.ladder.dlq_topic(place.main),

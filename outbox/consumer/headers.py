@@ -80,24 +80,6 @@ def _text(headers: Headers | None, name: str) -> str | None:
     return None
 
 
-def origin_of(msg: Message) -> Origin:
-    """The main-topic coordinates: from the headers of a tier message, from the message itself otherwise."""
-    headers = headers_of(msg)
-    topic = _text(headers, ORIGINAL_TOPIC)
-    if topic is not None:
-        try:
-            return Origin(
-                topic,
-                int(_text(headers, ORIGINAL_PARTITION) or -1),
-                int(_text(headers, ORIGINAL_OFFSET) or -1),
-                int(_text(headers, ORIGINAL_TIMESTAMP) or -1),
-            )
-        except ValueError:
-            pass  # damaged by hand: fall back to the message's own place
-    ts = msg.timestamp()[1]
-    return Origin(msg.topic() or "", msg.partition() or 0, msg.offset() or 0, ts)
-
-
 def due_at(msg: Message) -> float | None:
     """Epoch seconds when the message becomes due (None: no due time, due now)."""
     v = _text(headers_of(msg), DUE_AT)
@@ -109,11 +91,6 @@ def due_at(msg: Message) -> float | None:
         return None
 
 
-def msg_id_of(headers: Headers | None) -> str | None:
-    """The `outbox-id` header value, if any."""
-    return _text(headers, ID_HEADER)
-
-
 def failure_headers(
     msg: Message,
     *,
@@ -122,8 +99,11 @@ def failure_headers(
     exc: BaseException,
     due_at_s: float | None,
     ids: IdGenerator,
-) -> tuple[Headers, str]:
-    """Headers for a hop to a retry tier or to the dead letters, and the message id they carry.
+) -> tuple[Headers, str, Origin]:
+    """Headers for a hop to a retry tier or to the dead letters, the message id they carry, its origin.
+
+    One pass over the message's headers: the application's are kept in order, the previous hop's
+    metadata is dropped (and its origin read), then the new metadata is appended.
 
     Args:
         msg: the message that failed (from the main topic or a tier).
@@ -133,24 +113,53 @@ def failure_headers(
         due_at_s: epoch seconds when the next attempt is due (None for a dead letter).
         ids: where a new `outbox-id` comes from when the message has none.
     """
-    origin = origin_of(msg)
-    kept: Headers = [(h, v) for h, v in headers_of(msg) if h not in MANAGED]
-    msg_id = msg_id_of(kept)
+    kept: Headers = []
+    found: dict[str, bytes | None] = {}
+    msg_id: str | None = None
+    for h, v in headers_of(msg):
+        if h in MANAGED:
+            found[h] = v
+            continue
+        if h == ID_HEADER and v is not None:
+            msg_id = v.decode("utf-8", "replace")
+        kept.append((h, v))
+    origin = _origin_from(found, msg)
     if msg_id is None:
         msg_id = ids()
         kept.append((ID_HEADER, msg_id.encode()))
-    kept.append((ORIGINAL_TOPIC, origin.topic.encode()))
-    kept.append((ORIGINAL_PARTITION, str(origin.partition).encode()))
-    kept.append((ORIGINAL_OFFSET, str(origin.offset).encode()))
-    kept.append((ORIGINAL_TIMESTAMP, str(origin.timestamp_ms).encode()))
-    kept.append((GROUP, group.encode()))
-    kept.append((ATTEMPT, str(attempt).encode()))
+    topic = origin.topic.encode()
+    kept += [
+        (ORIGINAL_TOPIC, topic),
+        (ORIGINAL_PARTITION, str(origin.partition).encode()),
+        (ORIGINAL_OFFSET, str(origin.offset).encode()),
+        (ORIGINAL_TIMESTAMP, str(origin.timestamp_ms).encode()),
+        (GROUP, group.encode()),
+        (ATTEMPT, str(attempt).encode()),
+    ]
     if due_at_s is not None:
         kept.append((DUE_AT, str(int(due_at_s * 1000)).encode()))
-    kept.append((ERROR_CLASS, error_class(exc).encode()))
-    kept.append((ERROR_MESSAGE, cap_utf8(str(exc))))
-    kept.append((SPRING_ORIGINAL_TOPIC, origin.topic.encode()))
-    return kept, msg_id
+    kept += [
+        (ERROR_CLASS, error_class(exc).encode()),
+        (ERROR_MESSAGE, cap_utf8(str(exc))),
+        (SPRING_ORIGINAL_TOPIC, topic),
+    ]
+    return kept, msg_id, origin
+
+
+def _origin_from(found: dict[str, bytes | None], msg: Message) -> Origin:
+    """The origin from a tier message's metadata headers, else the message's own place."""
+    topic = found.get(ORIGINAL_TOPIC)
+    if topic is not None:
+        try:
+            return Origin(
+                topic.decode("utf-8", "replace"),
+                int(found.get(ORIGINAL_PARTITION) or -1),
+                int(found.get(ORIGINAL_OFFSET) or -1),
+                int(found.get(ORIGINAL_TIMESTAMP) or -1),
+            )
+        except ValueError:
+            pass  # damaged by hand: fall back to the message's own place
+    return Origin(msg.topic() or "", msg.partition() or 0, msg.offset() or 0, msg.timestamp()[1])
 
 
 @dataclass(frozen=True, slots=True)

@@ -284,6 +284,10 @@ class Outbox(abc.ABC):
     def has_pending(self, topic: str, key: bytes) -> bool:
         """Whether any PENDING row of this topic and key exists."""
 
+    def keys_with_pending(self, keys: Sequence[tuple[str, bytes]]) -> set[tuple[str, bytes]]:
+        """Which of these (topic, key) pairs still have a PENDING row. Backends answer in one query."""
+        return {k for k in keys if self.has_pending(*k)}
+
     def next_due_at(self) -> float | None:
         """Earliest `next_attempt_at` of a PENDING row (None: nothing pending).
 

@@ -627,6 +627,17 @@ class PostgresOutbox(Outbox):
             )
         )
 
+    def keys_with_pending(self, keys: Sequence[tuple[str, bytes]]) -> set[tuple[str, bytes]]:
+        if not keys:
+            return set()
+        rows = self._read(
+            f"SELECT DISTINCT c.t, c.k FROM unnest(%s::text[], %s::bytea[]) AS c(t, k) WHERE EXISTS ("
+            f"SELECT 1 FROM {self._t} AS o WHERE o.status = 0 AND o.key IS NOT NULL AND o.topic = c.t "
+            "AND md5(o.key) = md5(c.k) AND o.key = c.k)",
+            [[t for t, _ in keys], [k for _, k in keys]],
+        )
+        return {(t, bytes(k)) for t, k in rows}
+
     def next_due_at(self) -> float | None:
         rows = self._read(f"SELECT min(next_attempt_at) FROM {self._t} WHERE status = 0")
         return None if rows[0][0] is None else float(rows[0][0])

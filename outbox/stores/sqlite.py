@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from ..backlog import Backlog, backlog_from_rows, backlog_sql
 from ..errors import StoreError, StoreNotFoundError, UnknownMessageError
@@ -36,6 +36,7 @@ from .base import (
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
+_T = TypeVar("_T")
 _CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
 
 _COLUMNS = COLUMNS
@@ -104,7 +105,7 @@ def _migrate_to_2(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'outbox'", (seq[0],))
 
 
-def _chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
+def _chunks(ids: Sequence[_T]) -> Iterator[Sequence[_T]]:
     for i in range(0, len(ids), _CHUNK):
         yield ids[i : i + _CHUNK]
 
@@ -152,6 +153,7 @@ class SQLiteOutbox(Outbox):
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._closed = False
         self._create = create
         self._sweeps = SweepSchedule()
@@ -223,19 +225,24 @@ class SQLiteOutbox(Outbox):
         """
         conn = self._conn()
         self._sync(conn, full=stores_messages)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
-        try:
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
+        # Threads of this process queue here, on a lock that hands over at once, instead of in
+        # SQLite's busy handler, which sleeps 1..100 ms between tries: the writer and two drain
+        # workers spent most of a recovery asleep there (py-spy). Other processes still meet
+        # the busy handler.
+        with self._write_lock:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
                 raise self._error(exc) from exc
-            raise
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise self._error(exc) from exc
+                raise
 
     def _sync(self, conn: sqlite3.Connection, *, full: bool) -> None:
         if self._synchronous != "FULL" and self._synchronous != "EXTRA":
@@ -534,6 +541,23 @@ class SQLiteOutbox(Outbox):
         return bool(
             self._read("SELECT 1 FROM outbox WHERE topic = ? AND key = ? AND status = 0 LIMIT 1", (topic, key))
         )
+
+    def keys_with_pending(self, keys: Sequence[tuple[str, bytes]]) -> set[tuple[str, bytes]]:
+        by_topic: dict[str, list[bytes]] = {}
+        for topic, key in keys:
+            by_topic.setdefault(topic, []).append(key)
+        found: set[tuple[str, bytes]] = set()
+        for topic, ks in by_topic.items():
+            for chunk in _chunks(ks):
+                found.update(
+                    (topic, bytes(r[0]))
+                    for r in self._read(
+                        f"SELECT DISTINCT key FROM outbox WHERE topic = ? AND key IN ({','.join('?' * len(chunk))}) "
+                        "AND status = 0",
+                        [topic, *chunk],
+                    )
+                )
+        return found
 
     def next_due_at(self) -> float | None:
         due: float | None = self._read("SELECT MIN(next_attempt_at) FROM outbox WHERE status = 0")[0][0]

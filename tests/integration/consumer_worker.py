@@ -1,6 +1,7 @@
 """One ResilientConsumer process for the kill -9 and rebalance tests (tests/integration/test_consumer.py).
 
-Run as a script: ``python consumer_worker.py <bootstrap> <topic> <group> <outbox path> <log path> <delays>``.
+Run as a script: ``python consumer_worker.py <bootstrap> <topic> <group> <outbox path> <log path> <delays>
+[<partition.assignment.strategy>]``.
 Messages whose value starts with ``fail`` fail on the main topic and every tier but the last,
 and succeed on the last tier; every other message succeeds at once. Each successful handling appends
 ``<value> <topic> <epoch s>`` to the log file (one write per line, so a kill -9 loses no line the
@@ -18,7 +19,9 @@ from confluent_kafka import Message
 from outbox import ResilientConsumer, RetryTopics
 
 
-def main(bootstrap: str, topic: str, group: str, outbox_path: str, log_path: str, delays: str) -> None:
+def main(
+    bootstrap: str, topic: str, group: str, outbox_path: str, log_path: str, delays: str, assignor: str = "range"
+) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     out = open(log_path, "a", buffering=1)  # noqa: SIM115 - kept open for the process's life
     last_tier = f".retry-{len(delays.split(','))}"
@@ -36,6 +39,7 @@ def main(bootstrap: str, topic: str, group: str, outbox_path: str, log_path: str
         "session.timeout.ms": 6000,
         "heartbeat.interval.ms": 500,
         "max.poll.interval.ms": 10000,
+        "partition.assignment.strategy": assignor,
     }
     with ResilientConsumer(
         config,
@@ -50,4 +54,4 @@ def main(bootstrap: str, topic: str, group: str, outbox_path: str, log_path: str
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:7])
+    main(*sys.argv[1:8])

@@ -149,8 +149,12 @@ def test_a_live_sqlite_producer_keeps_its_write_ahead_leases(tmp_path: Path) -> 
     assert claimer.stats(now=time.time()).leased == 1
 
 
-# The issue's reproduction: write-ahead sync, started while every broker is down, killed -9
-# within message.timeout.ms, so its rows stay leased (lease_seconds 120 s by default).
+# The issue's reproduction: a write-ahead sync producer killed -9 while its sends are still in
+# flight (within message.timeout.ms), so its rows stay leased (lease_seconds 120 s by default).
+# Two of three brokers are down under min.insync.replicas=2: librdkafka retries
+# NOT_ENOUGH_REPLICAS by itself, the circuit stays closed and the rows stay leased to the
+# sender. (With every broker down the circuit opens, purges librdkafka's queue and releases the
+# rows at once: no lease is left to take over.)
 WRITE_AHEAD_CHILD = textwrap.dedent(
     """
     import sys
@@ -171,7 +175,8 @@ WRITE_AHEAD_CHILD = textwrap.dedent(
 
 def crash_then_drain(cluster: KafkaCluster, topic: str, url: str) -> None:
     bootstrap = cluster.bootstrap_servers
-    cluster.stop_all()
+    cluster.stop_broker(1)
+    cluster.stop_broker(2)
     child = subprocess.Popen(
         [sys.executable, "-c", WRITE_AHEAD_CHILD, bootstrap, url, topic],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -188,7 +193,8 @@ def crash_then_drain(cluster: KafkaCluster, topic: str, url: str) -> None:
     assert store.stats(now=time.time()).leased > 0  # the dead producer left rows leased
     store.close()
 
-    cluster.start_all()
+    cluster.start_broker(1)
+    cluster.start_broker(2)
     cluster.wait_until_healthy()
     drain = outbox_cli("drain", "--outbox", url, "-b", bootstrap, "--until-empty", "--json")
     assert drain.returncode == 0, (drain.stdout, drain.stderr)
@@ -199,16 +205,19 @@ def crash_then_drain(cluster: KafkaCluster, topic: str, url: str) -> None:
     store.close()
 
 
+MIN_ISR_2 = {"min.insync.replicas": "2"}
+
+
 def test_drain_takes_over_a_killed_write_ahead_producer_sqlite(
-    chaos_cluster: KafkaCluster, topic: str, tmp_path: Path
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
-    crash_then_drain(chaos_cluster, topic, f"sqlite:///{tmp_path / 'app.db'}")
+    crash_then_drain(chaos_cluster, make_topic(config=MIN_ISR_2), f"sqlite:///{tmp_path / 'app.db'}")
 
 
 def test_drain_takes_over_a_killed_write_ahead_producer_postgres(
-    chaos_cluster: KafkaCluster, topic: str, fresh_postgres_url: str
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], fresh_postgres_url: str
 ) -> None:
-    crash_then_drain(chaos_cluster, topic, fresh_postgres_url)
+    crash_then_drain(chaos_cluster, make_topic(config=MIN_ISR_2), fresh_postgres_url)
 
 
 T_BACKOFF = 4102444800.0  # 2100-01-01 00:00:00Z

@@ -757,3 +757,14 @@ def test_dead_letter_error_filter_reads_the_code_and_name_columns(store: Outbox)
     assert ids(store.list_dead(DeadLetterFilter(error="MSG_SIZE_TOO_LARGE"))) == [a]
     assert store.list_dead(DeadLetterFilter(error="1")) == []
     assert store.stats(now=NOW).dead_by_error == {"MSG_SIZE_TOO_LARGE (10)": 1}
+
+
+def test_keys_with_pending(store: Outbox) -> None:
+    [a1, _a2, _b1] = store.enqueue([msg("t", key=b"A"), msg("t", key=b"A\x00"), msg("u", key=b"B")])
+    [d] = store.add_dead([msg("t", key=b"D")], failed_at=NOW)
+    asked = [("t", b"A"), ("t", b"A\x00"), ("t", b"B"), ("u", b"B"), ("t", b"D"), ("t", b"none")]
+    assert store.keys_with_pending(asked) == {("t", b"A"), ("t", b"A\x00"), ("u", b"B")}
+    store.mark_delivered([a1])
+    assert store.keys_with_pending([("t", b"A"), ("t", b"A\x00")]) == {("t", b"A\x00")}
+    assert store.keys_with_pending([]) == set()
+    assert store.get(d).status == Status.DEAD
