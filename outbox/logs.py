@@ -94,3 +94,38 @@ class LibrdkafkaLog:
 
 #: The `logger` of every producer the SDK creates (on the ``outbox.librdkafka`` logger).
 LIBRDKAFKA_LOG = LibrdkafkaLog(logging.getLogger("outbox.librdkafka"))
+
+
+class Redact(logging.Filter):
+    """Replaces secrets in the records of a logger we do not own (formatted once, args dropped)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if any(s in text for s in self.secrets):
+            for s in self.secrets:
+                text = text.replace(s, "***")
+            record.msg, record.args = text, ()
+        return True
+
+
+_REDACT = Redact()
+
+
+def redact_in_logs(secret: str, loggers: tuple[str, ...]) -> None:
+    """Keep `secret` out of the named third-party loggers' records (idempotent).
+
+    py4j logs every command it sends to the JVM at DEBUG, and Spark's JDBC options travel as
+    such commands: without this, an application logging at DEBUG would log the database
+    password whenever the Spark job reads the outbox.
+    """
+    if not secret:
+        return
+    _REDACT.secrets.add(secret)
+    for name in loggers:
+        logger = logging.getLogger(name)
+        if _REDACT not in logger.filters:
+            logger.addFilter(_REDACT)

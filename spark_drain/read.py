@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from outbox.errors import ConfigError
+from outbox.logs import redact_in_logs
 from outbox.records import Status
 from outbox.urls import StoreURL
 
@@ -133,6 +134,8 @@ class Reader:
         self.url = url
         self.table = table_ref(url)
         self._props = dict(url.jdbc_properties())
+        # py4j logs each JVM command, JDBC properties included, at DEBUG.
+        redact_in_logs(url.password or "", ("py4j.clientserver", "py4j.java_gateway"))
         # PostgreSQL's driver otherwise buffers a whole partition's result in memory.
         self._props["fetchsize"] = str(fetch_size)
 

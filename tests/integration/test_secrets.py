@@ -202,6 +202,7 @@ def test_no_secret_in_the_spark_jobs_output_and_report(
                           kafka_config={"sasl.username": "app", "ssl.key.password": KEY_PW})
     )
     assert report.total.delivered == 10
+    report.write_json(str(report_path))  # what `python -m spark_drain --report` writes
     texts = {
         "report file": report_path.read_text(),
         "report table": report.format_table(),
