@@ -145,6 +145,24 @@ def outbox_option(f: F) -> F:
     )(f)
 
 
+def bootstrap_option(help: str) -> Callable[[F], F]:
+    """`--bootstrap-servers / -b HOST:PORT[,...]` (or $KAFKA_BOOTSTRAP_SERVERS)."""
+    return click.option(
+        "--bootstrap-servers",
+        "-b",
+        envvar="KAFKA_BOOTSTRAP_SERVERS",
+        show_envvar=True,
+        required=True,
+        metavar="HOST:PORT[,...]",
+        help=help,
+    )
+
+
+def settings_option(help: str) -> Callable[[F], F]:
+    """`-X key=value` (repeatable): librdkafka settings, passed to confluent_kafka untouched."""
+    return click.option("-X", "settings", multiple=True, metavar="KEY=VALUE", callback=parse_settings, help=help)
+
+
 def json_option(f: F) -> F:
     """`--json`: one JSON document on stdout instead of text."""
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")(f)
@@ -235,3 +253,25 @@ def stdout_is_terminal() -> bool:
         return sys.stdout.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+# Settings whose values are credentials: never echoed, scrubbed from any error text.
+_SECRET_WORDS = ("password", "secret", "token", "credentials")
+
+
+def parse_settings(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """`-X key=value` options as a dict (passed to confluent_kafka untouched)."""
+    out: dict[str, str] = {}
+    for n, item in enumerate(values, 1):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            # The text is not echoed: a stray word here is often a password typed without its key.
+            raise CliError(
+                f"malformed -X #{n}: expected key=value, e.g. -X acks=all (not echoed: it may hold a secret)",
+                EXIT_USAGE,
+            )
+        if any(word in key.lower() for word in _SECRET_WORDS):
+            remember_secret(ctx, value)
+        out[key] = value
+    return out

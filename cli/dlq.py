@@ -27,11 +27,12 @@ from .common import (
     TIME_HELP,
     CliError,
     OutboxGroup,
+    bootstrap_option,
     json_option,
     open_store,
     outbox_option,
+    settings_option,
 )
-from .drain import parse_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -462,23 +463,8 @@ Examples:
 {EXIT_CODES_HELP}""",
 )
 @click.argument("dlq_topic", metavar="DLQ_TOPIC")
-@click.option(
-    "--bootstrap-servers",
-    "-b",
-    envvar="KAFKA_BOOTSTRAP_SERVERS",
-    show_envvar=True,
-    required=True,
-    metavar="HOST:PORT[,...]",
-    help="Kafka brokers.",
-)
-@click.option(
-    "-X",
-    "settings",
-    multiple=True,
-    metavar="KEY=VALUE",
-    callback=parse_settings,
-    help="A librdkafka client setting (repeatable), e.g. -X security.protocol=SSL.",
-)
+@bootstrap_option("Kafka brokers.")
+@settings_option("A librdkafka client setting (repeatable), e.g. -X security.protocol=SSL.")
 @click.option(
     "--to-topic", metavar="TOPIC", help="Send every message here instead of its group's first retry tier."
 )

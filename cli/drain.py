@@ -39,37 +39,16 @@ from .common import (
     EXIT_USAGE,
     CliError,
     OutboxCommand,
+    bootstrap_option,
     json_option,
     kafka_error_text,
     open_store,
     outbox_option,
-    remember_secret,
+    settings_option,
     stdout_is_terminal,
 )
 
 _DEFAULT_POLICY = RetryPolicy()  # the library's defaults, shown in --help
-
-# Settings whose values are credentials: never echoed, scrubbed from any error text.
-_SECRET_WORDS = ("password", "secret", "token", "credentials")
-
-
-def parse_settings(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
-    """`-X key=value` options as a dict (passed to confluent_kafka untouched)."""
-    out: dict[str, str] = {}
-    for n, item in enumerate(values, 1):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            # The text is not echoed: a stray word here is often a password typed without its key.
-            raise CliError(
-                f"malformed -X #{n}: expected key=value, e.g. -X acks=all (not echoed: it may hold a secret)",
-                EXIT_USAGE,
-            )
-        if any(word in key.lower() for word in _SECRET_WORDS):
-            remember_secret(ctx, value)
-        out[key] = value
-    return out
-
 
 @click.command(
     "drain",
@@ -85,23 +64,10 @@ Examples:
 {EXIT_CODES_HELP}""",
 )
 @outbox_option
-@click.option(
-    "--bootstrap-servers",
-    "-b",
-    envvar="KAFKA_BOOTSTRAP_SERVERS",
-    show_envvar=True,
-    required=True,
-    metavar="HOST:PORT[,...]",
-    help="Kafka brokers to send to.",
-)
-@click.option(
-    "-X",
-    "settings",
-    multiple=True,
-    metavar="KEY=VALUE",
-    callback=parse_settings,
-    help="A librdkafka producer setting (repeatable), e.g. -X security.protocol=SSL. "
-    "Overrides the drain defaults (acks=all, idempotence, message.timeout.ms=30000).",
+@bootstrap_option("Kafka brokers to send to.")
+@settings_option(
+    "A librdkafka producer setting (repeatable), e.g. -X security.protocol=SSL. "
+    "Overrides the drain defaults (acks=all, idempotence, message.timeout.ms=30000)."
 )
 @click.option(
     "--until-empty/--follow",

@@ -36,7 +36,7 @@ from typing import Any
 try:
     from opentelemetry import propagate, trace
     from opentelemetry.context import Context
-    from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer, TracerProvider
+    from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("outbox.otel needs opentelemetry-api: pip install 'kafka-outbox[otel]'") from exc
 
@@ -162,6 +162,16 @@ def _send_span(tracer: Tracer, topic: str) -> Any:
     )
 
 
+def _linked_headers(
+    span: Span, headers: Sequence[tuple[str, Any]] | Mapping[str, Any] | None
+) -> list[tuple[str, Any]]:
+    """The message's headers with the trace context written in; the span linked to the message's own context."""
+    hdrs, links = _with_trace_headers(headers)
+    for link in links:
+        span.add_link(link.context)
+    return hdrs
+
+
 def _produce(
     tracer: Tracer,
     produce: Callable[..., str],
@@ -176,9 +186,7 @@ def _produce(
     transaction: Any = None,
 ) -> str:
     with _send_span(tracer, topic) as span:
-        hdrs, links = _with_trace_headers(headers)
-        for link in links:
-            span.add_link(link.context)
+        hdrs = _linked_headers(span, headers)
         msg_id = produce(topic, value, key, hdrs, partition, on_delivery, enable_retry, transaction=transaction)
         span.set_attribute("messaging.message.id", msg_id)
         return msg_id
@@ -200,9 +208,7 @@ def _wrap_async_produce(ap: AsyncResilientProducer, tracer: Tracer) -> None:
     ) -> str:
         # Opened here, on the loop, so the span's parent is the awaiting task's context.
         with _send_span(tracer, topic) as span:
-            hdrs, links = _with_trace_headers(headers)
-            for link in links:
-                span.add_link(link.context)
+            hdrs = _linked_headers(span, headers)
             msg_id = await produce(
                 topic, value, key, hdrs, partition, on_delivery, enable_retry, transaction=transaction
             )
