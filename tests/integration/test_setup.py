@@ -112,6 +112,12 @@ def test_wheel_and_sdist_install_into_a_clean_venv(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         wheel_files = set(zf.namelist())
         entry_points = zf.read(next(n for n in wheel_files if n.endswith("entry_points.txt"))).decode()
+    # Every package of the source tree is in the wheel (a sub-package missing from pyproject's list
+    # installs an `outbox` that cannot be imported).
+    source_packages = {str(p.parent.relative_to(ROOT)) for p in ROOT.glob("*/**/__init__.py") if ".venv" not in p.parts}
+    source_packages = {p.replace("cli", "outbox_cli", 1) if p == "cli" else p for p in source_packages}
+    wheel_packages = {n.rsplit("/", 1)[0] for n in wheel_files if n.endswith("/__init__.py")}
+    assert {p for p in source_packages if p.split("/")[0] in ("outbox", "outbox_cli", "spark_drain")} <= wheel_packages
     for f in ("outbox/__init__.py", "outbox/py.typed", "outbox/testing/pom.xml", "outbox/testing/jdbc-pom.xml",
               "outbox_cli/main.py", "spark_drain/job.py"):  # fmt: skip
         assert f in wheel_files, f
