@@ -314,10 +314,15 @@ def test_follow_mode_stops_cleanly_on_sigint(kafka_bootstrap: str, topic: str, t
     store = SQLiteOutbox(db)
     store.enqueue([NewMessage(topic=topic, value=f"a{i}".encode(), msg_id=f"a{i}") for i in range(200)])
     cli = popen_cli("drain", "--outbox", db, "-b", kafka_bootstrap, "--follow", "--json")
-    wait_until(lambda: store.stats(now=time.time()).pending == 0, 60, "the first batch to drain")
-    # Messages stored while it runs are picked up too.
-    store.enqueue([NewMessage(topic=topic, value=f"b{i}".encode(), msg_id=f"b{i}") for i in range(300)])
-    wait_until(lambda: store.stats(now=time.time()).pending == 0, 60, "the second batch to drain")
+    try:
+        wait_until(lambda: store.stats(now=time.time()).pending == 0, 60, "the first batch to drain")
+        # Messages stored while it runs are picked up too.
+        store.enqueue([NewMessage(topic=topic, value=f"b{i}".encode(), msg_id=f"b{i}") for i in range(300)])
+        wait_until(lambda: store.stats(now=time.time()).pending == 0, 60, "the second batch to drain")
+    except AssertionError:
+        cli.kill()  # a --follow drain never ends by itself: never leave it running
+        _, err = cli.communicate(timeout=30)
+        raise AssertionError(f"drain --follow stalled; its stderr: {err[-3000:]}") from None
     cli.send_signal(signal.SIGINT)
     out, err = cli.communicate(timeout=60)
     assert cli.returncode == 0, err
