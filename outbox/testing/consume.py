@@ -12,6 +12,19 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 __all__ = ["consume", "consume_to_end"]
 
 
+def _reader(bootstrap: str, config: Mapping[str, Any] | None, *, eof: bool) -> Consumer:
+    """A consumer of its own (new random group, no commits) that reads from the earliest offset."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"outbox-testing-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": eof,
+    }
+    conf.update(config or {})
+    return Consumer(conf)
+
+
 def consume(
     bootstrap: str,
     topic: str,
@@ -40,16 +53,8 @@ def consume(
     Raises:
         confluent_kafka.KafkaException: A non-retriable consumer error.
     """
-    conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "group.id": f"outbox-testing-{uuid.uuid4().hex}",
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-        "enable.partition.eof": False,
-    }
-    conf.update(config or {})
     deadline = time.monotonic() + timeout
-    consumer = Consumer(conf)
+    consumer = _reader(bootstrap, config, eof=False)
     out: list[Message] = []
     try:
         partitions: list[int] = []
@@ -92,16 +97,8 @@ def consume_to_end(
     Raises:
         TimeoutError: The end was not reached within ``timeout`` seconds.
     """
-    conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "group.id": f"outbox-testing-{uuid.uuid4().hex}",
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-        "enable.partition.eof": True,
-    }
-    conf.update(config or {})
     deadline = time.monotonic() + timeout
-    consumer = Consumer(conf)
+    consumer = _reader(bootstrap, config, eof=True)
     out: list[Message] = []
     try:
         md = consumer.list_topics(topic, timeout=max(1.0, min(10.0, timeout)))
