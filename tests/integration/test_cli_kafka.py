@@ -44,10 +44,17 @@ def outbox_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
     )
 
 
+def _interruptible() -> None:
+    # As in a terminal, Ctrl-C must reach the command: a test run started in the background by a
+    # non-interactive shell (`make test &`) has SIGINT ignored, and children inherit that.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def popen_cli(*args: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("OUTBOX_URL", "KAFKA_BOOTSTRAP_SERVERS")}
     return subprocess.Popen(
-        [str(OUTBOX), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        [str(OUTBOX), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=_interruptible,
     )
 
 
