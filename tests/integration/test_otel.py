@@ -9,21 +9,20 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from outbox import ID_HEADER, DeadLetter, ResilientProducer, RetryPolicy
+from outbox import ID_HEADER, DeadLetter
 from outbox.aio import AsyncResilientProducer
 from outbox.otel import instrument
 from outbox.testing import KafkaCluster
 
 from .delivery import header, read_topic
+from .test_producer import FAST, make_producer, wait_until
 
-FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
 # Tests without an outage: librdkafka's usual patience, so a loaded machine's slow acknowledgements
 # do not send messages to the outbox (3 s time-outs did at load average 30).
 STEADY = {**FAST, "message.timeout.ms": 30000}
@@ -37,26 +36,6 @@ def tracing() -> tuple[TracerProvider, InMemorySpanExporter]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider, exporter
-
-
-def producer(bootstrap: str, path: Path, **kw: Any) -> ResilientProducer:
-    opts: dict[str, Any] = {
-        "outbox": f"sqlite:///{path}",
-        "retry": RetryPolicy(max_attempts=100, initial_delay=0.5),
-        "circuit_reset_timeout": 1.0,
-        "drain_poll_interval": 0.2,
-        "lease_seconds": 10.0,
-    }
-    opts.update(kw)
-    return ResilientProducer({"bootstrap.servers": bootstrap, **FAST}, **opts)
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting until {what}")
-        time.sleep(0.2)
 
 
 def traceparent_of(span: ReadableSpan) -> bytes:
@@ -80,7 +59,7 @@ def test_trace_headers_survive_the_outbox_and_every_resend_and_spans_link_to_the
     bs = chaos_cluster.bootstrap_servers
     provider, exporter = tracing()
     tracer = provider.get_tracer("app")
-    p = producer(bs, tmp_path / "o.db")
+    p = make_producer(bs, tmp_path / "o.db")
     instrument(p, tracer_provider=provider)
     foreign: list[str] = []
     injected: list[str] = []
