@@ -22,7 +22,8 @@ class CircuitBreaker:
 
     While open, `produce()` writes to the outbox instead of librdkafka's queue, so a dead cluster
     never holds messages in process memory. After `reset_timeout` seconds one probe message is let
-    through (half-open); its delivery, or any successful delivery by a drain worker, closes it.
+    through (half-open; the producer decides which messages may probe); its delivery, or any
+    successful delivery by a drain worker, closes it.
 
     `closed` is a plain attribute so the produce hot path pays one attribute read.
     """
@@ -94,6 +95,10 @@ class CircuitBreaker:
 
     def _open_locked(self, reason: str) -> None:
         was_closed = self._state is CircuitState.CLOSED
+        if was_closed and self._on_open is not None:
+            # Before `closed` flips: a produce() that sees the circuit open must see what
+            # on_open set up (the producer's hold-back) too.
+            self._on_open()
         self._state = CircuitState.OPEN
         self._opened_at = self._clock()
         self._probe_out = False
@@ -101,5 +106,3 @@ class CircuitBreaker:
         if was_closed:
             self.opened_count += 1
             log.warning("circuit open (%s): new messages go to the outbox", reason)
-            if self._on_open is not None:
-                self._on_open()

@@ -27,6 +27,7 @@ from .circuit import CircuitBreaker
 from .drain import Drainer
 from .errors import ConfigError, ProducerClosedError, StoreError
 from .headers import ID_HEADER, IdGenerator, find
+from .holdback import Holdback
 from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
 from .records import DeadLetter, Headers, NewMessage, OutboxMessage, StoreStats
@@ -34,7 +35,7 @@ from .retry import RetryPolicy, describe
 from .serialization import Serializer, Serializers
 from .settle import Verdict, settle
 from .stores import Outbox, open_outbox
-from .writer import Batch, Committed, GroupCommitWriter
+from .writer import Committed, GroupCommitWriter
 
 log = logging.getLogger("outbox")
 # librdkafka's own log lines go to logging (not raw stderr), connection failures summarised.
@@ -191,6 +192,12 @@ class ResilientProducer:
         self._drain_delivered = 0
         self._recreate = False
         self._purge_on_open = False
+        self._purge_in_flight = False
+        # Keyed messages may probe a half-open circuit only when no drain worker of this process
+        # does (a drain delivery closes the circuit too): a keyed probe that fails is stored after
+        # later messages of its key (README, per-key order).
+        self._keyed_probes = drain_workers == 0
+        self._message_timeout = int(self._config["message.timeout.ms"]) / 1000
         # Callbacks of outboxed messages that this process may still deliver (msg_id → cb).
         self._waiting: dict[str, DeliveryCallback] = {}
         # Keys with a message in the outbox: their later messages queue behind it (order).
@@ -212,6 +219,9 @@ class ResilientProducer:
             lease_seconds=lease_seconds,
             max_delay=commit_interval,
             after_commit=self._after_commit,
+        )
+        self._hold: Holdback[NewMessage] = Holdback(
+            _sequence, limit=self.writer.max_pending, on_full=self._ask_purge_in_flight, clock=time.monotonic
         )
         self.drainer = Drainer(
             self.store,
@@ -302,7 +312,7 @@ class ResilientProducer:
             topic, key, value, hdrs, partition, msg_id, on_delivery
         ):
             return msg_id
-        if not self.circuit.closed and not self.circuit.allow_probe():
+        if not self.circuit.closed and not self._may_probe(key):
             self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "circuit open", wait=True)
             return msg_id
         try:
@@ -333,21 +343,22 @@ class ResilientProducer:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             in_memory = len(self._kafka)
-            queued = self.writer.pending()
+            held = len(self._hold)
+            queued = self.writer.pending() + held
             if in_memory == 0 and queued == 0:
                 return 0
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 # Write-ahead: what librdkafka holds is already committed, hence safe.
                 return queued if self.mode == "write-ahead" else in_memory + queued
-            if in_memory == 0:
+            if in_memory == 0 and held == 0:
                 # Committing may hand write-ahead rows to librdkafka: look again afterwards.
                 self.writer.flush(left)
                 continue
             time.sleep(0.01 if left is None else min(0.01, left))
 
     def __len__(self) -> int:
-        return len(self._kafka) + self.writer.pending()
+        return len(self._kafka) + self.writer.pending() + len(self._hold)
 
     def stats(self) -> dict[str, Any]:
         """Counters and outbox state: see the README for each field."""
@@ -371,7 +382,7 @@ class ResilientProducer:
             "store_failing_since": self.drainer.health.failing_since,
             "enqueued_in_transaction": self._in_transaction,
             "in_memory": len(self._kafka),
-            "unsaved": self.writer.pending(),
+            "unsaved": self.writer.pending() + len(self._hold),
             "circuit": self.circuit.state.value,
             "oldest_pending_age": (
                 None if store is None or store.oldest_pending_at is None else now - store.oldest_pending_at
@@ -406,6 +417,7 @@ class ResilientProducer:
         self._stop_poller = True
         self._poller.join(5)
         self._kafka.poll(0)
+        self._release_held(force=True)
         unsaved = self.writer.close(left()) + len(self._kafka)
         if self._owns_store:
             self.store.close()
@@ -441,7 +453,7 @@ class ResilientProducer:
         assert k is not None
         if (topic, k) not in self._pending_keys:
             return False
-        self.writer.wait_for_room()  # outside the lock: the writer's hooks may need it
+        self._wait_for_room()  # outside the lock: the writer's hooks may need it
         with self._keys_lock:
             if (topic, k) not in self._pending_keys:
                 return False
@@ -462,19 +474,45 @@ class ResilientProducer:
         )
         self._store_pending(msg, cb, wait=wait)
 
-    def _store_pending(self, msg: NewMessage, cb: DeliveryCallback | None, *, wait: bool = False) -> Batch:
-        """Queue a message for the outbox, due at its next_attempt_at.
+    def _store_pending(self, msg: NewMessage, cb: DeliveryCallback | None, *, wait: bool = False) -> None:
+        """Queue a message for the outbox (held back while the circuit has just opened).
 
         `wait=True` only from the application's produce() call: it may block for backpressure.
         The delivery thread never waits here (the writer's sends need it to poll).
         """
+        if wait:
+            self._wait_for_room()  # outside the lock, which the delivery thread needs
+        if msg.key is None:
+            self._note_pending(msg, cb)
+            self._enqueue(msg)
+            return
+        # Marking the key and queueing the message are one step for _release_keys: it must
+        # never see the key marked while the message is in neither the writer nor the hold.
+        with self._keys_lock:
+            self._note_pending(msg, cb)
+            self._enqueue(msg)
+
+    def _note_pending(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
+        """Count a message bound for the outbox; its key's later messages queue behind it."""
         if msg.key is not None:
-            with self._keys_lock:
-                self._pending_keys.add((msg.topic, msg.key))
+            self._pending_keys.add((msg.topic, msg.key))
         if cb is not None:
             self._waiting[msg.msg_id] = cb
         self._outboxed += 1
-        return self.writer.add_new(msg, wait=wait)
+
+    def _enqueue(self, msg: NewMessage) -> None:
+        if not (self._hold.active and self._hold.offer(msg)):
+            self.writer.add_new(msg)
+
+    def _wait_for_room(self) -> None:
+        self._hold.wait_for_room()
+        self.writer.wait_for_room()
+
+    def _may_probe(self, key: Any) -> bool:
+        """While the circuit is not closed: may this message go to Kafka as the probe?"""
+        if self._hold.active or (key is not None and not self._keyed_probes):
+            return False
+        return self.circuit.allow_probe()
 
     def _enqueue_in_transaction(
         self, conn: Any, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str
@@ -517,8 +555,11 @@ class ResilientProducer:
         msg = NewMessage(topic, _as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now)
         if send_now:
             batch = self.writer.add_new(msg, cb, leased=True, wait=True)
-        else:
-            batch = self._store_pending(msg, cb, wait=True)
+        else:  # stored for the drain workers; write-ahead rows never need holding back
+            self.writer.wait_for_room()
+            with self._keys_lock:
+                self._note_pending(msg, cb)
+                batch = self.writer.add_new(msg)
         if self.durability == "sync":
             batch.done.wait()
             if batch.error is not None:
@@ -696,6 +737,10 @@ class ResilientProducer:
             self._release_at = now + _RELEASE_EVERY
             candidates, self._release_candidates = self._release_candidates, set()
         with self._keys_lock:
+            if self._hold.active:  # held messages are in neither the writer nor the store yet
+                with self._release_lock:
+                    self._release_candidates |= candidates
+                return
             self.writer.flush()  # a row queued for these keys must be visible before we look
             still = self.store.keys_with_pending(sorted(candidates))
             self._pending_keys -= candidates - still
@@ -719,8 +764,29 @@ class ResilientProducer:
             self._user_error_cb(err)
 
     def _circuit_opened(self) -> None:
-        # Move what waits in librdkafka's queue to disk now instead of at message.timeout.ms.
+        # Move what waits in librdkafka's queue to disk now instead of at message.timeout.ms,
+        # and hold later spills back until it has (holdback.py: per-key order). Write-ahead rows
+        # are stored before they are sent, so their order never depends on this.
+        if self.mode == "fallback":
+            self._hold.start(self._message_timeout + 1.0)
         self._purge_on_open = True
+
+    def _ask_purge_in_flight(self) -> None:
+        # The hold is full: make librdkafka hand back what is on the wire now (possibly delivered:
+        # a duplicate with the same outbox-id) instead of at message.timeout.ms.
+        self._purge_in_flight = True
+
+    def _release_held(self, *, force: bool = False) -> None:
+        """Delivery thread: store held messages in produce order once librdkafka returned the rest."""
+        if not force and not self.circuit.closed:
+            # Purge again: a produce() that saw the circuit closed just before it opened may have
+            # queued a message after the first purge; without this it would hold everything
+            # back until message.timeout.ms.
+            self._kafka.purge(in_queue=True, in_flight=self._purge_in_flight)
+            self._purge_in_flight = False
+        with self._keys_lock:  # _release_keys must see these either held or in the writer
+            for msg in self._hold.release(source_empty=force or len(self._kafka) == 0):
+                self.writer.add_new(msg)
 
     # -- the delivery thread -----------------------------------------------------------------
 
@@ -733,6 +799,11 @@ class ResilientProducer:
                 if self._purge_on_open:
                     self._purge_on_open = False
                     self._kafka.purge(in_queue=True, in_flight=False)
+                if self._purge_in_flight:
+                    self._purge_in_flight = False
+                    self._kafka.purge(in_queue=False, in_flight=True)
+                if self._hold.active:
+                    self._release_held()
                 if self._recreate:
                     self._recreate_producer()
             except Exception:
@@ -763,6 +834,11 @@ class _FirstSend:
 
 
 _FIRST_SEND = _FirstSend()
+
+
+def _sequence(msg: NewMessage) -> str:
+    # Ids are one generator's fixed-width prefix + hex counter: string order is produce order.
+    return msg.msg_id
 
 _RELEASE_EVERY = 0.25  # seconds between checks for keys whose outbox backlog is gone
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -339,3 +341,77 @@ def test_oversized_message_does_not_take_its_batch_mates_down(
     assert dead[0].value == b"B" * 5000
     got = read_topic(kafka_bootstrap, topic, 2)
     assert got.values() == {b"small-1", b"small-2"}
+
+
+class _SilentBroker:
+    """A TCP listener that accepts connections and never answers: librdkafka queues everything.
+
+    `close()` drops every connection and the listener, and librdkafka reports all brokers down.
+    """
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._server.getsockname()[1]}"
+        self._conns: list[socket.socket] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        self._server.settimeout(0.1)
+        while not self._stop:
+            try:
+                conn, _ = self._server.accept()
+                self._conns.append(conn)
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(5)
+        for c in [*self._conns, self._server]:
+            c.close()
+
+
+def test_messages_librdkafka_holds_when_the_circuit_opens_keep_their_place_per_key(tmp_path: Path) -> None:
+    """The race behind a whole-cluster outage: messages queued in librdkafka when the circuit
+    opens come back (purged) after later messages of their key were already spilled. Each key's
+    rows must still be stored in produce order, so the drain sends them in that order.
+    No real cluster needed: a silent listener keeps librdkafka queueing, then vanishes."""
+    broker = _SilentBroker()
+    queued, spilled_per_round, keys = 5000, 200, 10
+    try:
+        with make_producer(broker.address, tmp_path / "o.db", message_timeout_ms=6000, drain_workers=1) as p:
+            for i in range(queued):
+                p.produce("orders", b"q%d" % i, key=b"k%d" % (i % keys))
+            assert len(p) == queued and p.stats()["outboxed"] == 0, "everything waits in librdkafka"
+            stop = threading.Event()
+
+            def keep_producing() -> None:  # the application does not stop when Kafka does
+                n = 0
+                while not stop.is_set() or n < 20 * spilled_per_round:
+                    p.produce("orders", b"s%d" % n, key=b"k%d" % (n % keys))
+                    n += 1
+
+            app = threading.Thread(target=keep_producing)
+            app.start()
+            time.sleep(0.05)
+            broker.close()  # all brokers down: the circuit opens while 5,000 messages are queued
+            wait_until(lambda: p.circuit.state.value != "closed", 30, "the circuit opens")
+            stop.set()
+            app.join(60)
+            assert p.flush(60) == 0
+            st = p.stats()
+    finally:
+        broker.close()
+    con = sqlite3.connect(tmp_path / "o.db")
+    rows = con.execute("SELECT key, msg_id, last_error FROM outbox WHERE status = 0 ORDER BY id").fetchall()
+    assert len(rows) == st["produced"] == st["outboxed"]
+    purged = sum(1 for r in rows if r[2] and r[2].startswith("_PURGE_QUEUE"))
+    assert purged > 0, "some messages must have come back from librdkafka's queue"
+    assert len(rows) - purged > 0, "some messages must have been spilled after the circuit opened"
+    by_key: dict[bytes, list[str]] = {}
+    for key, msg_id, _ in rows:
+        by_key.setdefault(key, []).append(msg_id)
+    out_of_order = {k.decode(): sum(a > b for a, b in zip(ids, ids[1:], strict=False)) for k, ids in by_key.items()}
+    assert all(n == 0 for n in out_of_order.values()), f"rows stored out of produce order per key: {out_of_order}"
