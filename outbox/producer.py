@@ -203,6 +203,10 @@ class ResilientProducer:
         # Keys with a message in the outbox: their later messages queue behind it (order).
         self._pending_keys: set[tuple[str, bytes]] = set()
         self._keys_lock = threading.RLock()
+        # Mark number of each pending key's latest message bound for the outbox: _release_keys
+        # looks at the store without the lock and keeps a key that was marked since it looked.
+        self._mark = 0
+        self._key_marks: dict[tuple[str, bytes], int] = {}
         self._release_lock = threading.Lock()
         self._release_candidates: set[tuple[str, bytes]] = set()
         self._release_at = 0.0
@@ -494,8 +498,11 @@ class ResilientProducer:
 
     def _note_pending(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
         """Count a message bound for the outbox; its key's later messages queue behind it."""
-        if msg.key is not None:
-            self._pending_keys.add((msg.topic, msg.key))
+        if msg.key is not None:  # under _keys_lock
+            k = (msg.topic, msg.key)
+            self._pending_keys.add(k)
+            self._mark += 1
+            self._key_marks[k] = self._mark
         if cb is not None:
             self._waiting[msg.msg_id] = cb
         self._outboxed += 1
@@ -741,9 +748,17 @@ class ResilientProducer:
                 with self._release_lock:
                     self._release_candidates |= candidates
                 return
-            self.writer.flush()  # a row queued for these keys must be visible before we look
-            still = self.store.keys_with_pending(sorted(candidates))
-            self._pending_keys -= candidates - still
+            seen = self._mark  # every message marked up to here is already in the writer
+        # Not under the lock: produce() needs it for every message of a pending key, and the
+        # commit and the query take milliseconds (holding it stalled the application).
+        self.writer.flush()  # rows queued up to `seen` are committed: the query sees them
+        still = self.store.keys_with_pending(sorted(candidates))
+        with self._keys_lock:
+            marks = self._key_marks
+            for k in candidates - still:
+                if marks.get(k, 0) <= seen:  # nothing bound for the outbox since we looked
+                    self._pending_keys.discard(k)
+                    marks.pop(k, None)
 
     def _drain_dead(self, dl: DeadLetter) -> None:
         self._notify_dead(dl, self._waiting.pop(dl.msg_id, None) if self._waiting else None)

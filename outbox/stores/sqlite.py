@@ -549,12 +549,16 @@ class SQLiteOutbox(Outbox):
         found: set[tuple[str, bytes]] = set()
         for topic, ks in by_topic.items():
             for chunk in _chunks(ks):
+                # EXISTS per key stops at the key's first pending row on the outbox_key index
+                # (`+status` keeps the planner off outbox_due, where it scanned pending rows
+                # until it met the key). The DISTINCT over `key IN (...)` it replaces visited
+                # every row of every key: ~40% of a recovering process's time (py-spy).
                 found.update(
                     (topic, bytes(r[0]))
                     for r in self._read(
-                        f"SELECT DISTINCT key FROM outbox WHERE topic = ? AND key IN ({','.join('?' * len(chunk))}) "
-                        "AND status = 0",
-                        [topic, *chunk],
+                        f"WITH k(key) AS (VALUES {','.join(['(?)'] * len(chunk))}) SELECT key FROM k "
+                        "WHERE EXISTS (SELECT 1 FROM outbox AS o WHERE o.topic = ? AND o.key = k.key AND +o.status = 0)",
+                        [*chunk, topic],
                     )
                 )
         return found
