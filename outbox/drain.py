@@ -248,8 +248,10 @@ class Drainer:
         progress: Callable[[DrainResult], None] | None = None,
     ) -> None:
         loop = SendLoop(self._config, self.retry)
-        # Background workers (start()) survive store failures; run() reports them to its caller.
-        background = limit is None
+        # Background workers (start()) and follow mode (`outbox drain --follow`, a long-running
+        # sidecar) survive store failures, which a database restart causes; a run until empty
+        # reports them to its caller.
+        background = limit is None or not until_empty
         # Two batches in flight: the next is claimed and produced while the previous one waits
         # for its acknowledgements (stop-and-wait left the worker idle for most of each batch).
         # Per-key order still holds: a claim skips keys with an earlier row leased, in flight.
