@@ -66,6 +66,7 @@ class Stream:
         self.p, self.topic = p, topic
         self.returned: list[str] = []
         self.errors: list[BaseException] = []
+        self.max_unsaved = 0  # the most messages seen waiting in memory for the store
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -77,6 +78,8 @@ class Stream:
             except Exception as exc:  # the test reports what produce() raised, if anything
                 self.errors.append(exc)
             i += 1
+            if i % 50 == 0:
+                self.max_unsaved = max(self.max_unsaved, self.p.writer.pending())
             time.sleep(0.002)
 
     def start(self) -> Stream:
@@ -118,6 +121,12 @@ def recover_and_check(cluster: KafkaCluster, p: ResilientProducer, stream: Strea
     wait_until(lambda: p.flush(5) == 0 and p.store.stats(now=time.time()).pending == 0, "the outbox to drain")
     got = read_topic(cluster.bootstrap_servers, topic, len(stream.returned))
     missing = set(stream.returned) - set(got.by_id)
+    print(
+        f"\n{len(stream.returned)} produce() returned, {len(stream.errors)} raised; at most "
+        f"{stream.max_unsaved} waited in memory; store errors survived by the drain: "
+        f"{p.stats()['store_errors']}; delivered unique {got.unique}, duplicates {got.duplicates}, "
+        f"lost {len(missing)}"
+    )
     p.close(timeout=10)
     assert not stream.errors, stream.errors[:3]
     assert not missing, f"{len(missing)} of {len(stream.returned)} returned messages lost"
@@ -197,7 +206,9 @@ def _can_write(path: Path) -> bool:
         return False
 
 
-def test_file_made_read_only_during_spill(chaos_cluster: KafkaCluster, topic: str, tmp_path: Path) -> None:
+def test_file_made_read_only_during_spill(
+    chaos_cluster: KafkaCluster, topic: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     chaos_cluster.stop_all()
     path = tmp_path / "o.db"
     p = producer(f"sqlite:///{path}", chaos_cluster.bootstrap_servers)
@@ -214,6 +225,9 @@ def test_file_made_read_only_during_spill(chaos_cluster: KafkaCluster, topic: st
         assert p.writer.committed_rows <= committed + 200  # nothing more reaches the file
     finally:
         subprocess.run(["chattr", "-i", *map(str, files)], check=True)
+    errors = [r.getMessage() for r in caplog.records if r.name == "outbox.writer" and r.levelname == "ERROR"]
+    assert errors, "the writer never failed"
+    print(f"\nthe writer's first error: {errors[0][:300]}")
     recover_and_check(chaos_cluster, p, stream, topic)
 
 
