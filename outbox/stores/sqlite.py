@@ -220,6 +220,9 @@ class SQLiteOutbox(Outbox):
 
     def _error(self, exc: BaseException) -> StoreError:
         text = str(exc)
+        name = getattr(exc, "sqlite_errorname", None)
+        if name and name.startswith("SQLITE_IOERR"):  # "disk I/O error" alone does not say which I/O failed
+            text = f"{text} ({name})"
         if "not a database" in text or "malformed" in text:
             text = f"file is not a valid SQLite outbox (corrupt?): {text}"
         elif "readonly" in text:
