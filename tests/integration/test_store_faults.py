@@ -243,11 +243,15 @@ def _rows_in(path: Path) -> int:
 def test_file_deleted_underneath_is_recreated_with_its_rows(
     chaos_cluster: KafkaCluster, topic: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """`rm o.db` (the log and shm files stay), later `rm o.db-wal o.db-shm o.db`, while a producer spills into it.
+    """`rm o.db` (the log and shm files stay), later `rm o.db-wal o.db-shm o.db`, while a producer
+    spills into it; then `rm o.db` again while its drain workers send the backlog.
 
     SQLite would go on writing to the deleted file, which dies with the process. The store sees
     the path no longer names its file before its next write and re-creates it with every row:
     what is in the file at the path, read by another connection, is everything outboxed."""
+    def recreated() -> int:
+        return sum("deleted while in use; re-created" in r.getMessage() for r in caplog.records)
+
     chaos_cluster.stop_all()
     path = tmp_path / "o.db"
     p = producer(f"sqlite:///{path}", chaos_cluster.bootstrap_servers)
@@ -257,14 +261,21 @@ def test_file_deleted_underneath_is_recreated_with_its_rows(
         for f in victims:
             f.unlink()
         stream.wait_for(300)
+        wait_until(lambda: recreated() == n, "the outbox file to be re-created")  # noqa: B023
         # Only the store's rescue can bring the path back: its connections never create the file.
-        wait_until(path.exists, "the outbox file to be re-created")
-        assert sum("deleted while in use; re-created" in r.getMessage() for r in caplog.records) == n
+        assert path.exists()
         # Kafka is down, so no row leaves: every row the writer ever committed must be in the
         # new file, readable by any process.
         wait_until(lambda: p.writer.flush(5) == 0, "the writer to commit")
         committed = p.writer.committed_rows
         assert _rows_in(path) >= committed >= 600
+    # Once more while the drain workers send the backlog: rows they hold in flight are copied
+    # with their leases, and their acknowledgements then delete the copies.
+    chaos_cluster.start_all()
+    chaos_cluster.wait_until_healthy()
+    wait_until(lambda: p.store.stats(now=time.time()).pending < len(stream.returned) - 300, "draining to start")
+    path.unlink()
+    wait_until(lambda: recreated() == 3, "the outbox file to be re-created while draining")
     assert not stream.errors, stream.errors[:3]
     recover_and_check(chaos_cluster, p, stream, topic)
 
