@@ -181,8 +181,9 @@ class Drainer:
         """Drain in the calling thread (and `workers - 1` more threads) and return the counts.
 
         Args:
-            until_empty: return once no pending row is due; False keeps draining (follow mode)
-                until `stop` is set.
+            until_empty: return once no pending row is due (a store failure is raised); False
+                keeps draining (follow mode) until `stop` is set, and survives store failures
+                as background workers do (logged once, backed off, retried; `health` counts them).
             max_messages: stop after about this many messages were handled (delivered, retried
                 or dead-lettered); whole batches are settled, so it may go over by a batch.
             stop: set it (e.g. from a signal handler) to stop cleanly: leases are released.
