@@ -293,8 +293,10 @@ class SQLiteOutbox(Outbox):
         Called under the write lock. The old connections are closed before the new file exists:
         closing the last one checkpoints and deletes "<path>-wal" by name, which must not be the
         new file's log; a stale log or shm file left at the path would be taken for the new
-        file's, so they go too. Rows another process writes to the deleted file after this copy
-        are that process's to copy (at least once: a row it delivers meanwhile may be sent twice).
+        file's, so they go too. Not handled: another process with the deleted file open finds a
+        replaced file at its next write and refuses to write until restarted (it must not close its
+        connections either: that would delete the new file's log); what it wrote to the deleted
+        file after this copy dies with it.
         """
         old = self._local.conn if getattr(self._local, "gen", None) == self._gen else self._all[0]
         try:
