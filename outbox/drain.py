@@ -392,7 +392,12 @@ class Drainer:
         if failed and self.on_failure is not None and not delivered:
             self.on_failure()
         if self.on_delivered is not None and delivered:
-            self.on_delivered(delivered)
+            try:
+                self.on_delivered(delivered)
+            except Exception:
+                # The batch is settled; a failing hook (the producer's reads the store to free
+                # keys, and the store can fail at that moment) must not end the worker.
+                log.exception("outbox drain: on_delivered callback raised; the batch is delivered and settled")
         if self.on_dead_letter is not None:
             for row in dead:
                 try:
