@@ -181,8 +181,9 @@ class Drainer:
         """Drain in the calling thread (and `workers - 1` more threads) and return the counts.
 
         Args:
-            until_empty: return once no pending row is due; False keeps draining (follow mode)
-                until `stop` is set.
+            until_empty: return once no pending row is due (a store failure is raised); False
+                keeps draining (follow mode) until `stop` is set, and survives store failures
+                as background workers do (logged once, backed off, retried; `health` counts them).
             max_messages: stop after about this many messages were handled (delivered, retried
                 or dead-lettered); whole batches are settled, so it may go over by a batch.
             stop: set it (e.g. from a signal handler) to stop cleanly: leases are released.
@@ -248,8 +249,10 @@ class Drainer:
         progress: Callable[[DrainResult], None] | None = None,
     ) -> None:
         loop = SendLoop(self._config, self.retry)
-        # Background workers (start()) survive store failures; run() reports them to its caller.
-        background = limit is None
+        # Background workers (start()) and follow mode (`outbox drain --follow`, a long-running
+        # sidecar) survive store failures, which a database restart causes; a run until empty
+        # reports them to its caller.
+        background = limit is None or not until_empty
         # Two batches in flight: the next is claimed and produced while the previous one waits
         # for its acknowledgements (stop-and-wait left the worker idle for most of each batch).
         # Per-key order still holds: a claim skips keys with an earlier row leased, in flight.
@@ -389,7 +392,12 @@ class Drainer:
         if failed and self.on_failure is not None and not delivered:
             self.on_failure()
         if self.on_delivered is not None and delivered:
-            self.on_delivered(delivered)
+            try:
+                self.on_delivered(delivered)
+            except Exception:
+                # The batch is settled; a failing hook (the producer's reads the store to free
+                # keys, and the store can fail at that moment) must not end the worker.
+                log.exception("outbox drain: on_delivered callback raised; the batch is delivered and settled")
         if self.on_dead_letter is not None:
             for row in dead:
                 try:

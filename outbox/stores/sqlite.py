@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from ..backlog import Backlog, backlog_from_rows, backlog_sql
 from ..errors import StoreError, StoreNotFoundError, UnknownMessageError
@@ -110,6 +111,15 @@ def _chunks(ids: Sequence[_T]) -> Iterator[Sequence[_T]]:
         yield ids[i : i + _CHUNK]
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path`, None if there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _ranges(ids: Sequence[int]) -> list[tuple[int, int]]:
     """Contiguous runs of ids, so a batch of consecutive rows is one range statement."""
     out: list[tuple[int, int]] = []
@@ -157,6 +167,8 @@ class SQLiteOutbox(Outbox):
         self._closed = False
         self._create = create
         self._sweeps = SweepSchedule()
+        self._gen = 0  # bumped when the file is re-created: every thread then opens a new connection
+        self._ident: tuple[int, int] | None = None  # (device, inode) of the file our connections use
         if not os.path.exists(self.path):
             if not create:
                 raise StoreNotFoundError(f"outbox file {self.path} does not exist")
@@ -180,13 +192,16 @@ class SQLiteOutbox(Outbox):
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
+        if conn is not None and self._local.gen == self._gen:
             return conn
         if self._closed:
             raise StoreError(f"outbox {self.path} is closed")
         try:
             # isolation_level=None: we issue BEGIN ourselves, so transactions are explicit.
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            # mode=rw: never create the file here (a deleted outbox must not come back empty).
+            conn = sqlite3.connect(
+                f"file:{quote(self.path)}?mode=rw", uri=True, isolation_level=None, check_same_thread=False
+            )
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode.lower() != "wal" and os.access(self.path, os.W_OK):
@@ -194,7 +209,10 @@ class SQLiteOutbox(Outbox):
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
+        if self._ident is None:
+            self._ident = _identity(self.path)
         self._local.conn = conn
+        self._local.gen = self._gen
         self._local.sync = self._synchronous
         with self._lock:
             self._all.append(conn)
@@ -202,6 +220,9 @@ class SQLiteOutbox(Outbox):
 
     def _error(self, exc: BaseException) -> StoreError:
         text = str(exc)
+        name = getattr(exc, "sqlite_errorname", None)
+        if name and name.startswith("SQLITE_IOERR"):  # "disk I/O error" alone does not say which I/O failed
+            text = f"{text} ({name})"
         if "not a database" in text or "malformed" in text:
             text = f"file is not a valid SQLite outbox (corrupt?): {text}"
         elif "readonly" in text:
@@ -223,13 +244,14 @@ class SQLiteOutbox(Outbox):
         So such commits skip the fsync of synchronous=FULL (the drain's profile: two fsyncs per
         batch were a third of its wall time).
         """
-        conn = self._conn()
-        self._sync(conn, full=stores_messages)
         # Threads of this process queue here, on a lock that hands over at once, instead of in
         # SQLite's busy handler, which sleeps 1..100 ms between tries: the writer and two drain
         # workers spent most of a recovery asleep there (py-spy). Other processes still meet
         # the busy handler.
         with self._write_lock:
+            self._check_file()
+            conn = self._conn()
+            self._sync(conn, full=stores_messages)
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
@@ -243,6 +265,74 @@ class SQLiteOutbox(Outbox):
                 if isinstance(exc, sqlite3.Error):
                     raise self._error(exc) from exc
                 raise
+
+    def _check_file(self) -> None:
+        """Before each write: is the path still the file our connections write to?
+
+        SQLite goes on writing to a file deleted underneath it, and what it writes there dies with
+        the process. So a deleted outbox is re-created at once, with every row of the deleted
+        file copied in (`_recreate`); a file put in its place by someone else is refused.
+        One stat() per write transaction, not per message.
+        """
+        if self._ident is None:
+            return
+        now = _identity(self.path)
+        if now == self._ident:
+            return
+        if now is not None:
+            raise StoreError(
+                f"outbox {self.path}: the file was replaced by another one while in use; not writing to "
+                "either (its write-ahead log belongs to the new file): restart to use the new file"
+            )
+        self._recreate()
+
+    def _recreate(self) -> None:
+        """The file was deleted: copy its rows (still readable through our open connection) into
+        a new file at the same path, keeping ids, leases and attempts, then switch every thread to it.
+
+        Called under the write lock. The old connections are closed before the new file exists:
+        closing the last one checkpoints and deletes "<path>-wal" by name, which must not be the
+        new file's log; a stale log or shm file left at the path would be taken for the new
+        file's, so they go too. Not handled: another process with the deleted file open finds a
+        replaced file at its next write and refuses to write until restarted (it must not close its
+        connections either: that would delete the new file's log); what it wrote to the deleted
+        file after this copy dies with it.
+        """
+        old = self._local.conn if getattr(self._local, "gen", None) == self._gen else self._all[0]
+        try:
+            rows = old.execute(f"SELECT {_COLUMNS}, lease_owner FROM outbox ORDER BY id").fetchall()
+            seq = old.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+        with self._lock:
+            conns, self._all = self._all, []
+            self._gen += 1
+            self._ident = None
+        for conn in conns:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        for suffix in ("-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path + suffix)
+        self._create_file()
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            self._migrate_in(conn, 0)
+            conn.executemany(
+                f"INSERT OR IGNORE INTO outbox ({_COLUMNS}, lease_owner) VALUES ({','.join('?' * 17)})", rows
+            )
+            if seq is not None:
+                conn.execute("DELETE FROM sqlite_sequence WHERE name = 'outbox'")
+                conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('outbox', ?)", (seq[0],))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise self._error(exc) from exc
+        log.error(
+            "outbox %s: the file was deleted while in use; re-created it with its %d row(s)", self.path, len(rows)
+        )
 
     def _sync(self, conn: sqlite3.Connection, *, full: bool) -> None:
         if self._synchronous != "FULL" and self._synchronous != "EXTRA":
@@ -288,14 +378,18 @@ class SQLiteOutbox(Outbox):
                 )
         with self._write() as c:
             # Another process may have migrated while we waited for the write lock.
-            version = c.execute("PRAGMA user_version").fetchone()[0]
-            for v in range(version + 1, SCHEMA_VERSION + 1):
-                if v == 2:
-                    _migrate_to_2(c)
-                    continue
-                for stmt in _MIGRATIONS[v]:
-                    c.execute(stmt)
-            c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._migrate_in(c, c.execute("PRAGMA user_version").fetchone()[0])
+
+    @staticmethod
+    def _migrate_in(c: sqlite3.Connection, version: int) -> None:
+        """From `version` to SCHEMA_VERSION, inside the caller's write transaction."""
+        for v in range(version + 1, SCHEMA_VERSION + 1):
+            if v == 2:
+                _migrate_to_2(c)
+                continue
+            for stmt in _MIGRATIONS[v]:
+                c.execute(stmt)
+        c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -608,6 +702,9 @@ class SQLiteOutbox(Outbox):
         return backlog_from_rows(self._read(sql, args), self.owner_liveness)
 
     def close(self) -> None:
+        if not self._closed:
+            with self._write_lock, contextlib.suppress(StoreError):
+                self._check_file()  # rows in a deleted file would die with this process
         with self._lock:
             self._closed = True
             conns, self._all = self._all, []

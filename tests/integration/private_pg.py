@@ -80,6 +80,9 @@ class PrivatePostgres:
         if self.proc is None:
             return
         sig = {"fast": signal.SIGINT, "immediate": signal.SIGQUIT, "kill": signal.SIGKILL}[mode]
+        # A backend's command line does not name the data directory ("postgres: admin postgres
+        # 127.0.0.1(...) idle"): know them as the postmaster's children, before it dies.
+        children = _children(self.proc.pid)
         self.proc.send_signal(sig)
         self.proc.wait(60)
         self.proc = None
@@ -87,7 +90,7 @@ class PrivatePostgres:
             # Orphaned backends notice the postmaster's death and exit; wait for them so that the
             # next start does not find the old shared memory still in use.
             deadline = time.monotonic() + 30
-            while _backends(self.data) and time.monotonic() < deadline:
+            while (_backends(self.data) or any(_alive(c) for c in children)) and time.monotonic() < deadline:
                 time.sleep(0.1)
 
     def restart(self, mode: str = "fast") -> None:
@@ -114,3 +117,26 @@ def _backends(data: Path) -> list[int]:
         if b"postgres" in cmd and str(data).encode() in cmd:
             out.append(int(pid))
     return out
+
+
+def _children(pid: int) -> list[int]:
+    """Pids of the processes whose parent is `pid`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name (2nd field) may contain spaces; the parent pid follows its ")".
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

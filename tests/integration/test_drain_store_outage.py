@@ -73,3 +73,38 @@ def test_drain_survives_postgres_dropping_its_connections(
     got = consume_all(topic, ROWS, timeout=60)
     delivered = {dict(m.headers())["outbox-id"].decode() for m in got}
     assert delivered == set(ids)  # every message, duplicates allowed (at-least-once)
+
+
+def test_a_store_failure_in_the_on_delivered_hook_does_not_kill_a_drain_worker(
+    kafka_bootstrap: str, topic: str, tmp_path: Any, consume_all: Callable[..., list[Any]]
+) -> None:
+    """The producer's hook after a delivered batch reads the store (which keys are free again):
+    a store failure there, after the batch was settled, must not end the worker."""
+    from outbox import Drainer
+    from outbox.stores.sqlite import SQLiteOutbox
+
+    store = SQLiteOutbox(str(tmp_path / "o.db"))
+    ids = [f"hook-{i}" for i in range(2000)]
+    store.enqueue([NewMessage(topic, b"v", None, [("outbox-id", m.encode())], -1, m) for m in ids])
+    calls: list[int] = []
+
+    def on_delivered(rows: list[Any]) -> None:
+        calls.append(len(rows))
+        if len(calls) == 1:
+            raise StoreError("outbox o.db: disk I/O error")
+
+    drainer = Drainer(store, {"bootstrap.servers": kafka_bootstrap}, batch_size=200, poll_interval=0.1,
+                      on_delivered=on_delivered)
+    drainer.start()
+    try:
+        deadline = time.monotonic() + 60
+        while store.stats(now=time.time()).pending and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert store.stats(now=time.time()).pending == 0, f"the worker stopped after {len(calls)} batch(es)"
+        assert all(t.is_alive() for t in threading.enumerate() if t.name.startswith("outbox-drain-"))
+    finally:
+        drainer.stop(30)
+        store.close()
+    assert sum(calls) == len(ids)
+    got = consume_all(topic, len(ids), timeout=60)
+    assert {dict(m.headers())["outbox-id"].decode() for m in got} == set(ids)

@@ -1,4 +1,5 @@
-"""When the outbox itself fails: SQLite full or locked, PostgreSQL restarted or killed (issue 12, point 4).
+"""When the outbox itself fails: SQLite full, locked, read-only or deleted; PostgreSQL restarted,
+killed, or its pool's connections all terminated (issue 12, point 4).
 
 Each test runs a produce() stream during an outage (every broker stopped, so every message must
 go to the outbox) while the store fails, then brings the store and the brokers back, and checks:
@@ -6,14 +7,16 @@ what produce() did meanwhile (it returned: the messages waited in memory), and t
 message whose produce() returned is delivered, each once by its outbox-id, without restarting
 the producer. The small file system is a real tmpfs mounted for the test (root only, as in CI).
 
-Not here: a read-only file system. A tmpfs (or a bind mount) that has a file open for writing
-cannot be remounted read-only (EBUSY), and root ignores file modes, so there is no honest way to
-make the live outbox read-only under a running producer on this machine.
+Read-only: a file system with a file open for writing cannot be remounted read-only (EBUSY), and
+root ignores file modes, so the test makes the live outbox's files immutable (`chattr +i`, ext4):
+then every write through the producer's open descriptors fails (EPERM), as on a file system the
+kernel remounted read-only after an error (EROFS). The test checks that root really cannot write.
 """
 
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -22,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from outbox import ResilientProducer, RetryPolicy
@@ -62,6 +66,7 @@ class Stream:
         self.p, self.topic = p, topic
         self.returned: list[str] = []
         self.errors: list[BaseException] = []
+        self.max_unsaved = 0  # the most messages seen waiting in memory for the store
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -73,6 +78,8 @@ class Stream:
             except Exception as exc:  # the test reports what produce() raised, if anything
                 self.errors.append(exc)
             i += 1
+            if i % 50 == 0:
+                self.max_unsaved = max(self.max_unsaved, self.p.writer.pending())
             time.sleep(0.002)
 
     def start(self) -> Stream:
@@ -114,6 +121,12 @@ def recover_and_check(cluster: KafkaCluster, p: ResilientProducer, stream: Strea
     wait_until(lambda: p.flush(5) == 0 and p.store.stats(now=time.time()).pending == 0, "the outbox to drain")
     got = read_topic(cluster.bootstrap_servers, topic, len(stream.returned))
     missing = set(stream.returned) - set(got.by_id)
+    print(
+        f"\n{len(stream.returned)} produce() returned, {len(stream.errors)} raised; at most "
+        f"{stream.max_unsaved} waited in memory; store errors survived by the drain: "
+        f"{p.stats()['store_errors']}; delivered unique {got.unique}, duplicates {got.duplicates}, "
+        f"lost {len(missing)}"
+    )
     p.close(timeout=10)
     assert not stream.errors, stream.errors[:3]
     assert not missing, f"{len(missing)} of {len(stream.returned)} returned messages lost"
@@ -180,6 +193,127 @@ def test_postgresql_restarted_and_killed_during_spill_and_drain(chaos_cluster: K
         chaos_cluster.wait_until_healthy()
         wait_until(lambda: p.store.stats(now=time.time()).pending < len(stream.returned), "draining to start")
         pg.restart("fast")  # while the drain workers send the backlog
+        recover_and_check(chaos_cluster, p, stream, topic)
+    finally:
+        pg.close()
+
+
+def _can_write(path: Path) -> bool:
+    try:
+        with open(path, "r+b"):
+            return True
+    except PermissionError:
+        return False
+
+
+def test_file_made_read_only_during_spill(
+    chaos_cluster: KafkaCluster, topic: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    chaos_cluster.stop_all()
+    path = tmp_path / "o.db"
+    p = producer(f"sqlite:///{path}", chaos_cluster.bootstrap_servers)
+    stream = Stream(p, topic).start()
+    stream.wait_for(300)
+    files = [path, Path(f"{path}-wal")]  # not -shm: it is mmapped, and a write fault there is SIGBUS
+    subprocess.run(["chattr", "+i", *map(str, files)], check=True)
+    try:
+        assert not any(_can_write(f) for f in files), "chattr +i did not make the outbox read-only"
+        committed = p.writer.committed_rows
+        stream.wait_for(500)  # produce() goes on returning: the messages wait in memory
+        assert p.writer.pending() > 0
+        time.sleep(3)
+        assert p.writer.committed_rows <= committed + 200  # nothing more reaches the file
+    finally:
+        subprocess.run(["chattr", "-i", *map(str, files)], check=True)
+    errors = [r.getMessage() for r in caplog.records if r.name == "outbox.writer" and r.levelname == "ERROR"]
+    assert errors, "the writer never failed"
+    print(f"\nthe writer's first error: {errors[0][:300]}")
+    recover_and_check(chaos_cluster, p, stream, topic)
+
+
+def _rows_in(path: Path) -> int:
+    """Pending rows in the file at `path`, read by a connection of its own (as another process would)."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM outbox WHERE status = 0").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_file_deleted_underneath_is_recreated_with_its_rows(
+    chaos_cluster: KafkaCluster, topic: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`rm o.db` (the log and shm files stay), later `rm o.db-wal o.db-shm o.db`, while a producer
+    spills into it; then `rm o.db` again while its drain workers send the backlog.
+
+    SQLite would go on writing to the deleted file, which dies with the process. The store sees
+    the path no longer names its file before its next write and re-creates it with every row:
+    what is in the file at the path, read by another connection, is everything outboxed."""
+    def recreated() -> int:
+        return sum("deleted while in use; re-created" in r.getMessage() for r in caplog.records)
+
+    chaos_cluster.stop_all()
+    path = tmp_path / "o.db"
+    p = producer(f"sqlite:///{path}", chaos_cluster.bootstrap_servers)
+    stream = Stream(p, topic).start()
+    for n, victims in enumerate(([path], [Path(f"{path}-wal"), Path(f"{path}-shm"), path]), 1):
+        stream.wait_for(300)
+        for f in victims:
+            f.unlink()
+        stream.wait_for(300)
+        wait_until(lambda: recreated() == n, "the outbox file to be re-created")  # noqa: B023
+        # Only the store's rescue can bring the path back: its connections never create the file.
+        assert path.exists()
+        # Kafka is down, so no row leaves: every row the writer ever committed must be in the
+        # new file, readable by any process.
+        wait_until(lambda: p.writer.flush(5) == 0, "the writer to commit")
+        committed = p.writer.committed_rows
+        assert _rows_in(path) >= committed >= 600
+    # Once more while the drain workers send the backlog: rows they hold in flight are copied
+    # with their leases, and their acknowledgements then delete the copies.
+    chaos_cluster.start_all()
+    chaos_cluster.wait_until_healthy()
+    wait_until(lambda: p.store.stats(now=time.time()).pending < len(stream.returned) - 300, "draining to start")
+    path.unlink()
+    wait_until(lambda: recreated() == 3, "the outbox file to be re-created while draining")
+    assert not stream.errors, stream.errors[:3]
+    recover_and_check(chaos_cluster, p, stream, topic)
+
+
+def _terminate_backends(admin_url: str) -> int:
+    """pg_terminate_backend() every other client session of the server: the whole pool at once,
+    and the lease owners' advisory-lock sessions with it."""
+    with psycopg.connect(admin_url, autocommit=True) as c:
+        rows = c.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        ).fetchall()
+    return sum(1 for (ok,) in rows if ok)
+
+
+def test_postgresql_pool_loses_all_its_connections_during_spill_and_drain(
+    chaos_cluster: KafkaCluster, topic: str
+) -> None:
+    """Every session of the producer terminated by the server, 5 times while spilling and 5 times
+    while draining (a private server: the shared one serves other tests)."""
+    from .private_pg import PrivatePostgres
+
+    pg = PrivatePostgres("pool-pw")
+    pg.start()
+    try:
+        chaos_cluster.stop_all()
+        p = producer(pg.url, chaos_cluster.bootstrap_servers)
+        stream = Stream(p, topic).start()
+        stream.wait_for(300)
+        for _ in range(5):
+            assert _terminate_backends(pg.url) > 0
+            stream.wait_for(200)
+        chaos_cluster.start_all()
+        chaos_cluster.wait_until_healthy()
+        wait_until(lambda: p.store.stats(now=time.time()).pending < len(stream.returned), "draining to start")
+        for _ in range(5):
+            assert _terminate_backends(pg.url) > 0
+            time.sleep(0.5)
         recover_and_check(chaos_cluster, p, stream, topic)
     finally:
         pg.close()
