@@ -752,7 +752,12 @@ class ResilientProducer:
         # Not under the lock: produce() needs it for every message of a pending key, and the
         # commit and the query take milliseconds (holding it stalled the application).
         self.writer.flush()  # rows queued up to `seen` are committed: the query sees them
-        still = self.store.keys_with_pending(sorted(candidates))
+        try:
+            still = self.store.keys_with_pending(sorted(candidates))
+        except StoreError:
+            with self._release_lock:  # looked at again next time; the drain worker logs it
+                self._release_candidates |= candidates
+            raise
         with self._keys_lock:
             marks = self._key_marks
             for k in candidates - still:

@@ -651,7 +651,8 @@ class SQLiteOutbox(Outbox):
                     (topic, bytes(r[0]))
                     for r in self._read(
                         f"WITH k(key) AS (VALUES {','.join(['(?)'] * len(chunk))}) SELECT key FROM k "
-                        "WHERE EXISTS (SELECT 1 FROM outbox AS o WHERE o.topic = ? AND o.key = k.key AND +o.status = 0)",
+                        "WHERE EXISTS (SELECT 1 FROM outbox AS o "
+                        "WHERE o.topic = ? AND o.key = k.key AND +o.status = 0)",
                         [*chunk, topic],
                     )
                 )
