@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"drain, repetition {rep + 1}/{reps}")
                 p = {**common, "n": drain_rows, "size": base, "template": template}
                 t0 = time.monotonic()
-                record("drain", runner.run("drain", {**p, "workers": 2, "batch": 1000}))
+                record("drain", runner.run("drain", {**p, "workers": 2, "batch": 5000}))
                 record("raw_rows", runner.run("raw_rows", p))
                 if rep + 1 < reps and budget_left() < (time.monotonic() - t0) * 1.1:
                     log(f"drain: {rep + 1} repetition(s); another would break the time budget")

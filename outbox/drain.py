@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 DRAIN_DEFAULTS: Mapping[str, Any] = RESEND_DEFAULTS
 
 _PIPELINE_DEPTH = 2  # batches a worker keeps in flight
+#: Rows claimed per transaction. Deleting a batch touches one `outbox_key` index page per key in
+#: it, so the commit's cost is per key, not per row: 5,000 rows over 1,000 keys cost ~13 us/row
+#: to commit where 1,000 rows cost ~45 (SQLite, WAL); one worker drained 13.8k rows/s instead of
+#: 7.9k (py-spy and per-stage thread CPU of a 200k-row drain).
+DEFAULT_BATCH_SIZE = 5000
 _BACKOFF_MAX = 5.0  # longest pause between tries while the store fails (seconds)
 
 
@@ -108,7 +113,7 @@ class Drainer:
         *,
         retry: RetryPolicy | None = None,
         workers: int = 1,
-        batch_size: int = 1000,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         lease_seconds: float = 120.0,
         poll_interval: float = 0.5,
         topic: str | None = None,

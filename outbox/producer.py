@@ -24,7 +24,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from .circuit import CircuitBreaker
-from .drain import Drainer
+from .drain import DEFAULT_BATCH_SIZE, Drainer
 from .errors import ConfigError, ProducerClosedError, StoreError
 from .headers import ID_HEADER, IdGenerator, find
 from .holdback import Holdback
@@ -151,7 +151,7 @@ class ResilientProducer:
         circuit_reset_timeout: float = 5.0,
         commit_interval: float = 0.002,
         lease_seconds: float = 120.0,
-        drain_batch_size: int = 1000,
+        drain_batch_size: int = DEFAULT_BATCH_SIZE,
         drain_poll_interval: float = 0.5,
         on_store_error: Callable[[StoreError], None] | None = None,
         key_serializer: Serializer | None = None,
