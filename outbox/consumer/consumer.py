@@ -39,8 +39,9 @@ from ..retry import RetryPolicy
 from ..stores import Outbox, open_outbox
 from .circuit import CircuitBreaker, CircuitState, MainTopicCircuit
 from .deadletters import DeadLetters, check_mode
-from .headers import due_at, failure_headers
+from .headers import due_at, failure_headers, ladder_position
 from .offsets import OffsetTracker
+from .ordering import KeyOrder, scan_ladder
 from .scheduler import PauseScheduler
 from .strategies import Ignore, RetryInPlace, RetryTopics, Strategy, check_strategy
 from .tiers import Ladder, Place, client_config, ensure_tiers
@@ -89,7 +90,9 @@ class ResilientConsumer:
         dead_letters: "topic" (``<topic>.<group>.dlq``), "store" (the outbox's dead-letter store)
             or "both".
         outbox: URL or Outbox instance for the hop producer's outbox and the dead-letter store.
-        ordering: None, or "key" (not supported yet: ConfigError).
+        ordering: None, or "key": with RetryTopics, a message whose key has an earlier message
+            (from the same main-topic partition) in the retry tiers is parked behind it and handled
+            after it leaves them (see the README's ordering rule). Needs the range assignor.
         on_dead_letter: recovery callback, once per dead letter, after it is stored or published.
         create_topics: create missing tier topics at start-up (else a ConfigError names them).
         deserializer: ``f(value_bytes) -> object`` applied before the handler (the result replaces
@@ -141,7 +144,7 @@ class ResilientConsumer:
         if ordering not in ORDERINGS:
             raise ConfigError(f"ordering must be None or 'key', got {ordering!r}")
         if ordering == "key":
-            raise ConfigError("ordering='key' is not supported yet")
+            _check_ordering_config(config)
         if circuit is not None and not isinstance(circuit, MainTopicCircuit):
             raise ConfigError(f"circuit must be a MainTopicCircuit, got {type(circuit).__name__}")
         if batch_size < 1 or poll_timeout <= 0:
@@ -162,13 +165,17 @@ class ResilientConsumer:
             self._in_place = dataclasses.replace(p, stop=tenacity.stop_never) if self.strategy.forever else p
 
         admin_conf = client_config(config)
-        ensure_tiers(admin_conf, self.ladder, create=create_topics)
+        self._admin_conf = admin_conf
+        # Only retry tiers can reorder; RetryInPlace and Ignore keep a partition's order already.
+        self._order = KeyOrder() if ordering == "key" and self._delays else None
+        self._hop_keys: dict[int, tuple[TP, bytes, int]] = {}  # ordering: hop token → its ladder entry
+        ensure_tiers(admin_conf, self.ladder, create=create_topics, same_partitions=self._order is not None)
 
         self.circuit = CircuitBreaker(circuit) if circuit is not None else None
         self._ids = IdGenerator()
         self._tracker = OffsetTracker()
         self._scheduler = PauseScheduler()
-        self._durable: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._durable: queue.SimpleQueue[tuple[int, bool]] = queue.SimpleQueue()
         self._tokens = 0
         self._in_place_attempts: dict[tuple[str, int, int], tuple[int, float]] = {}
         self._stop = threading.Event()
@@ -177,6 +184,7 @@ class ResilientConsumer:
         self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", ""))
         self.counts = {
             "handled": 0, "failed": 0, "retried": 0, "ignored": 0, "dead": 0, "paused": 0, "assigned": 0, "revoked": 0,
+            "parked": 0, "skipped": 0, "scanned": 0,
         }
 
         self._owns_store = not isinstance(outbox, Outbox)
@@ -192,6 +200,8 @@ class ResilientConsumer:
             raise
         self._dead = DeadLetters(mode, self.store, self._publish, on_dead_letter)
         conf = {**CONSUMER_DEFAULTS, **config, **CONSUMER_FORCED}
+        if self._order is not None:
+            conf["partition.assignment.strategy"] = "range"  # main p and tier p on the same member
         try:
             self._consumer = Consumer(conf)
             self._consumer.subscribe(
@@ -252,6 +262,9 @@ class ResilientConsumer:
         handled, failed (handler raised), retried (hops to a tier), ignored, dead, paused (holds
         made), assigned / revoked (rebalance callbacks), held (partitions paused now), waiting_hops
         (hops not yet durable), circuit / circuit_opened, producer (the hop producer's stats()).
+        ordering="key": parked (messages parked behind an earlier one of their key), skipped
+        (main-topic messages read again that were in the ladder already), scanned (tier messages
+        counted by the scans at assignment), keys_waiting (keys with a message in the ladder now).
         Safe to call from any thread: it makes no librdkafka consumer call.
         """
         return {
@@ -259,6 +272,7 @@ class ResilientConsumer:
             "dead": self._dead.count,
             "held": len(self._scheduler),
             "waiting_hops": self._tracker.waiting_hops,
+            "keys_waiting": 0 if self._order is None else len(self._order),
             "circuit": None if self.circuit is None else self.circuit.state.value,
             "circuit_opened": 0 if self.circuit is None else self.circuit.opened,
             "producer": self._producer.stats(),
@@ -271,7 +285,11 @@ class ResilientConsumer:
         self._closed = True
         deadline = time.monotonic() + timeout
         try:
-            if self._tracker.waiting_hops and self._producer.flush(max(0.0, deadline - time.monotonic())) == 0:
+            if (
+                self._tracker.waiting_hops
+                and self._producer.flush(max(0.0, deadline - time.monotonic())) == 0
+                and self._order is None
+            ):
                 self._tracker.resolve_all()
             self._settle_hops()
             self._store_offsets()
@@ -297,6 +315,7 @@ class ResilientConsumer:
         handler = self._handler
         circuit = self.circuit
         deserializer = self._deserializer
+        order = self._order
         done = self._tracker.done
         handled = 0
         cur_topic: str | None = None
@@ -335,6 +354,8 @@ class ResilientConsumer:
                 held.add(tp)
                 skip = True
                 continue
+            if order is not None and m.key() is not None and self._parked(m, tp, place):
+                continue
             try:
                 if deserializer is not None and not self._deserialize(m, tp, place):
                     continue
@@ -349,6 +370,8 @@ class ResilientConsumer:
             handled += 1
             if circuit is not None and not place.tier:
                 circuit.success()
+            if order is not None and place.tier:
+                self._left_ladder(m, tp, place)
         if last is not None:
             done(tp, last.offset())  # type: ignore[arg-type]
         self.counts["handled"] += handled
@@ -373,7 +396,7 @@ class ResilientConsumer:
     def _failed(self, m: Message, tp: TP, offset: int, place: Place, exc: Exception) -> bool:
         """Decide a failed message's fate. False: its partition is now held at it."""
         self.counts["failed"] += 1
-        attempts = place.tier + 1
+        attempts = self._attempts_before(m, place) + 1
         retriable = not isinstance(exc, self._dead_on) and (self._retry_on is None or isinstance(exc, self._retry_on))
         if retriable and not place.tier and self.circuit is not None:
             self.circuit.failure(time.time())
@@ -381,14 +404,18 @@ class ResilientConsumer:
         if not retriable:
             self._dead_letter(m, tp, offset, place, attempts=attempts, exc=exc)
         elif isinstance(strategy, RetryTopics):
-            if place.tier < len(self._delays):
-                due = time.time() + self._delays[place.tier]
+            if attempts <= len(self._delays):
+                # Tier n holds the messages waiting for their attempt n + 1; a parked message
+                # counts its own attempts, so it may go back to a lower tier than the one it was in.
+                due = time.time() + self._delays[attempts - 1]
                 headers, _, _ = failure_headers(
                     m, group=self.group, attempt=attempts, exc=exc, due_at_s=due, ids=self._ids
                 )
-                token = self._publish(self.ladder.retry_topic(place.main, place.tier + 1), m, headers, tp[1])
+                token = self._publish(self.ladder.retry_topic(place.main, attempts), m, headers, tp[1])
                 self._tracker.wait(tp, offset, token)
                 self.counts["retried"] += 1
+                if self._order is not None:
+                    self._into_ladder(m, tp, place, token, attempts)
             else:
                 self._dead_letter(m, tp, offset, place, attempts=attempts, exc=exc)
         elif isinstance(strategy, RetryInPlace):
@@ -423,6 +450,8 @@ class ResilientConsumer:
         headers, msg_id, origin = failure_headers(
             m, group=self.group, attempt=attempts, exc=exc, due_at_s=None, ids=self._ids
         )
+        if self._order is not None and place.tier:
+            self._left_ladder(m, tp, place)
         replay = self.ladder.retry_topic(place.main, 1) if self._delays else place.main
         token = self._dead.record(
             m,
@@ -440,6 +469,74 @@ class ResilientConsumer:
         else:
             self._tracker.wait(tp, offset, token)
 
+    # -- ordering="key" -------------------------------------------------------------------------
+
+    def _attempts_before(self, m: Message, place: Place) -> int:
+        """Handling attempts this message had before the current one."""
+        if not place.tier:
+            return 0
+        parked = ladder_position(m).parked_attempts  # a parked message does not count by its tier
+        return place.tier if parked is None else parked
+
+    def _ladder_at(self, m: Message, tp: TP, place: Place) -> tuple[TP, int]:
+        """The main-topic partition and offset a message entered by (its ladder entry's address)."""
+        if not place.tier:
+            return tp, m.offset()  # type: ignore[return-value]
+        pos = ladder_position(m)
+        return (place.main, pos.origin_partition if pos.origin_partition >= 0 else tp[1]), pos.origin_offset
+
+    def _parked(self, m: Message, tp: TP, place: Place) -> bool:
+        """ordering="key": park `m` behind an earlier message of its key in the ladder. True if parked (or skipped)."""
+        order = self._order
+        assert order is not None
+        key: bytes = m.key()  # type: ignore[assignment]
+        origin, at = self._ladder_at(m, tp, place)
+        if at < 0:
+            return False  # not from this consumer's ladder: no order to keep
+        if not place.tier and order.contains(origin, key, at):
+            # Read again from the main topic (its offset was not committed before a crash or a
+            # rebalance) while its copy is in the ladder: that copy is its fate; this one is done.
+            self._tracker.done(tp, at)
+            self.counts["skipped"] += 1
+            return True
+        blocker = order.blocker(origin, key, at)
+        if blocker is None:
+            return False
+        behind, tier = blocker
+        headers, _, _ = failure_headers(
+            m, group=self.group, attempt=self._attempts_before(m, place), exc=None, due_at_s=None, ids=self._ids,
+            parked_behind=behind,
+        )
+        token = self._publish(self.ladder.retry_topic(place.main, tier), m, headers, tp[1])
+        self._tracker.wait(tp, m.offset(), token)  # type: ignore[arg-type]
+        self._into_ladder(m, tp, place, token, tier)
+        self.counts["parked"] += 1
+        return True
+
+    def _into_ladder(self, m: Message, tp: TP, place: Place, token: int, tier: int) -> None:
+        """Count a copy of `m` published into `tier` (hop or parking) in its key's ladder entry."""
+        order = self._order
+        key = m.key()
+        if order is None or key is None:
+            return
+        origin, at = self._ladder_at(m, tp, place)
+        if at < 0:
+            return
+        if place.tier:
+            order.moved(origin, key, at, tier)
+        else:
+            order.entered(origin, key, at, tier)
+        self._hop_keys[token] = (origin, key, at)
+
+    def _left_ladder(self, m: Message, tp: TP, place: Place) -> None:
+        """A tier message was handled or dead-lettered: its key's later messages may follow."""
+        key = m.key()
+        if self._order is not None and key is not None:
+            origin, at = self._ladder_at(m, tp, place)
+            self._order.left(origin, key, at)
+
+    # -- hops ---------------------------------------------------------------------------------
+
     def _publish(self, topic: str, m: Message, headers: Headers, partition: int) -> int:
         """Send a hop through the ResilientProducer; its token is settled once the hop is durable."""
         self._tokens += 1
@@ -453,18 +550,26 @@ class ResilientConsumer:
         # Runs on the producer's delivery or drain thread: hand the token to the loop thread.
         if err is not None:
             log.error("hop %d was dead-lettered by the producer (kept in the outbox's dead letters): %s", token, err)
-        self._durable.put(token)
+        self._durable.put((token, err is None))
 
     def _settle_hops(self) -> None:
         tracker = self._tracker
         while True:
             try:
-                tracker.resolve(self._durable.get_nowait())
+                token, ok = self._durable.get_nowait()
             except queue.Empty:
                 break
+            tracker.resolve(token)
+            if self._hop_keys:
+                entry = self._hop_keys.pop(token, None)
+                if entry is not None and not ok and self._order is not None:
+                    self._order.left(*entry)  # the producer dead-lettered the hop: it left the ladder
         # Every hop produced so far is delivered or committed to the outbox (the producer's flush
         # contract): those in the outbox have no report yet, yet their fate is durable.
-        if tracker.waiting_hops and len(self._producer) == 0:
+        # ordering="key" waits for Kafka's acknowledgement instead: a partition's next owner learns
+        # what is in the ladder from the tier topics (scan_ladder), and a hop still in this
+        # process's outbox is not there, so its source must be read again rather than committed.
+        if tracker.waiting_hops and self._order is None and len(self._producer) == 0:
             tracker.resolve_all()
 
     # -- pause / resume ----------------------------------------------------------------------
@@ -528,6 +633,8 @@ class ResilientConsumer:
             for p in tier_parts:
                 if committed.get((p.topic, p.partition), OFFSET_INVALID) == OFFSET_INVALID:
                     p.offset = OFFSET_BEGINNING
+            if self._order is not None:
+                self._rebuild_order(partitions, tier_parts, committed)
         if self._cooperative:
             consumer.incremental_assign(partitions)
         else:
@@ -536,9 +643,39 @@ class ResilientConsumer:
         consumer.resume(partitions)
         log.info("assigned %d partitions", len(partitions))
 
+    def _rebuild_order(
+        self, partitions: list[TopicPartition], tier_parts: list[TopicPartition], committed: dict[TP, int]
+    ) -> None:
+        """ordering="key": learn what is in the ladder of the assigned partitions from their tier partitions."""
+        assert self._order is not None
+        mine = {(p.topic, p.partition) for p in partitions}
+        for t, part in mine:
+            place = self._places[t]
+            missing = [
+                x for x in self.ladder.places() if self._places[x].main == place.main and (x, part) not in mine
+            ]
+            if missing:
+                log.error(
+                    "ordering='key' cannot be kept for %s [%d]: %s [%d] belongs to another member "
+                    "(every member must use the range assignor and the same topics)", place.main, part, missing[0],
+                    part,
+                )
+        starts = [
+            TopicPartition(p.topic, p.partition, committed.get((p.topic, p.partition), OFFSET_INVALID))
+            for p in tier_parts
+        ]
+        # Raising here makes consume() raise: run() stops and the application hears of it, rather
+        # than this member handling messages out of their key's order.
+        counted = scan_ladder(self._admin_conf, starts, self._places, self._order)
+        self.counts["scanned"] += counted
+        log.info("ordering='key': %d tier messages counted, %d keys waiting", counted, len(self._order))
+
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.counts["revoked"] += 1
         tps = [(p.topic, p.partition) for p in partitions]
+        if self._order is not None:
+            # Hops acknowledged now are seen by the next owner's scan; their sources can be committed.
+            self._producer.flush(10.0)
         self._settle_hops()
         self._store_offsets()
         self._commit(sync=True)
@@ -560,6 +697,10 @@ class ResilientConsumer:
         self._scheduler.forget(tps)
         self._tracker.forget(tps)
         gone = set(tps)
+        if self._order is not None:
+            origins = {(self._places[t].main, p) for t, p in gone}
+            self._order.forget(origins)
+            self._hop_keys = {k: v for k, v in self._hop_keys.items() if v[0] not in origins}
         self._in_place_attempts = {k: v for k, v in self._in_place_attempts.items() if (k[0], k[1]) not in gone}
 
     # -- misc ---------------------------------------------------------------------------------
@@ -587,6 +728,19 @@ class ResilientConsumer:
     def _close_store(self) -> None:
         if self._owns_store:
             self.store.close()
+
+
+def _check_ordering_config(config: Mapping[str, Any]) -> None:
+    """ordering="key" keeps its state on the member that owns partition p of the main topic and of
+    every tier: only the classic protocol's range assignor puts them together."""
+    assignor = str(config.get("partition.assignment.strategy", "range")).replace(" ", "")
+    if assignor != "range":
+        raise ConfigError(
+            f"ordering='key' needs partition.assignment.strategy 'range' (got {assignor!r}): partition p of the "
+            "main topic and of each retry tier must belong to the same member"
+        )
+    if str(config.get("group.protocol", "classic")).lower() != "classic":
+        raise ConfigError("ordering='key' needs group.protocol 'classic' (its range assignor co-locates the tiers)")
 
 
 def _exception_classes(

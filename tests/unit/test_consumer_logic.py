@@ -9,6 +9,7 @@ import pytest
 from outbox import ConfigError, Ignore, ResilientConsumer, RetryInPlace, RetryPolicy, RetryTopics
 from outbox.consumer.headers import ERROR_MESSAGE_MAX, cap_utf8, error_class
 from outbox.consumer.offsets import OffsetTracker
+from outbox.consumer.ordering import KeyOrder
 from outbox.consumer.scheduler import PauseScheduler
 from outbox.consumer.tiers import Ladder, client_config
 
@@ -33,6 +34,11 @@ def ok(_msg: Any) -> None:
         ({"ordering": "value"}, "ordering must be None or 'key'"),
         ({"dead_on": (ValueError, 3)}, "dead_on must be exception classes, got 3"),
         ({"config": {"group.id": "a/b"}}, "group.id 'a/b' cannot be part of a topic name"),
+        (
+            {"ordering": "key", "config": {**CONF, "partition.assignment.strategy": "cooperative-sticky"}},
+            "ordering='key' needs partition.assignment.strategy 'range' (got 'cooperative-sticky')",
+        ),
+        ({"ordering": "key", "config": {**CONF, "group.protocol": "consumer"}}, "ordering='key' needs group.protocol"),
     ],
 )
 def test_bad_input_is_a_config_error_at_construction(kwargs: dict[str, Any], message: str) -> None:
@@ -181,3 +187,38 @@ def test_circuit_opens_on_a_failure_rate_over_its_window() -> None:
         MainTopicCircuit(consecutive_failures=None)
     with pytest.raises(ConfigError, match=r"failure_rate is a fraction in \(0, 1\], got 2"):
         MainTopicCircuit(failure_rate=2)
+
+
+def test_key_order_parks_behind_the_earliest_entry_and_releases_when_every_copy_left() -> None:
+    order = KeyOrder()
+    main = ("orders", 0)
+    assert order.blocker(main, b"k", 5) is None
+    order.entered(main, b"k", 5, 1)  # offset 5 failed: retry-1
+    assert order.blocker(main, b"k", 9) == (5, 1)
+    assert order.blocker(main, b"k", 5) is None, "a message never waits for itself"
+    assert order.blocker(main, b"other", 9) is None and order.blocker(("orders", 1), b"k", 9) is None
+    order.entered(main, b"k", 9, 1)  # 9 parked behind it
+    order.moved(main, b"k", 5, 2)  # 5 failed again: retry-2
+    assert order.blocker(main, b"k", 9) == (5, 2), "the parked one follows it into retry-2"
+    assert order.contains(main, b"k", 9) and len(order) == 1
+    order.left(main, b"k", 5)
+    assert order.blocker(main, b"k", 9) is None and order.blocker(main, b"k", 12) == (9, 1)
+    order.left(main, b"k", 9)
+    order.left(main, b"k", 9)  # an unknown copy (a redriven dead letter) changes nothing
+    assert len(order) == 0 and order.blocker(main, b"k", 12) is None
+
+
+def test_key_order_counts_copies_found_by_a_scan_and_forgets_revoked_partitions() -> None:
+    order = KeyOrder()
+    main = ("orders", 3)
+    # A hop from retry-1 to retry-2 whose retry-1 offset was not committed: two copies of offset 7.
+    order.entered(main, b"k", 7, 2, scanned=True)
+    order.entered(main, b"k", 7, 1, scanned=True)
+    assert order.blocker(main, b"k", 8) == (7, 2), "a scan takes the highest tier as the latest copy"
+    order.left(main, b"k", 7)
+    assert order.blocker(main, b"k", 8) == (7, 2), "one copy is still to be read"
+    order.left(main, b"k", 7)
+    assert order.blocker(main, b"k", 8) is None
+    order.entered(main, b"k", 1, 1)
+    order.forget([main])
+    assert len(order) == 0
