@@ -40,6 +40,7 @@ from ..stores import Outbox, open_outbox
 from .circuit import CircuitBreaker, CircuitState, MainTopicCircuit
 from .deadletters import DeadLetters, check_mode
 from .headers import due_at, failure_headers, ladder_position
+from .inplace import InPlace, decode
 from .offsets import OffsetTracker
 from .ordering import KeyOrder, scan_ladder
 from .scheduler import PauseScheduler
@@ -177,7 +178,7 @@ class ResilientConsumer:
         self._scheduler = PauseScheduler()
         self._durable: queue.SimpleQueue[tuple[int, bool]] = queue.SimpleQueue()
         self._tokens = 0
-        self._in_place_attempts: dict[tuple[str, int, int], tuple[int, float]] = {}
+        self._in_place_state: dict[TP, InPlace] = {}  # the message each partition retries in place
         self._stop = threading.Event()
         self._closed = False
         self._auto_commit = str(config.get("enable.auto.commit", True)).lower() not in ("false", "0")
@@ -429,20 +430,32 @@ class ResilientConsumer:
 
     def _retry_in_place(self, m: Message, tp: TP, offset: int, place: Place, exc: Exception) -> bool:
         assert self._in_place is not None
-        key = (tp[0], tp[1], offset)
         now = time.time()
-        n, first = self._in_place_attempts.get(key, (0, now))
+        state = self._in_place_state.get(tp)
+        n, first = (state.attempts, state.first_failed_at) if state is not None and state.offset == offset else (0, now)
         n += 1
         decision = self._in_place.decide(n, first, now)
         if decision.give_up:
-            self._in_place_attempts.pop(key, None)
+            self._in_place_state.pop(tp, None)
             self._dead_letter(m, tp, offset, place, attempts=n, exc=exc)
             return True
-        self._in_place_attempts[key] = (n, first)
+        state = self._in_place_state[tp] = InPlace(offset, n, first)
+        self._commit_in_place(tp, state)
         log.info("retrying %s [%d] @%d in place in %.3fs (attempt %d): %r", tp[0], tp[1], offset,
                  decision.delay, n, exc)
         self._hold(tp, offset, now + decision.delay)
         return False
+
+    def _commit_in_place(self, tp: TP, state: InPlace) -> None:
+        """Commit the partition's offset (at most the retried message's) with the attempt count in its metadata."""
+        at = self._tracker.committable_of(tp)
+        part = TopicPartition(tp[0], tp[1], state.offset if at is None else min(at, state.offset), state.encode())
+        try:
+            # Stored too, so that an automatic commit of this offset carries the same metadata.
+            self._consumer.store_offsets(offsets=[part])
+            self._consumer.commit(offsets=[part], asynchronous=False)
+        except KafkaException as exc:
+            log.warning("could not commit the in-place attempt count of %s [%d]: %s", tp[0], tp[1], exc.args[0])
 
     def _dead_letter(
         self, m: Message, tp: TP, offset: int, place: Place, *, attempts: int, exc: BaseException
@@ -598,12 +611,25 @@ class ResilientConsumer:
         moved = self._tracker.committable()
         if not moved:
             return
+        parts = [_partition(t, p, o, self._in_place_metadata((t, p), o)) for (t, p), o in moved]
         try:
-            self._consumer.store_offsets(offsets=[TopicPartition(t, p, o) for (t, p), o in moved])
+            self._consumer.store_offsets(offsets=parts)
         except KafkaException as exc:
             log.debug("store_offsets: %s", exc.args[0])  # a partition was revoked meanwhile
         if not self._auto_commit:
             self._commit(sync=False)
+
+    def _in_place_metadata(self, tp: TP, offset: int) -> str | None:
+        """The commit metadata of `tp` at `offset`: the in-place count of a message not yet past, else none."""
+        if not self._in_place_state:
+            return None
+        state = self._in_place_state.get(tp)
+        if state is None:
+            return None
+        if offset <= state.offset:
+            return state.encode()  # still to be retried: keep its count
+        del self._in_place_state[tp]  # past it: handled or dead-lettered
+        return None
 
     def _commit(self, *, sync: bool) -> None:
         try:
@@ -635,6 +661,8 @@ class ResilientConsumer:
                     p.offset = OFFSET_BEGINNING
             if self._order is not None:
                 self._rebuild_order(partitions, tier_parts, committed)
+        if self._in_place is not None:
+            self._restore_in_place(consumer, partitions)
         if self._cooperative:
             consumer.incremental_assign(partitions)
         else:
@@ -642,6 +670,20 @@ class ResilientConsumer:
         # A pause does not survive in our state; make sure none survives in librdkafka's either.
         consumer.resume(partitions)
         log.info("assigned %d partitions", len(partitions))
+
+    def _restore_in_place(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """RetryInPlace: the attempt counts a previous owner committed with the offsets it resumes from."""
+        try:
+            got = consumer.committed([TopicPartition(p.topic, p.partition) for p in partitions], timeout=10)
+        except KafkaException as exc:
+            log.warning("could not read the in-place attempt counts (they restart from zero): %s", exc.args[0])
+            return
+        for c in got:
+            state = decode(c.metadata)
+            if state is not None:
+                self._in_place_state[(c.topic, c.partition)] = state
+                log.info("%s [%d] @%d: %d in-place attempts made before the assignment", c.topic, c.partition,
+                         state.offset, state.attempts)
 
     def _rebuild_order(
         self, partitions: list[TopicPartition], tier_parts: list[TopicPartition], committed: dict[TP, int]
@@ -701,7 +743,8 @@ class ResilientConsumer:
             origins = {(self._places[t].main, p) for t, p in gone}
             self._order.forget(origins)
             self._hop_keys = {k: v for k, v in self._hop_keys.items() if v[0] not in origins}
-        self._in_place_attempts = {k: v for k, v in self._in_place_attempts.items() if (k[0], k[1]) not in gone}
+        for tp in gone:
+            self._in_place_state.pop(tp, None)
 
     # -- misc ---------------------------------------------------------------------------------
 
@@ -728,6 +771,13 @@ class ResilientConsumer:
     def _close_store(self) -> None:
         if self._owns_store:
             self.store.close()
+
+
+def _partition(topic: str, partition: int, offset: int, metadata: str | None) -> TopicPartition:
+    # confluent_kafka takes metadata only as a str argument (None is refused, the attribute is read-only).
+    if metadata is None:
+        return TopicPartition(topic, partition, offset)
+    return TopicPartition(topic, partition, offset, metadata)
 
 
 def _check_ordering_config(config: Mapping[str, Any]) -> None:

@@ -81,7 +81,8 @@ def headers_of(msg: Message) -> Headers:
     return cast(Headers, msg.headers() or [])
 
 
-def _text(headers: Headers | None, name: str) -> str | None:
+def find_text(headers: Headers | None, name: str) -> str | None:
+    """The last `name` header's value as text, or None."""
     if headers:
         for h, v in reversed(headers):
             if h == name:
@@ -91,7 +92,7 @@ def _text(headers: Headers | None, name: str) -> str | None:
 
 def due_at(msg: Message) -> float | None:
     """Epoch seconds when the message becomes due (None: no due time, due now)."""
-    v = _text(headers_of(msg), DUE_AT)
+    v = find_text(headers_of(msg), DUE_AT)
     if v is None:
         return None
     try:
@@ -232,14 +233,14 @@ class ConsumerFailure:
 
 def consumer_failure(headers: Headers | None) -> ConsumerFailure | None:
     """The consumer metadata carried by `headers`, or None when they are not a consumer's."""
-    group = _text(headers, GROUP)
-    topic = _text(headers, ORIGINAL_TOPIC)
+    group = find_text(headers, GROUP)
+    topic = find_text(headers, ORIGINAL_TOPIC)
     if group is None or topic is None:
         return None
 
     def number(name: str) -> int:
         try:
-            return int(_text(headers, name) or -1)
+            return int(find_text(headers, name) or -1)
         except ValueError:
             return -1
 
@@ -248,6 +249,6 @@ def consumer_failure(headers: Headers | None) -> ConsumerFailure | None:
         group=group,
         origin=Origin(topic, number(ORIGINAL_PARTITION), number(ORIGINAL_OFFSET), number(ORIGINAL_TIMESTAMP)),
         attempt=None if attempt < 0 else attempt,
-        error_class=_text(headers, ERROR_CLASS),
-        error_message=_text(headers, ERROR_MESSAGE),
+        error_class=find_text(headers, ERROR_CLASS),
+        error_message=find_text(headers, ERROR_MESSAGE),
     )

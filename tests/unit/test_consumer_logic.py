@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from confluent_kafka import Message
 
 from outbox import ConfigError, Ignore, ResilientConsumer, RetryInPlace, RetryPolicy, RetryTopics
-from outbox.consumer.headers import ERROR_MESSAGE_MAX, cap_utf8, error_class
+from outbox.consumer import headers as H
+from outbox.consumer.headers import ERROR_MESSAGE_MAX, cap_utf8, error_class, failure_headers, ladder_position
 from outbox.consumer.offsets import OffsetTracker
 from outbox.consumer.ordering import KeyOrder
 from outbox.consumer.scheduler import PauseScheduler
 from outbox.consumer.tiers import Ladder, client_config
+from outbox.headers import IdGenerator, for_resend
 
 CONF = {"bootstrap.servers": "127.0.0.1:1", "group.id": "billing"}
 
@@ -222,3 +225,36 @@ def test_key_order_counts_copies_found_by_a_scan_and_forgets_revoked_partitions(
     order.entered(main, b"k", 1, 1)
     order.forget([main])
     assert len(order) == 0
+
+
+def test_an_outbox_re_send_of_a_hop_leaves_the_consumer_counters_alone() -> None:
+    main = Message(topic="orders", partition=2, offset=40, key=b"k", value=b"v", headers=[("app", b"1")])
+    hop, msg_id, _ = failure_headers(main, group="billing", attempt=1, exc=TimeoutError("x"), due_at_s=5.0,
+                                     ids=IdGenerator())
+    # Kafka was down for the hop: the producer stored it and its drain re-sent it (third send).
+    resent = for_resend(hop, msg_id=msg_id, attempt=3, first_failed_at=1.0, last_error="_MSG_TIMED_OUT")
+    in_tier = Message(topic="orders.billing.retry-1", partition=2, offset=7, key=b"k", value=b"v", headers=resent)
+    assert H.find_text(resent, H.ATTEMPT) == "1" and H.find_text(resent, "outbox-attempt") == "3"
+    assert H.find_text(resent, H.DUE_AT) == "5000" and H.find_text(resent, H.ORIGINAL_OFFSET) == "40"
+    pos = ladder_position(in_tier)
+    assert (pos.origin_partition, pos.origin_offset, pos.parked_attempts) == (2, 40, None)
+    # Its next hop counts on from the consumer's header and drops the previous publish's metadata.
+    nxt, same_id, origin = failure_headers(in_tier, group="billing", attempt=2, exc=TimeoutError("y"), due_at_s=None,
+                                           ids=IdGenerator())
+    names = [h for h, _ in nxt]
+    assert same_id == msg_id and (origin.topic, origin.partition, origin.offset) == ("orders", 2, 40)
+    assert H.find_text(nxt, H.ATTEMPT) == "2" and names.count(H.ATTEMPT) == 1
+    assert not {"outbox-attempt", "outbox-first-failed-at", "outbox-last-error"} & set(names)
+    assert names[0] == "app"
+
+
+def test_a_parked_message_counts_its_own_attempts_and_keeps_its_last_failure() -> None:
+    failed = failure_headers(Message(topic="orders", partition=0, offset=9, key=b"k", value=b"v"), group="g",
+                             attempt=1, exc=ValueError("boom"), due_at_s=1.0, ids=IdGenerator())[0]
+    in_tier = Message(topic="orders.g.retry-1", partition=0, offset=3, key=b"k", value=b"v", headers=failed)
+    parked, _, _ = failure_headers(in_tier, group="g", attempt=1, exc=None, due_at_s=None, ids=IdGenerator(),
+                                   parked_behind=4)
+    assert H.find_text(parked, H.PARKED_BEHIND) == "4" and H.find_text(parked, H.DUE_AT) is None
+    assert H.find_text(parked, H.ERROR_CLASS) == "builtins.ValueError" and H.find_text(parked, H.ATTEMPT) == "1"
+    pos = ladder_position(Message(topic="orders.g.retry-3", partition=0, offset=1, key=b"k", headers=parked))
+    assert (pos.origin_offset, pos.parked_attempts) == (9, 1)
