@@ -693,9 +693,7 @@ class ResilientConsumer:
         mine = {(p.topic, p.partition) for p in partitions}
         for t, part in mine:
             place = self._places[t]
-            missing = [
-                x for x in self.ladder.places() if self._places[x].main == place.main and (x, part) not in mine
-            ]
+            missing = [x for x, pl in self._places.items() if pl.main == place.main and (x, part) not in mine]
             if missing:
                 log.error(
                     "ordering='key' cannot be kept for %s [%d]: %s [%d] belongs to another member "

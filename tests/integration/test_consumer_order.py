@@ -12,6 +12,7 @@ from confluent_kafka import Message, Producer
 
 from outbox import ResilientConsumer, RetryTopics
 from outbox.consumer import headers as H
+from outbox.testing import KafkaCluster
 
 from .test_consumer import GROUP_TIMING, committed, group_name, header, running, wait_until
 
@@ -165,3 +166,52 @@ def test_key_order_survives_a_second_consumer_joining_mid_ladder(
     # The new owners learnt what was waiting from the tier partitions, not from memory.
     assert a_stats["scanned"] + b_stats["scanned"] > 0
     assert sum(committed(kafka_bootstrap, group, topic, 4)) == len(sent)
+
+
+def test_key_order_is_kept_when_hops_and_parkings_go_through_the_outbox(
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    bootstrap = chaos_cluster.bootstrap_servers
+    topic = make_topic(partitions=3)
+    group = group_name()
+    keys, per_key = 30, 6
+    sent = produce_keyed(bootstrap, topic, keys=keys, per_key=per_key)
+    brokers_down = threading.Event()
+    main_seen = [0]
+    tries: dict[tuple[str, int], int] = {}
+    log: list[tuple[str, int]] = []
+
+    def handle(msg: Message) -> None:
+        m = parse(msg)
+        if msg.topic() == topic:
+            main_seen[0] += 1
+            if main_seen[0] == 20:
+                brokers_down.wait(60)  # the rest of the batch hops and parks while no broker is up
+        tries[m] = tries.get(m, 0) + 1
+        if m[1] == 0 and tries[m] == 1:  # every key's first message fails once
+            raise TimeoutError("downstream down")
+        log.append(m)
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, **GROUP_TIMING, "max.poll.interval.ms": 120000},
+        topics=[topic],
+        handler=handle,
+        strategy=RetryTopics(delays=[0.2]),
+        ordering="key",
+        outbox=f"sqlite:///{tmp_path / 'o.db'}",
+        producer_config={"message.timeout.ms": 2000},
+    )
+    with running(consumer) as c:
+        wait_until(lambda: main_seen[0] >= 20, 120, "20 main-topic messages handled")
+        chaos_cluster.stop_all()
+        brokers_down.set()
+        wait_until(lambda: c.stats()["producer"]["pending"] > 0, 60, "hops and parkings in the outbox")
+        outboxed = c.stats()["producer"]["outboxed"]
+        chaos_cluster.start_all()
+        wait_until(lambda: set(log) == set(sent), 120, "every message handled")
+        wait_until(lambda: c.stats()["keys_waiting"] == 0 and c.stats()["waiting_hops"] == 0, 60, "the ladder empty")
+    assert outboxed > 0
+    order = first_occurrence_order(log)
+    for k in range(keys):
+        assert order[f"k{k}"] == list(range(per_key)), f"k{k} handled in the order {order[f'k{k}']}"
+    assert sum(committed(bootstrap, group, topic, 3)) == len(sent)
