@@ -71,6 +71,11 @@ HOP_PRODUCER_DEFAULTS: Mapping[str, Any] = {
     "linger.ms": 20,
     "message.timeout.ms": 15000,
 }
+#: The hop producer's retry policy: a hop the cluster cannot take now (a retriable error) is sent
+#: again from the outbox until it lands, however long the outage; the producer's default (3
+#: attempts) dead-lettered hops after ~30 s of outage, taking them out of the ladder. Errors that
+#: no retry can cure (a deleted tier, a message too large) are still dead-lettered at once.
+HOP_RETRY = RetryPolicy(stop=tenacity.stop_never, backoff="exponential", initial_delay=1.0, max_delay=30.0)
 ORDERINGS = (None, "key")
 _NOWHERE = Place("", 0)  # before the first message of a batch
 
@@ -195,6 +200,9 @@ class ResilientConsumer:
                 {**HOP_PRODUCER_DEFAULTS, **admin_conf, **(producer_config or {})},
                 outbox=self.store,
                 id_header=None,  # hops carry the message's own outbox-id (kept, or set once)
+                retry=HOP_RETRY,
+                # A hop the producer dead-letters (an error no retry cures) is a dead letter too.
+                on_dead_letter=on_dead_letter,
             )
         except BaseException:
             self._close_store()
