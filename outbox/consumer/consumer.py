@@ -99,7 +99,9 @@ class ResilientConsumer:
         ordering: None, or "key": with RetryTopics, a message whose key has an earlier message
             (from the same main-topic partition) in the retry tiers is parked behind it and handled
             after it leaves them (see the README's ordering rule). Needs the range assignor.
-        on_dead_letter: recovery callback, once per dead letter, after it is stored or published.
+        on_dead_letter: recovery callback, once per dead letter, after it is stored or published;
+            also for a hop the hop producer dead-letters (an error no retry cures), then on that
+            producer's thread.
         create_topics: create missing tier topics at start-up (else a ConfigError names them).
         deserializer: ``f(value_bytes) -> object`` applied before the handler (the result replaces
             ``msg.value()``); a failure sends the message straight to the dead letters.
