@@ -653,7 +653,6 @@ class ResilientConsumer:
                 log.warning("offset commit failed: %s", err)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.counts["assigned"] += 1
         tps = [(p.topic, p.partition) for p in partitions]
         self._scheduler.forget(tps)
         self._tracker.forget(tps)
@@ -679,6 +678,8 @@ class ResilientConsumer:
             consumer.assign(partitions)
         # A pause does not survive in our state; make sure none survives in librdkafka's either.
         consumer.resume(partitions)
+        # Counted once done (the ordering scan included), so that stats() never shows an assignment half made.
+        self.counts["assigned"] += 1
         log.info("assigned %d partitions", len(partitions))
 
     def _restore_in_place(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
