@@ -8,7 +8,8 @@ measured in the same run. Results go to benchmarks/results/<date>.json (<date>-q
 
 Phases: (1) brokers up: raw baselines, fallback, write-ahead, naive durable, drain;
 (2) brokers down: spill vs raw SQLite, memory during a long outage, then one shared outage
-window for the recovery and simple-retry scenarios, ended by restarting the brokers.
+window for the recovery and simple-retry scenarios, ended by restarting the brokers;
+then recovery, Spark, and the consumer side (ResilientConsumer against a raw consumer loop).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ README = Path(__file__).resolve().parent / "README.md"
 # (fraction of R0, longest wait for an empty outbox after the restart, seconds)
 RECOVERY = ((0.10, 90.0), (0.25, 200.0), (0.50, 120.0))
 RECOVERY_QUICK = ((0.10, 45.0),)
-ALL = ("raw", "fallback", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark")
+ALL = ("raw", "fallback", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark", "consumer")
 Result = dict[str, Any]
 
 
@@ -615,6 +616,22 @@ def main(argv: list[str] | None = None) -> int:
             for variant in ("1", "2", "4", "cli"):
                 log(f"spark bulk drain: {variant} ({spark_rows:,} rows, 1,000 keys)")
                 record(f"spark/{variant}", spark_variant(bootstrap, variant, spark_rows, workdir))
+
+        # -- phase 6: the consumer side: raw consumer loop, ResilientConsumer, 1 % failing, delays ---
+        if "consumer" in sel:
+            from .bench_consumer import fill
+
+            consumer_n = n if quick else 3 * n  # a 100k-message read lasts ~1 s: too short to trust
+            ctopic = create_topic(bootstrap, f"bench-consumer-{int(time.time())}", 3, rf, None)
+            log(f"consumer: filling {ctopic} with {consumer_n:,} messages of {base} B")
+            fill(bootstrap, ctopic, consumer_n, base)
+            pc = {**common, "topic": ctopic, "n": consumer_n, "size": base}
+            for rep in range(reps):
+                log(f"consumer, repetition {rep + 1}/{reps}")
+                for loop in ("raw", "happy", "fail"):
+                    record(f"consumer/{loop}", runner.run("consumer", {**pc, "loop": loop}))
+            log("consumer: retry-tier delay precision (300 messages through RetryTopics([0.5, 1, 2]))")
+            record("consumer/precision", runner.run("consumer", {**common, "loop": "precision", "n": 300}))
     finally:
         if cluster is not None:
             cluster.close()
@@ -762,6 +779,29 @@ def main(argv: list[str] | None = None) -> int:
                 target="report (vs Spark p=1)",
                 notes="CPU: the whole child per row (JVM, workers, start-up): an upper bound",
             )
+    if "consumer/raw" in summary:
+        table.add(f"consumer: raw confluent_kafka.Consumer loop [{base} B]", summary["consumer/raw"], ratio=1.0,
+                  target="baseline")
+        for key, label, goal in (("consumer/happy", "ResilientConsumer, nothing failing", 0.90),
+                                 ("consumer/fail", "ResilientConsumer, 1 % failing once", 0.80)):
+            if key not in summary:
+                continue
+            r = ratio(key, "consumer/raw")
+            # Paired: each repetition against the raw run just before it (cancels the drift of a shared machine).
+            paired = statistics.median(
+                x["msgs_per_s"] / y["msgs_per_s"] for x, y in zip(runs[key], runs["consumer/raw"], strict=False)
+            )
+            table.add(f"consumer: {label} [{base} B]", summary[key], ratio=r, target=f">= {goal:.2f} x raw",
+                      met=check(r, goal), notes=f"median paired ratio {paired:.2f}")
+    if "consumer/precision" in runs:
+        prec = runs["consumer/precision"][0]["precision"]
+        table.add(
+            "consumer: retry-tier delay precision (how late)",
+            None,
+            target="report",
+            notes="; ".join(f"{tier} p50 {v['p50_ms']:.0f} ms / p99 {v['p99_ms']:.0f} ms (min {v['min_ms']:.0f})"
+                            for tier, v in prec.items()),
+        )
     png = plot_recovery(runs, outage, quick)
     if png is not None:
         print(f"recovery curves: {png.relative_to(ROOT)}")

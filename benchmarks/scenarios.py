@@ -709,6 +709,30 @@ def resilient_retry(p: Params) -> Result:
     return {**r, "n": r["attempted"], "seconds": r["window_s"]}
 
 
+# -- 8. the consumer side (benchmarks/bench_consumer.py's loops, one per child) ----------------
+
+
+@scenario("consumer")
+def consumer(p: Params) -> Result:
+    """One consumer loop over the parent's filled topic: ``loop`` is "raw" (a confluent_kafka.Consumer
+    ``consume(500)`` loop), "happy" (ResilientConsumer, nothing failing), "fail" (1 % failing once)
+    or "precision" (how late each retry tier hands out its messages). Same handler in every loop."""
+    from . import bench_consumer as bc
+
+    loop, n = p["loop"], int(p["n"])
+    if loop == "precision":
+        return {"n": n, "precision": bc.run_precision(p["bootstrap"], p["workdir"], n)}
+    if loop == "raw":
+        s = bc.run_raw(p["bootstrap"], p["topic"], n)
+    else:
+        s = bc.run_resilient(p["bootstrap"], p["topic"], n, p["workdir"], failing=loop == "fail")
+    # bench_consumer times from the first message handled to the last (group joins not counted);
+    # its CPU is the process's, all threads, over the same span plus the join.
+    size = int(p.get("size", 200))
+    return {"n": n, "size": size, "seconds": s["seconds"], "msgs_per_s": s["msgs_s"],
+            "mb_per_s": s["msgs_s"] * size / 1e6, "cpu_us_per_msg": s["cpu_us"], "retried": s.get("retried")}
+
+
 # -- entry point -----------------------------------------------------------------------------
 
 

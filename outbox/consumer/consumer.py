@@ -39,8 +39,10 @@ from ..retry import RetryPolicy
 from ..stores import Outbox, open_outbox
 from .circuit import CircuitBreaker, CircuitState, MainTopicCircuit
 from .deadletters import DeadLetters, check_mode
-from .headers import due_at, failure_headers
+from .headers import due_at, failure_headers, ladder_position
+from .inplace import InPlace, decode
 from .offsets import OffsetTracker
+from .ordering import KeyOrder, scan_ladder
 from .scheduler import PauseScheduler
 from .strategies import Ignore, RetryInPlace, RetryTopics, Strategy, check_strategy
 from .tiers import Ladder, Place, client_config, ensure_tiers
@@ -69,6 +71,11 @@ HOP_PRODUCER_DEFAULTS: Mapping[str, Any] = {
     "linger.ms": 20,
     "message.timeout.ms": 15000,
 }
+#: The hop producer's retry policy: a hop the cluster cannot take now (a retriable error) is sent
+#: again from the outbox until it lands, however long the outage; the producer's default (3
+#: attempts) dead-lettered hops after ~30 s of outage, taking them out of the ladder. Errors that
+#: no retry can cure (a deleted tier, a message too large) are still dead-lettered at once.
+HOP_RETRY = RetryPolicy(stop=tenacity.stop_never, backoff="exponential", initial_delay=1.0, max_delay=30.0)
 ORDERINGS = (None, "key")
 _NOWHERE = Place("", 0)  # before the first message of a batch
 
@@ -89,8 +96,12 @@ class ResilientConsumer:
         dead_letters: "topic" (``<topic>.<group>.dlq``), "store" (the outbox's dead-letter store)
             or "both".
         outbox: URL or Outbox instance for the hop producer's outbox and the dead-letter store.
-        ordering: None, or "key" (not supported yet: ConfigError).
-        on_dead_letter: recovery callback, once per dead letter, after it is stored or published.
+        ordering: None, or "key": with RetryTopics, a message whose key has an earlier message
+            (from the same main-topic partition) in the retry tiers is parked behind it and handled
+            after it leaves them (see the README's ordering rule). Needs the range assignor.
+        on_dead_letter: recovery callback, once per dead letter, after it is stored or published;
+            also for a hop the hop producer dead-letters (an error no retry cures), then on that
+            producer's thread.
         create_topics: create missing tier topics at start-up (else a ConfigError names them).
         deserializer: ``f(value_bytes) -> object`` applied before the handler (the result replaces
             ``msg.value()``); a failure sends the message straight to the dead letters.
@@ -141,7 +152,7 @@ class ResilientConsumer:
         if ordering not in ORDERINGS:
             raise ConfigError(f"ordering must be None or 'key', got {ordering!r}")
         if ordering == "key":
-            raise ConfigError("ordering='key' is not supported yet")
+            _check_ordering_config(config)
         if circuit is not None and not isinstance(circuit, MainTopicCircuit):
             raise ConfigError(f"circuit must be a MainTopicCircuit, got {type(circuit).__name__}")
         if batch_size < 1 or poll_timeout <= 0:
@@ -162,21 +173,26 @@ class ResilientConsumer:
             self._in_place = dataclasses.replace(p, stop=tenacity.stop_never) if self.strategy.forever else p
 
         admin_conf = client_config(config)
-        ensure_tiers(admin_conf, self.ladder, create=create_topics)
+        self._admin_conf = admin_conf
+        # Only retry tiers can reorder; RetryInPlace and Ignore keep a partition's order already.
+        self._order = KeyOrder() if ordering == "key" and self._delays else None
+        self._hop_keys: dict[int, tuple[TP, bytes, int]] = {}  # ordering: hop token → its ladder entry
+        ensure_tiers(admin_conf, self.ladder, create=create_topics, same_partitions=self._order is not None)
 
         self.circuit = CircuitBreaker(circuit) if circuit is not None else None
         self._ids = IdGenerator()
         self._tracker = OffsetTracker()
         self._scheduler = PauseScheduler()
-        self._durable: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._durable: queue.SimpleQueue[tuple[int, bool]] = queue.SimpleQueue()
         self._tokens = 0
-        self._in_place_attempts: dict[tuple[str, int, int], tuple[int, float]] = {}
+        self._in_place_state: dict[TP, InPlace] = {}  # the message each partition retries in place
         self._stop = threading.Event()
         self._closed = False
         self._auto_commit = str(config.get("enable.auto.commit", True)).lower() not in ("false", "0")
         self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", ""))
         self.counts = {
             "handled": 0, "failed": 0, "retried": 0, "ignored": 0, "dead": 0, "paused": 0, "assigned": 0, "revoked": 0,
+            "parked": 0, "skipped": 0, "scanned": 0,
         }
 
         self._owns_store = not isinstance(outbox, Outbox)
@@ -186,12 +202,17 @@ class ResilientConsumer:
                 {**HOP_PRODUCER_DEFAULTS, **admin_conf, **(producer_config or {})},
                 outbox=self.store,
                 id_header=None,  # hops carry the message's own outbox-id (kept, or set once)
+                retry=HOP_RETRY,
+                # A hop the producer dead-letters (an error no retry cures) is a dead letter too.
+                on_dead_letter=on_dead_letter,
             )
         except BaseException:
             self._close_store()
             raise
         self._dead = DeadLetters(mode, self.store, self._publish, on_dead_letter)
         conf = {**CONSUMER_DEFAULTS, **config, **CONSUMER_FORCED}
+        if self._order is not None:
+            conf["partition.assignment.strategy"] = "range"  # main p and tier p on the same member
         try:
             self._consumer = Consumer(conf)
             self._consumer.subscribe(
@@ -252,6 +273,9 @@ class ResilientConsumer:
         handled, failed (handler raised), retried (hops to a tier), ignored, dead, paused (holds
         made), assigned / revoked (rebalance callbacks), held (partitions paused now), waiting_hops
         (hops not yet durable), circuit / circuit_opened, producer (the hop producer's stats()).
+        ordering="key": parked (messages parked behind an earlier one of their key), skipped
+        (main-topic messages read again that were in the ladder already), scanned (tier messages
+        counted by the scans at assignment), keys_waiting (keys with a message in the ladder now).
         Safe to call from any thread: it makes no librdkafka consumer call.
         """
         return {
@@ -259,6 +283,7 @@ class ResilientConsumer:
             "dead": self._dead.count,
             "held": len(self._scheduler),
             "waiting_hops": self._tracker.waiting_hops,
+            "keys_waiting": 0 if self._order is None else len(self._order),
             "circuit": None if self.circuit is None else self.circuit.state.value,
             "circuit_opened": 0 if self.circuit is None else self.circuit.opened,
             "producer": self._producer.stats(),
@@ -271,7 +296,11 @@ class ResilientConsumer:
         self._closed = True
         deadline = time.monotonic() + timeout
         try:
-            if self._tracker.waiting_hops and self._producer.flush(max(0.0, deadline - time.monotonic())) == 0:
+            if (
+                self._tracker.waiting_hops
+                and self._producer.flush(max(0.0, deadline - time.monotonic())) == 0
+                and self._order is None
+            ):
                 self._tracker.resolve_all()
             self._settle_hops()
             self._store_offsets()
@@ -297,6 +326,7 @@ class ResilientConsumer:
         handler = self._handler
         circuit = self.circuit
         deserializer = self._deserializer
+        order = self._order
         done = self._tracker.done
         handled = 0
         cur_topic: str | None = None
@@ -335,6 +365,8 @@ class ResilientConsumer:
                 held.add(tp)
                 skip = True
                 continue
+            if order is not None and m.key() is not None and self._parked(m, tp, place):
+                continue
             try:
                 if deserializer is not None and not self._deserialize(m, tp, place):
                     continue
@@ -349,6 +381,8 @@ class ResilientConsumer:
             handled += 1
             if circuit is not None and not place.tier:
                 circuit.success()
+            if order is not None and place.tier:
+                self._left_ladder(m, tp, place)
         if last is not None:
             done(tp, last.offset())  # type: ignore[arg-type]
         self.counts["handled"] += handled
@@ -373,7 +407,7 @@ class ResilientConsumer:
     def _failed(self, m: Message, tp: TP, offset: int, place: Place, exc: Exception) -> bool:
         """Decide a failed message's fate. False: its partition is now held at it."""
         self.counts["failed"] += 1
-        attempts = place.tier + 1
+        attempts = self._attempts_before(m, place) + 1
         retriable = not isinstance(exc, self._dead_on) and (self._retry_on is None or isinstance(exc, self._retry_on))
         if retriable and not place.tier and self.circuit is not None:
             self.circuit.failure(time.time())
@@ -381,14 +415,18 @@ class ResilientConsumer:
         if not retriable:
             self._dead_letter(m, tp, offset, place, attempts=attempts, exc=exc)
         elif isinstance(strategy, RetryTopics):
-            if place.tier < len(self._delays):
-                due = time.time() + self._delays[place.tier]
+            if attempts <= len(self._delays):
+                # Tier n holds the messages waiting for their attempt n + 1; a parked message
+                # counts its own attempts, so it may go back to a lower tier than the one it was in.
+                due = time.time() + self._delays[attempts - 1]
                 headers, _, _ = failure_headers(
                     m, group=self.group, attempt=attempts, exc=exc, due_at_s=due, ids=self._ids
                 )
-                token = self._publish(self.ladder.retry_topic(place.main, place.tier + 1), m, headers, tp[1])
+                token = self._publish(self.ladder.retry_topic(place.main, attempts), m, headers, tp[1])
                 self._tracker.wait(tp, offset, token)
                 self.counts["retried"] += 1
+                if self._order is not None:
+                    self._into_ladder(m, tp, place, token, attempts)
             else:
                 self._dead_letter(m, tp, offset, place, attempts=attempts, exc=exc)
         elif isinstance(strategy, RetryInPlace):
@@ -402,20 +440,32 @@ class ResilientConsumer:
 
     def _retry_in_place(self, m: Message, tp: TP, offset: int, place: Place, exc: Exception) -> bool:
         assert self._in_place is not None
-        key = (tp[0], tp[1], offset)
         now = time.time()
-        n, first = self._in_place_attempts.get(key, (0, now))
+        state = self._in_place_state.get(tp)
+        n, first = (state.attempts, state.first_failed_at) if state is not None and state.offset == offset else (0, now)
         n += 1
         decision = self._in_place.decide(n, first, now)
         if decision.give_up:
-            self._in_place_attempts.pop(key, None)
+            self._in_place_state.pop(tp, None)
             self._dead_letter(m, tp, offset, place, attempts=n, exc=exc)
             return True
-        self._in_place_attempts[key] = (n, first)
+        state = self._in_place_state[tp] = InPlace(offset, n, first)
+        self._commit_in_place(tp, state)
         log.info("retrying %s [%d] @%d in place in %.3fs (attempt %d): %r", tp[0], tp[1], offset,
                  decision.delay, n, exc)
         self._hold(tp, offset, now + decision.delay)
         return False
+
+    def _commit_in_place(self, tp: TP, state: InPlace) -> None:
+        """Commit the partition's offset (at most the retried message's) with the attempt count in its metadata."""
+        at = self._tracker.committable_of(tp)
+        part = TopicPartition(tp[0], tp[1], state.offset if at is None else min(at, state.offset), state.encode())
+        try:
+            # Stored too, so that an automatic commit of this offset carries the same metadata.
+            self._consumer.store_offsets(offsets=[part])
+            self._consumer.commit(offsets=[part], asynchronous=False)
+        except KafkaException as exc:
+            log.warning("could not commit the in-place attempt count of %s [%d]: %s", tp[0], tp[1], exc.args[0])
 
     def _dead_letter(
         self, m: Message, tp: TP, offset: int, place: Place, *, attempts: int, exc: BaseException
@@ -423,6 +473,8 @@ class ResilientConsumer:
         headers, msg_id, origin = failure_headers(
             m, group=self.group, attempt=attempts, exc=exc, due_at_s=None, ids=self._ids
         )
+        if self._order is not None and place.tier:
+            self._left_ladder(m, tp, place)
         replay = self.ladder.retry_topic(place.main, 1) if self._delays else place.main
         token = self._dead.record(
             m,
@@ -440,6 +492,74 @@ class ResilientConsumer:
         else:
             self._tracker.wait(tp, offset, token)
 
+    # -- ordering="key" -------------------------------------------------------------------------
+
+    def _attempts_before(self, m: Message, place: Place) -> int:
+        """Handling attempts this message had before the current one."""
+        if not place.tier:
+            return 0
+        parked = ladder_position(m).parked_attempts  # a parked message does not count by its tier
+        return place.tier if parked is None else parked
+
+    def _ladder_at(self, m: Message, tp: TP, place: Place) -> tuple[TP, int]:
+        """The main-topic partition and offset a message entered by (its ladder entry's address)."""
+        if not place.tier:
+            return tp, m.offset()  # type: ignore[return-value]
+        pos = ladder_position(m)
+        return (place.main, pos.origin_partition if pos.origin_partition >= 0 else tp[1]), pos.origin_offset
+
+    def _parked(self, m: Message, tp: TP, place: Place) -> bool:
+        """ordering="key": park `m` behind an earlier message of its key in the ladder. True if parked (or skipped)."""
+        order = self._order
+        assert order is not None
+        key: bytes = m.key()  # type: ignore[assignment]
+        origin, at = self._ladder_at(m, tp, place)
+        if at < 0:
+            return False  # not from this consumer's ladder: no order to keep
+        if not place.tier and order.contains(origin, key, at):
+            # Read again from the main topic (its offset was not committed before a crash or a
+            # rebalance) while its copy is in the ladder: that copy is its fate; this one is done.
+            self._tracker.done(tp, at)
+            self.counts["skipped"] += 1
+            return True
+        blocker = order.blocker(origin, key, at)
+        if blocker is None:
+            return False
+        behind, tier = blocker
+        headers, _, _ = failure_headers(
+            m, group=self.group, attempt=self._attempts_before(m, place), exc=None, due_at_s=None, ids=self._ids,
+            parked_behind=behind,
+        )
+        token = self._publish(self.ladder.retry_topic(place.main, tier), m, headers, tp[1])
+        self._tracker.wait(tp, m.offset(), token)  # type: ignore[arg-type]
+        self._into_ladder(m, tp, place, token, tier)
+        self.counts["parked"] += 1
+        return True
+
+    def _into_ladder(self, m: Message, tp: TP, place: Place, token: int, tier: int) -> None:
+        """Count a copy of `m` published into `tier` (hop or parking) in its key's ladder entry."""
+        order = self._order
+        key = m.key()
+        if order is None or key is None:
+            return
+        origin, at = self._ladder_at(m, tp, place)
+        if at < 0:
+            return
+        if place.tier:
+            order.moved(origin, key, at, tier)
+        else:
+            order.entered(origin, key, at, tier)
+        self._hop_keys[token] = (origin, key, at)
+
+    def _left_ladder(self, m: Message, tp: TP, place: Place) -> None:
+        """A tier message was handled or dead-lettered: its key's later messages may follow."""
+        key = m.key()
+        if self._order is not None and key is not None:
+            origin, at = self._ladder_at(m, tp, place)
+            self._order.left(origin, key, at)
+
+    # -- hops ---------------------------------------------------------------------------------
+
     def _publish(self, topic: str, m: Message, headers: Headers, partition: int) -> int:
         """Send a hop through the ResilientProducer; its token is settled once the hop is durable."""
         self._tokens += 1
@@ -453,18 +573,26 @@ class ResilientConsumer:
         # Runs on the producer's delivery or drain thread: hand the token to the loop thread.
         if err is not None:
             log.error("hop %d was dead-lettered by the producer (kept in the outbox's dead letters): %s", token, err)
-        self._durable.put(token)
+        self._durable.put((token, err is None))
 
     def _settle_hops(self) -> None:
         tracker = self._tracker
         while True:
             try:
-                tracker.resolve(self._durable.get_nowait())
+                token, ok = self._durable.get_nowait()
             except queue.Empty:
                 break
+            tracker.resolve(token)
+            if self._hop_keys:
+                entry = self._hop_keys.pop(token, None)
+                if entry is not None and not ok and self._order is not None:
+                    self._order.left(*entry)  # the producer dead-lettered the hop: it left the ladder
         # Every hop produced so far is delivered or committed to the outbox (the producer's flush
         # contract): those in the outbox have no report yet, yet their fate is durable.
-        if tracker.waiting_hops and len(self._producer) == 0:
+        # ordering="key" waits for Kafka's acknowledgement instead: a partition's next owner learns
+        # what is in the ladder from the tier topics (scan_ladder), and a hop still in this
+        # process's outbox is not there, so its source must be read again rather than committed.
+        if tracker.waiting_hops and self._order is None and len(self._producer) == 0:
             tracker.resolve_all()
 
     # -- pause / resume ----------------------------------------------------------------------
@@ -493,12 +621,25 @@ class ResilientConsumer:
         moved = self._tracker.committable()
         if not moved:
             return
+        parts = [_partition(t, p, o, self._in_place_metadata((t, p), o)) for (t, p), o in moved]
         try:
-            self._consumer.store_offsets(offsets=[TopicPartition(t, p, o) for (t, p), o in moved])
+            self._consumer.store_offsets(offsets=parts)
         except KafkaException as exc:
             log.debug("store_offsets: %s", exc.args[0])  # a partition was revoked meanwhile
         if not self._auto_commit:
             self._commit(sync=False)
+
+    def _in_place_metadata(self, tp: TP, offset: int) -> str | None:
+        """The commit metadata of `tp` at `offset`: the in-place count of a message not yet past, else none."""
+        if not self._in_place_state:
+            return None
+        state = self._in_place_state.get(tp)
+        if state is None:
+            return None
+        if offset <= state.offset:
+            return state.encode()  # still to be retried: keep its count
+        del self._in_place_state[tp]  # past it: handled or dead-lettered
+        return None
 
     def _commit(self, *, sync: bool) -> None:
         try:
@@ -512,7 +653,6 @@ class ResilientConsumer:
                 log.warning("offset commit failed: %s", err)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.counts["assigned"] += 1
         tps = [(p.topic, p.partition) for p in partitions]
         self._scheduler.forget(tps)
         self._tracker.forget(tps)
@@ -528,17 +668,65 @@ class ResilientConsumer:
             for p in tier_parts:
                 if committed.get((p.topic, p.partition), OFFSET_INVALID) == OFFSET_INVALID:
                     p.offset = OFFSET_BEGINNING
+            if self._order is not None:
+                self._rebuild_order(partitions, tier_parts, committed)
+        if self._in_place is not None:
+            self._restore_in_place(consumer, partitions)
         if self._cooperative:
             consumer.incremental_assign(partitions)
         else:
             consumer.assign(partitions)
         # A pause does not survive in our state; make sure none survives in librdkafka's either.
         consumer.resume(partitions)
+        # Counted once done (the ordering scan included), so that stats() never shows an assignment half made.
+        self.counts["assigned"] += 1
         log.info("assigned %d partitions", len(partitions))
+
+    def _restore_in_place(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """RetryInPlace: the attempt counts a previous owner committed with the offsets it resumes from."""
+        try:
+            got = consumer.committed([TopicPartition(p.topic, p.partition) for p in partitions], timeout=10)
+        except KafkaException as exc:
+            log.warning("could not read the in-place attempt counts (they restart from zero): %s", exc.args[0])
+            return
+        for c in got:
+            state = decode(c.metadata)
+            if state is not None:
+                self._in_place_state[(c.topic, c.partition)] = state
+                log.info("%s [%d] @%d: %d in-place attempts made before the assignment", c.topic, c.partition,
+                         state.offset, state.attempts)
+
+    def _rebuild_order(
+        self, partitions: list[TopicPartition], tier_parts: list[TopicPartition], committed: dict[TP, int]
+    ) -> None:
+        """ordering="key": learn what is in the ladder of the assigned partitions from their tier partitions."""
+        assert self._order is not None
+        mine = {(p.topic, p.partition) for p in partitions}
+        for t, part in mine:
+            place = self._places[t]
+            missing = [x for x, pl in self._places.items() if pl.main == place.main and (x, part) not in mine]
+            if missing:
+                log.error(
+                    "ordering='key' cannot be kept for %s [%d]: %s [%d] belongs to another member "
+                    "(every member must use the range assignor and the same topics)", place.main, part, missing[0],
+                    part,
+                )
+        starts = [
+            TopicPartition(p.topic, p.partition, committed.get((p.topic, p.partition), OFFSET_INVALID))
+            for p in tier_parts
+        ]
+        # Raising here makes consume() raise: run() stops and the application hears of it, rather
+        # than this member handling messages out of their key's order.
+        counted = scan_ladder(self._admin_conf, starts, self._places, self._order)
+        self.counts["scanned"] += counted
+        log.info("ordering='key': %d tier messages counted, %d keys waiting", counted, len(self._order))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.counts["revoked"] += 1
         tps = [(p.topic, p.partition) for p in partitions]
+        if self._order is not None:
+            # Hops acknowledged now are seen by the next owner's scan; their sources can be committed.
+            self._producer.flush(10.0)
         self._settle_hops()
         self._store_offsets()
         self._commit(sync=True)
@@ -560,7 +748,12 @@ class ResilientConsumer:
         self._scheduler.forget(tps)
         self._tracker.forget(tps)
         gone = set(tps)
-        self._in_place_attempts = {k: v for k, v in self._in_place_attempts.items() if (k[0], k[1]) not in gone}
+        if self._order is not None:
+            origins = {(self._places[t].main, p) for t, p in gone}
+            self._order.forget(origins)
+            self._hop_keys = {k: v for k, v in self._hop_keys.items() if v[0] not in origins}
+        for tp in gone:
+            self._in_place_state.pop(tp, None)
 
     # -- misc ---------------------------------------------------------------------------------
 
@@ -587,6 +780,26 @@ class ResilientConsumer:
     def _close_store(self) -> None:
         if self._owns_store:
             self.store.close()
+
+
+def _partition(topic: str, partition: int, offset: int, metadata: str | None) -> TopicPartition:
+    # confluent_kafka takes metadata only as a str argument (None is refused, the attribute is read-only).
+    if metadata is None:
+        return TopicPartition(topic, partition, offset)
+    return TopicPartition(topic, partition, offset, metadata)
+
+
+def _check_ordering_config(config: Mapping[str, Any]) -> None:
+    """ordering="key" keeps its state on the member that owns partition p of the main topic and of
+    every tier: only the classic protocol's range assignor puts them together."""
+    assignor = str(config.get("partition.assignment.strategy", "range")).replace(" ", "")
+    if assignor != "range":
+        raise ConfigError(
+            f"ordering='key' needs partition.assignment.strategy 'range' (got {assignor!r}): partition p of the "
+            "main topic and of each retry tier must belong to the same member"
+        )
+    if str(config.get("group.protocol", "classic")).lower() != "classic":
+        raise ConfigError("ordering='key' needs group.protocol 'classic' (its range assignor co-locates the tiers)")
 
 
 def _exception_classes(

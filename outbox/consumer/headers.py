@@ -11,7 +11,7 @@ from typing import cast
 
 from confluent_kafka import Message
 
-from ..headers import ID_HEADER, IdGenerator
+from ..headers import ATTEMPT_HEADER, FIRST_FAILED_HEADER, ID_HEADER, LAST_ERROR_HEADER, IdGenerator
 from ..records import Headers
 
 ORIGINAL_TOPIC = "outbox-original-topic"
@@ -19,11 +19,19 @@ ORIGINAL_PARTITION = "outbox-original-partition"
 ORIGINAL_OFFSET = "outbox-original-offset"
 ORIGINAL_TIMESTAMP = "outbox-original-timestamp"  # epoch ms of the message in the main topic
 GROUP = "outbox-group"
-ATTEMPT = "outbox-attempt"  # handling attempts made so far (1 after the main topic failed)
+# Not "outbox-attempt": that is the producer's send counter, which its outbox re-sends rewrite
+# (outbox.headers.for_resend). A hop that went through the outbox carries both, each meaning one thing.
+ATTEMPT = "outbox-consumer-attempt"  # handling attempts made so far (1 after the main topic failed)
 DUE_AT = "outbox-due-at"  # epoch ms: the message is not handled before this
 ERROR_CLASS = "outbox-error-class"  # e.g. "builtins.TimeoutError"
 ERROR_MESSAGE = "outbox-error-message"  # str(exception), capped at ERROR_MESSAGE_MAX bytes
 SPRING_ORIGINAL_TOPIC = "kafka_dlt-original-topic"  # Spring Kafka's name, so its consoles can redrive
+# ordering="key": the message was not handled (or not again) but parked behind the earlier message of
+# its key at this main-topic offset; `outbox-consumer-attempt` then counts its own attempts, not the tier's.
+PARKED_BEHIND = "outbox-parked-behind"
+#: The producer's delivery metadata describes one publish (an outbox re-send of it); a hop is a new
+#: publish, so the previous one's is dropped rather than passed on as if it described the hop.
+PRODUCER_RESEND = frozenset({ATTEMPT_HEADER, FIRST_FAILED_HEADER, LAST_ERROR_HEADER})
 
 #: Headers this module writes; a hop replaces them. `outbox-id` is kept, not replaced.
 MANAGED = frozenset(
@@ -38,8 +46,9 @@ MANAGED = frozenset(
         ERROR_CLASS,
         ERROR_MESSAGE,
         SPRING_ORIGINAL_TOPIC,
+        PARKED_BEHIND,
     }
-)
+) | PRODUCER_RESEND
 ERROR_MESSAGE_MAX = 512
 
 
@@ -72,7 +81,8 @@ def headers_of(msg: Message) -> Headers:
     return cast(Headers, msg.headers() or [])
 
 
-def _text(headers: Headers | None, name: str) -> str | None:
+def find_text(headers: Headers | None, name: str) -> str | None:
+    """The last `name` header's value as text, or None."""
     if headers:
         for h, v in reversed(headers):
             if h == name:
@@ -82,7 +92,7 @@ def _text(headers: Headers | None, name: str) -> str | None:
 
 def due_at(msg: Message) -> float | None:
     """Epoch seconds when the message becomes due (None: no due time, due now)."""
-    v = _text(headers_of(msg), DUE_AT)
+    v = find_text(headers_of(msg), DUE_AT)
     if v is None:
         return None
     try:
@@ -91,14 +101,46 @@ def due_at(msg: Message) -> float | None:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class LadderPosition:
+    """What a tier message's headers say about its place in the ladder (ordering="key")."""
+
+    origin_partition: int  # -1 when the headers do not say (not written by this consumer)
+    origin_offset: int  # -1 likewise
+    parked_attempts: int | None  # attempts made so far, for a parked message; None: the tier counts
+
+
+def ladder_position(msg: Message) -> LadderPosition:
+    """One pass over a tier message's headers: its origin in the main topic, and whether it is parked."""
+    part = off = attempt = parked = None
+    for h, v in headers_of(msg):
+        if h == ORIGINAL_OFFSET:
+            off = v
+        elif h == ORIGINAL_PARTITION:
+            part = v
+        elif h == ATTEMPT:
+            attempt = v
+        elif h == PARKED_BEHIND:
+            parked = v
+    return LadderPosition(_int(part), _int(off), None if parked is None else max(0, _int(attempt)))
+
+
+def _int(v: bytes | None) -> int:
+    try:
+        return -1 if v is None else int(v)
+    except ValueError:
+        return -1
+
+
 def failure_headers(
     msg: Message,
     *,
     group: str,
     attempt: int,
-    exc: BaseException,
+    exc: BaseException | None,
     due_at_s: float | None,
     ids: IdGenerator,
+    parked_behind: int | None = None,
 ) -> tuple[Headers, str, Origin]:
     """Headers for a hop to a retry tier or to the dead letters, the message id they carry, its origin.
 
@@ -109,9 +151,11 @@ def failure_headers(
         msg: the message that failed (from the main topic or a tier).
         group: the consumer group.
         attempt: handling attempts made so far, this failed one included.
-        exc: the exception the handler raised.
+        exc: the exception the handler raised; None when the message is parked (ordering="key")
+            without a new failure, which keeps its last failure's class and message, if any.
         due_at_s: epoch seconds when the next attempt is due (None for a dead letter).
         ids: where a new `outbox-id` comes from when the message has none.
+        parked_behind: main-topic offset of the earlier message of its key it is parked behind.
     """
     kept: Headers = []
     found: dict[str, bytes | None] = {}
@@ -138,11 +182,13 @@ def failure_headers(
     ]
     if due_at_s is not None:
         kept.append((DUE_AT, str(int(due_at_s * 1000)).encode()))
-    kept += [
-        (ERROR_CLASS, error_class(exc).encode()),
-        (ERROR_MESSAGE, cap_utf8(str(exc))),
-        (SPRING_ORIGINAL_TOPIC, topic),
-    ]
+    if exc is not None:
+        kept += [(ERROR_CLASS, error_class(exc).encode()), (ERROR_MESSAGE, cap_utf8(str(exc)))]
+    else:
+        kept += [(h, found[h]) for h in (ERROR_CLASS, ERROR_MESSAGE) if found.get(h) is not None]
+    kept.append((SPRING_ORIGINAL_TOPIC, topic))
+    if parked_behind is not None:
+        kept.append((PARKED_BEHIND, str(parked_behind).encode()))
     return kept, msg_id, origin
 
 
@@ -187,14 +233,14 @@ class ConsumerFailure:
 
 def consumer_failure(headers: Headers | None) -> ConsumerFailure | None:
     """The consumer metadata carried by `headers`, or None when they are not a consumer's."""
-    group = _text(headers, GROUP)
-    topic = _text(headers, ORIGINAL_TOPIC)
+    group = find_text(headers, GROUP)
+    topic = find_text(headers, ORIGINAL_TOPIC)
     if group is None or topic is None:
         return None
 
     def number(name: str) -> int:
         try:
-            return int(_text(headers, name) or -1)
+            return int(find_text(headers, name) or -1)
         except ValueError:
             return -1
 
@@ -203,6 +249,6 @@ def consumer_failure(headers: Headers | None) -> ConsumerFailure | None:
         group=group,
         origin=Origin(topic, number(ORIGINAL_PARTITION), number(ORIGINAL_OFFSET), number(ORIGINAL_TIMESTAMP)),
         attempt=None if attempt < 0 else attempt,
-        error_class=_text(headers, ERROR_CLASS),
-        error_message=_text(headers, ERROR_MESSAGE),
+        error_class=find_text(headers, ERROR_CLASS),
+        error_message=find_text(headers, ERROR_MESSAGE),
     )

@@ -76,6 +76,14 @@ class OffsetTracker:
         self._dirty.clear()
         return out
 
+    def committable_of(self, tp: TP) -> int | None:
+        """The offset `tp` could be committed at now (None: nothing processed on it yet)."""
+        pos = self._position.get(tp)
+        if pos is None:
+            return None
+        w = self._waiting.get(tp)
+        return min(w) if w else pos
+
     def forget(self, tps: Iterable[TP]) -> None:
         """Drop revoked partitions: their hops' results no longer matter to this consumer."""
         for tp in tps:

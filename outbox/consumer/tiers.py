@@ -114,13 +114,21 @@ class Ladder:
 
 
 def ensure_tiers(
-    admin_config: Mapping[str, Any], ladder: Ladder, *, create: bool, timeout: float = 30.0
+    admin_config: Mapping[str, Any],
+    ladder: Ladder,
+    *,
+    create: bool,
+    timeout: float = 30.0,
+    same_partitions: bool = False,
 ) -> dict[str, int]:
     """Check (and create, if allowed) every tier topic; return each main topic's partition count.
 
     Tiers get the main topic's partition count, so partition p of every tier lands on the consumer
     that owns partition p of the main topic under the default range assignor, and its replication
     factor. Existing tiers with another partition count are used as they are, with a warning.
+
+    `same_partitions` (ordering="key"): a tier with another partition count is a ConfigError,
+    since a message and the later ones of its key would not share a tier partition.
 
     Raises:
         ConfigError: a main topic is missing, or tiers are missing and `create` is False.
@@ -144,6 +152,11 @@ def ensure_tiers(
         for name in ladder.tier_topics(main):
             have = md.topics.get(name)
             if have is not None and have.error is None and have.partitions:
+                if len(have.partitions) != counts[main] and same_partitions:
+                    raise ConfigError(
+                        f"tier {name} has {len(have.partitions)} partitions, {main} has {counts[main]}: "
+                        "ordering='key' needs the same count (recreate the tier topic)"
+                    )
                 if len(have.partitions) != counts[main]:
                     log.warning(
                         "tier %s has %d partitions, %s has %d: retried messages change partition",

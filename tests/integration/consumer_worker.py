@@ -1,11 +1,13 @@
 """One ResilientConsumer process for the kill -9 and rebalance tests (tests/integration/test_consumer.py).
 
 Run as a script: ``python consumer_worker.py <bootstrap> <topic> <group> <outbox path> <log path> <delays>
-[<partition.assignment.strategy>]``.
+[<partition.assignment.strategy> [in-place:<max attempts>:<delay>]]``.
 Messages whose value starts with ``fail`` fail on the main topic and every tier but the last,
 and succeed on the last tier; every other message succeeds at once. Each successful handling appends
 ``<value> <topic> <epoch s>`` to the log file (one write per line, so a kill -9 loses no line the
-handler finished). Runs until SIGTERM/SIGINT.
+handler finished). With ``in-place:N:D`` the strategy is RetryInPlace(RetryPolicy(max_attempts=N,
+initial_delay=D)), ``fail`` messages always fail, and each failed attempt first appends
+``<value> try <epoch s>``. Runs until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -16,19 +18,30 @@ import time
 
 from confluent_kafka import Message
 
-from outbox import ResilientConsumer, RetryTopics
+from outbox import ResilientConsumer, RetryInPlace, RetryPolicy, RetryTopics
+from outbox.consumer import Strategy
 
 
 def main(
-    bootstrap: str, topic: str, group: str, outbox_path: str, log_path: str, delays: str, assignor: str = "range"
+    bootstrap: str, topic: str, group: str, outbox_path: str, log_path: str, delays: str, assignor: str = "range",
+    mode: str = "",
 ) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     out = open(log_path, "a", buffering=1)  # noqa: SIM115 - kept open for the process's life
     last_tier = f".retry-{len(delays.split(','))}"
 
+    strategy: Strategy = RetryTopics(delays=[float(d) for d in delays.split(",")])
+    if mode.startswith("in-place:"):
+        _, n, d = mode.split(":")
+        strategy = RetryInPlace(RetryPolicy(max_attempts=int(n), initial_delay=float(d)))
+        last_tier = "never"
+
     def handle(msg: Message) -> None:
         value = (msg.value() or b"").decode()
         t = msg.topic() or ""
+        if value.startswith("fail") and last_tier == "never":
+            out.write(f"{value} try {time.time():.3f}\n")
+            raise TimeoutError(f"downstream timed out for {value}")
         if value.startswith("fail") and not t.endswith(last_tier):
             raise TimeoutError(f"downstream timed out for {value}")
         out.write(f"{value} {t} {time.time():.3f}\n")
@@ -45,7 +58,7 @@ def main(
         config,
         topics=[topic],
         handler=handle,
-        strategy=RetryTopics(delays=[float(d) for d in delays.split(",")]),
+        strategy=strategy,
         outbox=f"sqlite:///{outbox_path}",
         producer_config={"message.timeout.ms": 5000},
     ) as consumer:
@@ -54,4 +67,4 @@ def main(
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:8])
+    main(*sys.argv[1:9])

@@ -375,21 +375,27 @@ def test_all_brokers_stopped_while_hops_are_published_they_land_in_the_outbox_th
     produce(bootstrap, topic, values)
     brokers_down = threading.Event()
     main_seen: list[bytes] = []
-    succeeded: set[bytes] = set()
+    # retry-1: (value, consumer attempt header, the producer's outbox-attempt header); retry-2: the message.
+    in_retry_1: list[tuple[bytes, str | None, str | None]] = []
+    succeeded: dict[bytes, Message] = {}
 
     def handle(msg: Message) -> None:
+        value = msg.value() or b""
         if msg.topic() == topic:
-            main_seen.append(msg.value() or b"")
+            main_seen.append(value)
             if len(main_seen) == 50:
                 brokers_down.wait(60)  # the remaining prefetched messages hop while no broker is up
             raise TimeoutError("downstream down")
-        succeeded.add(msg.value() or b"")
+        if msg.topic() == f"{topic}.{group}.retry-1":
+            in_retry_1.append((value, header(msg, H.ATTEMPT), header(msg, "outbox-attempt")))
+            raise TimeoutError("still down")
+        succeeded[value] = msg
 
     consumer = ResilientConsumer(
         {"bootstrap.servers": bootstrap, "group.id": group, **GROUP_TIMING, "max.poll.interval.ms": 120000},
         topics=[topic],
         handler=handle,
-        strategy=RetryTopics(delays=[0.2]),
+        strategy=RetryTopics(delays=[0.2, 0.2]),
         outbox=f"sqlite:///{tmp_path / 'c.db'}",
         producer_config={"message.timeout.ms": 2000},
     )
@@ -401,10 +407,18 @@ def test_all_brokers_stopped_while_hops_are_published_they_land_in_the_outbox_th
         wait_until(lambda: c.stats()["retried"] >= 250, 60, "the prefetched messages hopped while brokers were down")
         outboxed = c.stats()["producer"]["outboxed"]
         chaos_cluster.start_all()
-        wait_until(lambda: succeeded == set(values), 120, "every message handled from its tier")
+        wait_until(lambda: set(succeeded) == set(values), 120, "every message handled from its last tier")
         wait_until(lambda: c.stats()["producer"]["pending"] == 0, 60, "the outbox drained")
     assert outboxed > 0
     assert sum(committed(bootstrap, group, topic, 3)) == 300
+    # The outbox's re-send stamps its own send counter (outbox-attempt) on a hop; the consumer's
+    # handling counter is another header, which the re-send leaves alone.
+    resent = [v for v, _, sends in in_retry_1 if sends is not None]
+    assert resent, "some hops to retry-1 were re-sent from the outbox"
+    assert {attempt for _, attempt, _ in in_retry_1} == {"1"}
+    for value, msg in succeeded.items():
+        assert header(msg, H.ATTEMPT) == "2", f"{value!r} reached retry-2 with attempt {header(msg, H.ATTEMPT)}"
+        assert header(msg, H.ORIGINAL_TOPIC) == topic
 
 
 # -- RetryInPlace and Ignore ------------------------------------------------------------------
@@ -483,6 +497,60 @@ def test_retry_in_place_gives_up_to_the_dead_letters_when_the_policy_runs_out(
     assert seen == [b"x0", b"bad", b"bad", b"bad", b"x2"]
     dlq = consume_all(f"{topic}.{group}.dlq", 1)
     assert [m.value() for m in dlq] == [b"bad"] and header(dlq[0], H.ATTEMPT) == "3"
+    assert committed(kafka_bootstrap, group, topic, 1) == [3]
+
+
+def test_retry_in_place_attempt_count_survives_a_kill_9_and_a_new_owner(
+    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path
+) -> None:
+    """The count is committed with the offset after each failed attempt: a new owner goes on from it.
+
+    What holds exactly: the new owner makes max_attempts minus the attempts whose commit completed,
+    so at most one attempt more than the bound when the kill lands between an attempt and its commit.
+    """
+    topic = make_topic(partitions=1)
+    group = group_name()
+    produce(kafka_bootstrap, topic, [b"ok-0", b"fail-1", b"ok-2"], partition=0)
+    log_path = tmp_path / "a.log"
+    worker = subprocess.Popen(
+        [sys.executable, str(WORKER), kafka_bootstrap, topic, group, str(tmp_path / "a.db"), str(log_path), "1",
+         "range", "in-place:6:0.3"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == b"ready\n"
+
+        def tries_by_a() -> int:
+            return sum(1 for line in log_path.read_text().splitlines() if line.startswith("fail-1 try"))
+
+        wait_until(lambda: log_path.exists() and tries_by_a() >= 4, 60, "4 attempts by the first process")
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    a_tries = tries_by_a()
+    seen: list[bytes] = []
+
+    def handle(msg: Message) -> None:
+        seen.append(msg.value() or b"")
+        if msg.value() == b"fail-1":
+            raise TimeoutError("still down")
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        topics=[topic],
+        handler=handle,
+        strategy=RetryInPlace(RetryPolicy(max_attempts=6, initial_delay=0.3)),
+        outbox=f"sqlite:///{tmp_path / 'b.db'}",
+    )
+    with running(consumer) as c:  # joins once the killed member's session (6 s) has expired
+        wait_until(lambda: b"ok-2" in seen and c.stats()["waiting_hops"] == 0, 60, "ok-2 handled after the dead letter")
+    b_tries = seen.count(b"fail-1")
+    assert 6 - a_tries <= b_tries <= 6 - a_tries + 1, f"{a_tries} attempts, then {b_tries} by the new owner"
+    dlq = consume_all(f"{topic}.{group}.dlq", 1)
+    assert [m.value() for m in dlq] == [b"fail-1"]
+    assert header(dlq[0], H.ATTEMPT) == "6"
     assert committed(kafka_bootstrap, group, topic, 1) == [3]
 
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from confluent_kafka import Message
 
 from outbox import ConfigError, Ignore, ResilientConsumer, RetryInPlace, RetryPolicy, RetryTopics
-from outbox.consumer.headers import ERROR_MESSAGE_MAX, cap_utf8, error_class
+from outbox.consumer import headers as H
+from outbox.consumer.headers import ERROR_MESSAGE_MAX, cap_utf8, error_class, failure_headers, ladder_position
 from outbox.consumer.offsets import OffsetTracker
+from outbox.consumer.ordering import KeyOrder
 from outbox.consumer.scheduler import PauseScheduler
 from outbox.consumer.tiers import Ladder, client_config
+from outbox.headers import IdGenerator, for_resend
 
 CONF = {"bootstrap.servers": "127.0.0.1:1", "group.id": "billing"}
 
@@ -33,6 +37,11 @@ def ok(_msg: Any) -> None:
         ({"ordering": "value"}, "ordering must be None or 'key'"),
         ({"dead_on": (ValueError, 3)}, "dead_on must be exception classes, got 3"),
         ({"config": {"group.id": "a/b"}}, "group.id 'a/b' cannot be part of a topic name"),
+        (
+            {"ordering": "key", "config": {**CONF, "partition.assignment.strategy": "cooperative-sticky"}},
+            "ordering='key' needs partition.assignment.strategy 'range' (got 'cooperative-sticky')",
+        ),
+        ({"ordering": "key", "config": {**CONF, "group.protocol": "consumer"}}, "ordering='key' needs group.protocol"),
     ],
 )
 def test_bad_input_is_a_config_error_at_construction(kwargs: dict[str, Any], message: str) -> None:
@@ -181,3 +190,71 @@ def test_circuit_opens_on_a_failure_rate_over_its_window() -> None:
         MainTopicCircuit(consecutive_failures=None)
     with pytest.raises(ConfigError, match=r"failure_rate is a fraction in \(0, 1\], got 2"):
         MainTopicCircuit(failure_rate=2)
+
+
+def test_key_order_parks_behind_the_earliest_entry_and_releases_when_every_copy_left() -> None:
+    order = KeyOrder()
+    main = ("orders", 0)
+    assert order.blocker(main, b"k", 5) is None
+    order.entered(main, b"k", 5, 1)  # offset 5 failed: retry-1
+    assert order.blocker(main, b"k", 9) == (5, 1)
+    assert order.blocker(main, b"k", 5) is None, "a message never waits for itself"
+    assert order.blocker(main, b"other", 9) is None and order.blocker(("orders", 1), b"k", 9) is None
+    order.entered(main, b"k", 9, 1)  # 9 parked behind it
+    order.moved(main, b"k", 5, 2)  # 5 failed again: retry-2
+    assert order.blocker(main, b"k", 9) == (5, 2), "the parked one follows it into retry-2"
+    assert order.contains(main, b"k", 9) and len(order) == 1
+    order.left(main, b"k", 5)
+    assert order.blocker(main, b"k", 9) is None and order.blocker(main, b"k", 12) == (9, 1)
+    order.left(main, b"k", 9)
+    order.left(main, b"k", 9)  # an unknown copy (a redriven dead letter) changes nothing
+    assert len(order) == 0 and order.blocker(main, b"k", 12) is None
+
+
+def test_key_order_counts_copies_found_by_a_scan_and_forgets_revoked_partitions() -> None:
+    order = KeyOrder()
+    main = ("orders", 3)
+    # A hop from retry-1 to retry-2 whose retry-1 offset was not committed: two copies of offset 7.
+    order.entered(main, b"k", 7, 2, scanned=True)
+    order.entered(main, b"k", 7, 1, scanned=True)
+    assert order.blocker(main, b"k", 8) == (7, 2), "a scan takes the highest tier as the latest copy"
+    order.left(main, b"k", 7)
+    assert order.blocker(main, b"k", 8) == (7, 2), "one copy is still to be read"
+    order.left(main, b"k", 7)
+    assert order.blocker(main, b"k", 8) is None
+    order.entered(main, b"k", 1, 1)
+    order.forget([main])
+    assert len(order) == 0
+
+
+def test_an_outbox_re_send_of_a_hop_leaves_the_consumer_counters_alone() -> None:
+    main = Message(topic="orders", partition=2, offset=40, key=b"k", value=b"v", headers=[("app", b"1")])
+    hop, msg_id, _ = failure_headers(main, group="billing", attempt=1, exc=TimeoutError("x"), due_at_s=5.0,
+                                     ids=IdGenerator())
+    # Kafka was down for the hop: the producer stored it and its drain re-sent it (third send).
+    resent = for_resend(hop, msg_id=msg_id, attempt=3, first_failed_at=1.0, last_error="_MSG_TIMED_OUT")
+    in_tier = Message(topic="orders.billing.retry-1", partition=2, offset=7, key=b"k", value=b"v", headers=resent)
+    assert H.find_text(resent, H.ATTEMPT) == "1" and H.find_text(resent, "outbox-attempt") == "3"
+    assert H.find_text(resent, H.DUE_AT) == "5000" and H.find_text(resent, H.ORIGINAL_OFFSET) == "40"
+    pos = ladder_position(in_tier)
+    assert (pos.origin_partition, pos.origin_offset, pos.parked_attempts) == (2, 40, None)
+    # Its next hop counts on from the consumer's header and drops the previous publish's metadata.
+    nxt, same_id, origin = failure_headers(in_tier, group="billing", attempt=2, exc=TimeoutError("y"), due_at_s=None,
+                                           ids=IdGenerator())
+    names = [h for h, _ in nxt]
+    assert same_id == msg_id and (origin.topic, origin.partition, origin.offset) == ("orders", 2, 40)
+    assert H.find_text(nxt, H.ATTEMPT) == "2" and names.count(H.ATTEMPT) == 1
+    assert not {"outbox-attempt", "outbox-first-failed-at", "outbox-last-error"} & set(names)
+    assert names[0] == "app"
+
+
+def test_a_parked_message_counts_its_own_attempts_and_keeps_its_last_failure() -> None:
+    failed = failure_headers(Message(topic="orders", partition=0, offset=9, key=b"k", value=b"v"), group="g",
+                             attempt=1, exc=ValueError("boom"), due_at_s=1.0, ids=IdGenerator())[0]
+    in_tier = Message(topic="orders.g.retry-1", partition=0, offset=3, key=b"k", value=b"v", headers=failed)
+    parked, _, _ = failure_headers(in_tier, group="g", attempt=1, exc=None, due_at_s=None, ids=IdGenerator(),
+                                   parked_behind=4)
+    assert H.find_text(parked, H.PARKED_BEHIND) == "4" and H.find_text(parked, H.DUE_AT) is None
+    assert H.find_text(parked, H.ERROR_CLASS) == "builtins.ValueError" and H.find_text(parked, H.ATTEMPT) == "1"
+    pos = ladder_position(Message(topic="orders.g.retry-3", partition=0, offset=1, key=b"k", headers=parked))
+    assert (pos.origin_offset, pos.parked_attempts) == (9, 1)
