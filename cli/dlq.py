@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
-from confluent_kafka import KafkaError
 
 from outbox.consumer.headers import ConsumerFailure, consumer_failure
 from outbox.consumer.redrive import redrive_topic
+from outbox.filters import error_filter
 from outbox.records import DeadLetterFilter, OutboxMessage, Status
 from outbox.stores import Outbox
 
@@ -38,27 +38,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Kafka's own rule for topic names; checked here so a typo is not replayed into new dead letters.
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-
-
-def error_filter(value: str | None) -> str | None:
-    """`--error` as the store matches it: a librdkafka code (`-192`) or name (`_MSG_TIMED_OUT`),
-    or a consumer dead letter's exception class (`builtins.ValueError`).
-
-    librdkafka names are case-insensitive and the leading underscore of its local errors may be
-    left out (`msg_timed_out`); exception classes are matched as given.
-    """
-    if value is None:
-        return None
-    v = value.strip()
-    if re.fullmatch(r"[+-]?\d+", v):
-        return str(int(v))
-    name = v.upper()
-    if hasattr(KafkaError, name):
-        return name
-    if not name.startswith("_") and hasattr(KafkaError, "_" + name):
-        return "_" + name
-    # Not a librdkafka name: a consumer dead letter's exception class ("builtins.ValueError"), as given.
-    return v
 
 
 def filter_options(f: F) -> F:

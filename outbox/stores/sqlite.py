@@ -18,9 +18,10 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from ..backlog import Backlog, backlog_from_rows, backlog_sql
+from ..codec import encode_headers
 from ..errors import StoreError, StoreNotFoundError, UnknownMessageError
 from ..owners import Liveness, SweepSchedule, describe_owner, local_liveness
-from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from ..records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from .base import (
     COLUMNS,
     INSERT_COLUMNS,
@@ -35,7 +36,7 @@ from .base import (
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _T = TypeVar("_T")
 _CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
 
@@ -65,6 +66,28 @@ _MIGRATIONS: dict[int, list[str]] = {
         "CREATE INDEX IF NOT EXISTS outbox_key ON outbox (topic, key, id)",
     ]
 }
+
+# Version 3 (the console): dead-letter filters walk small partial indexes in id order (keyset
+# pages), a trace finds a message's rows by its outbox-id, and operator actions are audited here,
+# in the store itself (same file permissions and backups as the dead letters they describe).
+# Partial indexes (WHERE status = 2) cost the producer nothing: pending rows are not in them.
+_MIGRATIONS[3] = [
+    "CREATE INDEX IF NOT EXISTS outbox_msg_id ON outbox (msg_id)",
+    "CREATE INDEX IF NOT EXISTS outbox_dead ON outbox (id) WHERE status = 2",
+    "CREATE INDEX IF NOT EXISTS outbox_dead_topic ON outbox (topic, id) WHERE status = 2",
+    "CREATE INDEX IF NOT EXISTS outbox_dead_error_name ON outbox (error_name, id) WHERE status = 2",
+    "CREATE INDEX IF NOT EXISTS outbox_dead_error_code ON outbox (error_code, id) WHERE status = 2",
+    "CREATE INDEX IF NOT EXISTS outbox_dead_key ON outbox (key, id) WHERE status = 2",
+    "CREATE INDEX IF NOT EXISTS outbox_dead_failed ON outbox (last_failed_at) WHERE status = 2",
+    """CREATE TABLE IF NOT EXISTS outbox_audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        who TEXT NOT NULL,
+        action TEXT NOT NULL,
+        filter TEXT NOT NULL,
+        count INTEGER NOT NULL
+    )""",
+]
 
 #: Version 2: the error as code and name columns (filters and stats read them, never the text).
 _ERROR_COLUMNS = ("error_code", "error_name")
@@ -536,6 +559,40 @@ class SQLiteOutbox(Outbox):
                 f"topic = COALESCE(?, topic) WHERE {where}",
                 [now, to_topic, *args],
             ).rowcount
+
+    def count_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> int:
+        where, args = dead_letter_where(flt, "?")
+        count: int = self._read(f"SELECT COUNT(*) FROM outbox WHERE {where}", args)[0][0]
+        return count
+
+    def redrive_edited(
+        self, id: int, *, value: bytes | None, headers: list[tuple[str, bytes | None]], now: float
+    ) -> bool:
+        with self._write() as c:
+            return c.execute(
+                "UPDATE outbox SET value = ?, headers = ?, status = 0, attempts = 0, next_attempt_at = ?, "
+                "lease_owner = NULL WHERE id = ? AND status = 2",
+                (value, encode_headers(headers), now, id),
+            ).rowcount == 1
+
+    def trace(self, msg_id: str) -> list[OutboxMessage]:
+        rows = self._read(f"SELECT {_COLUMNS} FROM outbox WHERE msg_id = ? ORDER BY id", (msg_id,))
+        return [row_from_columns(r) for r in rows]
+
+    def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:
+        with self._write() as c:
+            cur = c.execute(
+                "INSERT INTO outbox_audit (at, who, action, filter, count) VALUES (?, ?, ?, ?, ?)",
+                (at, who, action, filter, count),
+            )
+            return int(cur.lastrowid or 0)
+
+    def audit_log(self, *, limit: int = 100, before_id: int | None = None) -> list[AuditEntry]:
+        rows = self._read(
+            "SELECT id, at, who, action, filter, count FROM outbox_audit WHERE id < ? ORDER BY id DESC LIMIT ?",
+            (before_id if before_id is not None else 2**63 - 1, limit),
+        )
+        return [AuditEntry(*r) for r in rows]
 
     def has_pending(self, topic: str, key: bytes) -> bool:
         return bool(
