@@ -711,7 +711,7 @@ class PostgresOutbox(Outbox):
                 [now],
             ).fetchall()
             errors = conn.execute(
-                "SELECT COALESCE(error_name || ' (' || error_code || ')', '?'), "
+                "SELECT COALESCE(error_name || ' (' || error_code || ')', error_name, '?'), "
                 f"count(*) FROM {self._t} WHERE status = 2 GROUP BY 1"
             ).fetchall()
             due = conn.execute(f"SELECT min(next_attempt_at) FROM {self._t} WHERE status = 0").fetchone()

@@ -639,7 +639,7 @@ class SQLiteOutbox(Outbox):
             else:
                 dead_by_topic[topic] = count
         errors = self._read(
-            "SELECT COALESCE(error_name || ' (' || error_code || ')', '?'), COUNT(*) "
+            "SELECT COALESCE(error_name || ' (' || error_code || ')', error_name, '?'), COUNT(*) "
             "FROM outbox WHERE status = 2 GROUP BY 1"
         )
         next_due = self._read(
