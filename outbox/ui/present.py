@@ -60,10 +60,24 @@ def one_line(text: str | None, width: int = PREVIEW) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
+def _preview(data: bytes | None) -> tuple[str | None, str | None]:
+    """The start of a value as text (or hex): only what a one-line preview can show is decoded."""
+    if data is None or len(data) <= PREVIEW * 4:
+        return header_text(data)
+    cut = data[: PREVIEW * 4]
+    for end in range(len(cut), len(cut) - 4, -1):  # a UTF-8 character is at most 4 bytes
+        try:
+            return cut[:end].decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            continue
+    return cut.hex(), "hex"
+
+
 def summary(row: OutboxMessage) -> dict[str, Any]:
-    """One dead letter in a list: no value bytes beyond a short preview."""
-    key, key_enc = decode(row.key)
-    value, value_enc = decode(row.value)
+    """One dead letter in a list: no value bytes beyond a short preview (as text, or hex; a
+    list does not pretty-print JSON: it would be flattened again into one line)."""
+    key, key_enc = header_text(row.key)
+    value, value_enc = _preview(row.value)
     failure = consumer_failure(row.headers)
     return {
         "id": row.id,
