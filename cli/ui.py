@@ -6,7 +6,7 @@ import click
 
 from outbox.logs import redact_in_logs
 
-from .common import EXIT_USAGE, CliError, OutboxCommand, open_store, outbox_option
+from .common import EXIT_USAGE, CliError, OutboxCommand, open_store, outbox_option, settings_option
 
 #: Loggers that could print a request line with `?token=` or an error naming the store.
 _SERVER_LOGGERS = ("uvicorn", "uvicorn.access", "uvicorn.error", "outbox.ui")
@@ -40,7 +40,15 @@ API: /api/docs (OpenAPI: /api/openapi.json).""",
     "--rate", default=500.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
     help="Default redrive rate, messages per second (a redrive may ask for another).",
 )
-def ui(outbox_url: str, host: str, port: int, token: str | None, rate: float) -> None:
+@click.option(
+    "--bootstrap-servers", "-b", envvar="KAFKA_BOOTSTRAP_SERVERS", show_envvar=True, metavar="HOST:PORT[,...]",
+    help="Kafka, for what needs it: redriving a consumer's DLQ topic (POST /api/redrive-topic).",
+)
+@settings_option("A librdkafka client setting (repeatable), e.g. -X security.protocol=SSL.")
+def ui(
+    outbox_url: str, host: str, port: int, token: str | None, rate: float, bootstrap_servers: str | None,
+    settings: dict[str, str],
+) -> None:
     """Serve the dead-letter console: list, search, redrive, purge and trace dead letters."""
     try:
         import uvicorn
@@ -59,9 +67,12 @@ def ui(outbox_url: str, host: str, port: int, token: str | None, rate: float) ->
     if token is not None and len(token) < 16:
         raise CliError("--token: use at least 16 characters (e.g. openssl rand -hex 16)", EXIT_USAGE)
     with open_store(outbox_url) as (store, url):
-        app = create_app(store, token=token, loopback=loopback, location=url.redacted(), default_rate=rate)
+        kafka = {"bootstrap.servers": bootstrap_servers, **settings} if bootstrap_servers else None
+        app = create_app(store, token=token, loopback=loopback, location=url.redacted(), default_rate=rate,
+                         kafka=kafka)
         config = uvicorn.Config(app, host=host, port=port, log_level="info")  # configures uvicorn's logging
-        for secret in (token, url.password):
+        secrets = [token, url.password] + [v for k, v in settings.items() if "password" in k or "secret" in k]
+        for secret in secrets:
             if secret:
                 redact_in_logs(secret, _SERVER_LOGGERS)
         click.echo(f"outbox console for {url.redacted()} on http://{host}:{port}/", err=True)

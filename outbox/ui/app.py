@@ -9,6 +9,8 @@ value holding `<script>` is text. See `outbox.ui.security` for the token, host a
 from __future__ import annotations
 
 import binascii
+import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -18,11 +20,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..consumer.headers import consumer_failure
-from ..errors import StoreError, UnknownMessageError
+from ..consumer.redrive import redrive_topic
+from ..errors import ConfigError, KafkaDeliveryError, KafkaUnavailableError, StoreError, UnknownMessageError
 from ..records import DeadLetterFilter, Headers, Status
 from ..stores import Outbox
 from . import present, security
@@ -32,6 +36,9 @@ from .jobs import Jobs
 #: Redrive rate (messages/s) when a request names none, and the most one may ask for.
 DEFAULT_RATE = 500.0
 MAX_RATE = 100_000.0
+
+# Kafka's rule for topic names (as `outbox dlq replay-topic` checks it).
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 _ACTION_FIELDS = ("csrf", "do", "action", "scope", "ids", "rate")
 
@@ -52,6 +59,7 @@ def create_app(
     loopback: bool = True,
     location: str | None = None,
     default_rate: float = DEFAULT_RATE,
+    kafka: Mapping[str, Any] | None = None,
 ) -> FastAPI:
     """The console's ASGI application over `store` (serve it with uvicorn).
 
@@ -62,6 +70,8 @@ def create_app(
         location: where the store lives, as shown on the pages (never with a password; default
             `store.location`, which has none).
         default_rate: redrive messages/s when a request names none.
+        kafka: client settings (`bootstrap.servers`, security) for what needs the cluster: the
+            redrive of a consumer's DLQ *topic* (POST /api/redrive-topic). None: not offered.
     """
     app = FastAPI(
         title="kafka-outbox console",
@@ -135,6 +145,18 @@ def create_app(
     async def on_store_error(request: Request, exc: StoreError) -> Response:
         # Store errors name the store by location (host/database or file), never its password.
         return _error(request, 503, f"the outbox store failed: {exc}")
+
+    @app.exception_handler(ConfigError)
+    async def on_config_error(request: Request, exc: ConfigError) -> Response:
+        return _error(request, 400, str(exc))  # e.g. a DLQ topic that does not exist
+
+    @app.exception_handler(KafkaUnavailableError)
+    async def on_kafka_down(request: Request, exc: KafkaUnavailableError) -> Response:
+        return _error(request, 503, f"Kafka: {exc}")
+
+    @app.exception_handler(KafkaDeliveryError)
+    async def on_kafka_failed(request: Request, exc: KafkaDeliveryError) -> Response:
+        return _error(request, 502, f"Kafka: {exc}")
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -278,6 +300,27 @@ def create_app(
         headers = _headers_json(body["headers"]) if "headers" in body else row.headers
         redrive_edited(row_id, value, headers)
         return present.detail(store.get(row_id))
+
+    @app.post("/api/redrive-topic", tags=["api"], summary="Republish a consumer's DLQ topic into its retry tier")
+    async def api_redrive_topic(request: Request) -> dict[str, Any]:
+        """Body: `dlq_topic` (e.g. orders.billing.dlq), optional `limit`. Each message goes to its
+        group's first retry tier (`outbox dlq replay-topic`); progress is kept by the consumer group
+        outbox-redrive.<dlq_topic>, so a second call republishes only what came later."""
+        if kafka is None:
+            raise ConsoleError(409, "the console was started without --bootstrap-servers: it cannot reach Kafka")
+        body = await _json(request)
+        unknown = sorted(set(body) - {"dlq_topic", "limit"})
+        if unknown:
+            raise FilterError(f"unknown field(s): {', '.join(unknown)}")
+        topic = body.get("dlq_topic")
+        if not isinstance(topic, str) or not _TOPIC.fullmatch(topic):
+            raise FilterError("dlq_topic: a Kafka topic name (letters, digits, '.', '_', '-') is required")
+        limit = _int_param(str(body["limit"]), "limit", None, 1, 10_000_000) if body.get("limit") is not None else None
+        # Blocking Kafka calls: run in the thread pool, not on the event loop.
+        result = await run_in_threadpool(redrive_topic, kafka, topic, limit=limit)
+        store.add_audit(who=actor, action="redrive-topic", filter=json.dumps({"dlq_topic": topic, "limit": limit}),
+                        count=result.replayed, at=time.time())
+        return {"dlq_topic": topic, "replayed": result.replayed, "by_topic": result.by_topic}
 
     @app.get("/api/trace/{msg_id}", tags=["api"], summary="Every row of one message, by its outbox-id")
     def api_trace(msg_id: str) -> dict[str, Any]:

@@ -359,3 +359,38 @@ def test_redriven_dead_letters_reach_kafka(
         assert store.count_dead() == 9
     finally:
         store.close()
+
+
+def test_redrive_a_dlq_topic_into_the_first_retry_tier(
+    tmp_path: Any, kafka_bootstrap: str, make_topic: Callable[..., str]
+) -> None:
+    """A consumer's DLQ *topic* (dead_letters="topic"), republished through the console."""
+    from confluent_kafka import Producer
+
+    main = make_topic(partitions=1)
+    dlq = make_topic(partitions=1, name=f"{main}.billing.dlq")
+    tier = make_topic(partitions=1, name=f"{main}.billing.retry-1")
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(2):
+        p.produce(dlq, b"dead-%d" % i, headers=consumer_headers("billing", main))
+    assert p.flush(30) == 0
+    store = SQLiteOutbox(str(tmp_path / "t.db"))
+    try:
+        r = client(store).post("/api/redrive-topic", json={"dlq_topic": dlq})
+        assert r.status_code == 409 and "--bootstrap-servers" in r.json()["error"]
+        c = client(store, kafka={"bootstrap.servers": kafka_bootstrap})
+        r = c.post("/api/redrive-topic", json={"dlq_topic": dlq})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"dlq_topic": dlq, "replayed": 2, "by_topic": {tier: 2}}
+        assert sorted(m.value() for m in consume(kafka_bootstrap, tier, expected=3, timeout=10)) == [b"dead-0",
+                                                                                                     b"dead-1"]
+        assert c.post("/api/redrive-topic", json={"dlq_topic": dlq}).json()["replayed"] == 0  # progress kept
+        r = c.post("/api/redrive-topic", json={"dlq_topic": "no-such-topic-here"})
+        assert r.status_code == 400 and "does not exist" in r.json()["error"]
+        r = c.post("/api/redrive-topic", json={"dlq_topic": "bad topic!"})
+        assert r.status_code == 400 and "dlq_topic" in r.json()["error"]
+        assert [(e["action"], e["count"]) for e in c.get("/api/audit").json()["entries"]] == [
+            ("redrive-topic", 0), ("redrive-topic", 2)
+        ]
+    finally:
+        store.close()
