@@ -94,7 +94,7 @@ def create_app(
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         api = request.url.path.startswith("/api/")
-        if loopback and (request.url.hostname or "") not in security.LOOPBACK_NAMES:
+        if loopback and not security.is_loopback(request.url.hostname or ""):
             return _refuse(api, 400, "this console answers requests addressed to localhost only")
         if token is not None and request.url.path != "/login":
             given = security.bearer(request.headers.get("authorization")) or request.cookies.get(security.TOKEN_COOKIE)

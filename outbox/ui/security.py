@@ -38,9 +38,6 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
-
-
 def is_loopback(host: str) -> bool:
     """Whether binding `host` exposes the console to this machine only."""
     if host == "localhost":

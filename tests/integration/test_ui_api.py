@@ -6,6 +6,7 @@ and no password in any answer."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 import uuid
@@ -262,6 +263,8 @@ def test_token_on_every_request(store: Outbox) -> None:
 def test_host_check_on_loopback(store: Outbox) -> None:
     c = client(store)
     assert c.get("/api/stats").status_code == 200
+    assert c.get("/api/stats", headers={"host": "127.0.0.2:8080"}).status_code == 200  # any loopback address
+    assert c.get("/api/stats", headers={"host": "[::1]:8080"}).status_code == 200
     r = c.get("/api/stats", headers={"host": "evil.example:8080"})
     assert r.status_code == 400 and "localhost only" in r.json()["error"]
 
@@ -394,3 +397,42 @@ def test_redrive_a_dlq_topic_into_the_first_retry_tier(
         ]
     finally:
         store.close()
+
+
+def test_served_console_keeps_the_token_out_of_its_log(tmp_path: Any) -> None:
+    """The real `outbox ui` process: its request log shows *** where the token was."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import httpx
+
+    SQLiteOutbox(str(tmp_path / "o.db")).close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from outbox_cli.main import main; main()", "ui", "--outbox", str(tmp_path / "o.db"),
+         "--port", str(port)],
+        cwd=Path(__file__).resolve().parents[2], env={**os.environ, "OUTBOX_UI_TOKEN": TOKEN},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                stats = httpx.get(f"{base}/api/stats", headers=bearer, timeout=2)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, "outbox ui did not start"
+                time.sleep(0.2)
+        assert stats.json()["dead"] == 0
+        assert httpx.get(f"{base}/login?token={TOKEN}", timeout=5).status_code == 303
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=20)[0]
+    assert "GET /login?token=*** HTTP" in out and "GET /api/stats HTTP" in out, out
+    assert TOKEN not in out
