@@ -9,6 +9,7 @@ value holding `<script>` is text. See `outbox.ui.security` for the token, host a
 from __future__ import annotations
 
 import binascii
+import dataclasses
 import json
 import re
 import time
@@ -32,6 +33,7 @@ from ..stores import Outbox
 from . import present, security
 from .filters import FIELDS, FilterError, describe, describe_json, parse_filter, query_of
 from .jobs import Jobs
+from .lag import tier_lags
 
 #: Redrive rate (messages/s) when a request names none, and the most one may ask for.
 DEFAULT_RATE = 500.0
@@ -212,7 +214,18 @@ def create_app(
             # The circuit lives in each producer process (ResilientProducer.stats()["circuit"]);
             # the store cannot tell it.
             "circuit": None,
+            **tiers(),
         }
+
+    def tiers() -> dict[str, Any]:
+        """The retry tiers' lag (with -b); a cluster that does not answer is said, not fatal."""
+        if kafka is None:
+            return {"tier_lag": None, "tier_lag_error": None}
+        try:
+            lags = tier_lags(kafka, timeout=5.0)
+        except KafkaUnavailableError as exc:
+            return {"tier_lag": None, "tier_lag_error": str(exc)}
+        return {"tier_lag": [dataclasses.asdict(t) for t in lags], "tier_lag_error": None}
 
     def purge(flt: DeadLetterFilter) -> int:
         removed = store.purge_dead(flt)

@@ -436,3 +436,38 @@ def test_served_console_keeps_the_token_out_of_its_log(tmp_path: Any) -> None:
         out = proc.communicate(timeout=20)[0]
     assert "GET /login?token=*** HTTP" in out and "GET /api/stats HTTP" in out, out
     assert TOKEN not in out
+
+
+def test_overview_shows_the_retry_tiers_lag(
+    tmp_path: Any, kafka_bootstrap: str, make_topic: Callable[..., str]
+) -> None:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    group = f"g{uuid.uuid4().hex[:8]}"
+    main = make_topic(partitions=2)
+    tier1 = make_topic(partitions=2, name=f"{main}.{group}.retry-1")
+    tier2 = make_topic(partitions=1, name=f"{main}.{group}.retry-2")
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(5):
+        p.produce(tier1, b"%d" % i, partition=0)
+    p.produce(tier2, b"x", partition=0)
+    assert p.flush(30) == 0
+    committer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
+    committer.commit(offsets=[TopicPartition(tier1, 0, 2)], asynchronous=False)  # 2 of tier 1 handled
+    committer.close()
+    store = SQLiteOutbox(str(tmp_path / "l.db"))
+    try:
+        stats = client(store, kafka={"bootstrap.servers": kafka_bootstrap}).get("/api/stats").json()
+        mine = [t for t in stats["tier_lag"] if t["group"] == group]
+        assert mine == [
+            {"group": group, "topic": main, "tier": tier1, "number": 1, "lag": 3},
+            {"group": group, "topic": main, "tier": tier2, "number": 2, "lag": 1},
+        ]
+        page = client(store, kafka={"bootstrap.servers": kafka_bootstrap}).get("/").text
+        assert tier1 in page
+        down = client(store, kafka={"bootstrap.servers": "127.0.0.1:1"}).get("/api/stats")
+        assert down.status_code == 200 and down.json()["tier_lag"] is None
+        assert "could not read the retry tiers' offsets" in down.json()["tier_lag_error"]
+        assert client(store).get("/api/stats").json()["tier_lag"] is None  # no -b: not asked
+    finally:
+        store.close()
