@@ -471,3 +471,31 @@ def test_overview_shows_the_retry_tiers_lag(
         assert client(store).get("/api/stats").json()["tier_lag"] is None  # no -b: not asked
     finally:
         store.close()
+
+
+def test_page_forms_redrive_a_whole_filter_and_edit_one(store: Outbox) -> None:
+    ids = fill(store)
+    c = client(store)
+    csrf = re.search(r'name="csrf" value="([^"]+)"', c.get("/dead-letters").text)
+    assert csrf is not None
+    r = c.post("/actions", data={"do": "redrive:filter", "error": "29", "csrf": csrf.group(1)})
+    assert 'id="confirm-count">3<' in r.text and 'name="rate"' in r.text
+    r = c.post("/actions/confirm", data={"action": "redrive", "scope": "filter", "error": "29", "rate": "1000",
+                                         "csrf": csrf.group(1)}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/jobs/")
+    deadline = time.monotonic() + 30
+    while 'id="job-state">done<' not in (page := c.get(r.headers["location"]).text):
+        assert time.monotonic() < deadline, page
+        time.sleep(0.05)
+    assert all(store.get(i).status is Status.PENDING for i in ids["auth"])
+    assert c.post("/actions", data={"do": "purge:selected", "csrf": csrf.group(1)}).status_code == 400  # none ticked
+    [d] = ids["group"][:1]
+    r = c.post(f"/dead-letters/{d}/redrive", follow_redirects=False, data={
+        "csrf": csrf.group(1), "value": '{"price": 1}', "value_encoding": "utf-8",
+        "headers": "outbox-group: billing\nfixed-by: ops\nempty"})
+    assert r.status_code == 303
+    row = store.get(d)
+    assert (row.status, row.value, row.headers) == (
+        Status.PENDING, b'{"price": 1}', [("outbox-group", b"billing"), ("fixed-by", b"ops"), ("empty", None)])
+    r = c.post(f"/dead-letters/{d}/redrive", data={"csrf": csrf.group(1), "value": "x", "headers": ": no name"})
+    assert r.status_code == 400 and "needs a name" in r.text
