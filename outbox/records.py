@@ -132,7 +132,7 @@ class DeadLetterFilter:
     since: float | None = None
     until: float | None = None
     limit: int | None = None
-    #: A ResilientConsumer group: its dead letters are addressed to ``<topic>.<group>.retry-1``.
+    #: A ResilientConsumer group: its dead letters carry the header ``outbox-group: <group>``.
     group: str | None = None
     #: The exact message key.
     key: bytes | None = None

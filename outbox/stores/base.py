@@ -83,14 +83,28 @@ def like_pattern(text: str) -> str:
     return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
+def group_header(group: str) -> bytes:
+    """The bytes `encode_headers` writes for the header `outbox-group: <group>`, found in the
+    stored headers by a substring search (a ResilientConsumer's dead letters carry it, whatever
+    the strategy and the topic they are addressed to)."""
+    encoded = encode_headers([("outbox-group", group.encode("utf-8"))])
+    assert encoded is not None
+    return encoded
+
+
 def dead_letter_where(
-    flt: DeadLetterFilter, placeholder: str, *, key_match: str = "key = {p}"
+    flt: DeadLetterFilter,
+    placeholder: str,
+    *,
+    key_match: str = "key = {p}",
+    headers_contain: str = "instr(headers, {p}) > 0",
 ) -> tuple[str, list[Any]]:
     """The WHERE clause (with the driver's `placeholder`) and arguments of a dead-letter filter.
 
     `key_match` is how the backend compares the key (PostgreSQL goes through an md5 index); each
-    `{p}` in it takes the key once. The status is a literal so that partial indexes on dead rows
-    (`WHERE status = 2`) match the query whatever the driver does with parameters.
+    `{p}` in it takes the key once. `headers_contain` is its test for bytes inside the stored
+    headers. The status is a literal so that partial indexes on dead rows (`WHERE status = 2`)
+    match the query whatever the driver does with parameters.
     """
     p = placeholder
     where: list[str] = [f"status = {int(Status.DEAD)}"]
@@ -116,12 +130,10 @@ def dead_letter_where(
         where.append(f"last_failed_at < {p}")
         args.append(flt.until)
     if flt.group is not None:
-        # A consumer dead letter is addressed to its group's first retry tier (outbox.consumer
-        # .tiers.retry_tier_name): the group is the topic's suffix, compared exactly (no LIKE, whose
-        # wildcards and case rules differ between the backends). The length is our own integer.
-        suffix = f".{flt.group}.retry-1"
-        where.append(f"substr(topic, length(topic) - {len(suffix)} + 1) = {p}")
-        args.append(suffix)
+        # The exact encoded header (name length, name, value length, value): no index, the pages
+        # walk the dead rows in id order until they are full.
+        where.append(headers_contain.format(p=p))
+        args.append(group_header(flt.group))
     if flt.key is not None:
         where.append(key_match.format(p=p))
         args.extend([flt.key] * key_match.count("{p}"))

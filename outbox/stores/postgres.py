@@ -166,6 +166,7 @@ def _migrations(schema: str, table: str) -> dict[int, list[str]]:
 
 #: How the dead-letter filter compares keys: through the md5 index, then exactly.
 _KEY_MATCH = "md5(key) = md5({p}::bytea) AND key = {p}::bytea"
+_HEADERS_CONTAIN = "position({p}::bytea in headers) > 0"
 
 
 def _lock_key(name: str) -> int:
@@ -622,7 +623,7 @@ class PostgresOutbox(Outbox):
         return row_from_columns(rows[0])
 
     def list_dead(self, flt: DeadLetterFilter = _ALL) -> list[OutboxMessage]:
-        where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH)
+        where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)
         sql = f"SELECT {_COLUMNS} FROM {self._t} WHERE {where} ORDER BY id"
         if flt.limit is not None:
             sql += " LIMIT %s"
@@ -642,12 +643,12 @@ class PostgresOutbox(Outbox):
             return [row_from_columns(r) for r in conn.execute(sql, args).fetchall()]
 
     def purge_dead(self, flt: DeadLetterFilter = _ALL) -> int:
-        where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH)
+        where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)
         with self._conn() as conn:
             return conn.execute(f"DELETE FROM {self._t} WHERE {where}", args).rowcount
 
     def replay_dead(self, flt: DeadLetterFilter = _ALL, *, now: float, to_topic: str | None = None) -> int:
-        where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH)
+        where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)
         with self._conn() as conn:
             return conn.execute(
                 f"UPDATE {self._t} SET status = 0, attempts = 0, next_attempt_at = %s, "
@@ -656,7 +657,7 @@ class PostgresOutbox(Outbox):
             ).rowcount
 
     def count_dead(self, flt: DeadLetterFilter = _ALL) -> int:
-        where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH)
+        where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)
         return int(self._read(f"SELECT count(*) FROM {self._t} WHERE {where}", args)[0][0])
 
     def redrive_edited(

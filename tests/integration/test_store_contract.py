@@ -400,10 +400,13 @@ def test_purge_dead_with_filter(store: Outbox) -> None:
 
 def test_console_filters_and_keyset_pages(store: Outbox) -> None:
     """The filters the console adds: consumer group, key, text in the error, keyset pages; count_dead."""
+    def grp(g: str) -> list[tuple[str, bytes | None]]:
+        return [("outbox-original-topic", b"orders"), ("outbox-group", g.encode()), ("outbox-attempt", b"3")]
+
     rows = [
-        msg("orders.billing.retry-1", key=b"k1", error_name="builtins.ValueError",
+        msg("orders.billing.retry-1", key=b"k1", error_name="builtins.ValueError", headers=grp("billing"),
             last_error="builtins.ValueError (consumer): Bad 100% _price_"),
-        msg("orders.x_billing.retry-1", key=b"k2", error_name="builtins.ValueError",
+        msg("orders.x_billing.retry-1", key=b"k2", error_name="builtins.ValueError", headers=grp("x_billing"),
             last_error="builtins.ValueError (consumer): bad"),
         msg("orders", key=b"k1", error_code=10, error_name="MSG_SIZE_TOO_LARGE",
             last_error="MSG_SIZE_TOO_LARGE (10): big"),
@@ -411,8 +414,14 @@ def test_console_filters_and_keyset_pages(store: Outbox) -> None:
             last_error="MSG_SIZE_TOO_LARGE (10): big"),
     ]
     a, b, c, d = store.add_dead(rows, failed_at=NOW)
-    [pending] = store.enqueue([msg("orders", key=b"k1")])
-    assert ids(store.list_dead(DeadLetterFilter(group="billing"))) == [a]
+    # RetryInPlace: a consumer dead letter addressed to the main topic; a group name's prefix is another group.
+    [e, f] = store.add_dead([msg("orders", headers=grp("billing")), msg("orders", headers=grp("billin"))],
+                            failed_at=NOW)
+    [pending] = store.enqueue([msg("orders", key=b"k1", headers=grp("billing"))])
+    assert ids(store.list_dead(DeadLetterFilter(group="billing"))) == [a, e]
+    assert ids(store.list_dead(DeadLetterFilter(group="billin"))) == [f]
+    assert ids(store.list_dead(DeadLetterFilter(group="billing", limit=1, after_id=a))) == [e]
+    store.purge_dead(DeadLetterFilter(ids=(e, f)))
     assert ids(store.list_dead(DeadLetterFilter(group="x_billing"))) == [b]
     assert ids(store.list_dead(DeadLetterFilter(group="Billing"))) == []  # exact, case-sensitive
     assert ids(store.list_dead(DeadLetterFilter(key=b"k1"))) == [a, c]
