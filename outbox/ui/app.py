@@ -242,6 +242,15 @@ def create_app(
                         count=1, at=time.time())
         return row_id
 
+    def check_ids(flt: DeadLetterFilter) -> DeadLetterFilter:
+        """Every id named must be a dead letter: a typo or a row someone else redrove is said, not
+        silently skipped (as `outbox dlq --id`)."""
+        for i in flt.ids:
+            row = store.get(i)  # UnknownMessageError: 404
+            if row.status is not Status.DEAD:
+                raise ConsoleError(409, f"message {i} is {row.status.name.lower()}, not a dead letter")
+        return flt
+
     def rate_of(value: object) -> float:
         if value is None or value == "":
             return default_rate
@@ -275,7 +284,7 @@ def create_app(
         """Body: filter fields and/or `ids`, `dry_run` (count only), `rate` (messages/s).
         Answers 202 with the job; follow it at /api/jobs/{id}."""
         body = await _json(request)
-        flt = parse_filter(body, ids=_ids(body), allow=("ids", "dry_run", "rate"))
+        flt = check_ids(parse_filter(body, ids=_ids(body), allow=("ids", "dry_run", "rate")))
         rate = rate_of(body.get("rate"))
         if body.get("dry_run"):
             return JSONResponse({"count": store.count_dead(flt), "filter": describe(flt)})
@@ -293,7 +302,7 @@ def create_app(
     async def api_purge(request: Request) -> Response:
         """Body: filter fields and/or `ids`; `dry_run` to count; `confirm: true` to delete."""
         body = await _json(request)
-        flt = parse_filter(body, ids=_ids(body), allow=("ids", "dry_run", "confirm"))
+        flt = check_ids(parse_filter(body, ids=_ids(body), allow=("ids", "dry_run", "confirm")))
         if body.get("dry_run"):
             return JSONResponse({"count": store.count_dead(flt), "filter": describe(flt)})
         if body.get("confirm") is not True:
@@ -446,7 +455,7 @@ def create_app(
             raise FilterError("nothing selected: tick the dead letters to act on, or act on the whole filter")
         values = {k: v for k, v in form.multi_items() if k not in _ACTION_FIELDS}
         flt = parse_filter(values, ids=ids if scope == "selected" else ())
-        return action, scope, flt
+        return action, scope, check_ids(flt)
 
     return app
 

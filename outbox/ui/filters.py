@@ -20,6 +20,8 @@ FIELDS = ("topic", "group", "error", "key", "text", "since", "until")
 #: Rows per page: the default and the most a request may ask for.
 PAGE = 50
 MAX_PAGE = 500
+#: Ids one request may name (they become one SQL `IN` list).
+MAX_IDS = 1000
 
 
 class FilterError(ValueError):
@@ -85,6 +87,8 @@ def parse_filter(
     if unknown:
         raise FilterError(f"unknown filter field(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     id_list = tuple(sorted({n for n in (_int("ids", i, 1, 2**63 - 1) for i in ids) if n is not None}))
+    if len(id_list) > MAX_IDS:
+        raise FilterError(f"ids: at most {MAX_IDS} at once (act on a filter for more)")
     since, until = _time("since", values.get("since")), _time("until", values.get("until"))
     if since is not None and until is not None and since >= until:
         raise FilterError("since: must be before until")

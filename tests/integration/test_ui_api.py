@@ -166,6 +166,13 @@ def test_bad_requests_are_4xx_with_a_clear_message(store: Outbox) -> None:
     ]:
         r = c.post("/api/redrive", content=body, headers={"content-type": "application/json"})
         assert r.status_code == 400 and message in r.json()["error"], (body, r.text)
+    r = c.post("/api/redrive", json={"ids": [d, 999_999], "dry_run": True})
+    assert r.status_code == 404 and "no message with id 999999" in r.json()["error"]
+    [p] = store.enqueue([NewMessage("t", b"p")])
+    r = c.post("/api/purge", json={"ids": [p], "confirm": True})
+    assert r.status_code == 409 and f"message {p} is pending, not a dead letter" in r.json()["error"]
+    r = c.post("/api/purge", json={"ids": list(range(1, 1002)), "dry_run": True})
+    assert r.status_code == 400 and "at most 1000" in r.json()["error"]
     r = c.post(f"/api/dead-letters/{d}/redrive", json={"value": "zz", "value_encoding": "hex"})
     assert r.status_code == 400 and "not valid hex" in r.json()["error"]
     r = c.post(f"/api/dead-letters/{d}/redrive", json={"headers": [["", "x"]]})
