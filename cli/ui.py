@@ -23,7 +23,7 @@ Examples:
 
 \b
 Pages: / (overview), /dead-letters, /dead-letters/ID, /trace, /audit.
-API: /api/docs (OpenAPI: /api/openapi.json).""",
+API: /api/... (OpenAPI schema: /api/openapi.json).""",
 )
 @outbox_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (not loopback: needs --token).")

@@ -506,3 +506,10 @@ def test_page_forms_redrive_a_whole_filter_and_edit_one(store: Outbox) -> None:
         Status.PENDING, b'{"price": 1}', [("outbox-group", b"billing"), ("fixed-by", b"ops"), ("empty", None)])
     r = c.post(f"/dead-letters/{d}/redrive", data={"csrf": csrf.group(1), "value": "x", "headers": ": no name"})
     assert r.status_code == 400 and "needs a name" in r.text
+
+
+def test_openapi_schema_lists_the_api(store: Outbox) -> None:
+    paths = client(store).get("/api/openapi.json").json()["paths"]
+    assert {"/api/stats", "/api/dead-letters", "/api/dead-letters/{row_id}", "/api/redrive", "/api/jobs/{job_id}",
+            "/api/purge", "/api/dead-letters/{row_id}/redrive", "/api/redrive-topic", "/api/trace/{msg_id}",
+            "/api/audit"} == set(paths)
