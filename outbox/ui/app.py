@@ -383,7 +383,7 @@ def create_app(
         values = {k: v for k, v in request.query_params.items() if k != "notice"}
         flt = parse_filter(values, paging=True)
         return page(request, "list.html", result=dead_page(flt), query=query_of(flt), fields=FIELDS,
-                    limit=flt.limit, notice=request.query_params.get("notice"))
+                    limit=flt.limit, after=flt.after_id, notice=request.query_params.get("notice"))
 
     @app.get("/dead-letters/{row_id}", response_class=HTMLResponse, include_in_schema=False)
     def detail_page(request: Request, row_id: int) -> HTMLResponse:
