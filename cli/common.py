@@ -8,18 +8,16 @@ one-line `click.ClickException` with the documented exit code, with any secret s
 
 from __future__ import annotations
 
-import re
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
 from confluent_kafka import KafkaError, KafkaException
 
 from outbox.errors import ConfigError, KafkaUnavailableError, OutboxError
+from outbox.filters import parse_time
 from outbox.stores import Outbox, open_outbox
 from outbox.urls import StoreURL, parse_url
 
@@ -197,33 +195,6 @@ def open_store(url: str) -> Iterator[tuple[Outbox, StoreURL]]:
 
 
 # -- TIME ------------------------------------------------------------------------------------
-
-_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)\s*(?:ago)?\s*$", re.IGNORECASE)
-_UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_time(text: str, *, now: float | None = None) -> float:
-    """A TIME argument as epoch seconds.
-
-    Accepts ISO-8601 (a naive time is UTC) or an age `<number><s|m|h|d|w>` meaning that long
-    before `now`.
-
-    Raises:
-        ValueError: the text is neither.
-    """
-    m = _AGE.match(text)
-    try:
-        if m:
-            ts = (time.time() if now is None else now) - float(m.group(1)) * _UNIT[m.group(2).lower()]
-            datetime.fromtimestamp(ts, UTC)  # an age beyond year 1 cannot be shown or compared
-            return ts
-        dt = datetime.fromisoformat(text.strip())
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=UTC)  # documented: a time without a zone is UTC
-        return dt.timestamp()
-    except (ValueError, OverflowError, OSError):
-        raise ValueError(text) from None
-
 
 class TimeParam(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
     """Click type for TIME; a bad value is one line and exit code 2."""

@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
-from confluent_kafka import KafkaError
 
 from outbox.consumer.headers import ConsumerFailure, consumer_failure
 from outbox.consumer.redrive import redrive_topic
+from outbox.filters import error_filter
 from outbox.records import DeadLetterFilter, OutboxMessage, Status
 from outbox.stores import Outbox
 
@@ -38,27 +38,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Kafka's own rule for topic names; checked here so a typo is not replayed into new dead letters.
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-
-
-def error_filter(value: str | None) -> str | None:
-    """`--error` as the store matches it: a librdkafka code (`-192`) or name (`_MSG_TIMED_OUT`),
-    or a consumer dead letter's exception class (`builtins.ValueError`).
-
-    librdkafka names are case-insensitive and the leading underscore of its local errors may be
-    left out (`msg_timed_out`); exception classes are matched as given.
-    """
-    if value is None:
-        return None
-    v = value.strip()
-    if re.fullmatch(r"[+-]?\d+", v):
-        return str(int(v))
-    name = v.upper()
-    if hasattr(KafkaError, name):
-        return name
-    if not name.startswith("_") and hasattr(KafkaError, "_" + name):
-        return "_" + name
-    # Not a librdkafka name: a consumer dead letter's exception class ("builtins.ValueError"), as given.
-    return v
 
 
 def filter_options(f: F) -> F:
@@ -98,9 +77,10 @@ def _filter(
     until: float | None,
     ids: Sequence[int] = (),
     limit: int | None = None,
+    group: str | None = None,
 ) -> DeadLetterFilter:
     return DeadLetterFilter(
-        ids=tuple(ids), topic=topic, error=error_filter(error), since=since, until=until, limit=limit
+        ids=tuple(ids), topic=topic, error=error_filter(error), since=since, until=until, limit=limit, group=group
     )
 
 
@@ -109,17 +89,6 @@ def group_option(f: F) -> F:
     return click.option(
         "--group", metavar="GROUP", help="Only dead letters of this consumer group (ResilientConsumer)."
     )(f)
-
-
-def _of_group(rows: list[OutboxMessage], group: str | None) -> list[OutboxMessage]:
-    if group is None:
-        return rows
-    out = []
-    for r in rows:
-        o = consumer_failure(r.headers)
-        if o is not None and o.group == group:
-            out.append(r)
-    return out
 
 
 def _origin_text(o: ConsumerFailure) -> str:
@@ -134,11 +103,11 @@ def _message_json(row: OutboxMessage, encoding: str = "auto") -> dict[str, Any]:
     return doc
 
 
-def _describe(flt: DeadLetterFilter, group: str | None = None) -> str:
+def _describe(flt: DeadLetterFilter) -> str:
     """The filter in words, for confirmations and messages."""
     parts = []
-    if group is not None:
-        parts.append(f"group {group}")
+    if flt.group is not None:
+        parts.append(f"group {flt.group}")
     if flt.ids:
         parts.append("id " + ", ".join(str(i) for i in flt.ids))
     if flt.topic is not None:
@@ -150,14 +119,6 @@ def _describe(flt: DeadLetterFilter, group: str | None = None) -> str:
     if flt.until is not None:
         parts.append(f"failed before {fmt.when(flt.until)}")
     return " matching " + ", ".join(parts) if parts else ""
-
-
-def _narrow(store: Outbox, flt: DeadLetterFilter, group: str | None) -> DeadLetterFilter | None:
-    """The filter narrowed to one consumer group's dead letters (by id); None when none matches."""
-    if group is None:
-        return flt
-    ids = tuple(r.id for r in _of_group(store.list_dead(flt), group))
-    return DeadLetterFilter(ids=ids) if ids else None
 
 
 def _check_ids(store: Outbox, ids: Sequence[int]) -> None:
@@ -217,14 +178,14 @@ def list_cmd(
     topic [partition] @ offset); their TOPIC is the group's first retry tier, where a replay
     sends them.
     """
-    flt = _filter(topic, error, since, until, limit=None if group else limit)
+    flt = _filter(topic, error, since, until, limit=limit, group=group)
     with open_store(outbox_url) as (store, _url):
-        rows = _of_group(store.list_dead(flt), group)[:limit]
+        rows = store.list_dead(flt)
     if as_json:
         click.echo(fmt.dumps([_message_json(r) for r in rows]))
         return
     if not rows:
-        click.echo(f"No dead letters{_describe(flt, group)}.")
+        click.echo(f"No dead letters{_describe(flt)}.")
         return
     origins = [consumer_failure(r.headers) for r in rows]
     with_origin = any(o is not None for o in origins)
@@ -368,12 +329,11 @@ def purge(
     purge without --yes is aborted (exit 1). Only dead letters are ever deleted, never pending
     messages.
     """
-    flt = _filter(topic, error, since, until, ids)
+    flt = _filter(topic, error, since, until, ids, group=group)
     with open_store(outbox_url) as (store, url):
         _check_ids(store, ids)
-        described = _describe(flt, group)
-        flt = _narrow(store, flt, group)
-        matching = len(store.list_dead(flt)) if flt is not None else 0
+        described = _describe(flt)
+        matching = store.count_dead(flt)
         if matching and not yes:
             click.confirm(
                 f"Delete {matching} dead letter(s){described} from {url.redacted()}? "
@@ -381,7 +341,7 @@ def purge(
                 abort=True,
                 err=True,
             )
-        removed = store.purge_dead(flt) if matching and flt is not None else 0
+        removed = store.purge_dead(flt) if matching else 0
     if as_json:
         click.echo(fmt.dumps({"outbox": url.redacted(), "removed": removed}))
     elif removed:
@@ -434,12 +394,11 @@ def replay(
             f"--to-topic: {to_topic!r} is not a valid Kafka topic name (letters, digits, '.', '_', '-')",
             EXIT_USAGE,
         )
-    flt = _filter(topic, error, since, until, ids)
+    flt = _filter(topic, error, since, until, ids, group=group)
     with open_store(outbox_url) as (store, url):
         _check_ids(store, ids)
-        described = _describe(flt, group)
-        flt = _narrow(store, flt, group)
-        replayed = store.replay_dead(flt, now=time.time(), to_topic=to_topic) if flt is not None else 0
+        described = _describe(flt)
+        replayed = store.replay_dead(flt, now=time.time(), to_topic=to_topic)
     if as_json:
         click.echo(fmt.dumps({"outbox": url.redacted(), "replayed": replayed, "to_topic": to_topic}))
     elif replayed:

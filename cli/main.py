@@ -12,6 +12,7 @@ from .dlq import dlq
 from .drain import drain
 from .metrics import metrics
 from .status import status
+from .ui import ui
 
 
 def _version() -> str:
@@ -55,6 +56,7 @@ cli.add_command(drain)
 cli.add_command(status)
 cli.add_command(dlq)
 cli.add_command(metrics)
+cli.add_command(ui)
 
 
 def main() -> None:

@@ -132,3 +132,32 @@ class DeadLetterFilter:
     since: float | None = None
     until: float | None = None
     limit: int | None = None
+    #: A ResilientConsumer group: its dead letters carry the header ``outbox-group: <group>``.
+    group: str | None = None
+    #: The exact message key.
+    key: bytes | None = None
+    #: Text the error contains (case-insensitive for ASCII).
+    text: str | None = None
+    #: Keyset pagination: only ids greater than this (results are in id order).
+    after_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One operator action on dead letters, as the audit log keeps it.
+
+    Attributes:
+        id: entry id (increasing).
+        at: epoch seconds.
+        who: "local" or "token:<first 8 hex of its SHA-256>" (never the token itself).
+        action: "redrive", "purge", "edit-redrive", ...
+        filter: what was named (a JSON object as text: filter fields or ids).
+        count: how many dead letters the action changed.
+    """
+
+    id: int
+    at: float
+    who: str
+    action: str
+    filter: str
+    count: int

@@ -20,7 +20,7 @@ from typing import Any
 from ..backlog import Backlog
 from ..codec import decode_headers, encode_headers
 from ..owners import Liveness
-from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from ..records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 
 #: The row columns every backend selects, in the order `row_from_columns` reads them.
 COLUMNS = (
@@ -78,11 +78,37 @@ def insert_values(
     )
 
 
-def dead_letter_where(flt: DeadLetterFilter, placeholder: str) -> tuple[str, list[Any]]:
-    """The WHERE clause (with the driver's `placeholder`) and arguments of a dead-letter filter."""
+def like_pattern(text: str) -> str:
+    """`%text%` for LIKE ... ESCAPE '\\', with LIKE's own wildcards in `text` escaped."""
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def group_header(group: str) -> bytes:
+    """The bytes `encode_headers` writes for the header `outbox-group: <group>`, found in the
+    stored headers by a substring search (a ResilientConsumer's dead letters carry it, whatever
+    the strategy and the topic they are addressed to)."""
+    encoded = encode_headers([("outbox-group", group.encode("utf-8"))])
+    assert encoded is not None
+    return encoded
+
+
+def dead_letter_where(
+    flt: DeadLetterFilter,
+    placeholder: str,
+    *,
+    key_match: str = "key = {p}",
+    headers_contain: str = "instr(headers, {p}) > 0",
+) -> tuple[str, list[Any]]:
+    """The WHERE clause (with the driver's `placeholder`) and arguments of a dead-letter filter.
+
+    `key_match` is how the backend compares the key (PostgreSQL goes through an md5 index); each
+    `{p}` in it takes the key once. `headers_contain` is its test for bytes inside the stored
+    headers. The status is a literal so that partial indexes on dead rows (`WHERE status = 2`)
+    match the query whatever the driver does with parameters.
+    """
     p = placeholder
-    where: list[str] = [f"status = {p}"]
-    args: list[Any] = [int(Status.DEAD)]
+    where: list[str] = [f"status = {int(Status.DEAD)}"]
+    args: list[Any] = []
     if flt.ids:
         where.append(f"id IN ({', '.join([p] * len(flt.ids))})")
         args.extend(flt.ids)
@@ -103,6 +129,20 @@ def dead_letter_where(flt: DeadLetterFilter, placeholder: str) -> tuple[str, lis
     if flt.until is not None:
         where.append(f"last_failed_at < {p}")
         args.append(flt.until)
+    if flt.group is not None:
+        # The exact encoded header (name length, name, value length, value): no index, the pages
+        # walk the dead rows in id order until they are full.
+        where.append(headers_contain.format(p=p))
+        args.append(group_header(flt.group))
+    if flt.key is not None:
+        where.append(key_match.format(p=p))
+        args.extend([flt.key] * key_match.count("{p}"))
+    if flt.text is not None:
+        where.append(f"lower(last_error) LIKE lower({p}) ESCAPE '\\'")
+        args.append(like_pattern(flt.text))
+    if flt.after_id is not None:
+        where.append(f"id > {p}")
+        args.append(flt.after_id)
     return " AND ".join(where), args
 
 
@@ -279,6 +319,29 @@ class Outbox(abc.ABC):
 
         The message bytes are unchanged; `to_topic` sends them to another topic instead.
         """
+
+    @abc.abstractmethod
+    def count_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> int:
+        """How many dead letters match the filter (its `limit` is ignored)."""
+
+    @abc.abstractmethod
+    def redrive_edited(
+        self, id: int, *, value: bytes | None, headers: list[tuple[str, bytes | None]], now: float
+    ) -> bool:
+        """Replace one dead letter's value and headers and put it back to PENDING, due now,
+        attempts reset, in one statement. False when `id` is not a dead letter (any more)."""
+
+    @abc.abstractmethod
+    def trace(self, msg_id: str) -> list[OutboxMessage]:
+        """Every row (pending or dead) carrying this `outbox-id`, in id order: one indexed query."""
+
+    @abc.abstractmethod
+    def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:
+        """Append one entry to the audit log of operator actions; return its id."""
+
+    @abc.abstractmethod
+    def audit_log(self, *, limit: int = 100, before_id: int | None = None) -> list[AuditEntry]:
+        """The latest audit entries, newest first (ids below `before_id` when given)."""
 
     @abc.abstractmethod
     def has_pending(self, topic: str, key: bytes) -> bool:

@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from ..backlog import Backlog, backlog_from_rows, backlog_sql
+from ..codec import encode_headers
 from ..errors import StoreError, StoreNotFoundError, UnknownMessageError
 from ..owners import Liveness, SweepSchedule, describe_owner, local_liveness
-from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from ..records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from .base import (
     COLUMNS,
     INSERT_COLUMNS,
@@ -36,7 +37,7 @@ from .base import (
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _T = TypeVar("_T")
 _CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
 
@@ -66,6 +67,28 @@ _MIGRATIONS: dict[int, list[str]] = {
         "CREATE INDEX IF NOT EXISTS outbox_key ON outbox (topic, key, id)",
     ]
 }
+
+# Version 3 (the console): dead-letter filters walk small partial indexes in id order (keyset
+# pages), a trace finds a message's rows by its outbox-id, and operator actions are audited here,
+# in the store itself (same file permissions and backups as the dead letters they describe).
+# Partial indexes (WHERE status = 2) cost the producer nothing: pending rows are not in them.
+_MIGRATIONS[3] = [
+    "CREATE INDEX IF NOT EXISTS outbox_msg_id ON outbox (msg_id)",
+    "CREATE INDEX IF NOT EXISTS outbox_dead ON outbox (id) WHERE status = 2",
+    "CREATE INDEX IF NOT EXISTS outbox_dead_topic ON outbox (topic, id) WHERE status = 2",
+    "CREATE INDEX IF NOT EXISTS outbox_dead_error_name ON outbox (error_name, id) WHERE status = 2",
+    "CREATE INDEX IF NOT EXISTS outbox_dead_error_code ON outbox (error_code, id) WHERE status = 2",
+    "CREATE INDEX IF NOT EXISTS outbox_dead_key ON outbox (key, id) WHERE status = 2",
+    "CREATE INDEX IF NOT EXISTS outbox_dead_failed ON outbox (last_failed_at) WHERE status = 2",
+    """CREATE TABLE IF NOT EXISTS outbox_audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        who TEXT NOT NULL,
+        action TEXT NOT NULL,
+        filter TEXT NOT NULL,
+        count INTEGER NOT NULL
+    )""",
+]
 
 #: Version 2: the error as code and name columns (filters and stats read them, never the text).
 _ERROR_COLUMNS = ("error_code", "error_name")
@@ -131,6 +154,22 @@ def _ranges(ids: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
+
+
+def _dead_index(flt: DeadLetterFilter) -> str:
+    """Which index a dead-letter list walks when no selective column (ids, topic, error, key) is named.
+
+    Without statistics SQLite takes the (status, next_attempt_at) index for `status = 2` and sorts
+    every dead letter to find the first page (seconds at a million rows). Walking the dead rows
+    in id order stops after one page when matches are common (group, text, no filter); a time
+    filter reads only its window of failure times and sorts that (recent windows are small).
+    The selective columns have their own (column, id) partial indexes, which SQLite picks by itself.
+    """
+    if flt.ids or flt.topic is not None or flt.error is not None or flt.key is not None:
+        return ""
+    if flt.since is not None:
+        return "INDEXED BY outbox_dead_failed"
+    return "INDEXED BY outbox_dead"
 
 
 class SQLiteOutbox(Outbox):
@@ -609,7 +648,7 @@ class SQLiteOutbox(Outbox):
 
     def list_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> list[OutboxMessage]:
         where, args = dead_letter_where(flt, "?")
-        sql = f"SELECT {_COLUMNS} FROM outbox WHERE {where} ORDER BY id"
+        sql = f"SELECT {_COLUMNS} FROM outbox {_dead_index(flt)} WHERE {where} ORDER BY id"
         if flt.limit is not None:
             sql += " LIMIT ?"
             args.append(flt.limit)
@@ -630,6 +669,40 @@ class SQLiteOutbox(Outbox):
                 f"topic = COALESCE(?, topic) WHERE {where}",
                 [now, to_topic, *args],
             ).rowcount
+
+    def count_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> int:
+        where, args = dead_letter_where(flt, "?")
+        count: int = self._read(f"SELECT COUNT(*) FROM outbox WHERE {where}", args)[0][0]
+        return count
+
+    def redrive_edited(
+        self, id: int, *, value: bytes | None, headers: list[tuple[str, bytes | None]], now: float
+    ) -> bool:
+        with self._write() as c:
+            return c.execute(
+                "UPDATE outbox SET value = ?, headers = ?, status = 0, attempts = 0, next_attempt_at = ?, "
+                "lease_owner = NULL WHERE id = ? AND status = 2",
+                (value, encode_headers(headers), now, id),
+            ).rowcount == 1
+
+    def trace(self, msg_id: str) -> list[OutboxMessage]:
+        rows = self._read(f"SELECT {_COLUMNS} FROM outbox WHERE msg_id = ? ORDER BY id", (msg_id,))
+        return [row_from_columns(r) for r in rows]
+
+    def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:
+        with self._write() as c:
+            cur = c.execute(
+                "INSERT INTO outbox_audit (at, who, action, filter, count) VALUES (?, ?, ?, ?, ?)",
+                (at, who, action, filter, count),
+            )
+            return int(cur.lastrowid or 0)
+
+    def audit_log(self, *, limit: int = 100, before_id: int | None = None) -> list[AuditEntry]:
+        rows = self._read(
+            "SELECT id, at, who, action, filter, count FROM outbox_audit WHERE id < ? ORDER BY id DESC LIMIT ?",
+            (before_id if before_id is not None else 2**63 - 1, limit),
+        )
+        return [AuditEntry(*r) for r in rows]
 
     def has_pending(self, topic: str, key: bytes) -> bool:
         return bool(
@@ -663,30 +736,27 @@ class SQLiteOutbox(Outbox):
         return due
 
     def stats(self, *, now: float) -> StoreStats:
-        by_state = self._read(
-            "SELECT status, topic, COUNT(*), MIN(created_at), "
+        # Pending rows are read by the due index (few, in a healthy outbox); dead letters are
+        # counted from their partial indexes alone, never from the rows: a million dead letters
+        # took seconds to count by scanning the table, a few hundred ms from the index.
+        pending_rows = self._read(
+            "SELECT topic, COUNT(*), MIN(created_at), "
             "SUM(CASE WHEN lease_owner IS NOT NULL AND next_attempt_at > ? THEN 1 ELSE 0 END) "
-            "FROM outbox GROUP BY status, topic",
+            "FROM outbox WHERE status = 0 GROUP BY topic",
             (now,),
         )
+        dead_rows = self._read(
+            "SELECT topic, COUNT(*) FROM outbox INDEXED BY outbox_dead_topic WHERE status = 2 GROUP BY topic"
+        )
         pending_by_topic: dict[str, int] = {}
-        dead_by_topic: dict[str, int] = {}
         oldest: float | None = None
         leased = 0
-        for status, topic, count, created, leased_n in by_state:
-            if status == Status.PENDING:
-                pending_by_topic[topic] = count
-                oldest = created if oldest is None else min(oldest, created)
-                leased += leased_n or 0
-            else:
-                dead_by_topic[topic] = count
-        errors = self._read(
-            "SELECT COALESCE(error_name || ' (' || error_code || ')', '?'), COUNT(*) "
-            "FROM outbox WHERE status = 2 GROUP BY 1"
-        )
-        next_due = self._read(
-            "SELECT MIN(next_attempt_at) FROM outbox WHERE status = 0"
-        )[0][0]
+        for topic, count, created, leased_n in pending_rows:
+            pending_by_topic[topic] = count
+            oldest = created if oldest is None else min(oldest, created)
+            leased += leased_n or 0
+        dead_by_topic = {topic: count for topic, count in dead_rows}
+        next_due = self._read("SELECT MIN(next_attempt_at) FROM outbox WHERE status = 0")[0][0]
         return StoreStats(
             pending=sum(pending_by_topic.values()),
             dead=sum(dead_by_topic.values()),
@@ -695,8 +765,31 @@ class SQLiteOutbox(Outbox):
             next_due_at=next_due,
             pending_by_topic=pending_by_topic,
             dead_by_topic=dead_by_topic,
-            dead_by_error={e: n for e, n in errors},
+            dead_by_error=self._dead_by_error(),
         )
+
+    def _dead_by_error(self) -> dict[str, int]:
+        """Dead letters by "NAME (code)" (the name alone when there is no code; "?" without either).
+
+        Counted by name on the name's partial index; the code is read from the name's first row:
+        a librdkafka name has exactly one code, a consumer's exception class has none.
+        """
+        out: dict[str, int] = {}
+        by_name = self._read(
+            "SELECT error_name, COUNT(*) FROM outbox INDEXED BY outbox_dead_error_name WHERE status = 2 "
+            "GROUP BY error_name"
+        )
+        for name, count in by_name:
+            if name is None:
+                out["?"] = count
+                continue
+            code = self._read(
+                "SELECT error_code FROM outbox INDEXED BY outbox_dead_error_name "
+                "WHERE status = 2 AND error_name = ? ORDER BY id LIMIT 1",
+                (name,),
+            )[0][0]
+            out[name if code is None else f"{name} ({code})"] = count
+        return out
 
     def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
         sql, args = backlog_sql("outbox", "?", now, topic)

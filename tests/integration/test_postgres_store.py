@@ -205,7 +205,7 @@ def test_schema_and_table_from_the_jdbc_url_and_versioned(postgres_url: str) -> 
             assert conn.execute(f"SELECT count(*) FROM {schema}.events_outbox").fetchone() == (1,)
             assert conn.execute(
                 f"SELECT max(version) FROM {schema}.events_outbox_schema_version"
-            ).fetchone() == (2,)
+            ).fetchone() == (3,)
             indexes = {
                 r[0]
                 for r in conn.execute(

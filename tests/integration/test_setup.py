@@ -33,7 +33,7 @@ def _bin_dir_without(tmp_path: Path, missing: str) -> Path:
 
 @pytest.mark.parametrize(
     ("missing", "named"),
-    [("mvn", "Maven"), ("java", "Java 17"), ("python3", "Python >= 3.11")],
+    [("mvn", "Maven"), ("java", "Java 17"), ("python3", "Python >= 3.11"), ("chromium", "Chromium")],
 )
 def test_missing_prerequisite_stops_make_with_one_line(tmp_path: Path, missing: str, named: str) -> None:
     env = {"PATH": str(_bin_dir_without(tmp_path, missing)), "HOME": str(tmp_path)}
@@ -119,7 +119,8 @@ def test_wheel_and_sdist_install_into_a_clean_venv(tmp_path: Path) -> None:
     wheel_packages = {n.rsplit("/", 1)[0] for n in wheel_files if n.endswith("/__init__.py")}
     assert {p for p in source_packages if p.split("/")[0] in ("outbox", "outbox_cli", "spark_drain")} <= wheel_packages
     for f in ("outbox/__init__.py", "outbox/py.typed", "outbox/testing/pom.xml", "outbox/testing/jdbc-pom.xml",
-              "outbox_cli/main.py", "spark_drain/job.py"):  # fmt: skip
+              "outbox_cli/main.py", "spark_drain/job.py", "outbox/ui/templates/base.html",
+              "outbox/ui/templates/list.html", "outbox/ui/static/console.css"):  # fmt: skip
         assert f in wheel_files, f
     assert "pytest11" not in entry_points  # the plugin is opt-in
     with tarfile.open(sdist) as tf:
@@ -131,7 +132,13 @@ def test_wheel_and_sdist_install_into_a_clean_venv(tmp_path: Path) -> None:
     py, pip = venv / "bin" / "python", [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, str(wheel)], check=True, timeout=600)
     cli = subprocess.run([str(venv / "bin" / "outbox"), "--help"], capture_output=True, text=True, timeout=60)
-    assert cli.returncode == 0 and "drain" in cli.stdout and "dlq" in cli.stdout
+    assert cli.returncode == 0 and "drain" in cli.stdout and "dlq" in cli.stdout and "ui" in cli.stdout
+    db = tmp_path / "o.db"
+    subprocess.run([str(py), "-c", f"from outbox.stores import SQLiteOutbox; SQLiteOutbox({str(db)!r}).close()"],
+                   check=True, timeout=60)  # fmt: skip
+    no_ui = subprocess.run([str(venv / "bin" / "outbox"), "ui", "--outbox", str(db)], capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+    assert no_ui.returncode == 1 and "pip install 'kafka-outbox[ui]'" in no_ui.stderr  # the extra brings it
     imports = subprocess.run([str(py), "-c", _IMPORT_WITHOUT_FCNTL.format("outbox, spark_drain, outbox.testing")],
                              capture_output=True, text=True, timeout=60)  # fmt: skip
     assert imports.returncode == 0 and imports.stdout.strip() == "ok", imports.stderr

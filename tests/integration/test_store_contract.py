@@ -398,6 +398,78 @@ def test_purge_dead_with_filter(store: Outbox) -> None:
     assert store.get(pending).status == Status.PENDING
 
 
+def test_console_filters_and_keyset_pages(store: Outbox) -> None:
+    """The filters the console adds: consumer group, key, text in the error, keyset pages; count_dead."""
+    def grp(g: str) -> list[tuple[str, bytes | None]]:
+        return [("outbox-original-topic", b"orders"), ("outbox-group", g.encode()), ("outbox-attempt", b"3")]
+
+    rows = [
+        msg("orders.billing.retry-1", key=b"k1", error_name="builtins.ValueError", headers=grp("billing"),
+            last_error="builtins.ValueError (consumer): Bad 100% _price_"),
+        msg("orders.x_billing.retry-1", key=b"k2", error_name="builtins.ValueError", headers=grp("x_billing"),
+            last_error="builtins.ValueError (consumer): bad"),
+        msg("orders", key=b"k1", error_code=10, error_name="MSG_SIZE_TOO_LARGE",
+            last_error="MSG_SIZE_TOO_LARGE (10): big"),
+        msg("orders", key=b"\x00" * 3000, error_code=10, error_name="MSG_SIZE_TOO_LARGE",
+            last_error="MSG_SIZE_TOO_LARGE (10): big"),
+    ]
+    a, b, c, d = store.add_dead(rows, failed_at=NOW)
+    # RetryInPlace: a consumer dead letter addressed to the main topic; a group name's prefix is another group.
+    [e, f] = store.add_dead([msg("orders", headers=grp("billing")), msg("orders", headers=grp("billin"))],
+                            failed_at=NOW)
+    [pending] = store.enqueue([msg("orders", key=b"k1", headers=grp("billing"))])
+    assert ids(store.list_dead(DeadLetterFilter(group="billing"))) == [a, e]
+    assert ids(store.list_dead(DeadLetterFilter(group="billin"))) == [f]
+    assert ids(store.list_dead(DeadLetterFilter(group="billing", limit=1, after_id=a))) == [e]
+    store.purge_dead(DeadLetterFilter(ids=(e, f)))
+    assert ids(store.list_dead(DeadLetterFilter(group="x_billing"))) == [b]
+    assert ids(store.list_dead(DeadLetterFilter(group="Billing"))) == []  # exact, case-sensitive
+    assert ids(store.list_dead(DeadLetterFilter(key=b"k1"))) == [a, c]
+    assert ids(store.list_dead(DeadLetterFilter(key=b"\x00" * 3000))) == [d]  # longer than a btree entry
+    assert ids(store.list_dead(DeadLetterFilter(text="100% _PRICE_"))) == [a]
+    assert ids(store.list_dead(DeadLetterFilter(text="%"))) == [a]  # a LIKE wildcard is matched as itself
+    assert ids(store.list_dead(DeadLetterFilter(text="BIG"))) == [c, d]
+    assert ids(store.list_dead(DeadLetterFilter(after_id=a, limit=2))) == [b, c]
+    assert ids(store.list_dead(DeadLetterFilter(after_id=c, limit=2))) == [d]
+    assert ids(store.list_dead(DeadLetterFilter(error="builtins.ValueError", key=b"k2"))) == [b]
+    assert store.count_dead() == 4
+    assert store.count_dead(DeadLetterFilter(topic="orders", limit=1)) == 2  # the limit does not count
+    assert store.count_dead(DeadLetterFilter(ids=(pending,))) == 0
+
+
+def test_redrive_edited_replaces_value_and_headers(store: Outbox) -> None:
+    [d] = store.add_dead([msg("t", value=b"old", key=b"k", headers=[("a", b"1")], attempts=4)], failed_at=NOW)
+    [p] = store.enqueue([msg("t")])
+    assert store.redrive_edited(d, value=b'{"fixed": 1}', headers=[("a", b"2"), ("b", None)], now=NOW + 1)
+    r = store.get(d)
+    assert (r.status, r.attempts, r.next_attempt_at, r.key) == (Status.PENDING, 0, NOW + 1, b"k")
+    assert (r.value, r.headers) == (b'{"fixed": 1}', [("a", b"2"), ("b", None)])
+    assert not store.redrive_edited(d, value=b"x", headers=[], now=NOW)  # no longer dead
+    assert not store.redrive_edited(p, value=b"x", headers=[], now=NOW)  # pending rows are never edited
+    assert not store.redrive_edited(99_999, value=b"x", headers=[], now=NOW)
+    assert store.get(d).value == b'{"fixed": 1}' and store.get(p).value == b"v"
+
+
+def test_trace_finds_every_row_of_a_message(store: Outbox) -> None:
+    [d] = store.add_dead([msg("t", msg_id="m-1")], failed_at=NOW)
+    [p, _other] = store.enqueue([msg("t.g.retry-1", msg_id="m-1"), msg("t", msg_id="m-2")])
+    assert ids(store.trace("m-1")) == [d, p]
+    assert [r.status for r in store.trace("m-1")] == [Status.DEAD, Status.PENDING]
+    assert store.trace("nope") == []
+
+
+def test_audit_log_newest_first(store: Outbox) -> None:
+    first = store.add_audit(who="local", action="purge", filter='{"topic": "a"}', count=2, at=NOW)
+    second = store.add_audit(who="token:ab12cd34", action="redrive", filter='{"ids": [1]}', count=1, at=NOW + 1)
+    got = store.audit_log()
+    assert [(e.id, e.who, e.action, e.filter, e.count, e.at) for e in got] == [
+        (second, "token:ab12cd34", "redrive", '{"ids": [1]}', 1, NOW + 1),
+        (first, "local", "purge", '{"topic": "a"}', 2, NOW),
+    ]
+    assert [e.id for e in store.audit_log(limit=1)] == [second]
+    assert [e.id for e in store.audit_log(before_id=second)] == [first]
+
+
 def test_stats(store: Outbox) -> None:
     empty = store.stats(now=NOW)
     assert (empty.pending, empty.dead, empty.leased, empty.oldest_pending_at, empty.next_due_at) == (

@@ -1,0 +1,60 @@
+"""How people name dead letters: error codes or names, and TIME (ISO-8601 or an age).
+
+One place for both, shared by the `outbox` command line and the console (`outbox.ui`), so a
+filter typed in either means the same rows.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import UTC, datetime
+
+from confluent_kafka import KafkaError
+
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)\s*(?:ago)?\s*$", re.IGNORECASE)
+_UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_time(text: str, *, now: float | None = None) -> float:
+    """A TIME argument as epoch seconds.
+
+    Accepts ISO-8601 (a naive time is UTC) or an age `<number><s|m|h|d|w>` meaning that long
+    before `now`.
+
+    Raises:
+        ValueError: the text is neither.
+    """
+    m = _AGE.match(text)
+    try:
+        if m:
+            ts = (time.time() if now is None else now) - float(m.group(1)) * _UNIT[m.group(2).lower()]
+            datetime.fromtimestamp(ts, UTC)  # an age beyond year 1 cannot be shown or compared
+            return ts
+        dt = datetime.fromisoformat(text.strip())
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)  # documented: a time without a zone is UTC
+        return dt.timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise ValueError(text) from None
+
+
+def error_filter(value: str | None) -> str | None:
+    """An error as the store matches it: a librdkafka code (`-192`) or name (`_MSG_TIMED_OUT`),
+    or a consumer dead letter's exception class (`builtins.ValueError`).
+
+    librdkafka names are case-insensitive and the leading underscore of its local errors may be
+    left out (`msg_timed_out`); exception classes are matched as given.
+    """
+    if value is None:
+        return None
+    v = value.strip()
+    if re.fullmatch(r"[+-]?\d+", v):
+        return str(int(v))
+    name = v.upper()
+    if hasattr(KafkaError, name):
+        return name
+    if not name.startswith("_") and hasattr(KafkaError, "_" + name):
+        return "_" + name
+    # Not a librdkafka name: a consumer dead letter's exception class ("builtins.ValueError"), as given.
+    return v

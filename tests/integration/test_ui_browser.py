@@ -1,0 +1,207 @@
+"""The console in a real headless Chromium (Debian's `chromium` + `chromium-driver`, driven by
+selenium through the system chromedriver: nothing is downloaded), served by the real `outbox ui`
+command. Screenshots of every page go to test-output/ui/ (or $OUTBOX_TEST_OUTPUT/ui/)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from outbox.errors import UnknownMessageError
+from outbox.records import DeadLetterFilter, NewMessage, Status
+from outbox.stores.sqlite import SQLiteOutbox
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+HOSTILE = '<script>alert("pwned")</script><img src=x onerror=alert(1)>'
+SHOTS = Path(os.environ.get("OUTBOX_TEST_OUTPUT", ROOT / "test-output")) / "ui"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Iterator[tuple[str, SQLiteOutbox, dict[str, list[int]]]]:
+    """A SQLite outbox with dead letters, served by `outbox ui` in a child process."""
+    path = tmp_path / "console.db"
+    store = SQLiteOutbox(str(path))
+    now = time.time()
+    ids = {
+        "big": store.add_dead(
+            [NewMessage("orders", b'{"order": %d, "items": [1, 2, 3]}' % i, key=b"customer-%d" % i,
+                        msg_id=f"order-{i}", headers=[("trace", b"t-%d" % i)], attempts=3, error_code=10,
+                        error_name="MSG_SIZE_TOO_LARGE",
+                        last_error="MSG_SIZE_TOO_LARGE (10): Broker: Message size too large")
+             for i in range(3)], failed_at=now - 120),
+        "auth": store.add_dead(
+            [NewMessage("payments", b"card=...", msg_id=f"pay-{i}", attempts=1, error_code=29,
+                        error_name="TOPIC_AUTHORIZATION_FAILED",
+                        last_error="TOPIC_AUTHORIZATION_FAILED (29): Broker: Topic authorization failed")
+             for i in range(2)], failed_at=now - 60),
+        "hostile": store.add_dead(
+            [NewMessage("orders", HOSTILE.encode(), key=HOSTILE.encode(), msg_id="hostile-1",
+                        headers=[("x-evil", HOSTILE.encode())], attempts=5, error_code=-192,
+                        error_name="_MSG_TIMED_OUT",
+                        last_error=f"_MSG_TIMED_OUT (-192): {HOSTILE}")], failed_at=now),
+        "group": store.add_dead(
+            [NewMessage("orders.billing.retry-1", b'{"order": %d, "price": "n/a"}' % i, msg_id=f"bill-{i}",
+                        headers=[("outbox-original-topic", b"orders"), ("outbox-original-partition", b"0"),
+                                 ("outbox-original-offset", b"%d" % (40 + i)), ("outbox-group", b"billing"),
+                                 ("outbox-attempt", b"4"), ("outbox-error-class", b"builtins.ValueError")],
+                        attempts=4, error_name="builtins.ValueError",
+                        last_error="builtins.ValueError (consumer): price is not a number")
+             for i in range(2)], failed_at=now - 30),
+    }
+    store.enqueue([NewMessage("orders", b"waiting", msg_id="order-9")])
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from outbox_cli.main import main; main()", "ui", "--outbox", str(path),
+         "--port", str(port)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(base + "/api/stats", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("outbox ui did not start: " + proc.communicate()[0].decode()) from None
+                time.sleep(0.2)
+        yield base, store, ids
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        store.close()
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    for f in (CHROMIUM, CHROMEDRIVER):
+        assert os.access(f, os.X_OK), f"{f} is missing: apt-get install chromium chromium-driver"
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM  # with the driver's path below, selenium-manager is never asked
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1000", "--disable-extensions"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def shot(driver: WebDriver, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(SHOTS / f"{name}.png"))
+
+
+def text(driver: WebDriver, css: str) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def no_alert(driver: WebDriver) -> bool:
+    try:
+        alert = driver.switch_to.alert
+    except NoAlertPresentException:
+        return True
+    return alert is None
+
+
+def test_filter_redrive_two_purge_one(console: Any, browser: WebDriver) -> None:
+    base, store, ids = console
+    browser.get(base + "/")
+    assert text(browser, "#dead-count") == "8" and text(browser, "#pending-count") == "1"
+    assert "billing 2" in text(browser, "#by-group")
+    assert "MSG_SIZE_TOO_LARGE (10)" in text(browser, "#by-error")
+    shot(browser, "overview")
+
+    # Filter by error, from the list page's form.
+    browser.find_element(By.LINK_TEXT, "Dead letters").click()
+    field = browser.find_element(By.ID, "f-error")
+    field.send_keys("msg_size_too_large")
+    browser.find_element(By.ID, "apply-filter").click()
+    rows = browser.find_elements(By.CSS_SELECTOR, "input[name=ids]")
+    assert sorted(int(r.get_attribute("value") or 0) for r in rows) == ids["big"]
+    shot(browser, "dead-letters")
+
+    # Redrive two of them: a confirmation with the dry-run count, then a job with progress.
+    browser.find_element(By.ID, f"sel-{ids['big'][0]}").click()
+    browser.find_element(By.ID, f"sel-{ids['big'][1]}").click()
+    browser.find_element(By.ID, "redrive-selected").click()
+    assert text(browser, "#confirm-count") == "2"
+    shot(browser, "confirm-redrive")
+    browser.find_element(By.ID, "confirm").click()
+    WebDriverWait(browser, 30).until(lambda d: text(d, "#job-state") == "done")
+    assert text(browser, "#job-done") == "2" and text(browser, "#job-total") == "2"
+    shot(browser, "job")
+
+    # Purge the third, confirmed.
+    browser.find_element(By.LINK_TEXT, "Back to the dead letters").click()
+    rows = browser.find_elements(By.CSS_SELECTOR, "input[name=ids]")
+    assert [int(r.get_attribute("value") or 0) for r in rows] == [ids["big"][2]]
+    browser.find_element(By.ID, f"sel-{ids['big'][2]}").click()
+    browser.find_element(By.ID, "purge-selected").click()
+    assert text(browser, "#confirm-count") == "1"
+    shot(browser, "confirm-purge")
+    browser.find_element(By.ID, "confirm").click()
+    assert text(browser, "#notice") == "Purged 1 dead letter(s)."
+    assert text(browser, "#empty") == "No dead letters match."
+
+    # The store afterwards: two pending again (attempts reset), one gone, the others untouched.
+    redriven = [store.get(i) for i in ids["big"][:2]]
+    assert [(r.status, r.attempts) for r in redriven] == [(Status.PENDING, 0)] * 2
+    with pytest.raises(UnknownMessageError):
+        store.get(ids["big"][2])
+    assert [r.id for r in store.list_dead()] == ids["auth"] + ids["hostile"] + ids["group"]
+
+    # Every action is in the audit log.
+    browser.get(base + "/audit")
+    audit = text(browser, "#audit")
+    assert "redrive (done) " in audit and "purge " in audit and "local" in audit
+    shot(browser, "audit")
+
+    browser.get(base + "/trace?msg_id=order-0")
+    assert "pending" in text(browser, "#trace")
+    shot(browser, "trace")
+    assert store.count_dead(DeadLetterFilter(error="MSG_SIZE_TOO_LARGE")) == 0
+
+
+def test_hostile_value_renders_as_text(console: Any, browser: WebDriver) -> None:
+    base, _store, ids = console
+    [hostile] = ids["hostile"]
+    browser.get(f"{base}/dead-letters/{hostile}")
+    assert no_alert(browser)
+    assert text(browser, "#value") == HOSTILE  # shown as the text it is
+    assert HOSTILE in text(browser, "#headers") and HOSTILE in text(browser, "#last-error")
+    assert browser.find_elements(By.CSS_SELECTOR, "main script, main img") == []  # nothing became markup
+    shot(browser, "dead-letter")
+    browser.get(f"{base}/dead-letters?error=-192")
+    assert no_alert(browser) and browser.find_elements(By.CSS_SELECTOR, "main script, main img") == []
+    assert "<script>alert" in text(browser, "#dead-letters")
+    shot(browser, "hostile-list")

@@ -1,0 +1,66 @@
+"""The console's pure logic: filter parsing, header text round trip, value decoding, security helpers."""
+
+from __future__ import annotations
+
+import pytest
+
+from outbox.records import DeadLetterFilter
+from outbox.ui import present, security
+from outbox.ui.filters import FilterError, describe, parse_filter, query_of
+
+
+def test_parse_filter_reads_what_the_cli_reads() -> None:
+    f = parse_filter({"topic": " orders ", "error": "msg_timed_out", "key": "k", "group": "", "text": "x",
+                      "since": "2024-05-01", "after": "7", "limit": "20"}, paging=True)
+    assert f == DeadLetterFilter(topic="orders", error="_MSG_TIMED_OUT", key=b"k", text="x",
+                                 since=1714521600.0, after_id=7, limit=20)
+    assert parse_filter({}, paging=True).limit == 50
+    assert parse_filter({"after": "7"}, allow=("after",)).after_id is None  # actions never page
+    assert parse_filter({}, ids=["3", 1, "3"]).ids == (1, 3)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"nope": "1"}, "unknown filter field(s): nope"),
+    ({"limit": "501"}, "limit: 501 is not between 1 and 500"),
+    ({"limit": "x"}, "limit: 'x' is not a whole number"),
+    ({"until": "soon"}, "until: cannot read the time 'soon'"),
+    ({"topic": 3}, "topic: expected text, got int"),
+    ({"topic": "t" * 1001}, "topic: longer than 1000 characters"),
+])
+def test_parse_filter_errors_name_the_field(values: dict[str, object], message: str) -> None:
+    with pytest.raises(FilterError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_filter(values, paging=True)
+
+
+def test_describe_and_query_round_trip() -> None:
+    f = parse_filter({"topic": "t", "key": "k", "since": "2024-05-01T00:00:00+00:00"}, ids=[2])
+    assert describe(f) == {"ids": [2], "topic": "t", "key": "k", "since": 1714521600.0}
+    assert parse_filter(query_of(f)) == DeadLetterFilter(topic="t", key=b"k", since=1714521600.0)
+
+
+def test_headers_as_text_round_trip() -> None:
+    headers = [("a", b"1"), ("a", b"x: y"), ("none", None), ("empty", b"")]
+    text = present.headers_as_text(headers)
+    assert text == "a: 1\na: x: y\nnone\nempty: "
+    assert present.parse_headers(text + "\n\n") == headers
+    with pytest.raises(ValueError, match="line 2"):
+        present.parse_headers("a: 1\n: 2")
+
+
+def test_decode_values() -> None:
+    assert present.decode(b'{"a":1}') == ('{\n  "a": 1\n}', "json")
+    assert present.decode(b"12") == ("12", "utf-8")  # JSON scalars stay as written
+    assert present.decode(b"<p>") == ("<p>", "utf-8")  # escaping is the template's job
+    assert present.decode(b"\xff\x00") == ("ff00", "hex")
+    assert present.decode(None) == (None, None)
+
+
+def test_security_helpers() -> None:
+    assert all(security.is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
+    assert not any(security.is_loopback(h) for h in ("0.0.0.0", "10.0.0.1", "example.com", "localhost.evil", ""))
+    assert security.bearer("Bearer abc") == "abc" and security.bearer("bearer  abc ") == "abc"
+    assert security.bearer("Basic abc") is None and security.bearer("Bearer ") is None and security.bearer(None) is None
+    assert security.who(None) == "local" and security.who("t").startswith("token:") and len(security.who("t")) == 14
+    assert security.token_matches("abc", "abc") and not security.token_matches("abc", "abd")
+    assert not security.token_matches("abc", None)
+    assert security.csrf_ok("x", "x") and not security.csrf_ok("x", "y") and not security.csrf_ok(None, "")
