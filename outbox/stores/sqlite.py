@@ -73,7 +73,10 @@ _MIGRATIONS: dict[int, list[str]] = {
 # in the store itself (same file permissions and backups as the dead letters they describe).
 # Partial indexes (WHERE status = 2) cost the producer nothing: pending rows are not in them.
 _MIGRATIONS[3] = [
-    "CREATE INDEX IF NOT EXISTS outbox_msg_id ON outbox (msg_id)",
+    # Dead rows only: a full msg_id index cost every spilled message ~9 us of CPU (enqueue 25 ->
+    # 34 us, bench_msg_id_index), on the path recovery speed depends on. Pending rows are the
+    # backlog, gone once drained; trace() scans those.
+    "CREATE INDEX IF NOT EXISTS outbox_dead_msg_id ON outbox (msg_id) WHERE status = 2",
     "CREATE INDEX IF NOT EXISTS outbox_dead ON outbox (id) WHERE status = 2",
     "CREATE INDEX IF NOT EXISTS outbox_dead_topic ON outbox (topic, id) WHERE status = 2",
     "CREATE INDEX IF NOT EXISTS outbox_dead_error_name ON outbox (error_name, id) WHERE status = 2",
@@ -686,7 +689,12 @@ class SQLiteOutbox(Outbox):
             ).rowcount == 1
 
     def trace(self, msg_id: str) -> list[OutboxMessage]:
-        rows = self._read(f"SELECT {_COLUMNS} FROM outbox WHERE msg_id = ? ORDER BY id", (msg_id,))
+        # Dead letters on the partial index, pending rows by a scan of the backlog (see _MIGRATIONS[3]).
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM outbox WHERE msg_id = ? AND status = 2 UNION ALL "
+            f"SELECT {_COLUMNS} FROM outbox WHERE msg_id = ? AND status = 0 ORDER BY 1",
+            (msg_id, msg_id),
+        )
         return [row_from_columns(r) for r in rows]
 
     def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:
