@@ -702,8 +702,8 @@ def main(argv: list[str] | None = None) -> int:
                 "naive durable: 1 txn/msg FULL, then produce" + sfx,
                 summary[f"naive/{size}"],
                 ratio=sp,
-                target="WA >= 10x naive",
-                met=None if sp is None else sp >= 10,
+                target="WA >= 30x naive",
+                met=None if sp is None else sp >= 30,
                 notes=f"write-ahead is {sp:.1f}x faster" if sp else "",
             )
     if "spill" in summary:
