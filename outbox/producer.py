@@ -798,14 +798,17 @@ class ResilientProducer:
 
     def _release_held(self, *, force: bool = False) -> None:
         """Delivery thread: store held messages in produce order once librdkafka returned the rest."""
-        if not force and not self.circuit.closed:
+        closed = self.circuit.closed
+        if not force and not closed:
             # Purge again: a produce() that saw the circuit closed just before it opened may have
             # queued a message after the first purge; without this it would hold everything
             # back until message.timeout.ms.
             self._kafka.purge(in_queue=True, in_flight=self._purge_in_flight)
             self._purge_in_flight = False
+        # Closed again (a drain delivery proved the cluster back): new sends fill librdkafka, so
+        # "empty" may never come; what is still on the wire from before is the README's window.
         with self._keys_lock:  # _release_keys must see these either held or in the writer
-            for msg in self._hold.release(source_empty=force or len(self._kafka) == 0):
+            for msg in self._hold.release(source_empty=force or closed or len(self._kafka) == 0):
                 self.writer.add_new(msg)
 
     # -- the delivery thread -----------------------------------------------------------------
