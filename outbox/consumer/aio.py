@@ -70,8 +70,9 @@ class AsyncResilientConsumer:
         """Consume until :meth:`stop` (or `timeout` seconds, or cancellation), then return.
 
         The poll loop runs on a thread of its own; this coroutine only waits for it. Cancelling
-        the awaiting task stops the loop after the message in hand and waits for that (its fate
-        must be settled before close() commits), then raises CancelledError. An error of the loop
+        the awaiting task stops the loop after the batch in hand (up to `batch_size` messages,
+        each handled to its end: a coroutine is never abandoned mid-message, and its fate must be
+        settled before close() commits), waits for that, then raises CancelledError. An error of the loop
         (a fatal Kafka error) is raised here. No signal handlers are installed: the application
         (uvicorn, ``asyncio.run``) owns them; call stop() from its shutdown hook.
         """
@@ -101,7 +102,7 @@ class AsyncResilientConsumer:
             self._thread = None
 
     def stop(self) -> None:
-        """Ask run() to return after the message in hand (thread-safe, and safe from a signal handler)."""
+        """Ask run() to return after the batch in hand (thread-safe, and safe from a signal handler)."""
         self.consumer.stop()
 
     async def stats(self) -> dict[str, Any]:
