@@ -112,7 +112,11 @@ class AsyncResilientConsumer:
     async def close(self, timeout: float = 30.0) -> None:
         """Stop, make pending hops durable, commit, leave the group, close the outbox (in a thread)."""
         self.consumer.stop()
-        await asyncio.get_running_loop().run_in_executor(None, self.consumer.close, timeout)
+        loop = asyncio.get_running_loop()
+        thread = self._thread
+        if thread is not None:  # run() not awaited to its end: its loop must be out of librdkafka first
+            await loop.run_in_executor(None, thread.join)
+        await loop.run_in_executor(None, self.consumer.close, timeout)
 
     async def __aenter__(self) -> AsyncResilientConsumer:
         return self
