@@ -93,8 +93,11 @@ def test_async_handler_fails_then_succeeds_through_a_tier_and_a_poison_reaches_t
             await asyncio.sleep(0.5)  # a duplicate would show up now
             consumer.stop()
             await asyncio.wait_for(task, 30)
+            # The collector reads an AsyncResilientConsumer too (a scrape runs on the server's thread).
+            scraped.update(await asyncio.get_running_loop().run_in_executor(None, _collect, registry))
             return await consumer.stats()
 
+    scraped: Samples = {}
     stats = asyncio.run(app())
     assert not calls_off_the_loop, "the async handler ran off the application's event loop"
     assert sorted(v for v, _ in successes) == values, "every message handled exactly once"
@@ -108,9 +111,10 @@ def test_async_handler_fails_then_succeeds_through_a_tier_and_a_poison_reaches_t
     # Committed past everything, on the main topic and the tier (the consumer is closed).
     assert sum(committed(kafka_bootstrap, group, topic, 2)) == 41
     assert sum(committed(kafka_bootstrap, group, tier1, 2)) == 4
-    # The collector reads an AsyncResilientConsumer too (the consumer is closed; its counters stay).
-    samples = {name: v for (name, _), v in _collect(registry).items()}
-    assert samples["outbox_consumer_handled_total"] == 40 and samples["outbox_consumer_dead_letters_total"] == 1
+    samples = {(name, dict(labels).get("tier")): v for (name, labels), v in scraped.items()}
+    assert samples[("outbox_consumer_handled_total", None)] == 40
+    assert samples[("outbox_consumer_retried_total", "1")] == 4
+    assert samples[("outbox_consumer_dead_letters_total", None)] == 1
 
 
 def _collect(registry: CollectorRegistry) -> Samples:
