@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from outbox import AsyncResilientConsumer, ConfigError, DeadLetter, MainTopicCircuit, ResilientConsumer, RetryTopics
+from outbox import AsyncResilientConsumer, DeadLetter, MainTopicCircuit, ResilientConsumer, RetryTopics
 from outbox.consumer import headers as H
 from outbox.metrics import register_consumer
 from outbox.otel import instrument
@@ -157,20 +157,6 @@ def test_async_run_cancelled_finishes_the_message_in_hand_and_commits_it(
     assert started == finished, "every handler that began ran to its end (none abandoned mid-way)"
     assert finished == [b"a%02d" % i for i in range(len(finished))] and 5 <= len(finished) < 20
     assert committed(kafka_bootstrap, group, topic, 1) == [len(finished)], "handled ones committed, no other"
-
-
-def test_coroutine_handler_refused_by_the_sync_consumer_and_plain_one_by_the_async(
-    kafka_bootstrap: str, topic: str, tmp_path: Path
-) -> None:
-    async def handle(msg: Message) -> None:
-        pass
-
-    config = {"bootstrap.servers": kafka_bootstrap, "group.id": group_name()}
-    with pytest.raises(ConfigError, match="use outbox.AsyncResilientConsumer"):
-        ResilientConsumer(config, topics=[topic], handler=handle, outbox=f"sqlite:///{tmp_path / 'a.db'}")
-    with pytest.raises(ConfigError, match="must be a coroutine function"):
-        AsyncResilientConsumer(config, topics=[topic], handler=print,  # type: ignore[arg-type]
-                               outbox=f"sqlite:///{tmp_path / 'b.db'}")
 
 
 # -- Prometheus ----------------------------------------------------------------------------------
