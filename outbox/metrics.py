@@ -3,6 +3,7 @@
     from prometheus_client import start_http_server
     from outbox.metrics import register_producer
     register_producer(producer)          # a ResilientProducer or an AsyncResilientProducer
+    register_consumer(consumer)          # a ResilientConsumer or an AsyncResilientConsumer
     start_http_server(9108)
 
 Custom collectors read, at scrape time, the counters the SDK keeps anyway (``stats()``, the
