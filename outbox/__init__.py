@@ -11,7 +11,7 @@ import logging
 
 from .aio import AsyncResilientProducer
 from .circuit import CircuitBreaker, CircuitState
-from .consumer import Ignore, MainTopicCircuit, ResilientConsumer, RetryInPlace, RetryTopics
+from .consumer import AsyncResilientConsumer, Ignore, MainTopicCircuit, ResilientConsumer, RetryInPlace, RetryTopics
 from .drain import Drainer, DrainResult
 from .errors import (
     ConfigError,
@@ -42,6 +42,7 @@ __all__ = [
     "ID_HEADER",
     "LAST_ERROR_HEADER",
     "PRODUCER_DEFAULTS",
+    "AsyncResilientConsumer",
     "AsyncResilientProducer",
     "CircuitBreaker",
     "CircuitState",

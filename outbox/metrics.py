@@ -3,6 +3,7 @@
     from prometheus_client import start_http_server
     from outbox.metrics import register_producer
     register_producer(producer)          # a ResilientProducer or an AsyncResilientProducer
+    register_consumer(consumer)          # a ResilientConsumer or an AsyncResilientConsumer
     start_http_server(9108)
 
 Custom collectors read, at scrape time, the counters the SDK keeps anyway (``stats()``, the
@@ -42,6 +43,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("outbox.metrics needs prometheus-client: pip install 'kafka-outbox[metrics]'") from exc
 
 from .circuit import CircuitState
+from .consumer import ResilientConsumer
+from .consumer.circuit import CircuitState as ConsumerCircuitState
 from .errors import StoreError
 from .producer import ResilientProducer
 from .records import StoreStats
@@ -49,7 +52,14 @@ from .stores import Outbox
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProducerCollector", "StoreCollector", "register_producer", "register_store"]
+__all__ = [
+    "ConsumerCollector",
+    "ProducerCollector",
+    "StoreCollector",
+    "register_consumer",
+    "register_producer",
+    "register_store",
+]
 
 
 def _as_sync(producer: Any) -> ResilientProducer:
@@ -225,6 +235,100 @@ class ProducerCollector(Collector):
     def describe(self) -> Iterator[Metric]:
         """The metric names, without reading anything (registration does not scrape)."""
         return _describe(_PRODUCER_METRICS)
+
+
+_CONSUMER_METRICS: tuple[tuple[str, str], ...] = (
+    ("outbox_consumer_handled", "counter"),
+    ("outbox_consumer_failed", "counter"),
+    ("outbox_consumer_retried", "counter"),
+    ("outbox_consumer_dead_letters", "counter"),
+    ("outbox_consumer_ignored", "counter"),
+    ("outbox_consumer_paused_partitions", "gauge"),
+    ("outbox_consumer_waiting_hops", "gauge"),
+    ("outbox_consumer_hops_pending", "gauge"),
+    ("outbox_consumer_circuit_state", "stateset"),
+    ("outbox_consumer_circuit_opened", "counter"),
+)
+
+
+def _as_sync_consumer(consumer: Any) -> ResilientConsumer:
+    """The ResilientConsumer behind an AsyncResilientConsumer (or the consumer itself)."""
+    inner = getattr(consumer, "consumer", consumer)
+    if not isinstance(inner, ResilientConsumer):
+        raise TypeError(f"expected a ResilientConsumer or AsyncResilientConsumer, not {type(consumer).__name__}")
+    return inner
+
+
+class ConsumerCollector(Collector):
+    """Counters and gauges of one ResilientConsumer, read at scrape time from its ``stats()``.
+
+    The consumer's loop thread increments plain ints as it handles messages; a scrape reads them
+    (one ``stats()``, whose hop-producer part is a store query). Nothing is added per message.
+
+    Args:
+        consumer: a ResilientConsumer or an AsyncResilientConsumer.
+        name: value of the ``consumer`` label (the group is a label too).
+    """
+
+    def __init__(self, consumer: Any, *, name: str = "default") -> None:
+        self.consumer = _as_sync_consumer(consumer)
+        self.labels = {"consumer": name, "group": self.consumer.group}
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.consumer.stats()
+        names, values = list(self.labels), list(self.labels.values())
+
+        def one(family: type[CounterMetricFamily] | type[GaugeMetricFamily], name: str, doc: str, v: float) -> Metric:
+            m = family(name, doc, labels=names)
+            m.add_metric(values, v)
+            return m
+
+        yield one(CounterMetricFamily, "outbox_consumer_handled", "Messages the handler handled.", st["handled"])
+        yield one(CounterMetricFamily, "outbox_consumer_failed", "Handler (or deserializer) failures.", st["failed"])
+        retried = CounterMetricFamily(
+            "outbox_consumer_retried", "Failed messages sent to a retry tier, by tier.", labels=[*names, "tier"]
+        )
+        for tier, n in enumerate(st["retried_by_tier"], start=1):
+            retried.add_metric([*values, str(tier)], n)
+        yield retried
+        yield one(CounterMetricFamily, "outbox_consumer_dead_letters", "Messages dead-lettered.", st["dead"])
+        yield one(CounterMetricFamily, "outbox_consumer_ignored", "Failed messages skipped (Ignore).", st["ignored"])
+        yield one(
+            GaugeMetricFamily, "outbox_consumer_paused_partitions",
+            "Partitions paused now (a tier head not yet due, an in-place retry, an open circuit).", st["held"],
+        )
+        yield one(
+            GaugeMetricFamily, "outbox_consumer_waiting_hops",
+            "Retry hops and dead letters not yet durable (their offsets are not committed).", st["waiting_hops"],
+        )
+        pending = st["producer"]["pending"]
+        if pending is not None:  # None: the outbox could not be read at this scrape
+            yield one(
+                GaugeMetricFamily, "outbox_consumer_hops_pending",
+                "Retry hops waiting in the consumer's outbox for Kafka to take them.", pending,
+            )
+        state = StateSetMetricFamily(
+            "outbox_consumer_circuit_state", "Main-topic circuit state (all false: no circuit).", labels=names
+        )
+        state.add_metric(values, {s.value: st["circuit"] == s.value for s in ConsumerCircuitState})
+        yield state
+        yield one(
+            CounterMetricFamily, "outbox_consumer_circuit_opened", "Times the main-topic circuit opened.",
+            st["circuit_opened"],
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        """The metric names, without reading anything (registration does not scrape)."""
+        return _describe(_CONSUMER_METRICS)
+
+
+def register_consumer(
+    consumer: Any, *, name: str = "default", registry: CollectorRegistry = REGISTRY
+) -> ConsumerCollector:
+    """Register a :class:`ConsumerCollector` for `consumer` in `registry` (default: the global one)."""
+    collector = ConsumerCollector(consumer, name=name)
+    registry.register(collector)
+    return collector
 
 
 def register_producer(

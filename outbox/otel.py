@@ -2,6 +2,7 @@
 
     from outbox.otel import instrument
     instrument(producer)       # a ResilientProducer, an AsyncResilientProducer or a Drainer
+    instrument(consumer)       # a ResilientConsumer or an AsyncResilientConsumer
 
 Trace context travels in the message's own headers (W3C ``traceparent`` / ``tracestate``). The
 outbox stores headers as opaque bytes and every re-send sends them back unchanged, so a
@@ -17,6 +18,10 @@ hour in the outbox. That needs no instrumentation at all; this module adds spans
   the message was first stored and ends at the acknowledgement, so its length is the time the
   outbox held it. Linked to the message's context.
 * ``outbox dead-letter {topic}`` (INTERNAL, status ERROR): the message was dead-lettered.
+* ``process {topic}`` (CONSUMER): around each call of a consumer's handler, linked to the
+  context in the message's headers (the producing trace: retry hops and dead letters keep the
+  ``traceparent`` / ``tracestate`` headers byte for byte). It is the current span while the
+  handler runs, so the handler's own spans are its children; status ERROR when it raises.
 
 Without a configured SDK (opentelemetry-api alone) the spans are non-recording and cost little.
 The hooks wrap public callbacks (``Drainer.on_delivered``, ``ResilientProducer.on_dead_letter``,
@@ -40,8 +45,13 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("outbox.otel needs opentelemetry-api: pip install 'kafka-outbox[otel]'") from exc
 
+from confluent_kafka import Message
+
 from .aio import AsyncResilientProducer
+from .consumer import AsyncResilientConsumer, ResilientConsumer
+from .consumer import headers as consumer_headers
 from .drain import Drainer
+from .headers import ID_HEADER
 from .producer import ResilientProducer
 from .records import DeadLetter, OutboxMessage
 from .writer import Committed
@@ -101,23 +111,28 @@ def _with_trace_headers(
 
 
 def instrument(
-    target: ResilientProducer | AsyncResilientProducer | Drainer,
+    target: ResilientProducer | AsyncResilientProducer | Drainer | ResilientConsumer | AsyncResilientConsumer,
     *,
     tracer_provider: TracerProvider | None = None,
     spans_on_produce: bool = True,
 ) -> None:
-    """Add spans to a producer (sync or async) or a standalone Drainer.
+    """Add spans to a producer (sync or async), a standalone Drainer or a consumer (sync or async).
 
     Args:
         target: what to instrument. For an AsyncResilientProducer the ``send`` span is opened
-            on the event loop, in the awaiting task's context.
+            on the event loop, in the awaiting task's context. For a consumer, its handler is
+            wrapped in a ``process`` span (for an AsyncResilientConsumer, on the loop, around
+            the coroutine).
         tracer_provider: default: the global one (``opentelemetry.trace.set_tracer_provider``).
         spans_on_produce: open a ``send`` span and inject its context in every produce() call.
 
     Raises:
-        TypeError: `target` is none of the three.
+        TypeError: `target` is none of these.
     """
     tracer = trace.get_tracer(_SCOPE, tracer_provider=tracer_provider)
+    if isinstance(target, (ResilientConsumer, AsyncResilientConsumer)):
+        _instrument_consumer(target, tracer)
+        return
     if isinstance(target, Drainer):
         _instrument_drainer(target, tracer)
         return
@@ -130,8 +145,8 @@ def instrument(
         _instrument_producer(target, tracer, spans_on_produce=spans_on_produce)
         return
     raise TypeError(
-        f"cannot instrument {type(target).__name__}: expected a ResilientProducer, an AsyncResilientProducer "
-        "or a Drainer"
+        f"cannot instrument {type(target).__name__}: expected a ResilientProducer, an AsyncResilientProducer, "
+        "a Drainer, a ResilientConsumer or an AsyncResilientConsumer"
     )
 
 
@@ -261,3 +276,50 @@ def _on_dead_letter(tracer: Tracer, inner: Callable[[DeadLetter], None] | None, 
     span.end()
     if inner is not None:
         inner(dl)
+
+
+def _instrument_consumer(c: ResilientConsumer | AsyncResilientConsumer, tracer: Tracer) -> None:
+    if getattr(c, "_outbox_otel", False):
+        return
+    c._outbox_otel = True  # type: ignore[union-attr]
+    if isinstance(c, AsyncResilientConsumer):
+        handler = c.handler
+
+        async def traced(msg: Message) -> Any:
+            # On the loop, in the task that runs this message: the handler's spans are children.
+            with _process_span(tracer, msg):
+                return await handler(msg)
+
+        c.handler = traced
+        return
+    sync_handler = c.handler
+
+    def traced_sync(msg: Message) -> Any:
+        with _process_span(tracer, msg):
+            return sync_handler(msg)
+
+    c.handler = traced_sync
+
+
+def _process_span(tracer: Tracer, msg: Message) -> Any:
+    """A CONSUMER span for one handling of `msg`; records the handler's exception and sets ERROR."""
+    headers = consumer_headers.headers_of(msg)
+    topic = msg.topic() or ""
+    attempt = consumer_headers.find_text(headers, consumer_headers.ATTEMPT)
+    msg_id = consumer_headers.find_text(headers, ID_HEADER)
+    return tracer.start_as_current_span(
+        f"process {topic}",
+        kind=SpanKind.CONSUMER,
+        links=_links(headers),
+        attributes=_attributes(
+            topic,
+            msg_id,
+            **{
+                "messaging.operation.type": "process",
+                "messaging.destination.partition.id": str(msg.partition()),
+                "messaging.kafka.offset": msg.offset(),
+                # Attempts made before this one (0 on the main topic), from the hop's header.
+                "outbox.consumer.attempt": int(attempt) if attempt else 0,
+            },
+        ),
+    )

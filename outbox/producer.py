@@ -250,8 +250,8 @@ class ResilientProducer:
     def produce(
         self,
         topic: str,
-        value: bytes | str | None = None,
-        key: bytes | str | None = None,
+        value: Any = None,
+        key: Any = None,
         headers: Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None = None,
         partition: int | None = None,
         on_delivery: DeliveryCallback | None = None,
@@ -263,7 +263,13 @@ class ResilientProducer:
 
         Args:
             topic: topic name (Kafka's rules: [a-zA-Z0-9._-], 1..249 characters).
-            value, key: bytes, str (sent as UTF-8) or None.
+            value, key: bytes, str (sent as UTF-8) or None; with a value_serializer /
+                key_serializer, any object it accepts. Typed ``Any`` because what is accepted
+                depends on the serializers given to the constructor, which a static type of
+                this method cannot see (a generic producer class would be the alternative, at
+                the cost of a type parameter on every annotation); the check is at run time:
+                without a serializer anything else raises TypeError, with one its error raises
+                Key/ValueSerializationError, and nothing is stored or sent.
             headers: list of (name, value) pairs (order and duplicates kept) or a dict.
             partition: explicit partition, or None/-1 for the partitioner.
             on_delivery: ``callback(err, msg)``, called at most once with the message's final

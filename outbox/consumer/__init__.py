@@ -3,6 +3,7 @@
     from outbox import ResilientConsumer, RetryTopics, RetryInPlace, Ignore
 """
 
+from .aio import AsyncResilientConsumer
 from .circuit import MainTopicCircuit
 from .consumer import CONSUMER_DEFAULTS, ResilientConsumer
 from .deadletters import DEAD_LETTER_MODES
@@ -11,6 +12,7 @@ from .strategies import Ignore, RetryInPlace, RetryTopics, Strategy
 from .tiers import Ladder, dlq_name, retry_tier_name
 
 __all__ = [
+    "AsyncResilientConsumer",
     "CONSUMER_DEFAULTS",
     "DEAD_LETTER_MODES",
     "Ignore",

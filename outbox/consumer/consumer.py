@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import queue
 import signal
@@ -141,6 +142,9 @@ class ResilientConsumer:
             raise ConfigError(f"topics must be a non-empty list of topic names, got {topics!r}")
         if not callable(handler):
             raise ConfigError(f"handler must be callable, got {type(handler).__name__}")
+        if is_async_callable(handler):
+            # Called here it would return a coroutine never awaited: every message "handled", none run.
+            raise ConfigError("handler is a coroutine function: use outbox.AsyncResilientConsumer for async handlers")
         if deserializer is not None and not callable(deserializer):
             raise ConfigError(f"deserializer must be callable, got {type(deserializer).__name__}")
         if on_dead_letter is not None and not callable(on_dead_letter):
@@ -159,7 +163,8 @@ class ResilientConsumer:
             raise ConfigError("batch_size must be >= 1 and poll_timeout > 0")
 
         self.group = group
-        self._handler = handler
+        #: Called per message; read at each batch (outbox.otel wraps it in a span).
+        self.handler: Handler = handler
         self._deserializer = deserializer
         self._batch_size = batch_size
         self._poll_timeout = poll_timeout
@@ -181,6 +186,8 @@ class ResilientConsumer:
 
         self.circuit = CircuitBreaker(circuit) if circuit is not None else None
         self._ids = IdGenerator()
+        #: Hops made into each retry tier (index 0: tier 1); a list the loop thread alone increments.
+        self.retried_by_tier = [0] * tiers
         self._tracker = OffsetTracker()
         self._scheduler = PauseScheduler()
         self._durable: queue.SimpleQueue[tuple[int, bool]] = queue.SimpleQueue()
@@ -270,7 +277,8 @@ class ResilientConsumer:
     def stats(self) -> dict[str, Any]:
         """Counters and state.
 
-        handled, failed (handler raised), retried (hops to a tier), ignored, dead, paused (holds
+        handled, failed (handler raised), retried (hops to a tier; retried_by_tier: per tier,
+        tier 1 first), ignored, dead, paused (holds
         made), assigned / revoked (rebalance callbacks), held (partitions paused now), waiting_hops
         (hops not yet durable), circuit / circuit_opened, producer (the hop producer's stats()).
         ordering="key": parked (messages parked behind an earlier one of their key), skipped
@@ -281,6 +289,7 @@ class ResilientConsumer:
         return {
             **self.counts,
             "dead": self._dead.count,
+            "retried_by_tier": list(self.retried_by_tier),
             "held": len(self._scheduler),
             "waiting_hops": self._tracker.waiting_hops,
             "keys_waiting": 0 if self._order is None else len(self._order),
@@ -323,7 +332,7 @@ class ResilientConsumer:
         # place lookup, the held check, the offset bookkeeping) is done once per run, not per message.
         held: set[TP] | None = None
         places = self._places
-        handler = self._handler
+        handler = self.handler
         circuit = self.circuit
         deserializer = self._deserializer
         order = self._order
@@ -425,6 +434,7 @@ class ResilientConsumer:
                 token = self._publish(self.ladder.retry_topic(place.main, attempts), m, headers, tp[1])
                 self._tracker.wait(tp, offset, token)
                 self.counts["retried"] += 1
+                self.retried_by_tier[attempts - 1] += 1
                 if self._order is not None:
                     self._into_ladder(m, tp, place, token, attempts)
             else:
@@ -780,6 +790,11 @@ class ResilientConsumer:
     def _close_store(self) -> None:
         if self._owns_store:
             self.store.close()
+
+
+def is_async_callable(f: object) -> bool:
+    """A coroutine function, or an object whose ``__call__`` is one (an async handler)."""
+    return inspect.iscoroutinefunction(f) or inspect.iscoroutinefunction(type(f).__call__)
 
 
 def _partition(topic: str, partition: int, offset: int, metadata: str | None) -> TopicPartition:

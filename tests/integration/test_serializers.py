@@ -19,7 +19,9 @@ from confluent_kafka.error import KeySerializationError, ValueSerializationError
 from confluent_kafka.schema_registry import SchemaRegistryClient, header_schema_id_serializer
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
-from confluent_kafka.serialization import MessageField, SerializationContext, StringSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext, StringDeserializer, StringSerializer
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from outbox import ResilientProducer, RetryPolicy
 from outbox.aio import AsyncResilientProducer
@@ -34,6 +36,19 @@ ORDER_JSON = """{"type": "object", "properties": {"id": {"type": "integer"}, "it
                  "required": ["id", "item"]}"""
 ORDER_AVRO = """{"type": "record", "name": "Order",
                  "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}]}"""
+
+
+def order_proto_class() -> Any:
+    """The message class of ``message Order { int64 id = 1; string item = 2; }`` built without protoc:
+    a FileDescriptorProto added to a private descriptor pool, its class made by message_factory."""
+    fdp = descriptor_pb2.FileDescriptorProto(name="outbox_test/order.proto", package="outbox.test", syntax="proto3")
+    msg = fdp.message_type.add(name="Order")
+    f = descriptor_pb2.FieldDescriptorProto
+    msg.field.add(name="id", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    msg.field.add(name="item", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("outbox.test.Order"))
 
 
 class Counting:
@@ -173,3 +188,44 @@ def test_serialization_errors_raise_at_produce_and_store_nothing(
     with pytest.raises(TypeError, match="value_serializer must be callable as serializer"):
         ResilientProducer({"bootstrap.servers": kafka_bootstrap}, outbox=f"sqlite:///{tmp_path / 'x.db'}",
                           value_serializer="json")  # type: ignore[arg-type]
+
+
+def test_protobuf_serializer_bytes_made_once_survive_an_outage_and_read_back(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    order_cls = order_proto_class()
+    registry = SchemaRegistryClient.new_client({"url": "mock://outbox-protobuf"})
+    value_ser = Counting(ProtobufSerializer(order_cls, registry))
+    key_ser = Counting(StringSerializer())
+    orders = [order_cls(id=i, item=f"book-{i}") for i in range(20)]
+    db = f"sqlite:///{tmp_path / 'o.db'}"
+    # 1) Kafka unreachable: every message is serialized once, at produce(), and lands in the outbox.
+    with ResilientProducer(
+        {"bootstrap.servers": closed_port(), **FAST, "message.timeout.ms": 1000},
+        outbox=db, drain_workers=0, value_serializer=value_ser, key_serializer=key_ser,
+    ) as p:
+        for o in orders:
+            p.produce(topic, o, key=str(o.id))
+        assert p.flush(30) == 0
+        assert p.stats()["pending"] == 20
+    # 2) Kafka back: a producer with no serializer and no registry drains the stored bytes.
+    with ResilientProducer(
+        {"bootstrap.servers": kafka_bootstrap, **STEADY}, outbox=db,
+        retry=RetryPolicy(max_attempts=100, initial_delay=0.2), drain_poll_interval=0.2,
+    ) as drainer:
+        wait_until(lambda: drainer.stats()["pending"] == 0, 60, "the outbox is drained")
+    assert value_ser.calls == [(topic, MessageField.VALUE)] * 20, "a re-send never serializes again"
+    assert key_ser.calls == [(topic, MessageField.KEY)] * 20
+    got = read_topic(kafka_bootstrap, topic, 20)
+    assert got.unique == 20 and len(got.messages) == 20
+    decode = ProtobufDeserializer(order_cls, {}, registry)
+    read_back = {}
+    for m in got.messages:
+        ctx = SerializationContext(topic, MessageField.VALUE, m.headers())
+        order = decode(m.value(), ctx)
+        assert StringDeserializer()(m.key(), ctx) == str(order.id)
+        read_back[order.id] = order
+    assert [read_back[i] for i in range(20)] == orders
+    # Confluent's wire format: magic byte 0, the schema id, the message-index list, the protobuf bytes.
+    schema_id = registry.get_latest_version(f"{topic}-value").schema_id
+    assert all(m.value()[:5] == b"\0" + schema_id.to_bytes(4, "big") for m in got.messages)
