@@ -64,7 +64,12 @@ def consumer_headers(group: str, topic: str = "orders") -> list[tuple[str, bytes
 
 
 def fill(store: Outbox, topic: str = "orders") -> dict[str, list[int]]:
-    """Producer dead letters of two errors, and a consumer group's dead letters."""
+    """Producer dead letters of two errors, and a consumer group's dead letters.
+
+    Failure times are relative to the moment of the fill, not of the module's import: in a full
+    run the test executes many minutes after collection, and `since=45s` means "from now".
+    """
+    now = time.time()
     big = [NewMessage(topic, b'{"n": %d}' % i, key=b"k%d" % (i % 3), msg_id=f"big-{i}", attempts=1,
                       error_code=10, error_name="MSG_SIZE_TOO_LARGE", last_error="MSG_SIZE_TOO_LARGE (10): too big")
            for i in range(7)]
@@ -76,9 +81,9 @@ def fill(store: Outbox, topic: str = "orders") -> dict[str, list[int]]:
                       last_error="builtins.ValueError (consumer): bad price")
            for i in range(2)]
     return {
-        "big": store.add_dead(big, failed_at=NOW - 60),
-        "auth": store.add_dead(auth, failed_at=NOW - 30),
-        "group": store.add_dead(grp, failed_at=NOW),
+        "big": store.add_dead(big, failed_at=now - 60),
+        "auth": store.add_dead(auth, failed_at=now - 30),
+        "group": store.add_dead(grp, failed_at=now),
     }
 
 
