@@ -192,7 +192,8 @@ def test_no_secret_in_the_spark_jobs_output_and_report(
 ) -> None:
     from spark_drain import JobOptions, run_job
 
-    url = private_pg.url
+    # A table of its own: the module's private server keeps the other tests' outbox rows.
+    url = private_pg.url + ("&" if "?" in private_pg.url else "?") + "table=spark_secrets"
     store = PostgresOutbox(url)
     store.enqueue([NewMessage(topic, b"v%d" % i, b"k", [], -1, f"m{i}") for i in range(10)])
     store.close()
