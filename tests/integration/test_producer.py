@@ -388,10 +388,14 @@ def test_messages_librdkafka_holds_when_the_circuit_opens_keep_their_place_per_k
             stop = threading.Event()
 
             def keep_producing() -> None:  # the application does not stop when Kafka does
-                n = 0
-                while not stop.is_set() or n < 20 * spilled_per_round:
+                n = after_open = 0
+                # Until told to stop, and at least 4,000 messages once the circuit is open (those
+                # are the spills that race the purged messages; a slow open must not leave none).
+                while not stop.is_set() or after_open < 20 * spilled_per_round:
                     p.produce("orders", b"s%d" % n, key=b"k%d" % (n % keys))
                     n += 1
+                    if not p.circuit.closed:
+                        after_open += 1
 
             app = threading.Thread(target=keep_producing)
             app.start()
