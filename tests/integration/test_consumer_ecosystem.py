@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,6 @@ from confluent_kafka import Message
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.parser import text_string_to_metric_families
 
 from outbox import AsyncResilientConsumer, DeadLetter, MainTopicCircuit, ResilientConsumer, RetryTopics
 from outbox.consumer import headers as H
@@ -23,19 +21,8 @@ from outbox.metrics import register_consumer
 from outbox.otel import instrument
 
 from .test_consumer import GROUP_TIMING, committed, group_name, header, produce, running, wait_until
+from .test_metrics_kafka import Samples, scrape
 from .test_otel import TRACEPARENT, TRACESTATE, linked_traceparents, tracing
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=30) as resp:
-        text = resp.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-    }
 
 
 def k(name: str, group: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
