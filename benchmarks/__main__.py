@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import itertools
 import json
 import os
 import platform
@@ -305,12 +306,20 @@ def plot_recovery(runs: dict[str, list[Result]], outage: float, quick: bool) -> 
         log("matplotlib is not installed (pip install 'kafka-outbox[bench]'): no recovery PNG")
         return None
     fig, ax = plt.subplots(figsize=(9, 4.5))
+    colors: dict[str, str] = {}
     for k in keys:
         r = runs[k][0]
+        pct = k.split("/")[1]
+        sidecar = k.endswith("/process")
         down = r.get("down_at") or 0.0
         xs = [t - down for t, _ in r["pending_curve"]]
         ys = [n for _, n in r["pending_curve"]]
-        ax.plot(xs, ys, label=f"{k.split('/')[1]}% of R0 ({r['rate_wanted']:,.0f} msgs/s)")
+        where = "drain in a separate process" if sidecar else "drain threads in the producer"
+        (line,) = ax.plot(
+            xs, ys, color=colors.get(pct), linestyle="--" if sidecar else "-",
+            label=f"{pct}% of R0 ({r['rate_wanted']:,.0f} msgs/s), {where}",
+        )
+        colors.setdefault(pct, line.get_color())
         if r.get("up_at") is not None:
             ax.axvline(r["up_at"] - down, color="grey", linestyle=":", linewidth=1)
     ax.axvline(0, color="red", linestyle="--", linewidth=1, label="all brokers stopped")
@@ -404,6 +413,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--drain-rows", type=int, help="pending rows for the drain scenario (default 1000000; --quick 100000)"
     )
     ap.add_argument("--outage", type=float, help="seconds of outage for the retry comparison (default 30; --quick 10)")
+    ap.add_argument(
+        "--recovery-drain",
+        type=str,
+        default="threads,process",
+        help="where the recovery runs drain: threads (the producer's drain workers), process "
+        "(drain_workers=0 and `outbox drain --follow` beside it), or both (default)",
+    )
     ap.add_argument("--no-write", action="store_true", help="do not write results/ or README.md")
     return ap.parse_args(argv)
 
@@ -428,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
     mem_n = drain_rows  # the memory run's outbox is the drain scenario's backlog
     rec_n = 20_000 if quick else 50_000
     outage = args.outage or (10.0 if quick else 30.0)
+    recovery_drains = [d.strip() for d in args.recovery_drain.split(",") if d.strip()]
+    if set(recovery_drains) - {"threads", "process"}:
+        print("--recovery-drain takes threads and/or process", file=sys.stderr)
+        return 2
     sample = 64
     config: Result = {
         "quick": quick,
@@ -598,17 +618,21 @@ def main(argv: list[str] | None = None) -> int:
             config["recovery_r0"] = r0
             for frac, wait in RECOVERY_QUICK if quick else RECOVERY:
                 rate = r0 * frac
-                log(f"recovery at {frac:.0%} of R0 ({rate:,.0f} msgs/s, 1,000 keys): outage {outage:.0f}s")
-                c = runner.start(
-                    "recovery", {**common, "size": base, "rate": rate, "keys": 1000, "max_wait": wait}
-                )
-                c.expect("READY", 120)
-                cluster.stop_all()
-                c.send("DOWN")
-                time.sleep(outage)
-                cluster.start_all()
-                c.send("UP")
-                record(f"recovery/{round(frac * 100)}", c.result(wait + 300))
+                for drain in recovery_drains:
+                    suffix = "" if drain == "threads" else f"/{drain}"
+                    log(f"recovery at {frac:.0%} of R0 ({rate:,.0f} msgs/s, 1,000 keys), drain in {drain}: "
+                        f"outage {outage:.0f}s")
+                    c = runner.start(
+                        "recovery",
+                        {**common, "size": base, "rate": rate, "keys": 1000, "max_wait": wait, "drain": drain},
+                    )
+                    c.expect("READY", 120)
+                    cluster.stop_all()
+                    c.send("DOWN")
+                    time.sleep(outage)
+                    cluster.start_all()
+                    c.send("UP")
+                    record(f"recovery/{round(frac * 100)}{suffix}", c.result(wait + 300))
 
         # -- phase 5: Spark bulk drain at 1 / 2 / 4 partitions and the CLI drain, same outbox ---
         if "spark" in sel:
@@ -748,11 +772,12 @@ def main(argv: list[str] | None = None) -> int:
             + "/".join(f"{x:.0f}" for x in pts)
             + f"; uncommitted at 100%: {m.get('uncommitted_at_pct', {}).get('100', '?'):,}",
         )
-    for pct, target_s in ((10, 60.0), (25, 180.0), (50, None)):
-        key = f"recovery/{pct}"
+    for (pct, target_s), suffix in itertools.product(((10, 60.0), (25, 180.0), (50, None)), ("", "/process")):
+        key = f"recovery/{pct}{suffix}"
         if key not in summary:
             continue
         r = runs[key][0]
+        where = ", drain in a separate process (`outbox drain --follow`)" if suffix else ""
         after = r.get("empty_after_up_s")
         p50, p99 = r.get("latency_p50_s"), r.get("latency_p99_s")
         lat = f"post-restart latency p50 {fmt_s(p50)} / p99 {fmt_s(p99)}"
@@ -761,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             state = f"NOT empty when the run ended, {r.get('pending_left') or 0:,} left"
         table.add(
-            f"recovery at {pct}% of R0 ({r['rate_wanted']:,.0f}/s), all brokers down {outage:.0f}s",
+            f"recovery at {pct}% of R0 ({r['rate_wanted']:,.0f}/s), all brokers down {outage:.0f}s{where}",
             summary[key],
             target=f"empty <= {target_s:.0f}s" if target_s else "report",
             met=None if target_s is None else (after is not None and after <= target_s),

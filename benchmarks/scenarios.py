@@ -17,7 +17,9 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -495,7 +497,19 @@ def recovery(p: Params) -> Result:
     value = os.urandom(int(p["size"]))
     keys = [f"key-{i:04d}".encode() for i in range(nkeys)]
     path = os.path.join(p["workdir"], f"recovery-{os.getpid()}.db")
-    rp = ResilientProducer(kafka_config(p), outbox=f"sqlite:///{path}", mode="fallback")
+    # drain="process": the drain runs in a process of its own (`outbox drain --follow`, a sidecar)
+    # and the producer has no drain workers: the application's interpreter lock is its own.
+    sidecar = p.get("drain") == "process"
+    rp = ResilientProducer(
+        kafka_config(p), outbox=f"sqlite:///{path}", mode="fallback", drain_workers=0 if sidecar else 2
+    )
+    drainer = None
+    if sidecar:
+        cli = os.path.join(os.path.dirname(sys.executable), "outbox")
+        drainer = subprocess.Popen(
+            [cli, "drain", "--outbox", path, "-b", p["bootstrap"], "--follow", "--workers", "2"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
     Producer(kafka_config(p)).list_topics(topic, timeout=10)
     events: dict[str, float] = {}
 
@@ -557,6 +571,9 @@ def recovery(p: Params) -> Result:
     sampler.join()
     seconds = time.perf_counter() - t_start
     st = rp.stats()
+    if drainer is not None:
+        drainer.send_signal(signal.SIGINT)
+        drainer.wait(60)
     down, up = events.get("DOWN"), events.get("UP")
     lat = sorted(after_up)
     lost_or_late = sent_after_up - len(lat)  # produced after UP, not delivered by the end
@@ -584,6 +601,7 @@ def recovery(p: Params) -> Result:
         pending_left=st["pending"],
         sent_after_up=sent_after_up,
         not_delivered_after_up=lost_or_late,
+        drain="process" if sidecar else "threads",
         latency_p50_s=pct(0.50),
         latency_p99_s=pct(0.99),
         delivered_from_outbox=st["delivered_from_outbox"],

@@ -242,6 +242,9 @@ class ResilientProducer:
         )
         self._poller = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
         self._poller.start()
+        self._stop_watch = threading.Event()
+        self._key_watcher = threading.Thread(target=self._watch_keys, name="outbox-keys", daemon=True)
+        self._key_watcher.start()
         if drain_workers > 0:
             self.drainer.start()
 
@@ -424,6 +427,8 @@ class ResilientProducer:
             self._kafka.purge(in_queue=True, in_flight=False)
             self._kafka.flush(min(left() or 5.0, 5.0))
         self.drainer.stop(left())
+        self._stop_watch.set()
+        self._key_watcher.join(5)
         self._stop_poller = True
         self._poller.join(5)
         self._kafka.poll(0)
@@ -771,6 +776,31 @@ class ResilientProducer:
                     self._pending_keys.discard(k)
                     marks.pop(k, None)
 
+    def _watch_keys(self) -> None:
+        """Release keys whose backlog another process drained (a thread of its own).
+
+        This process's drain workers release keys as they deliver. Rows delivered by anyone else
+        (`outbox drain`, a sidecar with `drain_workers=0`, another producer of a PostgreSQL
+        fleet) are noticed only here; without it such a key's messages would go through the
+        outbox for the rest of the process's life. Not while the circuit is open: then nothing
+        drains, and the query would only cost.
+        """
+        failing = False
+        while not self._stop_watch.wait(_WATCH_EVERY):
+            if not self._pending_keys or not self.circuit.closed:
+                continue
+            try:
+                with self._keys_lock:
+                    keys = set(self._pending_keys)
+                self._release_keys(keys)
+                failing = False
+            except StoreError as exc:  # looked at again next round; logged once per failing spell
+                if not failing:
+                    log.warning("outbox: cannot check which keys still have messages in the outbox: %s", exc)
+                failing = True
+            except Exception:  # never die silently: the next round tries again
+                log.exception("outbox key watcher failed; retrying")
+
     def _drain_dead(self, dl: DeadLetter) -> None:
         self._notify_dead(dl, self._waiting.pop(dl.msg_id, None) if self._waiting else None)
         if dl.key is not None and (dl.topic, dl.key) in self._pending_keys:
@@ -870,6 +900,7 @@ def _sequence(msg: NewMessage) -> str:
     return msg.msg_id
 
 _RELEASE_EVERY = 0.25  # seconds between checks for keys whose outbox backlog is gone
+_WATCH_EVERY = 1.0  # seconds between the key watcher's checks of every pending key
 
 _CIRCUIT_CODES = frozenset(
     {

@@ -360,3 +360,40 @@ def test_interrupted_drain_releases_its_leases(kafka_bootstrap: str, topic: str,
     sent = topic_size(kafka_bootstrap, topic)
     assert sent == result["delivered"] == n - st.pending
     store.close()
+
+
+def test_producer_without_drain_workers_resumes_the_fast_path_after_an_external_drain(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    """drain_workers=0 and `outbox drain` in another process (a sidecar): once that process has
+    delivered a key's backlog, the producer sends the key's next messages to Kafka again, behind
+    the drained ones, instead of storing every later message of the key for the rest of its life."""
+    db = tmp_path / "app.db"
+    # A local queue of one message: the second produce() meets BufferError and is stored.
+    producer = ResilientProducer(
+        {"bootstrap.servers": kafka_bootstrap, "queue.buffering.max.messages": 1, "linger.ms": 50},
+        outbox=f"sqlite:///{db}",
+        drain_workers=0,
+    )
+    try:
+        producer.produce(topic, b"first", key=b"k")
+        producer.produce(topic, b"stored", key=b"k")
+        producer.produce(topic, b"behind", key=b"k")  # the key has a backlog: stored behind it
+        assert producer.flush(30) == 0
+        st = producer.stats()
+        assert (st["outboxed"], st["pending"]) == (2, 2)
+
+        drained = outbox_cli("drain", "--outbox", str(db), "-b", kafka_bootstrap, "--json")
+        assert drained.returncode == 0, drained.stderr
+        assert json.loads(drained.stdout)["delivered"] == 2
+        # The producer's key watcher notices that the key's backlog is gone.
+        wait_until(lambda: not producer._pending_keys, 30, "the producer released the drained key")
+
+        producer.produce(topic, b"direct", key=b"k")
+        assert producer.flush(30) == 0
+        st = producer.stats()
+        assert (st["outboxed"], st["pending"], st["delivered_first_try"]) == (2, 0, 2)
+    finally:
+        assert producer.close(timeout=30) == 0
+    got = consume(kafka_bootstrap, topic, 4, timeout=30)
+    assert [m.value() for m in got] == [b"first", b"stored", b"behind", b"direct"]
