@@ -15,6 +15,7 @@ kernel remounted read-only after an error (EROFS). The test checks that root rea
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import subprocess
@@ -49,13 +50,16 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
 def fill(mnt: Path) -> Path:
     """Take every free byte of the file system; return the filler file."""
     filler = mnt / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
+    # Unbuffered: a buffered file's close() flushes what the failed write left in its buffer and
+    # raises ENOSPC again, outside any try (a fresh-machine run failed so).
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)  # a short write when nearly full; ENOSPC once full
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
     return filler
 
 
