@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -572,7 +571,7 @@ def recovery(p: Params) -> Result:
     seconds = time.perf_counter() - t_start
     st = rp.stats()
     if drainer is not None:
-        drainer.send_signal(signal.SIGINT)
+        drainer.terminate()  # SIGTERM: a background shell may have left SIGINT ignored
         drainer.wait(60)
     down, up = events.get("DOWN"), events.get("UP")
     lat = sorted(after_up)

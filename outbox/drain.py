@@ -44,6 +44,7 @@ _PIPELINE_DEPTH = 2  # batches a worker keeps in flight
 #: 7.9k (py-spy and per-stage thread CPU of a 200k-row drain).
 DEFAULT_BATCH_SIZE = 5000
 _BACKOFF_MAX = 5.0  # longest pause between tries while the store fails (seconds)
+_CLUSTER_RETRY = 2.0  # pause between "is a broker up?" probes while the cluster is down (seconds)
 
 
 @dataclass
@@ -279,7 +280,12 @@ class Drainer:
         inflight: deque[InFlight[OutboxMessage]] = deque()
         try:
             while not self._stop.is_set():
-                rows = self._claim(limit, background) if len(inflight) < _PIPELINE_DEPTH else None
+                if loop.cluster_down and not inflight:
+                    self._wait_for_cluster(loop, until_empty)
+                    continue
+                # No new batch while the cluster is down: the one in flight is settled first.
+                claim = len(inflight) < _PIPELINE_DEPTH and not loop.cluster_down
+                rows = self._claim(limit, background) if claim else None
                 if rows:
                     inflight.append(loop.start(rows))
                     continue
@@ -305,6 +311,21 @@ class Drainer:
                 except Exception:
                     log.exception("outbox drain: could not settle a batch at stop; its leases expire")
             loop.close(5)
+
+    def _wait_for_cluster(self, loop: SendLoop, until_empty: bool) -> None:
+        """No broker answers: the batch went back unattempted; claim again once one does.
+
+        Claiming on would only cycle every pending row through time-outs (their attempts are not
+        counted, but each costs `message.timeout.ms` of a lease). A run until empty returns
+        instead: the CLI reports what stays pending.
+        """
+        if until_empty:
+            self._stop.set()
+            return
+        log.warning("outbox drain: no Kafka broker answers; waiting for the cluster (rows stay pending)")
+        while not self._stop.is_set() and not loop.cluster_up():
+            self._stop.wait(_CLUSTER_RETRY)
+        loop.cluster_down = False
 
     def _claim(self, limit: list[int | None] | None, background: bool) -> list[OutboxMessage]:
         """Claim the next batch (within `max_messages`); [] when nothing is due or the store failed."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from .circuit import CircuitBreaker
+from .circuit import CircuitBreaker, CircuitState
 from .drain import DEFAULT_BATCH_SIZE, Drainer
 from .errors import ConfigError, ProducerClosedError, StoreError
 from .headers import ID_HEADER, IdGenerator, find
@@ -31,7 +31,7 @@ from .holdback import Holdback
 from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
 from .records import DeadLetter, Headers, NewMessage, OutboxMessage, StoreStats
-from .retry import RetryPolicy, describe
+from .retry import UNREACHABLE_CODES, RetryPolicy, describe
 from .serialization import Serializer, Serializers
 from .settle import Verdict, settle
 from .stores import Outbox, open_outbox
@@ -720,7 +720,7 @@ class ResilientProducer:
     def _note_transport_failure(self, code: int) -> None:
         # Only errors that say "the cluster is not reachable or not healthy" count toward the
         # circuit; a bad topic or a too-large message says nothing about the cluster.
-        if code in _CIRCUIT_CODES:
+        if code in UNREACHABLE_CODES:
             self.circuit.record_failure()
 
     def _drained(self, rows: list[OutboxMessage]) -> None:
@@ -783,16 +783,21 @@ class ResilientProducer:
         (`outbox drain`, a sidecar with `drain_workers=0`, another producer of a PostgreSQL
         fleet) are noticed only here; without it such a key's messages would go through the
         outbox for the rest of the process's life. Not while the circuit is open: then nothing
-        drains, and the query would only cost.
+        drains, and the query would only cost. Half-open counts as not open: when every key has a
+        backlog, no message is left to probe the circuit, and only a released key lets one through.
         """
         failing = False
-        while not self._stop_watch.wait(_WATCH_EVERY):
-            if not self._pending_keys or not self.circuit.closed:
+        pause = _WATCH_EVERY
+        while not self._stop_watch.wait(pause):
+            if not self._pending_keys or self.circuit.state is CircuitState.OPEN:
                 continue
             try:
+                started = time.monotonic()
                 with self._keys_lock:
                     keys = set(self._pending_keys)
                 self._release_keys(keys)
+                # At most a tenth of a thread's time: with very many keys one check takes long.
+                pause = max(_WATCH_EVERY, 10 * (time.monotonic() - started))
                 failing = False
             except StoreError as exc:  # looked at again next round; logged once per failing spell
                 if not failing:
@@ -902,17 +907,3 @@ def _sequence(msg: NewMessage) -> str:
 _RELEASE_EVERY = 0.25  # seconds between checks for keys whose outbox backlog is gone
 _WATCH_EVERY = 1.0  # seconds between the key watcher's checks of every pending key
 
-_CIRCUIT_CODES = frozenset(
-    {
-        KafkaError._MSG_TIMED_OUT,
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._TIMED_OUT,
-        KafkaError.NOT_ENOUGH_REPLICAS,
-        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError.NETWORK_EXCEPTION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-    }
-)

@@ -67,6 +67,24 @@ RETRIABLE_CODES: frozenset[int] = frozenset(
     }
 )
 
+# Errors that say "the cluster is not reachable or not healthy" rather than anything about the
+# message: they count toward the producer's circuit breaker, and a re-send that fails with one
+# while no broker answers at all is not counted as an attempt (settle(cluster_down=True)).
+UNREACHABLE_CODES: frozenset[int] = frozenset(
+    {
+        E._MSG_TIMED_OUT,
+        E._TRANSPORT,
+        E._ALL_BROKERS_DOWN,
+        E._TIMED_OUT,
+        E.NOT_ENOUGH_REPLICAS,
+        E.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        E.REQUEST_TIMED_OUT,
+        E.NETWORK_EXCEPTION,
+        E.LEADER_NOT_AVAILABLE,
+        E.NOT_LEADER_FOR_PARTITION,
+    }
+)
+
 # Failures a resend of the same bytes can never fix: they go to the dead-letter store at once.
 PERMANENT_CODES: frozenset[int] = frozenset(
     {

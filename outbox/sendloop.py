@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from .headers import for_resend
 from .records import Headers
-from .retry import RetryPolicy
+from .retry import UNREACHABLE_CODES, RetryPolicy
 from .settle import Decision, Verdict, settle
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ RESEND_DEFAULTS: Mapping[str, Any] = {
 }
 
 _POLL_EVERY = 1000  # serve error reports now and then while producing (a poll costs ~20 us)
+_PROBE_TIMEOUT = 5.0  # seconds a broker has to answer "is the cluster there?"
 
 
 class Stored(Protocol):
@@ -109,6 +110,9 @@ class SendLoop:
         self.policy = policy
         self.flush_timeout = flush_timeout
         self.producer = Producer(self.config)
+        #: No broker answered after the last finished batch failed for want of a cluster: its
+        #: rows were released without counting an attempt. Senders wait for `cluster_up()`.
+        self.cluster_down = False
 
     def close(self, timeout: float = 5.0) -> int:
         """Wait up to `timeout` for messages in flight; return how many are left."""
@@ -142,6 +146,8 @@ class SendLoop:
         self._wait(batch, stop)
         rows, errors = batch.rows, batch.errors
         unknown = batch.left > 0
+        # Asked only when something failed for want of a cluster: one metadata request.
+        down = self.cluster_down = any(e.code() in UNREACHABLE_CODES for e in errors.values()) and not self.cluster_up()
         now = now_fn()
         out: list[tuple[R, Decision]] = []
         alone: list[int] = []
@@ -150,7 +156,7 @@ class SendLoop:
             err = errors.get(i)
             if err is None and unknown:
                 continue  # maybe delivered, maybe not: its lease brings it back
-            d = settle(row, err, self.policy, now)
+            d = settle(row, err, self.policy, now, cluster_down=down)
             if d.verdict is Verdict.RESEND_ALONE:
                 alone.append(i)
                 continue
@@ -161,6 +167,13 @@ class SendLoop:
         if recreate:
             self.recreate()
         return out
+
+    def cluster_up(self, timeout: float = _PROBE_TIMEOUT) -> bool:
+        """Does any broker answer a metadata request within `timeout` seconds?"""
+        try:
+            return bool(self.producer.list_topics(timeout=timeout).brokers)
+        except KafkaException:
+            return False
 
     def recreate(self) -> None:
         """A new producer after a fatal error (the old one's idempotence state is lost)."""

@@ -5,6 +5,9 @@ the producer's first sends, the write-ahead sends, the drain workers and the Spa
 
 * delivered                      → the row is deleted;
 * never sent (purged, destroyed) → released: due now, no attempt counted;
+* failed for want of a cluster (time-out, transport) while no broker answered at all
+                                 → released too: an outage is not the message's failure, so a
+                                   long one does not use up its attempts and dead-letter it;
 * whole record batch refused for its size, the message not yet sent alone
                                  → re-send alone (maybe a batch-mate's fault);
 * permanent error, or the policy gives up → dead letter (code, name);
@@ -22,7 +25,7 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError
 
-from .retry import BATCH_SIZE_CODES, Disposition, RetryPolicy, describe, error_name
+from .retry import BATCH_SIZE_CODES, UNREACHABLE_CODES, Disposition, RetryPolicy, describe, error_name
 from .stores.base import Failure, Settlement
 
 #: Errors of messages that never left the process: not an attempt, not the message's fault.
@@ -65,7 +68,10 @@ class SentRow(Protocol):
     def first_failed_at(self) -> float | None: ...
 
 
-def settle(row: SentRow, err: KafkaError | None, policy: RetryPolicy, now: float, *, alone: bool = False) -> Decision:
+def settle(
+    row: SentRow, err: KafkaError | None, policy: RetryPolicy, now: float, *, alone: bool = False,
+    cluster_down: bool = False,
+) -> Decision:
     """Decide the fate of `row` after one send whose delivery report carried `err`.
 
     Args:
@@ -74,12 +80,13 @@ def settle(row: SentRow, err: KafkaError | None, policy: RetryPolicy, now: float
         policy: classification of error codes and the retry schedule.
         now: epoch seconds of the report.
         alone: the message was sent on its own (a batch-size error is then its own fault).
+        cluster_down: no broker answered when the sender looked after this send's failure.
     """
     if err is None:
         return DELIVERED
     code = err.code()
     name = error_name(code)
-    if code in NEVER_SENT_CODES:
+    if code in NEVER_SENT_CODES or (cluster_down and code in UNREACHABLE_CODES):
         return Decision(Verdict.RELEASE, now, code, name, describe(err), attempts=row.attempts)
     if code in BATCH_SIZE_CODES and not alone:
         return Decision(Verdict.RESEND_ALONE, now, code, name, describe(err), attempts=row.attempts)

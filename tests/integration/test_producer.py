@@ -192,22 +192,53 @@ def test_enable_retry_false_reports_and_stores_nothing(chaos_cluster: KafkaClust
     assert st["pending"] == 0 and st["dead"] == 0 and st["failed_no_retry"] == 10
 
 
-def test_retry_exhaustion_while_down_dead_letters_with_callback(
-    chaos_cluster: KafkaCluster, topic: str, tmp_path: Path
+def test_retry_exhaustion_dead_letters_with_callback(
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
+    """A message that keeps failing while the cluster answers uses up its attempts: dead letter."""
+    topic = make_topic(partitions=1, replication_factor=3, config={"min.insync.replicas": "3"})
     dead: list[DeadLetter] = []
     policy = RetryPolicy(max_attempts=2, initial_delay=0.2)
     with make_producer(
         chaos_cluster.bootstrap_servers, tmp_path / "o.db", retry=policy, on_dead_letter=dead.append
     ) as p:
-        chaos_cluster.stop_all()
+        chaos_cluster.stop_broker(2)  # 2 of 3 in sync: NOT_ENOUGH_REPLICAS, then time-outs
         for i in range(5):
             p.produce(topic, b"doomed-%d" % i, key=b"d")
-        wait_until(lambda: len(dead) == 5, 60, "all five are dead-lettered")
+        wait_until(lambda: len(dead) == 5, 90, "all five are dead-lettered")
         st = p.stats()
+    chaos_cluster.start_all()
     assert st["pending"] == 0 and st["dead"] == 5
     assert sorted(d.value for d in dead) == sorted(b"doomed-%d" % i for i in range(5))
     assert all(d.attempts == 2 for d in dead)
+    assert {d.error_name for d in dead} <= {"_MSG_TIMED_OUT", "NOT_ENOUGH_REPLICAS"}
+
+
+def test_whole_cluster_outage_longer_than_the_retry_budget_dead_letters_nothing(
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """With no broker up, a failed re-send is not an attempt: an outage many times longer than
+    max_attempts x (message.timeout.ms + delay) leaves every message pending, and all arrive."""
+    topic = make_topic(partitions=1)
+    dead: list[DeadLetter] = []
+    policy = RetryPolicy(max_attempts=2, initial_delay=0.2)
+    bs = chaos_cluster.bootstrap_servers
+    with make_producer(bs, tmp_path / "o.db", retry=policy, on_dead_letter=dead.append) as p:
+        p.produce(topic, b"warm-up", key=b"d")
+        assert p.flush(30) == 0
+        chaos_cluster.stop_all()
+        for i in range(5):
+            p.produce(topic, b"kept-%d" % i, key=b"d")
+        # Old behaviour: 2 time-outs of 3 s each, and all five were dead within ~7 s. Wait until
+        # the drain workers have tried (and given back) the batch several times over.
+        wait_until(lambda: p.drainer.result.released >= 10, 90, "the drain gave the batch back twice")
+        st = p.stats()
+        assert (st["pending"], st["dead"], len(dead)) == (5, 0, 0)
+        chaos_cluster.start_all()
+        wait_until(lambda: drained(p), 90, "the outbox is drained after the restart")
+        assert p.stats()["dead"] == 0
+    got = read_topic(bs, topic, 6)
+    assert [m.value() for m in got.messages] == [b"warm-up", *(b"kept-%d" % i for i in range(5))]  # one partition
 
 
 def test_circuit_opens_on_outage_and_closes_on_recovery(

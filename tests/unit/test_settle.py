@@ -100,3 +100,22 @@ def test_decisions_group_into_one_settlement() -> None:
     ]
     with pytest.raises(ValueError, match="re-send row 5 first"):
         add_to(st, 5, settle(Row(), err(KafkaError.MSG_SIZE_TOO_LARGE), POLICY, NOW), NOW)
+
+
+@pytest.mark.parametrize("code", [KafkaError._MSG_TIMED_OUT, KafkaError._TRANSPORT, KafkaError.NOT_ENOUGH_REPLICAS])
+def test_failure_for_want_of_a_cluster_while_no_broker_answers_is_not_an_attempt(code: int) -> None:
+    row = Row(attempts=2, first_failed_at=NOW - 100)  # the policy would give up on this one
+    d = settle(row, err(code, "down"), POLICY, NOW, cluster_down=True)
+    assert (d.verdict, d.at, d.code, d.attempts) == (Verdict.RELEASE, NOW, code, 2)
+    settlement = Settlement()
+    add_to(settlement, 7, d, NOW)
+    assert settlement == Settlement(released=[7])
+    # With a broker answering, the same failure counts and the policy gives up.
+    assert settle(row, err(code, "down"), POLICY, NOW).verdict is Verdict.DEAD_LETTER
+
+
+def test_message_faults_count_even_while_no_broker_answers() -> None:
+    d = settle(Row(), err(KafkaError.TOPIC_AUTHORIZATION_FAILED, "no"), POLICY, NOW, cluster_down=True)
+    assert (d.verdict, d.attempts) == (Verdict.DEAD_LETTER, 1)
+    d = settle(Row(), err(KafkaError.UNKNOWN_TOPIC_OR_PART, "gone"), POLICY, NOW, cluster_down=True)
+    assert (d.verdict, d.attempts) == (Verdict.RESCHEDULE, 1)
