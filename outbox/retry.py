@@ -163,6 +163,8 @@ class RetryPolicy:
 
     Args:
         max_attempts: total failed sends after which the message is dead-lettered (default 3).
+            A re-send that failed for want of a cluster while no broker answered at all is
+            not counted (`outbox.settle`): an outage does not dead-letter messages.
         backoff: "fixed" (every retry `initial_delay` later) or "exponential".
         initial_delay: seconds before the first retry (default 3.0).
         multiplier: growth factor of each exponential step.
