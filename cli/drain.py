@@ -254,6 +254,10 @@ def _pending(store: Outbox, topic: str | None) -> int:
     return st.pending_by_topic.get(topic, 0) if topic is not None else st.pending
 
 
+#: Set by the `outbox` console script (`outbox_cli.main.main`): the process is ours.
+STANDALONE = False
+
+
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (systemd, docker stop, kill) stops a drain the same clean way as Ctrl-C."""
@@ -326,6 +330,11 @@ def _run(
         finally:
             if bar is not None:
                 bar.close()
+    if STANDALONE and threading.current_thread() is threading.main_thread():
+        # The drain is over: a Ctrl-C now would only kill the report and the clean shutdown (a
+        # signal that landed in the interpreter's shutdown ended the command with -SIGINT).
+        # Only in the `outbox` process itself: a command invoked in-process leaves signals alone.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"], interrupted

@@ -7,6 +7,7 @@ from importlib.metadata import version as _dist_version
 
 import click
 
+from . import drain as drain_command
 from .common import EXIT_CODES_HELP, TIME_HELP, OutboxGroup
 from .dlq import dlq
 from .drain import drain
@@ -61,4 +62,5 @@ cli.add_command(ui)
 
 def main() -> None:
     """Console-script entry point (`outbox = outbox_cli.main:main`)."""
+    drain_command.STANDALONE = True
     cli.main(prog_name="outbox")

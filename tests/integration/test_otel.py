@@ -77,8 +77,9 @@ def test_trace_headers_survive_the_outbox_and_every_resend_and_spans_link_to_the
                 # ... and messages that get the send span's context injected.
                 injected.append(p.produce(topic, b"i%d" % i, headers={"a": b"1"}))
         wait_until(lambda: p.stats()["pending"] >= 60, 60, "the outage's messages are in the outbox")
-        # Keep Kafka away until the drain workers have re-sent (and failed) at least once more.
-        wait_until(lambda: p.stats()["retried"] >= 60, 60, "every stored message was re-sent at least once")
+        # Keep Kafka away until the drain workers have re-sent every stored message at least once
+        # (given back, not counted as an attempt: no broker answered).
+        wait_until(lambda: p.drainer.result.released >= 60, 90, "every stored message was re-sent at least once")
         chaos_cluster.start_all()
         wait_until(lambda: p.stats()["pending"] == 0, 120, "the outbox is drained")
     finally:
@@ -108,7 +109,9 @@ def test_trace_headers_survive_the_outbox_and_every_resend_and_spans_link_to_the
         assert msg.headers()[0] == ("a", b"1")
         assert header(msg, "traceparent") == traceparent_of(sends[mid]), "the send span's context travels"
         resent_attempts.append(int(header(msg, "outbox-attempt") or b"0"))
-    assert min(resent_attempts) >= 2, f"each message was sent at least twice before delivery: {resent_attempts}"
+    # Sent first (or spilled), re-sent while the cluster was down, delivered from the outbox: the
+    # delivering send carries outbox-attempt (the outage itself counted no attempt).
+    assert min(resent_attempts) >= 1, f"each message was delivered by a re-send: {resent_attempts}"
 
     spills = [s for s in spans if s.name == f"outbox spill {topic}"]
     delivers = {s.attributes["messaging.message.id"]: s for s in spans if s.name == f"outbox deliver {topic}"}
