@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from outbox import SQLiteOutbox  # noqa: E402
 from outbox.records import NewMessage, Status  # noqa: E402
-from outbox.stores.base import COLUMNS, INSERT_COLUMNS, Settlement, insert_values  # noqa: E402
+from outbox.stores.base import COLUMNS, Settlement, insert_values  # noqa: E402
+from outbox.stores.sqlite import INSERT_SQL  # noqa: E402
 
 BATCH = 5000
 
@@ -79,11 +80,10 @@ def raw_costs(path: str, msgs: list[NewMessage]) -> dict[str, float]:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL")
-    insert = f"INSERT INTO outbox ({', '.join(INSERT_COLUMNS)}) VALUES ({','.join('?' * len(INSERT_COLUMNS))})"
     t = time.thread_time()
     for i in range(0, len(rows), BATCH):
         conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(insert, rows[i : i + BATCH])
+        conn.executemany(INSERT_SQL, rows[i : i + BATCH])
         conn.execute("COMMIT")
     spent_insert = time.thread_time() - t
     t = time.thread_time()

@@ -375,8 +375,8 @@ def spill(p: Params) -> Result:
 def sqlite_batch(p: Params) -> Result:
     """Baseline of the spill: the same rows, executemany in 1,000-row FULL transactions."""
     from outbox.records import NewMessage, Status
-    from outbox.stores.base import INSERT_COLUMNS, insert_values
-    from outbox.stores.sqlite import SQLiteOutbox
+    from outbox.stores.base import insert_values
+    from outbox.stores.sqlite import INSERT_SQL, SQLiteOutbox
 
     n, topic = int(p["n"]), p["topic"]
     value = os.urandom(int(p["size"]))
@@ -390,11 +390,10 @@ def sqlite_batch(p: Params) -> Result:
                       Status.PENDING, None, None, now)
         for m in ids(os.urandom(8).hex(), n)
     ]
-    sql = f"INSERT INTO outbox ({', '.join(INSERT_COLUMNS)}) VALUES ({','.join('?' * len(INSERT_COLUMNS))})"
     t0 = start_clock()
     for k in range(0, n, 1000):
         conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(sql, rows[k : k + 1000])
+        conn.executemany(INSERT_SQL, rows[k : k + 1000])
         conn.execute("COMMIT")
     seconds = time.perf_counter() - t0
     return result(p, n, seconds)
