@@ -501,9 +501,9 @@ def recovery(p: Params) -> Result:
     # drain="process": the drain runs in a process of its own (`outbox drain --follow`, a sidecar)
     # and the producer has no drain workers: the application's interpreter lock is its own.
     sidecar = p.get("drain") == "process"
-    rp = ResilientProducer(
-        kafka_config(p), outbox=f"sqlite:///{path}", mode="fallback", drain_workers=0 if sidecar else 2
-    )
+    # Otherwise the producer's own default drain workers: the threads variant measures the defaults.
+    no_workers: dict[str, Any] = {"drain_workers": 0} if sidecar else {}
+    rp = ResilientProducer(kafka_config(p), outbox=f"sqlite:///{path}", mode="fallback", **no_workers)
     drainer = None
     if sidecar:
         cli = os.path.join(os.path.dirname(sys.executable), "outbox")
