@@ -24,6 +24,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -55,8 +56,15 @@ _ENSURE_ROLE_SQL = (
     "DO $$ BEGIN "
     f"IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{ROLE}') "
     f"THEN CREATE ROLE {ROLE} LOGIN CREATEDB PASSWORD '{ROLE}'; "
-    f"ELSE ALTER ROLE {ROLE} LOGIN CREATEDB PASSWORD '{ROLE}'; END IF; END $$;"
+    f"ELSE ALTER ROLE {ROLE} LOGIN CREATEDB PASSWORD '{ROLE}'; END IF; END $$; "
+    # DROP DATABASE ... WITH (FORCE) checks, for every process on the database, that the caller
+    # may signal it; an autovacuum worker has no role, so only pg_signal_backend passes that check
+    # (without it a test's database is undroppable while autovacuum cleans up after the test).
+    f"GRANT pg_signal_backend TO {ROLE};"
 )
+
+_DROP_PATIENCE_S = 60.0
+"""How long drop_database waits out an autovacuum worker it may not terminate."""
 
 _lock = threading.Lock()
 _server_url: str | None = None
@@ -143,8 +151,6 @@ def ensure_os_server() -> str:
 
 
 def _wait_ready(host: str, port: int, timeout: float = 60.0) -> None:
-    import time
-
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -340,5 +346,15 @@ def drop_database(url: str, base_url: str | None = None) -> None:
 
     base_url = base_url or ensure_server()
     name = urlsplit(url).path.lstrip("/")
-    with psycopg.connect(base_url, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    # A role without pg_signal_backend (an $OUTBOX_TEST_POSTGRES of the user's) is refused while an
+    # autovacuum worker is on the database; the worker finishes within seconds, so try again.
+    deadline = time.monotonic() + _DROP_PATIENCE_S
+    while True:
+        try:
+            with psycopg.connect(base_url, autocommit=True, connect_timeout=10) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ObjectInUse):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
