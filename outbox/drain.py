@@ -285,7 +285,7 @@ class Drainer:
                     continue
                 # No new batch while the cluster is down: the one in flight is settled first.
                 claim = len(inflight) < _PIPELINE_DEPTH and not loop.cluster_down
-                rows = self._claim(limit, background) if claim else None
+                rows = self._claim(limit, background, [r.id for b in inflight for r in b.rows]) if claim else None
                 if rows:
                     inflight.append(loop.start(rows))
                     continue
@@ -327,8 +327,14 @@ class Drainer:
             self._stop.wait(_CLUSTER_RETRY)
         loop.cluster_down = False
 
-    def _claim(self, limit: list[int | None] | None, background: bool) -> list[OutboxMessage]:
-        """Claim the next batch (within `max_messages`); [] when nothing is due or the store failed."""
+    def _claim(
+        self, limit: list[int | None] | None, background: bool, in_flight: list[int]
+    ) -> list[OutboxMessage]:
+        """Claim the next batch (within `max_messages`); [] when nothing is due or the store failed.
+
+        `in_flight`: this worker's rows in flight on its producer; their keys' later rows may
+        follow them in this batch (`Outbox.claim`).
+        """
         if limit is not None and limit[0] is not None:
             with self._lock:
                 if limit[0] <= 0:
@@ -338,7 +344,9 @@ class Drainer:
         else:
             take = self.batch_size
         try:
-            rows = self.store.claim(self.owner, take, self.lease_seconds, now=time.time(), topic=self.topic)
+            rows = self.store.claim(
+                self.owner, take, self.lease_seconds, now=time.time(), topic=self.topic, in_flight=in_flight
+            )
             self._store_ok()
         except StoreError as exc:
             if not background:

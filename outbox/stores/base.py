@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,12 +225,19 @@ class Outbox(abc.ABC):
 
     @abc.abstractmethod
     def claim(
-        self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None
+        self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None,
+        in_flight: Collection[int] = (),
     ) -> list[OutboxMessage]:
         """Lease up to `limit` due PENDING rows to `owner`, oldest first.
 
         Per-key order: a row is not claimed while an earlier PENDING row of the same topic and key
         is leased or not yet due, so one key's messages leave in id order.
+
+        `in_flight`: ids the caller has claimed and produced on the one producer that will also
+        send this claim's rows. They do not hold back later rows of their keys: that producer
+        (idempotent, one partition's messages in the order produced) keeps them in order, as it
+        keeps the rows of one claim. Without it, a keyed backlog over fewer keys than a batch
+        holds left one batch in flight per store, claimed, sent and settled in turn.
         """
 
     @abc.abstractmethod

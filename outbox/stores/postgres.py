@@ -50,7 +50,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -535,7 +535,8 @@ class PostgresOutbox(Outbox):
         return Applied(ids, deleted, dead)
 
     def claim(
-        self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None
+        self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None,
+        in_flight: Collection[int] = (),
     ) -> list[OutboxMessage]:
         if limit <= 0:
             return []
@@ -571,7 +572,7 @@ class PostgresOutbox(Outbox):
                 ).fetchall()
                 if not rows:
                     return []
-                rows = self._keep_key_order(conn, rows)
+                rows = self._keep_key_order(conn, rows, in_flight)
                 conn.execute(
                     f"UPDATE {self._t} SET lease_owner = %s, next_attempt_at = %s "
                     "WHERE id = ANY(%s::bigint[])",
@@ -580,13 +581,14 @@ class PostgresOutbox(Outbox):
         return [row_from_columns(r) for r in rows]
 
     def _keep_key_order(
-        self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]
+        self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]], in_flight: Collection[int]
     ) -> list[tuple[Any, ...]]:
         """Drop candidates that an earlier PENDING row of the same key, not claimed now, precedes.
 
         Candidates are the first due, unlocked rows in id order; an earlier pending row of the
         key that is not among them is leased, backing off, or locked by an acknowledging writer,
-        and the key's later rows wait for it.
+        and the key's later rows wait for it. The claimer's own rows in flight do not block (see
+        `Outbox.claim`).
         """
         last_of_key: dict[tuple[str, bytes], int] = {}
         for r in rows:
@@ -594,7 +596,7 @@ class PostgresOutbox(Outbox):
                 last_of_key[(r[2], r[3])] = r[0]
         if not last_of_key:
             return rows
-        ids = [r[0] for r in rows]
+        ids = [r[0] for r in rows] + list(in_flight)
         topics = [k[0] for k in last_of_key]
         keys = [k[1] for k in last_of_key]
         lasts = list(last_of_key.values())
@@ -602,7 +604,7 @@ class PostgresOutbox(Outbox):
             "SELECT c.t, c.k, (SELECT min(o.id) FROM "
             f"{self._t} AS o WHERE o.status = 0 AND o.key IS NOT NULL AND o.topic = c.t "
             "AND md5(o.key) = md5(c.k) AND o.key = c.k AND o.id < c.last "
-            "AND o.id <> ALL(%s::bigint[])) "
+            "AND o.id NOT IN (SELECT unnest(%s::bigint[]))) "
             "FROM unnest(%s::text[], %s::bytea[], %s::bigint[]) AS c(t, k, last)",
             [ids, topics, keys, lasts],
         ).fetchall()

@@ -8,12 +8,13 @@ batched statements: the caller group-commits, so one transaction carries many ro
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -548,7 +549,8 @@ class SQLiteOutbox(Outbox):
         return Applied(ids, deleted, dead)
 
     def claim(
-        self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None
+        self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None,
+        in_flight: Collection[int] = (),
     ) -> list[OutboxMessage]:
         if self._sweeps.due():
             self.release_gone_owners(now=now)
@@ -570,7 +572,7 @@ class SQLiteOutbox(Outbox):
             ).fetchall()
             if not rows:
                 return []
-            rows = self._keep_key_order(c, rows, now)
+            rows = self._keep_key_order(c, rows, now, in_flight)
             until = now + lease_seconds
             # Claimed ids are mostly contiguous: one range statement per run instead of one per row.
             c.executemany(
@@ -621,23 +623,25 @@ class SQLiteOutbox(Outbox):
 
     @staticmethod
     def _keep_key_order(
-        c: sqlite3.Connection, rows: list[tuple[Any, ...]], now: float
+        c: sqlite3.Connection, rows: list[tuple[Any, ...]], now: float, in_flight: Collection[int]
     ) -> list[tuple[Any, ...]]:
         """Drop rows that an earlier, not-yet-claimable row of the same key must precede.
 
         The candidates are the first due rows in id order, so any earlier pending row of the same
         key that is not among them is leased elsewhere or backing off: it blocks the later ones.
         One query over the not-due rows (the due index's range: other workers' leases and
-        back-offs, few in a healthy drain) finds each blocked key's first blocking id.
+        back-offs, few in a healthy drain) finds each blocked key's first blocking id. The
+        claimer's own rows in flight do not block (see `Outbox.claim`).
         """
-        blocked_from = {
-            (topic, key): first
-            for topic, key, first in c.execute(
-                "SELECT topic, key, MIN(id) FROM outbox WHERE status = 0 AND next_attempt_at > ? "
-                "AND id < ? AND key IS NOT NULL GROUP BY topic, key",
-                (now, rows[-1][0]),
-            )
-        }
+        sql = (
+            "SELECT topic, key, MIN(id) FROM outbox WHERE status = 0 AND next_attempt_at > ? "
+            "AND id < ? AND key IS NOT NULL"
+        )
+        args: list[Any] = [now, rows[-1][0]]
+        if in_flight:
+            sql += " AND id NOT IN (SELECT value FROM json_each(?))"
+            args.append(json.dumps(list(in_flight)))
+        blocked_from = {(topic, key): first for topic, key, first in c.execute(sql + " GROUP BY topic, key", args)}
         if not blocked_from:
             return rows
         return [r for r in rows if r[3] is None or r[0] < blocked_from.get((r[2], r[3]), r[0] + 1)]

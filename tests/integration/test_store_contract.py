@@ -312,6 +312,16 @@ def test_key_order_applies_within_one_claim(store: Outbox) -> None:
     assert ids(claimed) == got  # one claimer gets the whole run, in id order
 
 
+def test_a_claimers_own_rows_in_flight_do_not_hold_back_their_keys(store: Outbox) -> None:
+    [a1, b1, a2, b2] = store.enqueue([msg(key=b"A"), msg(key=b"B"), msg(key=b"A"), msg(key=b"B")])
+    assert ids(store.claim("w1", 1, 30, now=NOW)) == [a1]
+    assert ids(store.claim("w2", 1, 30, now=NOW)) == [b1]
+    assert store.claim("w1", 10, 30, now=NOW) == []  # a2 waits for a1, b2 for b1
+    # w1's producer has a1 in flight and sends a2 after it; b1 is another claimer's.
+    assert ids(store.claim("w1", 10, 30, now=NOW, in_flight=[a1])) == [a2]
+    assert store.claim("w1", 10, 30, now=NOW, in_flight=[a1, a2]) == []
+
+
 def test_none_keys_never_block_and_topics_are_separate(store: Outbox) -> None:
     [n1, n2, t1, u1, t2] = store.enqueue(
         [msg(key=None), msg(key=None), msg("t", key=b"K"), msg("u", key=b"K"), msg("t", key=b"K")]
