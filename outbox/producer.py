@@ -207,6 +207,8 @@ class ResilientProducer:
         # looks at the store without the lock and keeps a key that was marked since it looked.
         self._mark = 0
         self._key_marks: dict[tuple[str, bytes], int] = {}
+        # Keys an earlier process left rows of: their new messages queue behind those rows too.
+        self._keys_loaded = self._load_pending_keys()
         self.circuit = CircuitBreaker(
             failure_threshold=circuit_failure_threshold,
             reset_timeout=circuit_reset_timeout,
@@ -754,6 +756,25 @@ class ResilientProducer:
                     self._pending_keys.discard(k)
                     marks.pop(k, None)
 
+    def _load_pending_keys(self, *, report: bool = True) -> bool:
+        """Add every key with a PENDING row in the store (one pass over the pending rows).
+
+        At start-up, and again by the key watcher if the store could not answer then: until it
+        does, a key's new messages may overtake rows an earlier process left (logged).
+        """
+        try:
+            keys = self.store.pending_keys()
+        except StoreError as exc:
+            if report:
+                log.warning(
+                    "outbox: cannot read which keys have messages in the outbox (retrying); until then "
+                    "new messages of those keys may overtake them: %s", exc,
+                )
+            return False
+        with self._keys_lock:
+            self._pending_keys |= keys
+        return True
+
     def _watch_keys(self) -> None:
         """Release keys whose outbox backlog is delivered: the one place keys are released.
 
@@ -773,6 +794,8 @@ class ResilientProducer:
             self._keys_drained.clear()
             if self._stop_watch.is_set():
                 return
+            if not self._keys_loaded:
+                self._keys_loaded = self._load_pending_keys(report=False)
             if not self._pending_keys or self.circuit.state is CircuitState.OPEN:
                 continue
             try:

@@ -358,6 +358,11 @@ class Outbox(abc.ABC):
         """Which of these (topic, key) pairs still have a PENDING row. Backends answer in one query."""
         return {k for k in keys if self.has_pending(*k)}
 
+    @abc.abstractmethod
+    def pending_keys(self) -> set[tuple[str, bytes]]:
+        """Every (topic, key) with a PENDING row: one pass over the pending rows (a producer's
+        start-up, so that it queues a key's new messages behind what an earlier process left)."""
+
     def next_due_at(self) -> float | None:
         """Earliest `next_attempt_at` of a PENDING row (None: nothing pending).
 

@@ -712,6 +712,10 @@ class PostgresOutbox(Outbox):
             )
         )
 
+    def pending_keys(self) -> set[tuple[str, bytes]]:
+        rows = self._read(f"SELECT DISTINCT topic, key FROM {self._t} WHERE status = 0 AND key IS NOT NULL")
+        return {(t, bytes(k)) for t, k in rows}
+
     def keys_with_pending(self, keys: Sequence[tuple[str, bytes]]) -> set[tuple[str, bytes]]:
         if not keys:
             return set()

@@ -722,6 +722,10 @@ class SQLiteOutbox(Outbox):
             self._read("SELECT 1 FROM outbox WHERE topic = ? AND key = ? AND status = 0 LIMIT 1", (topic, key))
         )
 
+    def pending_keys(self) -> set[tuple[str, bytes]]:
+        rows = self._read("SELECT DISTINCT topic, key FROM outbox WHERE status = 0 AND key IS NOT NULL")
+        return {(t, bytes(k)) for t, k in rows}
+
     def keys_with_pending(self, keys: Sequence[tuple[str, bytes]]) -> set[tuple[str, bytes]]:
         by_topic: dict[str, list[bytes]] = {}
         for topic, key in keys:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
-from outbox import ID_HEADER, DeadLetter, ResilientProducer, RetryPolicy, SQLiteOutbox
+from outbox import ID_HEADER, DeadLetter, NewMessage, ResilientProducer, RetryPolicy, SQLiteOutbox
 from outbox.records import Status
 from outbox.testing import KafkaCluster
 
@@ -122,6 +122,27 @@ def test_outage_of_all_brokers_loses_nothing_and_keeps_key_order(
         f"\n{mode}: {total} produced, {got.unique} unique delivered, {got.duplicates} duplicates, "
         f"{st['outboxed']} went through the outbox"
     )
+
+
+def test_a_new_process_queues_a_key_behind_the_rows_an_earlier_one_left(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    """Rows of key k left in the outbox by an earlier process (it crashed, or closed with the
+    cluster down): a new producer stores k's next message behind them instead of sending it
+    ahead of them; other keys take the fast path; once drained, k arrives in order."""
+    db = tmp_path / "o.db"
+    with SQLiteOutbox(str(db)) as store:
+        store.enqueue([NewMessage(topic, b"left-%d" % i, b"k", [], -1, f"left-{i}") for i in range(2)])
+    with make_producer(kafka_bootstrap, db, drain_workers=0) as p:
+        p.produce(topic, b"new", key=b"k")
+        p.produce(topic, b"free", key=b"j")
+        assert p.flush(30) == 0
+        st = p.stats()
+        assert (st["pending"], st["outboxed"], st["delivered_first_try"]) == (3, 1, 1)
+    with make_producer(kafka_bootstrap, db) as p:
+        wait_until(lambda: drained(p), 60, "the outbox is drained")
+    got = read_topic(kafka_bootstrap, topic, 4)
+    assert [m.value() for m in got.messages if m.key() == b"k"] == [b"left-0", b"left-1", b"new"]
 
 
 def test_not_enough_replicas_goes_to_outbox_then_delivers(

@@ -850,3 +850,15 @@ def test_keys_with_pending(store: Outbox) -> None:
     assert store.keys_with_pending([("t", b"A"), ("t", b"A\x00")]) == {("t", b"A\x00")}
     assert store.keys_with_pending([]) == set()
     assert store.get(d).status == Status.DEAD
+
+
+def test_pending_keys(store: Outbox) -> None:
+    assert store.pending_keys() == set()
+    [a1, a2, _b1, _n] = store.enqueue(
+        [msg("t", key=b"A"), msg("t", key=b"A"), msg("u", key=b"\x00B"), msg("t", key=None)]
+    )
+    store.add_dead([msg("t", key=b"D")], failed_at=NOW)
+    store.claim("w", 1, 30, now=NOW)  # leased rows are pending too
+    assert store.pending_keys() == {("t", b"A"), ("u", b"\x00B")}
+    store.mark_delivered([a1, a2])
+    assert store.pending_keys() == {("u", b"\x00B")}
