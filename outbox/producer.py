@@ -28,6 +28,7 @@ from .drain import DEFAULT_BATCH_SIZE, Drainer
 from .errors import ConfigError, ProducerClosedError, StoreError
 from .headers import ID_HEADER, IdGenerator, find
 from .holdback import Holdback
+from .keyorder import KeyBacklog
 from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
 from .records import DeadLetter, Headers, NewMessage, OutboxMessage, StoreStats
@@ -200,15 +201,6 @@ class ResilientProducer:
         self._message_timeout = int(self._config["message.timeout.ms"]) / 1000
         # Callbacks of outboxed messages that this process may still deliver (msg_id → cb).
         self._waiting: dict[str, DeliveryCallback] = {}
-        # Keys with a message in the outbox: their later messages queue behind it (order).
-        self._pending_keys: set[tuple[str, bytes]] = set()
-        self._keys_lock = threading.RLock()
-        # Mark number of each pending key's latest message bound for the outbox: _release_keys
-        # looks at the store without the lock and keeps a key that was marked since it looked.
-        self._mark = 0
-        self._key_marks: dict[tuple[str, bytes], int] = {}
-        # Keys an earlier process left rows of: their new messages queue behind those rows too.
-        self._keys_loaded = self._load_pending_keys()
         self.circuit = CircuitBreaker(
             failure_threshold=circuit_failure_threshold,
             reset_timeout=circuit_reset_timeout,
@@ -241,10 +233,16 @@ class ResilientProducer:
         )
         self._poller = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
         self._poller.start()
-        self._stop_watch = threading.Event()
-        self._keys_drained = threading.Event()  # set by a drain that delivered a pending key's row
-        self._key_watcher = threading.Thread(target=self._watch_keys, name="outbox-keys", daemon=True)
-        self._key_watcher.start()
+        # Keys with a message in the outbox (this process's or an earlier one's): their later
+        # messages queue behind it. Not checked while the circuit is open: nothing drains then.
+        # Half-open counts as not open: when every key has a backlog, no message is left to
+        # probe the circuit, and only a released key lets one through.
+        self._backlog = KeyBacklog(
+            self.store,
+            flush=lambda: self.writer.flush(),
+            holding=lambda: self._hold.active,
+            may_check=lambda: self.circuit.state is not CircuitState.OPEN,
+        )
         if drain_workers > 0:
             self.drainer.start()
 
@@ -321,7 +319,7 @@ class ResilientProducer:
             self._send_unprotected(topic, value, key, hdrs, partition, on_delivery)
             return msg_id
         # Key first: a message that must queue behind its key is no use as the circuit's probe.
-        if self._pending_keys and key is not None and self._key_waits(
+        if self._backlog.pending and key is not None and self._key_waits(
             topic, key, value, hdrs, partition, msg_id, on_delivery
         ):
             return msg_id
@@ -427,9 +425,7 @@ class ResilientProducer:
             self._kafka.purge(in_queue=True, in_flight=False)
             self._kafka.flush(min(left() or 5.0, 5.0))
         self.drainer.stop(left())
-        self._stop_watch.set()
-        self._keys_drained.set()
-        self._key_watcher.join(5)
+        self._backlog.close()
         self._stop_poller = True
         self._poller.join(5)
         self._kafka.poll(0)
@@ -467,11 +463,11 @@ class ResilientProducer:
         """If this key has a message in the outbox, store this one behind it and return True."""
         k = _as_bytes(key)
         assert k is not None
-        if (topic, k) not in self._pending_keys:
+        if (topic, k) not in self._backlog.pending:
             return False
         self._wait_for_room()  # outside the lock: the writer's hooks may need it
-        with self._keys_lock:
-            if (topic, k) not in self._pending_keys:
+        with self._backlog.lock:
+            if (topic, k) not in self._backlog.pending:
                 return False
             self._spill(topic, value, key, hdrs, partition, msg_id, cb, "key has messages in the outbox")
             return True
@@ -502,19 +498,15 @@ class ResilientProducer:
             self._note_pending(msg, cb)
             self._enqueue(msg)
             return
-        # Marking the key and queueing the message are one step for _release_keys: it must
-        # never see the key marked while the message is in neither the writer nor the hold.
-        with self._keys_lock:
+        # Marking the key and queueing the message are one step (KeyBacklog.lock).
+        with self._backlog.lock:
             self._note_pending(msg, cb)
             self._enqueue(msg)
 
     def _note_pending(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
         """Count a message bound for the outbox; its key's later messages queue behind it."""
-        if msg.key is not None:  # under _keys_lock
-            k = (msg.topic, msg.key)
-            self._pending_keys.add(k)
-            self._mark += 1
-            self._key_marks[k] = self._mark
+        if msg.key is not None:  # under the backlog's lock
+            self._backlog.mark((msg.topic, msg.key))
         if cb is not None:
             self._waiting[msg.msg_id] = cb
         self._outboxed += 1
@@ -570,13 +562,13 @@ class ResilientProducer:
         now = time.time()
         kb = _as_bytes(key)
         # Sent by us after the commit unless Kafka is known down or the key must wait.
-        send_now = self.circuit.closed and not (kb is not None and (topic, kb) in self._pending_keys)
+        send_now = self.circuit.closed and not (kb is not None and (topic, kb) in self._backlog.pending)
         msg = NewMessage(topic, _as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now)
         if send_now:
             batch = self.writer.add_new(msg, cb, leased=True, wait=True)
         else:  # stored for the drain workers; write-ahead rows never need holding back
             self.writer.wait_for_room()
-            with self._keys_lock:
+            with self._backlog.lock:
                 self._note_pending(msg, cb)
                 batch = self.writer.add_new(msg)
         if self.durability == "sync":
@@ -678,7 +670,7 @@ class ResilientProducer:
         if d.verdict is not Verdict.DEAD_LETTER:
             self._note_transport_failure(err.code())
             if m.key is not None:
-                self._pending_keys.add((m.topic, m.key))
+                self._backlog.add((m.topic, m.key))
             self._outboxed += 1
         if cb is not None:
             self._waiting[m.msg_id] = cb  # popped when the row is delivered or dead-lettered
@@ -735,88 +727,14 @@ class ResilientProducer:
                     cb(None, None)
                 except Exception:
                     log.exception("on_delivery callback raised")
-            keyed = keyed or (row.key is not None and (row.topic, row.key) in self._pending_keys)
+            keyed = keyed or (row.key is not None and (row.topic, row.key) in self._backlog.pending)
         if keyed:
-            self._keys_drained.set()  # the key watcher looks; the drain worker claims on
-
-    def _release_keys(self, candidates: set[tuple[str, bytes]]) -> None:
-        """Let keys with nothing left in the outbox take the fast path again (key watcher only)."""
-        with self._keys_lock:
-            if self._hold.active:  # held messages are in neither the writer nor the store yet
-                return
-            seen = self._mark  # every message marked up to here is already in the writer
-        # Not under the lock: produce() needs it for every message of a pending key, and the
-        # commit and the query take milliseconds (holding it stalled the application).
-        self.writer.flush()  # rows queued up to `seen` are committed: the query sees them
-        still = self.store.keys_with_pending(sorted(candidates))
-        with self._keys_lock:
-            marks = self._key_marks
-            for k in candidates - still:
-                if marks.get(k, 0) <= seen:  # nothing bound for the outbox since we looked
-                    self._pending_keys.discard(k)
-                    marks.pop(k, None)
-
-    def _load_pending_keys(self, *, report: bool = True) -> bool:
-        """Add every key with a PENDING row in the store (one pass over the pending rows).
-
-        At start-up, and again by the key watcher if the store could not answer then: until it
-        does, a key's new messages may overtake rows an earlier process left (logged).
-        """
-        try:
-            keys = self.store.pending_keys()
-        except StoreError as exc:
-            if report:
-                log.warning(
-                    "outbox: cannot read which keys have messages in the outbox (retrying); until then "
-                    "new messages of those keys may overtake them: %s", exc,
-                )
-            return False
-        with self._keys_lock:
-            self._pending_keys |= keys
-        return True
-
-    def _watch_keys(self) -> None:
-        """Release keys whose outbox backlog is delivered: the one place keys are released.
-
-        A thread of its own, woken early when this process's drain delivers a pending key's row
-        and at least every `_WATCH_EVERY` seconds otherwise, for rows delivered by anyone else
-        (`outbox drain`, a sidecar with `drain_workers=0`, another producer of a PostgreSQL
-        fleet). The drain workers never wait for the check: it flushes the writer first, and a
-        drain worker waiting for the writer's commit spent 18 % of its time there (recovery
-        profile, 10 % of R0). Not while the circuit is open: then nothing drains, and the query
-        would only cost. Half-open counts as not open: when every key has a backlog, no message
-        is left to probe the circuit, and only a released key lets one through.
-        """
-        failing = False
-        rest = _RELEASE_EVERY
-        while not self._stop_watch.wait(rest):  # at least `rest` between two checks
-            self._keys_drained.wait(_WATCH_EVERY - rest)
-            self._keys_drained.clear()
-            if self._stop_watch.is_set():
-                return
-            if not self._keys_loaded:
-                self._keys_loaded = self._load_pending_keys(report=False)
-            if not self._pending_keys or self.circuit.state is CircuitState.OPEN:
-                continue
-            try:
-                started = time.monotonic()
-                with self._keys_lock:
-                    keys = set(self._pending_keys)
-                self._release_keys(keys)
-                # At most a tenth of a thread's time: with very many keys one check takes long.
-                rest = max(_RELEASE_EVERY, 10 * (time.monotonic() - started))
-                failing = False
-            except StoreError as exc:  # looked at again next round; logged once per failing spell
-                if not failing:
-                    log.warning("outbox: cannot check which keys still have messages in the outbox: %s", exc)
-                failing = True
-            except Exception:  # never die silently: the next round tries again
-                log.exception("outbox key watcher failed; retrying")
+            self._backlog.drained()  # its thread looks; the drain worker claims on
 
     def _drain_dead(self, dl: DeadLetter) -> None:
         self._notify_dead(dl, self._waiting.pop(dl.msg_id, None) if self._waiting else None)
-        if dl.key is not None and (dl.topic, dl.key) in self._pending_keys:
-            self._keys_drained.set()
+        if dl.key is not None and (dl.topic, dl.key) in self._backlog.pending:
+            self._backlog.drained()
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error_cb: cluster-level events."""
@@ -855,7 +773,7 @@ class ResilientProducer:
             self._purge_in_flight = False
         # Closed again (a drain delivery proved the cluster back): new sends fill librdkafka, so
         # "empty" may never come; what is still on the wire from before is the README's window.
-        with self._keys_lock:  # _release_keys must see these either held or in the writer
+        with self._backlog.lock:  # a backlog check must see these either held or in the writer
             for msg in self._hold.release(source_empty=force or closed or len(self._kafka) == 0):
                 self.writer.add_new(msg)
 
@@ -910,7 +828,4 @@ _FIRST_SEND = _FirstSend()
 def _sequence(msg: NewMessage) -> str:
     # Ids are one generator's fixed-width prefix + hex counter: string order is produce order.
     return msg.msg_id
-
-_RELEASE_EVERY = 0.25  # least seconds between two checks for keys whose outbox backlog is gone
-_WATCH_EVERY = 1.0  # most seconds between two checks (rows drained by another process)
 

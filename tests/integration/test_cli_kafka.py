@@ -301,7 +301,7 @@ def test_cli_drain_beside_a_live_producer_sends_each_message_once(
     check = SQLiteOutbox(db)
     wait_until(lambda: check.stats(now=time.time()).pending == 0, 60, "the outbox to empty")
     assert producer.flush(30) == 0
-    from_outbox = producer.stats()["delivered_from_outbox"]
+    from_outbox, queued_behind = producer.stats()["delivered_from_outbox"], producer.stats()["outboxed"]
     assert producer.close(timeout=30) == 0
     check.close()
 
@@ -311,8 +311,14 @@ def test_cli_drain_beside_a_live_producer_sends_each_message_once(
     assert set(ids) == {f"old-{i}" for i in range(backlog)} | set(live_ids)
     assert set(ids.values()) == {1}
     assert topic_size(kafka_bootstrap, topic) == total  # no duplicate anywhere in the topic
-    # Every backlog row was sent by exactly one of the two drainers.
-    assert cli_result["delivered"] + from_outbox == backlog
+    # The new messages' keys have rows in the backlog: the producer stored them behind it.
+    assert queued_behind == len(live_ids)
+    # Every stored row was sent by exactly one of the two drainers.
+    assert cli_result["delivered"] + from_outbox == backlog + queued_behind
+    for key in {m.key() for m in messages}:
+        values = [m.value() for m in messages if m.key() == key]
+        olds = [v for v in values if v.startswith(b"old-")]
+        assert values[: len(olds)] == olds, f"a new message of {key!r} overtook the backlog"
     assert cli_result["dead"] == 0
 
 
@@ -387,7 +393,7 @@ def test_producer_without_drain_workers_resumes_the_fast_path_after_an_external_
         assert drained.returncode == 0, drained.stderr
         assert json.loads(drained.stdout)["delivered"] == 2
         # The producer's key watcher notices that the key's backlog is gone.
-        wait_until(lambda: not producer._pending_keys, 30, "the producer released the drained key")
+        wait_until(lambda: not producer._backlog.pending, 30, "the producer released the drained key")
 
         producer.produce(topic, b"direct", key=b"k")
         assert producer.flush(30) == 0

@@ -1,0 +1,126 @@
+"""KeyBacklog: which keys queue behind the outbox, and when they are released (a real SQLite store)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from outbox import NewMessage, SQLiteOutbox
+from outbox.errors import StoreError
+from outbox.keyorder import KeyBacklog
+
+
+def keyed(key: bytes, topic: str = "t") -> NewMessage:
+    return NewMessage(topic=topic, value=b"v", key=key)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteOutbox]:
+    s = SQLiteOutbox(str(tmp_path / "o.db"))
+    yield s
+    s.close()
+
+
+def backlog(store: SQLiteOutbox, **kw: object) -> KeyBacklog:
+    opts: dict[str, object] = {"flush": lambda: 0, "holding": lambda: False, "may_check": lambda: False}
+    opts.update(kw)
+    return KeyBacklog(store, **opts)  # type: ignore[arg-type]
+
+
+def test_starts_with_every_key_an_earlier_process_left(store: SQLiteOutbox) -> None:
+    store.enqueue([keyed(b"a"), keyed(b"a"), keyed(b"b", topic="u"), NewMessage(topic="t", value=b"v")])
+    b = backlog(store)
+    try:
+        assert b.pending == {("t", b"a"), ("u", b"b")}
+    finally:
+        b.close()
+
+
+def test_releases_a_key_once_its_rows_are_gone(store: SQLiteOutbox) -> None:
+    [a, _] = store.enqueue([keyed(b"a"), keyed(b"b")])
+    b = backlog(store)
+    try:
+        b.release_delivered({("t", b"a"), ("t", b"b")})
+        assert b.pending == {("t", b"a"), ("t", b"b")}
+        store.mark_delivered([a])
+        b.release_delivered({("t", b"a"), ("t", b"b")})
+        assert b.pending == {("t", b"b")}
+    finally:
+        b.close()
+
+
+def test_keeps_a_key_marked_while_the_check_looked(store: SQLiteOutbox) -> None:
+    """A message of the key was bound for the outbox after the check read the mark but before
+    its row reached the store: the store says "no rows", the key must stay."""
+    b: KeyBacklog
+
+    def flush_while_a_message_is_marked() -> int:
+        with b.lock:
+            b.mark(("t", b"a"))  # produce() on another thread; its row is not committed yet
+        return 0
+
+    b = backlog(store, flush=flush_while_a_message_is_marked)
+    try:
+        with b.lock:
+            b.mark(("t", b"a"))
+        b.release_delivered({("t", b"a")})
+        assert b.pending == {("t", b"a")}
+    finally:
+        b.close()
+
+
+def test_releases_nothing_while_messages_are_held(store: SQLiteOutbox) -> None:
+    b = backlog(store, holding=lambda: True)
+    try:
+        with b.lock:
+            b.mark(("t", b"a"))
+        b.release_delivered({("t", b"a")})
+        assert b.pending == {("t", b"a")}
+    finally:
+        b.close()
+
+
+def test_its_thread_releases_delivered_keys_when_woken(store: SQLiteOutbox) -> None:
+    [a] = store.enqueue([keyed(b"a")])
+    b = backlog(store, may_check=lambda: True)
+    try:
+        assert b.pending == {("t", b"a")}
+        store.mark_delivered([a])
+        b.drained()
+        deadline = time.monotonic() + 10
+        while b.pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b.pending == set()
+    finally:
+        b.close()
+
+
+class FailingOnce(SQLiteOutbox):
+    fail = True
+
+    def pending_keys(self) -> set[tuple[str, bytes]]:
+        if self.fail:
+            self.fail = False
+            raise StoreError("store unreachable (test)")
+        return super().pending_keys()
+
+
+def test_a_store_that_cannot_answer_at_start_is_asked_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = FailingOnce(str(tmp_path / "o.db"))
+    store.enqueue([keyed(b"a")])
+    with caplog.at_level(logging.WARNING, logger="outbox"):
+        b = backlog(store)
+    try:
+        assert b.pending == set()
+        assert "cannot read which keys have messages in the outbox" in caplog.text
+        deadline = time.monotonic() + 10
+        while not b.pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b.pending == {("t", b"a")}
+    finally:
+        b.close()
+        store.close()
