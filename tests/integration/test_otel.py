@@ -77,9 +77,11 @@ def test_trace_headers_survive_the_outbox_and_every_resend_and_spans_link_to_the
                 # ... and messages that get the send span's context injected.
                 injected.append(p.produce(topic, b"i%d" % i, headers={"a": b"1"}))
         wait_until(lambda: p.stats()["pending"] >= 60, 60, "the outage's messages are in the outbox")
-        # Keep Kafka away until the drain workers have re-sent every stored message at least once
-        # (given back, not counted as an attempt: no broker answered).
-        wait_until(lambda: p.drainer.result.released >= 60, 90, "every stored message was re-sent at least once")
+        # Keep Kafka away until the drain workers have re-sent stored messages (given back, not
+        # counted as an attempt: no broker answered). Not necessarily all 60: a worker whose batch
+        # failed so waits for a broker before it claims again, so rows stored after the workers'
+        # first claims wait unsent (seen in CI on a loaded machine).
+        wait_until(lambda: p.drainer.result.released >= 1, 90, "stored messages were re-sent during the outage")
         chaos_cluster.start_all()
         wait_until(lambda: p.stats()["pending"] == 0, 120, "the outbox is drained")
     finally:
