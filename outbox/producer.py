@@ -231,8 +231,6 @@ class ResilientProducer:
             on_success=self.circuit.record_success,
             on_store_error=on_store_error,
         )
-        self._poller = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
-        self._poller.start()
         # Keys with a message in the outbox (this process's or an earlier one's): their later
         # messages queue behind it. Not checked while the circuit is open: nothing drains then.
         # Half-open counts as not open: when every key has a backlog, no message is left to
@@ -243,6 +241,8 @@ class ResilientProducer:
             holding=lambda: self._hold.active,
             may_check=lambda: self.circuit.state is not CircuitState.OPEN,
         )
+        self._poller = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
+        self._poller.start()
         if drain_workers > 0:
             self.drainer.start()
 
