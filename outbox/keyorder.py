@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .errors import StoreError
 from .stores import Outbox
@@ -70,9 +70,10 @@ class KeyBacklog:
         """`key` has a row in the store already (a write-ahead row that failed)."""
         self.pending.add(key)
 
-    def drained(self) -> None:
-        """A drain delivered or dead-lettered a row of a pending key: check soon."""
-        self._drained.set()
+    def drained(self, keys: Iterable[Key]) -> None:
+        """A drain delivered or dead-lettered rows of these keys: check soon if one is pending."""
+        if any(k in self.pending for k in keys):
+            self._drained.set()
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()

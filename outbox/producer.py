@@ -719,7 +719,6 @@ class ResilientProducer:
     def _drained(self, rows: list[OutboxMessage]) -> None:
         """Drain thread: rows delivered from the outbox."""
         self._drain_delivered += len(rows)
-        keyed = False
         for row in rows:
             cb = self._waiting.pop(row.msg_id, None) if self._waiting else None
             if cb is not None:
@@ -727,14 +726,13 @@ class ResilientProducer:
                     cb(None, None)
                 except Exception:
                     log.exception("on_delivery callback raised")
-            keyed = keyed or (row.key is not None and (row.topic, row.key) in self._backlog.pending)
-        if keyed:
-            self._backlog.drained()  # its thread looks; the drain worker claims on
+        # Its thread looks; the drain worker claims on.
+        self._backlog.drained((row.topic, row.key) for row in rows if row.key is not None)
 
     def _drain_dead(self, dl: DeadLetter) -> None:
         self._notify_dead(dl, self._waiting.pop(dl.msg_id, None) if self._waiting else None)
-        if dl.key is not None and (dl.topic, dl.key) in self._backlog.pending:
-            self._backlog.drained()
+        if dl.key is not None:
+            self._backlog.drained([(dl.topic, dl.key)])
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error_cb: cluster-level events."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,32 +26,44 @@ def store(tmp_path: Path) -> Iterator[SQLiteOutbox]:
     s.close()
 
 
-def backlog(store: SQLiteOutbox, **kw: object) -> KeyBacklog:
+@contextmanager
+def backlog(store: SQLiteOutbox, **kw: object) -> Iterator[KeyBacklog]:
     opts: dict[str, object] = {"flush": lambda: 0, "holding": lambda: False, "may_check": lambda: False}
     opts.update(kw)
-    return KeyBacklog(store, **opts)  # type: ignore[arg-type]
-
-
-def test_starts_with_every_key_an_earlier_process_left(store: SQLiteOutbox) -> None:
-    store.enqueue([keyed(b"a"), keyed(b"a"), keyed(b"b", topic="u"), NewMessage(topic="t", value=b"v")])
-    b = backlog(store)
+    b = KeyBacklog(store, **opts)  # type: ignore[arg-type]
     try:
-        assert b.pending == {("t", b"a"), ("u", b"b")}
+        yield b
     finally:
         b.close()
 
 
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def mark_then_check(b: KeyBacklog, key: tuple[str, bytes]) -> None:
+    """A message of `key` bound for the outbox, then a check while the store has no row of it."""
+    with b.lock:
+        b.mark(key)
+    b.release_delivered({key})
+
+
+def test_starts_with_every_key_an_earlier_process_left(store: SQLiteOutbox) -> None:
+    store.enqueue([keyed(b"a"), keyed(b"a"), keyed(b"b", topic="u"), NewMessage(topic="t", value=b"v")])
+    with backlog(store) as b:
+        assert b.pending == {("t", b"a"), ("u", b"b")}
+
+
 def test_releases_a_key_once_its_rows_are_gone(store: SQLiteOutbox) -> None:
     [a, _] = store.enqueue([keyed(b"a"), keyed(b"b")])
-    b = backlog(store)
-    try:
+    with backlog(store) as b:
         b.release_delivered({("t", b"a"), ("t", b"b")})
         assert b.pending == {("t", b"a"), ("t", b"b")}
         store.mark_delivered([a])
         b.release_delivered({("t", b"a"), ("t", b"b")})
         assert b.pending == {("t", b"b")}
-    finally:
-        b.close()
 
 
 def test_keeps_a_key_marked_while_the_check_looked(store: SQLiteOutbox) -> None:
@@ -63,40 +76,25 @@ def test_keeps_a_key_marked_while_the_check_looked(store: SQLiteOutbox) -> None:
             b.mark(("t", b"a"))  # produce() on another thread; its row is not committed yet
         return 0
 
-    b = backlog(store, flush=flush_while_a_message_is_marked)
-    try:
-        with b.lock:
-            b.mark(("t", b"a"))
-        b.release_delivered({("t", b"a")})
+    with backlog(store, flush=flush_while_a_message_is_marked) as b:
+        mark_then_check(b, ("t", b"a"))
         assert b.pending == {("t", b"a")}
-    finally:
-        b.close()
 
 
 def test_releases_nothing_while_messages_are_held(store: SQLiteOutbox) -> None:
-    b = backlog(store, holding=lambda: True)
-    try:
-        with b.lock:
-            b.mark(("t", b"a"))
-        b.release_delivered({("t", b"a")})
+    with backlog(store, holding=lambda: True) as b:
+        mark_then_check(b, ("t", b"a"))
         assert b.pending == {("t", b"a")}
-    finally:
-        b.close()
 
 
 def test_its_thread_releases_delivered_keys_when_woken(store: SQLiteOutbox) -> None:
     [a] = store.enqueue([keyed(b"a")])
-    b = backlog(store, may_check=lambda: True)
-    try:
+    with backlog(store, may_check=lambda: True) as b:
         assert b.pending == {("t", b"a")}
         store.mark_delivered([a])
-        b.drained()
-        deadline = time.monotonic() + 10
-        while b.pending and time.monotonic() < deadline:
-            time.sleep(0.05)
+        b.drained([("t", b"a")])
+        wait_for(lambda: not b.pending)
         assert b.pending == set()
-    finally:
-        b.close()
 
 
 class FailingOnce(SQLiteOutbox):
@@ -112,15 +110,11 @@ class FailingOnce(SQLiteOutbox):
 def test_a_store_that_cannot_answer_at_start_is_asked_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = FailingOnce(str(tmp_path / "o.db"))
     store.enqueue([keyed(b"a")])
-    with caplog.at_level(logging.WARNING, logger="outbox"):
-        b = backlog(store)
     try:
-        assert b.pending == set()
-        assert "cannot read which keys have messages in the outbox" in caplog.text
-        deadline = time.monotonic() + 10
-        while not b.pending and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert b.pending == {("t", b"a")}
+        with caplog.at_level(logging.WARNING, logger="outbox"), backlog(store) as b:
+            assert b.pending == set()
+            assert "cannot read which keys have messages in the outbox" in caplog.text
+            wait_for(lambda: bool(b.pending))
+            assert b.pending == {("t", b"a")}
     finally:
-        b.close()
         store.close()
