@@ -489,7 +489,7 @@ def test_stats(store: Outbox) -> None:
         None,
         None,
     )
-    _dead_fixture(store)
+    *_, first_pending = _dead_fixture(store)  # three dead letters with lower ids than it
     got = store.enqueue([msg("b", next_attempt_at=NOW + 50), msg("c")])
     store.claim("w", 1, 30, now=NOW)  # claims the pending "a" row (oldest due)
     s = store.stats(now=NOW)
@@ -498,9 +498,12 @@ def test_stats(store: Outbox) -> None:
     assert s.dead_by_topic == {"a": 2, "b": 1}
     assert s.dead_by_error == {"MSG_SIZE_TOO_LARGE (10)": 2, "TOPIC_AUTHORIZATION_FAILED (29)": 1}
     assert s.next_due_at == 0.0  # row "c" was due from the start
-    assert s.oldest_pending_at is not None and s.oldest_pending_at <= store.get(got[0]).created_at
+    assert s.oldest_pending_at == store.get(first_pending).created_at
     store.mark_delivered([got[1]])
     assert store.stats(now=NOW).next_due_at == NOW + 30  # the leased row, when its lease ends
+    store.mark_delivered([got[0]])  # topic "b" keeps only its dead letter
+    s = store.stats(now=NOW)
+    assert (s.pending, s.dead, s.pending_by_topic, s.dead_by_topic) == (1, 3, {"a": 1}, {"a": 2, "b": 1})
 
 
 def test_close_is_idempotent(make_store: Factory) -> None:
