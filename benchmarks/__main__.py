@@ -420,7 +420,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="where the recovery runs drain: threads (the producer's drain workers), process "
         "(drain_workers=0 and `outbox drain --follow` beside it), or both (default)",
     )
-    ap.add_argument("--no-write", action="store_true", help="do not write results/ or README.md")
+    ap.add_argument("--no-write", action="store_true", help="do not write results/, README.md or the recovery curves")
     return ap.parse_args(argv)
 
 
@@ -827,7 +827,7 @@ def main(argv: list[str] | None = None) -> int:
             notes="; ".join(f"{tier} p50 {v['p50_ms']:.0f} ms / p99 {v['p99_ms']:.0f} ms (min {v['min_ms']:.0f})"
                             for tier, v in prec.items()),
         )
-    png = plot_recovery(runs, outage, quick)
+    png = None if args.no_write else plot_recovery(runs, outage, quick)
     if png is not None:
         print(f"recovery curves: {png.relative_to(ROOT)}")
     for key, label in (

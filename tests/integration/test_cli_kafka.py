@@ -30,6 +30,8 @@ from outbox.stores import SQLiteOutbox
 from outbox.testing import KafkaCluster
 from outbox.testing.consume import consume
 
+from .waiting import wait_until
+
 OUTBOX = Path(sys.executable).parent / "outbox"
 TIMED_OUT = "_MSG_TIMED_OUT (-192): Local: Message timed out"
 TOO_LARGE = "MSG_SIZE_TOO_LARGE (10): Broker: Message size too large"
@@ -87,13 +89,6 @@ def ids_of(messages: list[Message]) -> Counter[str]:
         assert len(found) == 1, m.headers()
         out[found[0].decode()] += 1
     return out
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def closed_port() -> int:

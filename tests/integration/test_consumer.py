@@ -31,6 +31,8 @@ from outbox.consumer import headers as H
 from outbox.stores import open_outbox
 from outbox.testing import KafkaCluster
 
+from . import waiting
+
 WORKER = Path(__file__).with_name("consumer_worker.py")
 # Small group timeouts so that rebalances and a dead member are noticed within seconds.
 GROUP_TIMING = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 10000}
@@ -55,13 +57,13 @@ LOOP_ERRORS: list[BaseException] = []
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
+    """`waiting.wait_until`, failing at once if the consumer loop raised."""
+
+    def loop_alive() -> None:
         if LOOP_ERRORS:
             raise AssertionError(f"the consumer loop raised {LOOP_ERRORS[0]!r} while waiting until {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting until {what}")
-        time.sleep(0.1)
+
+    waiting.wait_until(cond, timeout, what, every=0.1, check=loop_alive)
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from outbox.testing import KafkaCluster
 
 from .delivery import read_topic
 from .test_cli_kafka import outbox_cli
+from .waiting import wait_until
 
 LONG_LEASE = 600.0
 
@@ -70,13 +71,6 @@ def kill(child: subprocess.Popen[str]) -> None:
     assert child.wait(10) == -signal.SIGKILL
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def takeover(url: str, remote: bool) -> None:
     """8 rows leased by a live holder, 32 more of the same keys waiting behind them."""
     store = open_outbox(url)
@@ -94,7 +88,7 @@ def takeover(url: str, remote: bool) -> None:
     finally:
         kill(child)
     # The owner is gone (for PostgreSQL: once its server session has ended and freed the lock).
-    wait_for(lambda: store.owner_liveness([owner]) == {owner: Liveness.GONE}, "the owner to be gone")
+    wait_until(lambda: store.owner_liveness([owner]) == {owner: Liveness.GONE}, 30, "the owner to be gone", every=0.05)
     claimer = open_outbox(url)
     rows = claimer.claim(new_owner("drain"), 100, 60.0, now=time.time())
     assert [r.msg_id for r in rows] == [f"m{i}" for i in range(40)]  # all at once, in order
@@ -129,7 +123,8 @@ def test_postgres_owner_lock_is_held_on_its_own_connection(fresh_postgres_url: s
     assert other.owner_liveness([remote]) == {remote: Liveness.ALIVE}
     assert other.release_gone_owners(now=time.time()) == 0
     store.close()  # a clean close ends the owner: its lock goes when the server ends its session
-    wait_for(lambda: other.owner_liveness([remote]) == {remote: Liveness.GONE}, "the server to end the session")
+    gone = {remote: Liveness.GONE}
+    wait_until(lambda: other.owner_liveness([remote]) == gone, 30, "the server to end the session", every=0.05)
     assert other.release_gone_owners(now=time.time()) == 2
     other.close()
 

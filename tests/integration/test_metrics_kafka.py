@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from outbox.metrics import register_producer
 from outbox.testing import KafkaCluster
 
 from .delivery import read_topic
+from .waiting import wait_until
 
 FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -42,14 +42,6 @@ def scrape(url: str) -> Samples:
 def k(name: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """A sample's key in `scrape()`'s result: labels of the producer "orders-api" plus `labels`."""
     return name, tuple(sorted({"producer": "orders-api", **labels}.items()))
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting until {what}")
-        time.sleep(0.2)
 
 
 def start_sidecar(db: Path) -> tuple[subprocess.Popen[str], str]:

@@ -18,6 +18,7 @@ from outbox.records import Status
 from outbox.testing import KafkaCluster
 
 from .delivery import header, keyed_value, read_topic
+from .waiting import wait_until
 
 FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
 
@@ -39,14 +40,6 @@ def make_producer(bootstrap: str, path: Path, *, message_timeout_ms: int = 3000,
 # "Coordinator load in progress") into message time-outs, which is the in-flight reorder window
 # the README documents, not the outage. 15 s outlasts that start-up (seen up to ~10 s under load).
 ORDER_TIMEOUT_MS = 15000
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting until {what}")
-        time.sleep(0.2)
 
 
 def drained(p: ResilientProducer) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from outbox import ResilientProducer, RetryPolicy
 from outbox.aio import AsyncResilientProducer
 
 from .delivery import header, read_topic
+from .waiting import wait_until
 
 FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
 # Tests without an outage: librdkafka's usual patience, so a loaded machine's slow acknowledgements
@@ -67,14 +67,6 @@ def closed_port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"127.0.0.1:{s.getsockname()[1]}"
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting until {what}")
-        time.sleep(0.2)
 
 
 def test_string_serializers_set_key_and_value_bytes(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:

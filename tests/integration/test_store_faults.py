@@ -23,7 +23,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -33,6 +33,7 @@ from outbox import ResilientProducer, RetryPolicy
 from outbox.testing import KafkaCluster
 
 from .delivery import read_topic
+from .waiting import wait_until
 
 
 @pytest.fixture
@@ -110,19 +111,12 @@ def producer(url: str, bootstrap: str) -> ResilientProducer:
     )
 
 
-def wait_until(cond: Callable[[], bool], what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def recover_and_check(cluster: KafkaCluster, p: ResilientProducer, stream: Stream, topic: str) -> None:
     cluster.start_all()
     cluster.wait_until_healthy()
     stream.wait_for(200)  # still producing, now through a healthy store and cluster
     stream.stop()
-    wait_until(lambda: p.flush(5) == 0 and p.store.stats(now=time.time()).pending == 0, "the outbox to drain")
+    wait_until(lambda: p.flush(5) == 0 and p.store.stats(now=time.time()).pending == 0, 120, "the outbox to drain")
     got = read_topic(cluster.bootstrap_servers, topic, len(stream.returned))
     missing = set(stream.returned) - set(got.by_id)
     print(
@@ -195,7 +189,7 @@ def test_postgresql_restarted_and_killed_during_spill_and_drain(chaos_cluster: K
         stream.wait_for(300)
         chaos_cluster.start_all()
         chaos_cluster.wait_until_healthy()
-        wait_until(lambda: p.store.stats(now=time.time()).pending < len(stream.returned), "draining to start")
+        wait_until(lambda: p.store.stats(now=time.time()).pending < len(stream.returned), 120, "draining to start")
         pg.restart("fast")  # while the drain workers send the backlog
         recover_and_check(chaos_cluster, p, stream, topic)
     finally:
@@ -265,21 +259,21 @@ def test_file_deleted_underneath_is_recreated_with_its_rows(
         for f in victims:
             f.unlink()
         stream.wait_for(300)
-        wait_until(lambda: recreated() == n, "the outbox file to be re-created")  # noqa: B023
+        wait_until(lambda: recreated() == n, 120, "the outbox file to be re-created")  # noqa: B023
         # Only the store's rescue can bring the path back: its connections never create the file.
         assert path.exists()
         # Kafka is down, so no row leaves: every row the writer ever committed must be in the
         # new file, readable by any process.
-        wait_until(lambda: p.writer.flush(5) == 0, "the writer to commit")
+        wait_until(lambda: p.writer.flush(5) == 0, 120, "the writer to commit")
         committed = p.writer.committed_rows
         assert _rows_in(path) >= committed >= 600
     # Once more while the drain workers send the backlog: rows they hold in flight are copied
     # with their leases, and their acknowledgements then delete the copies.
     chaos_cluster.start_all()
     chaos_cluster.wait_until_healthy()
-    wait_until(lambda: p.store.stats(now=time.time()).pending < len(stream.returned) - 300, "draining to start")
+    wait_until(lambda: p.store.stats(now=time.time()).pending < len(stream.returned) - 300, 120, "draining to start")
     path.unlink()
-    wait_until(lambda: recreated() == 3, "the outbox file to be re-created while draining")
+    wait_until(lambda: recreated() == 3, 120, "the outbox file to be re-created while draining")
     assert not stream.errors, stream.errors[:3]
     recover_and_check(chaos_cluster, p, stream, topic)
 
@@ -314,7 +308,7 @@ def test_postgresql_pool_loses_all_its_connections_during_spill_and_drain(
             stream.wait_for(200)
         chaos_cluster.start_all()
         chaos_cluster.wait_until_healthy()
-        wait_until(lambda: p.store.stats(now=time.time()).pending < len(stream.returned), "draining to start")
+        wait_until(lambda: p.store.stats(now=time.time()).pending < len(stream.returned), 120, "draining to start")
         for _ in range(5):
             assert _terminate_backends(pg.url) > 0
             time.sleep(0.5)
