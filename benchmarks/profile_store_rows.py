@@ -11,6 +11,12 @@ way the drain uses them: batches of 5,000, 1,000 keys, 200-byte values, the id h
 batches leased at a time. Baselines in the same run, on the same schema and the same row tuples:
 plain `sqlite3` executemany of the rows, and a plain SELECT of 5,000 rows plus a DELETE by id
 range. Medians of the repetitions; the ratio says how many times the baseline the store costs.
+
+What if (not the product): the same messages stored several to a row, the design proposed in
+docs/DESIGN.md. A prototype codec packs each writer batch's messages into one row (the encoded
+messages back to back, the batch's distinct keys in a side column for the per-key rule); the drain
+side reads the rows in id order, decodes every message and deletes the rows. Its cost per message
+is the floor that design can reach in the store, against today's spill + drain.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import os
 import sqlite3
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -26,6 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from outbox import SQLiteOutbox  # noqa: E402
+from outbox.codec import decode_headers, encode_headers  # noqa: E402
 from outbox.records import NewMessage, Status  # noqa: E402
 from outbox.stores.base import COLUMNS, Settlement, insert_values  # noqa: E402
 from outbox.stores.sqlite import INSERT_SQL  # noqa: E402
@@ -101,18 +109,99 @@ def raw_costs(path: str, msgs: list[NewMessage]) -> dict[str, float]:
     return {"insert": spent_insert / len(msgs) * 1e6, "select+delete": spent_drain / len(msgs) * 1e6}
 
 
+_FIXED = struct.Struct(">iiiiiid")  # lengths of topic, key, value, headers, msg_id; partition; created_at
+
+
+def _pack(msgs: list[NewMessage], now: float) -> tuple[bytes, bytes]:
+    """A prototype group codec: (encoded messages, the distinct keys, NUL-separated)."""
+    parts: list[bytes] = []
+    for m in msgs:
+        t, k, v, i = m.topic.encode(), m.key or b"", m.value or b"", m.msg_id.encode()
+        h = encode_headers(m.headers) or b""
+        parts += (_FIXED.pack(len(t), len(k), len(v), len(h), len(i), m.partition, now), t, k, v, h, i)
+    return b"".join(parts), b"\0".join({m.key or b"" for m in msgs})
+
+
+def _unpack(body: bytes) -> list[tuple[str, bytes, bytes, list[tuple[str, bytes | None]], str, int, float]]:
+    out = []
+    pos, end, size, unpack = 0, len(body), _FIXED.size, _FIXED.unpack_from
+    while pos < end:
+        lt, lk, lv, lh, li, part, created = unpack(body, pos)
+        pos += size
+        t = body[pos : pos + lt].decode()
+        pos += lt
+        k = body[pos : pos + lk]
+        pos += lk
+        v = body[pos : pos + lv]
+        pos += lv
+        h = decode_headers(body[pos : pos + lh])
+        pos += lh
+        out.append((t, k, v, h, body[pos : pos + li].decode(), part, created))
+        pos += li
+    return out
+
+
+def grouped_costs(path: str, msgs: list[NewMessage], per_row: int) -> dict[str, float]:
+    """Encode + insert, then select + decode + delete, `per_row` messages to a row (plain sqlite3)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute(
+        "CREATE TABLE grouped (id INTEGER PRIMARY KEY AUTOINCREMENT, status INTEGER NOT NULL DEFAULT 0, "
+        "next_attempt_at REAL NOT NULL DEFAULT 0, lease_owner TEXT, keys BLOB, body BLOB)"
+    )
+    conn.execute("CREATE INDEX grouped_due ON grouped (status, next_attempt_at)")
+    t = time.thread_time()
+    for i in range(0, len(msgs), BATCH):
+        batch = msgs[i : i + BATCH]
+        now = time.time()
+        rows = [_pack(batch[j : j + per_row], now) for j in range(0, len(batch), per_row)]
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT INTO grouped (body, keys) VALUES (?, ?)", rows)
+        conn.execute("COMMIT")
+    spent_insert = time.thread_time() - t
+    t = time.thread_time()
+    decoded, take = 0, max(1, BATCH // per_row)
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        got = conn.execute(
+            "SELECT id, keys, body FROM grouped WHERE status = 0 AND next_attempt_at <= ? ORDER BY id LIMIT ?",
+            (time.time(), take),
+        ).fetchall()
+        if got:
+            conn.execute(
+                "UPDATE grouped SET lease_owner = 'p', next_attempt_at = ? WHERE id BETWEEN ? AND ?",
+                (time.time() + 120, got[0][0], got[-1][0]),
+            )
+        conn.execute("COMMIT")
+        if not got:
+            break
+        for _, _, body in got:
+            decoded += len(_unpack(body))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("DELETE FROM grouped WHERE id BETWEEN ? AND ?", (got[0][0], got[-1][0]))
+        conn.execute("COMMIT")
+    spent_drain = time.thread_time() - t
+    conn.close()
+    assert decoded == len(msgs), (decoded, len(msgs))
+    return {"insert": spent_insert / len(msgs) * 1e6, "drain": spent_drain / len(msgs) * 1e6}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--per-row", type=int, default=500, help="messages per row in the what-if (default 500)")
     args = ap.parse_args()
     msgs = messages(args.rows)
     store_runs: list[dict[str, float]] = []
     raw_runs: list[dict[str, float]] = []
+    grouped_runs: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="outbox-rows-") as workdir:
-        for _ in range(args.reps):  # interleaved, so drift of a shared machine hits both
+        for rep in range(args.reps):  # interleaved, so drift of a shared machine hits both
             store_runs.append(store_costs(fresh(workdir, "store"), msgs))
             raw_runs.append(raw_costs(fresh(workdir, "raw"), msgs))
+            grouped_runs.append(grouped_costs(os.path.join(workdir, f"grouped-{rep}.db"), msgs, args.per_row))
 
     def med(runs: list[dict[str, float]], k: str) -> float:
         return statistics.median(r[k] for r in runs)
@@ -127,6 +216,12 @@ def main() -> None:
     print(f"  SQLiteOutbox.apply (delete)        {delete:6.1f}")
     print(f"  claim + delete (drain's store part) {claim + delete:5.1f}   {(claim + delete) / raw_drain:4.2f} x raw")
     print(f"  spill + drain, store only          {ins + claim + delete:6.1f}")
+    g_ins, g_drain = med(grouped_runs, "insert"), med(grouped_runs, "drain")
+    print(f"  what if {args.per_row} messages to a row (prototype codec, plain sqlite3; per message):")
+    print(f"    encode + insert                  {g_ins:6.1f}   {g_ins / ins:4.2f} x enqueue")
+    print(f"    claim + decode + delete          {g_drain:6.1f}   {g_drain / (claim + delete):4.2f} x claim + delete")
+    today = ins + claim + delete
+    print(f"    spill + drain                    {g_ins + g_drain:6.1f}   {(g_ins + g_drain) / today:4.2f} x today")
 
 
 if __name__ == "__main__":
