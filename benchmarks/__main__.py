@@ -420,6 +420,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="where the recovery runs drain: threads (the producer's drain workers), process "
         "(drain_workers=0 and `outbox drain --follow` beside it), or both (default)",
     )
+    ap.add_argument(
+        "--recovery-at",
+        type=str,
+        help="comma-separated percentages of R0 for the recovery runs, out of "
+        f"{','.join(f'{f:.0%}'.rstrip('%') for f, _ in RECOVERY)} (default all; --quick 10)",
+    )
     ap.add_argument("--no-write", action="store_true", help="do not write results/, README.md or the recovery curves")
     return ap.parse_args(argv)
 
@@ -445,6 +451,13 @@ def main(argv: list[str] | None = None) -> int:
     rec_n = 20_000 if quick else 50_000
     outage = args.outage or (10.0 if quick else 30.0)
     recovery_drains = [d.strip() for d in args.recovery_drain.split(",") if d.strip()]
+    recovery_steps = RECOVERY_QUICK if quick else RECOVERY
+    if args.recovery_at:
+        wanted = {p.strip() for p in args.recovery_at.split(",") if p.strip()}
+        recovery_steps = tuple(step for step in RECOVERY if str(round(step[0] * 100)) in wanted)
+        if len(recovery_steps) != len(wanted):
+            print(f"--recovery-at takes percentages out of {[round(f * 100) for f, _ in RECOVERY]}", file=sys.stderr)
+            return 2
     if set(recovery_drains) - {"threads", "process"}:
         print("--recovery-drain takes threads and/or process", file=sys.stderr)
         return 2
@@ -616,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             assert r0 is not None
             config["recovery_r0"] = r0
-            for frac, wait in RECOVERY_QUICK if quick else RECOVERY:
+            for frac, wait in recovery_steps:
                 rate = r0 * frac
                 for drain in recovery_drains:
                     suffix = "" if drain == "threads" else f"/{drain}"
