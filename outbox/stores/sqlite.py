@@ -369,7 +369,9 @@ class SQLiteOutbox(Outbox):
         connections either: that would delete the new file's log); what it wrote to the deleted
         file after this copy dies with it.
         """
-        old = self._writer()
+        # Any connection opened before the deletion still reads the old file; a new one could not.
+        writer = self._writer_conn if self._writer_gen == self._gen else None
+        old = writer or self._all[0]
         try:
             rows = old.execute(f"SELECT {_COLUMNS}, lease_owner FROM outbox ORDER BY id").fetchall()
             seq = old.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()

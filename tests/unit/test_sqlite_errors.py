@@ -112,3 +112,18 @@ def test_version_1_outbox_is_migrated_with_error_columns(tmp_path: Path) -> None
         assert {"outbox_due", "outbox_key", "outbox_dead_msg_id", "outbox_dead_topic"} <= indexes and version == 3
     finally:
         store.close()
+
+
+def test_file_deleted_before_this_process_wrote_is_recreated_with_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    with SQLiteOutbox(str(path)) as first:
+        first.enqueue([NewMessage("t", b"old", None, None, -1, "m1")])
+    store = SQLiteOutbox(str(path))  # opened for reading only: nothing written through it yet
+    assert store.stats(now=time.time()).pending == 1
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(f"{path}{suffix}"):
+            os.unlink(f"{path}{suffix}")
+    store.enqueue([NewMessage("t", b"new", None, None, -1, "m2")])
+    store.close()
+    with SQLiteOutbox(str(path), create=False) as again:
+        assert [r.value for r in again.claim("w", 10, 30, now=time.time())] == [b"old", b"new"]
