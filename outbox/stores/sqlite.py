@@ -42,8 +42,10 @@ SCHEMA_VERSION = 3
 _T = TypeVar("_T")
 _CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
 #: The write connection's page cache (negative: KiB). SQLite's default, 2 MiB, holds a small part
-#: of the indexes a backlog's inserts and deletes walk at random (by key). Reads keep the default.
-_CACHE_KIB = -65536
+#: of the indexes a backlog's inserts and deletes walk at random (by key): spill + drain cost 109
+#: us of store CPU per message with it, 84 with 16 MiB, 86 with 64 MiB (profile_store_rows.py,
+#: one run each on a busy machine). Reads keep the default.
+_CACHE_KIB = -16384
 
 _COLUMNS = COLUMNS
 #: The statement that writes one row (`insert_values` order); benchmarks time it as their baseline.
