@@ -30,7 +30,7 @@ from outbox.stores import SQLiteOutbox
 from outbox.testing import KafkaCluster
 from outbox.testing.consume import consume
 
-from .waiting import wait_until
+from ..waiting import wait_until
 
 OUTBOX = Path(sys.executable).parent / "outbox"
 TIMED_OUT = "_MSG_TIMED_OUT (-192): Local: Message timed out"

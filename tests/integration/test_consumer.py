@@ -31,7 +31,7 @@ from outbox.consumer import headers as H
 from outbox.stores import open_outbox
 from outbox.testing import KafkaCluster
 
-from . import waiting
+from .. import waiting
 
 WORKER = Path(__file__).with_name("consumer_worker.py")
 # Small group timeouts so that rebalances and a dead member are noticed within seconds.

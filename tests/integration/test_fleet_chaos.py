@@ -25,6 +25,7 @@ from outbox.stores.postgres import PostgresOutbox
 from outbox.testing import KafkaCluster
 from outbox.testing.consume import consume_to_end
 
+from ..waiting import wait_until
 from .delivery import header
 from .private_pg import PrivatePostgres
 
@@ -36,13 +37,6 @@ RATE = 100  # produce() calls a second per producer: the 2-core machine runs 5 J
 
 def _tail(path: Path, lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
-
-
-def _wait(cond: Callable[[], bool], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
 
 
 def _chaos(cluster: KafkaCluster, pg: PrivatePostgres, rng: random.Random, seconds: float) -> list[str]:
@@ -112,7 +106,7 @@ def test_two_producers_and_a_drainer_on_postgres_through_broker_and_database_cha
         for p, n in zip(producers, ("p0", "p1"), strict=True):
             assert p.wait(180) == 0, f"producer {n} exited with {p.returncode}:\n{_tail(logs[n])}"
         with PostgresOutbox(parse_url(pg.url), create=False) as store:
-            _wait(lambda: store.stats(now=time.time()).pending == 0, "the outbox to drain", 180)
+            wait_until(lambda: store.stats(now=time.time()).pending == 0, 180, "the outbox to drain", every=0.5)
             left = store.stats(now=time.time())
         drainer.send_signal(signal.SIGTERM)
         assert drainer.wait(60) == 0, f"the drainer exited with {drainer.returncode}:\n{_tail(logs['drain'])}"

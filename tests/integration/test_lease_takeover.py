@@ -21,9 +21,9 @@ from outbox.stores import Outbox, open_outbox
 from outbox.stores.postgres import PostgresOutbox
 from outbox.testing import KafkaCluster
 
+from ..waiting import wait_until
 from .delivery import read_topic
 from .test_cli_kafka import outbox_cli
-from .waiting import wait_until
 
 LONG_LEASE = 600.0
 

@@ -22,8 +22,8 @@ from outbox import ResilientProducer, RetryPolicy
 from outbox.metrics import register_producer
 from outbox.testing import KafkaCluster
 
+from ..waiting import wait_until
 from .delivery import read_topic
-from .waiting import wait_until
 
 FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -17,8 +17,8 @@ from outbox import ID_HEADER, DeadLetter, NewMessage, ResilientProducer, RetryPo
 from outbox.records import Status
 from outbox.testing import KafkaCluster
 
+from ..waiting import wait_until
 from .delivery import header, keyed_value, read_topic
-from .waiting import wait_until
 
 FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
 

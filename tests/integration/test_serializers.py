@@ -25,8 +25,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from outbox import ResilientProducer, RetryPolicy
 from outbox.aio import AsyncResilientProducer
 
+from ..waiting import wait_until
 from .delivery import header, read_topic
-from .waiting import wait_until
 
 FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
 # Tests without an outage: librdkafka's usual patience, so a loaded machine's slow acknowledgements

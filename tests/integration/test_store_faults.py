@@ -32,8 +32,8 @@ import pytest
 from outbox import ResilientProducer, RetryPolicy
 from outbox.testing import KafkaCluster
 
+from ..waiting import wait_until
 from .delivery import read_topic
-from .waiting import wait_until
 
 
 @pytest.fixture

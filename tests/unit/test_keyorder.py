@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,6 +12,8 @@ import pytest
 from outbox import NewMessage, SQLiteOutbox
 from outbox.errors import StoreError
 from outbox.keyorder import KeyBacklog
+
+from ..waiting import wait_until
 
 
 def keyed(key: bytes, topic: str = "t") -> NewMessage:
@@ -35,12 +36,6 @@ def backlog(store: SQLiteOutbox, **kw: object) -> Iterator[KeyBacklog]:
         yield b
     finally:
         b.close()
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def mark_then_check(b: KeyBacklog, key: tuple[str, bytes]) -> None:
@@ -93,7 +88,7 @@ def test_its_thread_releases_delivered_keys_when_woken(store: SQLiteOutbox) -> N
         assert b.pending == {("t", b"a")}
         store.mark_delivered([a])
         b.drained([("t", b"a")])
-        wait_for(lambda: not b.pending)
+        wait_until(lambda: not b.pending, 10, "the key to be released", every=0.05)
         assert b.pending == set()
 
 
@@ -114,7 +109,7 @@ def test_a_store_that_cannot_answer_at_start_is_asked_again(tmp_path: Path, capl
         with caplog.at_level(logging.WARNING, logger="outbox"), backlog(store) as b:
             assert b.pending == set()
             assert "cannot read which keys have messages in the outbox" in caplog.text
-            wait_for(lambda: bool(b.pending))
+            wait_until(lambda: bool(b.pending), 10, "the key thread to ask the store again", every=0.05)
             assert b.pending == {("t", b"a")}
     finally:
         store.close()

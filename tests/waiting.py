@@ -1,4 +1,4 @@
-"""Waiting for an outcome in the integration tests: poll a condition until it holds or time runs out."""
+"""Waiting for an outcome in the tests: poll a condition until it holds or time runs out."""
 
 from __future__ import annotations
 
