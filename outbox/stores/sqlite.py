@@ -260,16 +260,13 @@ class SQLiteOutbox(Outbox):
         re-read the index pages they were about to change.
         """
         if self._writer_conn is None or self._writer_gen != self._gen:
-            self._writer_conn = self._open()
-            try:
-                self._writer_conn.execute(f"PRAGMA cache_size = {_CACHE_KIB}")
-            except sqlite3.Error as exc:
-                raise self._error(exc) from exc
+            self._writer_conn = self._open(cache_kib=_CACHE_KIB)
             self._writer_gen = self._gen
             self._writer_sync = self._synchronous
         return self._writer_conn
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(self, *, cache_kib: int | None = None) -> sqlite3.Connection:
+        """A new connection to the file; `cache_kib`: its page cache, else SQLite's default."""
         if self._closed:
             raise StoreError(f"outbox {self.path} is closed")
         try:
@@ -283,6 +280,8 @@ class SQLiteOutbox(Outbox):
             if mode.lower() != "wal" and os.access(self.path, os.W_OK):
                 log.warning("outbox %s: journal_mode is %s, not WAL", self.path, mode)
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            if cache_kib is not None:
+                conn.execute(f"PRAGMA cache_size = {cache_kib}")
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
         if self._ident is None:
