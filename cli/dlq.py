@@ -6,7 +6,6 @@ Everything goes through the `Outbox` store methods (`list_dead`, `get`, `purge_d
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -16,6 +15,7 @@ import click
 from outbox.consumer.headers import ConsumerFailure, consumer_failure
 from outbox.consumer.redrive import redrive_topic
 from outbox.filters import error_filter
+from outbox.payload import topic_problem
 from outbox.records import DeadLetterFilter, OutboxMessage, Status
 from outbox.stores import Outbox
 
@@ -36,8 +36,11 @@ from .common import (
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Kafka's own rule for topic names; checked here so a typo is not replayed into new dead letters.
-_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+def _check_to_topic(to_topic: str | None) -> None:
+    """Kafka's own rule, checked here so a typo is not replayed into new dead letters."""
+    problem = None if to_topic is None else topic_problem(to_topic)
+    if problem is not None:
+        raise CliError(f"--to-topic: {problem}", EXIT_USAGE)
 
 
 def filter_options(f: F) -> F:
@@ -389,11 +392,7 @@ def replay(
     goes to its group's first retry tier (<topic>.<group>.retry-1), never to the main topic that
     other groups read as well.
     """
-    if to_topic is not None and not _TOPIC.match(to_topic):
-        raise CliError(
-            f"--to-topic: {to_topic!r} is not a valid Kafka topic name (letters, digits, '.', '_', '-')",
-            EXIT_USAGE,
-        )
+    _check_to_topic(to_topic)
     flt = _filter(topic, error, since, until, ids, group=group)
     with open_store(outbox_url) as (store, url):
         _check_ids(store, ids)
@@ -448,11 +447,7 @@ def replay_topic(
     message, so running it again replays only what came later (or what an interrupted run did
     not finish).
     """
-    if to_topic is not None and not _TOPIC.match(to_topic):
-        raise CliError(
-            f"--to-topic: {to_topic!r} is not a valid Kafka topic name (letters, digits, '.', '_', '-')",
-            EXIT_USAGE,
-        )
+    _check_to_topic(to_topic)
     config = {"bootstrap.servers": bootstrap_servers, **settings}
     result = redrive_topic(config, dlq_topic, to_topic=to_topic, limit=limit, timeout=timeout)
     if as_json:

@@ -7,7 +7,6 @@ changing a delay renames nothing (Spring's delay-suffixed names do: spring-kafka
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,11 +17,10 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from ..errors import ConfigError, KafkaUnavailableError
+from ..payload import MAX_TOPIC_LENGTH, topic_chars_ok
 
 log = logging.getLogger(__name__)
 
-_TOPIC_CHARS = re.compile(r"^[a-zA-Z0-9._-]+$")
-MAX_TOPIC_LENGTH = 249
 
 #: Settings only a consumer understands; the admin client and the hop producer do not get them.
 CONSUMER_ONLY_PREFIXES = (
@@ -81,7 +79,7 @@ class Ladder:
     with_dlq: bool
 
     def __post_init__(self) -> None:
-        if not _TOPIC_CHARS.match(self.group):
+        if not topic_chars_ok(self.group):
             raise ConfigError(
                 f"group.id {self.group!r} cannot be part of a topic name (allowed: letters, digits, '.', '_', '-'); "
                 "tier topics are named <topic>.<group>.retry-N"

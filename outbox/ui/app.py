@@ -11,7 +11,6 @@ from __future__ import annotations
 import binascii
 import dataclasses
 import json
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -28,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..consumer.headers import consumer_failure
 from ..consumer.redrive import redrive_topic
 from ..errors import ConfigError, KafkaDeliveryError, KafkaUnavailableError, StoreError, UnknownMessageError
+from ..payload import topic_problem
 from ..records import DeadLetterFilter, Headers, Status
 from ..stores import Outbox
 from . import present, security
@@ -38,9 +38,6 @@ from .lag import tier_lags
 #: Redrive rate (messages/s) when a request names none, and the most one may ask for.
 DEFAULT_RATE = 500.0
 MAX_RATE = 100_000.0
-
-# Kafka's rule for topic names (as `outbox dlq replay-topic` checks it).
-_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 _ACTION_FIELDS = ("csrf", "do", "action", "scope", "ids", "rate")
 
@@ -337,8 +334,9 @@ def create_app(
         if unknown:
             raise FilterError(f"unknown field(s): {', '.join(unknown)}")
         topic = body.get("dlq_topic")
-        if not isinstance(topic, str) or not _TOPIC.fullmatch(topic):
-            raise FilterError("dlq_topic: a Kafka topic name (letters, digits, '.', '_', '-') is required")
+        problem = topic_problem(topic)
+        if problem is not None or not isinstance(topic, str):  # (isinstance: for the type checker)
+            raise FilterError(f"dlq_topic: {problem}")
         limit = _int_param(str(body["limit"]), "limit", None, 1, 10_000_000) if body.get("limit") is not None else None
         # Blocking Kafka calls: run in the thread pool, not on the event loop.
         result = await run_in_threadpool(redrive_topic, kafka, topic, limit=limit)

@@ -488,8 +488,10 @@ def test_dlq_replay_nothing_and_bad_topic(db: tuple[str, SQLiteOutbox]) -> None:
     result = run("dlq", "replay", "--outbox", path, "--to-topic", "bad/topic")
     assert result.exit_code == 2
     assert one_error_line(result) == (
-        "--to-topic: 'bad/topic' is not a valid Kafka topic name (letters, digits, '.', '_', '-')"
+        "--to-topic: topic name 'bad/topic' has characters Kafka does not allow (only a-z A-Z 0-9 . _ -)"
     )
+    result = run("dlq", "replay", "--outbox", path, "--to-topic", "..")  # Kafka's own exception
+    assert result.exit_code == 2 and one_error_line(result) == "--to-topic: topic name '..' is not allowed by Kafka"
     assert len(store.list_dead()) == 3
 
 
