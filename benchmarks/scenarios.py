@@ -446,17 +446,17 @@ def drain(p: Params) -> Result:
 def raw_rows(p: Params) -> Result:
     """Baseline of the drain: the same rows WITH THE SAME HEADERS (the stored ones plus the
     re-send's `outbox-attempt`), loaded into memory first, sent by a raw producer."""
-    from outbox.codec import decode_headers
     from outbox.headers import for_resend
+    from outbox.stores.sqlite import SQLiteOutbox
 
-    conn = sqlite3.connect(p["template"])
-    rows = [
-        (t, v, k, for_resend(decode_headers(h), msg_id=m, attempt=a + 1, first_failed_at=f, last_error=e))
-        for t, v, k, h, m, a, f, e in conn.execute(
-            "SELECT topic, value, key, headers, msg_id, attempts, first_failed_at, last_error FROM outbox ORDER BY id"
-        )
-    ]
-    conn.close()
+    with SQLiteOutbox(p["template"], create=False) as store:
+        rows = [
+            (r.topic, r.value, r.key, for_resend(
+                r.headers, msg_id=r.msg_id, attempt=r.attempts + 1, first_failed_at=r.first_failed_at,
+                last_error=r.last_error,
+            ))
+            for r in store.messages()
+        ]
     n = len(rows)
     prod = Producer(kafka_config(p))
     produce, poll = prod.produce, prod.poll

@@ -77,8 +77,12 @@ class Backlog:
 DUE, BACKING_OFF, LEASED, WAITING_BACKOFF, WAITING_LEASE, DEAD = range(6)
 
 
-def backlog_sql(table: str, p: str, now: float, topic: str | None) -> tuple[str, list[Any]]:
+def backlog_sql(
+    table: str, p: str, now: float, topic: str | None, *, count: str = "COUNT(*)"
+) -> tuple[str, list[Any]]:
     """The one query both stores run, with their placeholder `p`, and its arguments.
+
+    `count`: how a group of rows counts its messages (SQLite: `SUM(r.n)`, a row may hold several).
 
     Columns: state, owner, count, min time, max time. The blocker of a key is its first PENDING
     row that is not due (leased or backing off); due rows after it wait behind it.
@@ -95,7 +99,7 @@ def backlog_sql(table: str, p: str, now: float, topic: str | None) -> tuple[str,
         f"ELSE {DUE} END AS state, "
         f"CASE WHEN r.status = 2 THEN NULL WHEN r.next_attempt_at > {p} THEN r.lease_owner "
         "WHEN h.bid IS NOT NULL AND h.bid < r.id THEN b.lease_owner END AS owner, "
-        "COUNT(*), "
+        f"{count}, "
         f"MIN(CASE WHEN r.next_attempt_at > {p} THEN r.next_attempt_at ELSE b.next_attempt_at END), "
         f"MAX(CASE WHEN r.next_attempt_at > {p} THEN r.next_attempt_at ELSE b.next_attempt_at END) "
         f"FROM {table} AS r LEFT JOIN head AS h ON h.topic = r.topic AND h.key = r.key "

@@ -17,6 +17,7 @@ if __package__ in (None, ""):
     except ImportError:
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import logging  # noqa: E402
 import time  # noqa: E402
@@ -29,6 +30,7 @@ from confluent_kafka.admin import AdminClient  # noqa: E402
 from outbox.errors import ConfigError, KafkaUnavailableError, OutboxError  # noqa: E402
 from outbox.records import DeadLetterFilter  # noqa: E402
 from outbox.stores import open_outbox  # noqa: E402
+from outbox.stores.sqlite import SQLiteOutbox  # noqa: E402
 from spark_drain.options import JobOptions, parse_args  # noqa: E402
 from spark_drain.report import JobReport  # noqa: E402
 
@@ -112,6 +114,12 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     )
     reader = Reader(spark, url)
     sel = selection(options, now=started)
+    if url.kind == "sqlite" and not options.dry_run and not options.dead_letters:
+        # Several messages to a row (outbox.stores.grouped) cannot be read row by row: stored as one
+        # row each first, here on the driver; groups a running producer stores meanwhile come after
+        # every selected row, and are left to its drain (`no_groups`).
+        _explode_groups(options)
+        sel = dataclasses.replace(sel, where=f"{sel.where} AND {reader.no_groups()}")
     try:
         if options.dry_run:
             for topic, n in reader.counts_by_topic(sel.where).items():
@@ -165,6 +173,15 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     report.held_back = max(0, selected - report.total.read) if not options.dead_letters else 0
     report.elapsed_seconds = time.time() - started
     return report
+
+
+def _explode_groups(options: JobOptions) -> int:
+    """Store a SQLite outbox's groups as one row per message (see run_job); how many rows."""
+    store = open_outbox(options.store_url(), create=False)
+    try:
+        return store.explode_groups() if isinstance(store, SQLiteOutbox) else 0
+    finally:
+        store.close()
 
 
 def _replay(options: JobOptions, ids: Sequence[int]) -> int:

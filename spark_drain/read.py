@@ -153,6 +153,17 @@ class Reader:
             props["customSchema"] = schema
         return self.spark.read.jdbc(self._jdbc_url(), f"({sql}) AS q", properties=props)
 
+    def no_groups(self) -> str:
+        """SQLite: the condition "a one-message row before the first group" (outbox.stores.grouped)."""
+        return (
+            f"body IS NULL AND id < (SELECT COALESCE(MIN(id), {2**63 - 1}) FROM {self.table} "
+            "WHERE body IS NOT NULL)"
+        )
+
+    def _count(self) -> str:
+        """How a selection counts messages: a SQLite row may hold several (its `n`)."""
+        return "SUM(n)" if self.url.kind == "sqlite" else "COUNT(*)"
+
     def bounds(self, where: str) -> tuple[int, int, int]:
         """(min id, max id, row count) of the selection; (0, 0, 0) when it is empty."""
         sql = f"SELECT MIN(id) AS lo, MAX(id) AS hi, COUNT(*) AS n FROM {self.table} WHERE {where}"
@@ -189,8 +200,8 @@ class Reader:
         return [int(r[0]) for r in df.collect()]
 
     def counts_by_topic(self, where: str) -> dict[str, int]:
-        """Rows per topic of a selection (dry runs)."""
-        sql = f"SELECT topic, COUNT(*) AS n FROM {self.table} WHERE {where} GROUP BY topic"
+        """Messages per topic of a selection (dry runs)."""
+        sql = f"SELECT topic, {self._count()} AS n FROM {self.table} WHERE {where} GROUP BY topic"
         df = self.query(sql, "topic STRING, n LONG")
         return {r["topic"]: int(r["n"]) for r in df.collect()}
 

@@ -24,6 +24,7 @@ from ..codec import encode_headers
 from ..errors import StoreError, StoreNotFoundError, UnknownMessageError
 from ..owners import Liveness, SweepSchedule, describe_owner, local_liveness
 from ..records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from . import grouped
 from .base import (
     COLUMNS,
     INSERT_COLUMNS,
@@ -38,7 +39,7 @@ from .base import (
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _T = TypeVar("_T")
 _CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
 #: The write connection's page cache (negative: KiB). SQLite's default, 2 MiB, holds a small part
@@ -99,6 +100,20 @@ _MIGRATIONS[3] = [
         count INTEGER NOT NULL
     )""",
 ]
+
+# Version 4: several messages to a row (`outbox.stores.grouped`). A one-message row has n = 1 and
+# no body; the partial index lists the groups (few: one per writer batch), with what stats() and
+# the id lookups need, so neither reads a body.
+_MIGRATIONS[4] = [
+    "ALTER TABLE outbox ADD COLUMN n INTEGER NOT NULL DEFAULT 1",
+    "ALTER TABLE outbox ADD COLUMN body BLOB",
+    "ALTER TABLE outbox ADD COLUMN keys BLOB",
+    "CREATE INDEX IF NOT EXISTS outbox_group ON outbox (id, topic, n) WHERE body IS NOT NULL",
+]
+#: A group row's columns as `_group_messages` reads them.
+_GROUP = "id, topic, created_at, next_attempt_at, n, body"
+#: Every column a row has, in the order `_recreate` copies them.
+_ALL_COLUMNS = f"{_COLUMNS}, lease_owner, n, body, keys"
 
 #: Version 2: the error as code and name columns (filters and stats read them, never the text).
 _ERROR_COLUMNS = ("error_code", "error_name")
@@ -374,7 +389,7 @@ class SQLiteOutbox(Outbox):
         writer = self._writer_conn if self._writer_gen == self._gen else None
         old = writer or self._all[0]
         try:
-            rows = old.execute(f"SELECT {_COLUMNS}, lease_owner FROM outbox ORDER BY id").fetchall()
+            rows = old.execute(f"SELECT {_ALL_COLUMNS} FROM outbox ORDER BY id").fetchall()
             seq = old.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
@@ -394,7 +409,7 @@ class SQLiteOutbox(Outbox):
             conn.execute("BEGIN IMMEDIATE")
             self._migrate_in(conn, 0)
             conn.executemany(
-                f"INSERT OR IGNORE INTO outbox ({_COLUMNS}, lease_owner) VALUES ({','.join('?' * 17)})", rows
+                f"INSERT OR IGNORE INTO outbox ({_ALL_COLUMNS}) VALUES ({','.join('?' * 20)})", rows
             )
             if seq is not None:
                 conn.execute("DELETE FROM sqlite_sequence WHERE name = 'outbox'")
@@ -506,7 +521,45 @@ class SQLiteOutbox(Outbox):
         lease_until: float | None = None,
     ) -> list[int]:
         with self._write() as c:
+            if lease_owner is None and len(messages) >= grouped.GROUP_MIN:
+                return self._insert_grouped(c, messages, time.time())
             return self._insert(c, messages, Status.PENDING, lease_owner, lease_until, time.time())
+
+    def _insert_grouped(self, c: sqlite3.Connection, messages: Sequence[NewMessage], now: float) -> list[int]:
+        """Store a batch as group rows (`outbox.stores.grouped`): each run of one topic, up to
+        GROUP_MAX messages a row; a run shorter than GROUP_MIN as one-message rows. Ids follow
+        the batch's order, as `_insert`'s do."""
+        ids: list[int] = []
+        start = 0
+        while start < len(messages):
+            topic = messages[start].topic
+            end = start + 1
+            while end < len(messages) and end - start < grouped.GROUP_MAX and messages[end].topic == topic:
+                end += 1
+            run = messages[start:end]
+            if len(run) < grouped.GROUP_MIN:
+                ids += self._insert(c, run, Status.PENDING, None, None, now)
+            else:
+                ids += self._insert_group(c, run, now)
+            start = end
+        return ids
+
+    @staticmethod
+    def _insert_group(c: sqlite3.Connection, run: Sequence[NewMessage], now: float) -> list[int]:
+        """One group row; returns its messages' ids (the row's own id is reserved, never a message's)."""
+        seq = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
+        gid = (seq[0] if seq else 0) + 1
+        body, keys = grouped.encode(run)
+        # Due when its latest message is: none of them is sent before its time.
+        due = max(m.next_attempt_at for m in run)
+        c.execute(
+            "INSERT INTO outbox (id, msg_id, topic, created_at, next_attempt_at, n, body, keys) "
+            "VALUES (?, '', ?, ?, ?, ?, ?, ?)",
+            (gid, run[0].topic, now, due, len(run), body, keys),
+        )
+        # AUTOINCREMENT: the next row's id comes after this group's message ids.
+        c.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'outbox'", (gid + len(run),))
+        return list(range(gid + 1, gid + len(run) + 1))
 
     def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:
         with self._write() as c:
@@ -569,6 +622,67 @@ class SQLiteOutbox(Outbox):
             ]
         return out
 
+    def _settle_groups(self, c: sqlite3.Connection, settlement: Settlement) -> int:
+        """The groups among a settlement's messages: deleted when every message of one was
+        delivered, else exploded into one-message rows (less the delivered ones) that the rest of
+        `apply` settles like any row. Returns how many delivered messages left with their group."""
+        delivered = set(settlement.delivered)
+        other = {f.id for f in settlement.failures}
+        other.update(settlement.released)
+        touched = delivered | other
+        lo, hi = min(touched), max(touched)
+        found = c.execute(
+            "SELECT id, n FROM outbox INDEXED BY outbox_group WHERE body IS NOT NULL AND id BETWEEN ? AND ?",
+            (lo - grouped.GROUP_MAX - 1, hi),
+        ).fetchall()
+        gone = 0
+        for gid, n in found:
+            members = range(gid + 1, gid + n + 1)
+            done = [i for i in members if i in delivered]
+            if len(done) == n:
+                if c.execute("DELETE FROM outbox WHERE id = ? AND status = 0", (gid,)).rowcount:
+                    gone += n
+            elif done or any(i in other for i in members):
+                self._explode(c, gid, skip=set(done))
+                gone += len(done)
+        return gone
+
+    @staticmethod
+    def _explode(c: sqlite3.Connection, gid: int, *, skip: Collection[int] = ()) -> int:
+        """Replace a group row with one row per message (their own ids; lease and created_at kept),
+        leaving out the ids in `skip`. Returns how many rows it wrote."""
+        row = c.execute(
+            f"SELECT {_GROUP}, lease_owner FROM outbox WHERE id = ? AND body IS NOT NULL", (gid,)
+        ).fetchone()
+        if row is None:
+            return 0
+        _, topic, created_at, due, _, body, owner = row
+        rows = [
+            (m.id, *insert_values(grouped.as_new(m), Status.PENDING, owner, due, created_at))
+            for m in grouped.decode(body, gid, topic, created_at)
+            if m.id not in skip
+        ]
+        c.execute("DELETE FROM outbox WHERE id = ?", (gid,))
+        c.executemany(
+            f"INSERT INTO outbox (id, {', '.join(INSERT_COLUMNS)}) VALUES (?, {','.join('?' * len(INSERT_COLUMNS))})",
+            rows,
+        )
+        return len(rows)
+
+    def explode_groups(self, *, topic: str | None = None) -> int:
+        """Store every pending group as one-message rows; return how many rows that wrote.
+
+        For readers that take rows one message at a time from the table itself (the Spark job's
+        JDBC read). Groups stored after this call are left as they are.
+        """
+        with self._write() as c:
+            sql = "SELECT id FROM outbox INDEXED BY outbox_group WHERE body IS NOT NULL"
+            args: list[Any] = []
+            if topic is not None:
+                sql += " AND topic = ?"
+                args.append(topic)
+            return sum(self._explode(c, gid) for (gid,) in c.execute(sql, args).fetchall())
+
     def apply(
         self,
         settlement: Settlement,
@@ -583,7 +697,8 @@ class SQLiteOutbox(Outbox):
         # Failures must last (attempt counts decide dead letters); new rows must last.
         with self._write(stores_messages=bool(new or settlement.failures)) as c:
             ids = self._insert(c, new, Status.PENDING, lease_owner, lease_until, now)
-            deleted = self._delete(c, settlement.delivered)
+            deleted = self._settle_groups(c, settlement) if settlement else 0
+            deleted += self._delete(c, settlement.delivered)
             dead = self._fail(c, settlement.failures)
             if settlement.released:
                 c.executemany(
@@ -610,10 +725,22 @@ class SQLiteOutbox(Outbox):
             args.append(topic)
         with self._write(stores_messages=False) as c:
             # Oldest first by id: primary-key order, so the first due rows come without a sort.
-            rows = c.execute(
-                f"SELECT {_COLUMNS} FROM outbox NOT INDEXED WHERE {where} ORDER BY id LIMIT ?",
+            # Read until `limit` messages (a group counts its n; one larger than what is left of
+            # the limit is taken whole only as the first row).
+            cur = c.execute(
+                f"SELECT {_COLUMNS}, n, body, keys FROM outbox NOT INDEXED WHERE {where} ORDER BY id LIMIT ?",
                 [*args, limit],
-            ).fetchall()
+            )
+            rows: list[tuple[Any, ...]] = []
+            count = 0
+            for r in cur:
+                if rows and count + r[16] > limit:
+                    break
+                rows.append(r)
+                count += r[16]
+                if count >= limit:
+                    break
+            cur.close()
             if not rows:
                 return []
             rows = self._keep_key_order(c, rows, now, in_flight)
@@ -623,7 +750,13 @@ class SQLiteOutbox(Outbox):
                 "UPDATE outbox SET lease_owner = ?, next_attempt_at = ? WHERE id BETWEEN ? AND ? AND +status = 0",
                 [(owner, until, lo, hi) for lo, hi in _ranges([r[0] for r in rows])],
             )
-        return [row_from_columns(r) for r in rows]
+        out: list[OutboxMessage] = []
+        for r in rows:
+            if r[17] is None:
+                out.append(row_from_columns(r))
+            else:
+                out += grouped.decode(r[17], r[0], r[2], r[9])
+        return out
 
     def owner_liveness(self, owners: Sequence[str]) -> dict[str, Liveness]:
         """Alive, gone or unknown, for each lease owner (`outbox.owners.local_liveness`)."""
@@ -673,30 +806,82 @@ class SQLiteOutbox(Outbox):
 
         The candidates are the first due rows in id order, so any earlier pending row of the same
         key that is not among them is leased elsewhere or backing off: it blocks the later ones.
-        One query over the not-due rows (the due index's range: other workers' leases and
-        back-offs, few in a healthy drain) finds each blocked key's first blocking id. The
-        claimer's own rows in flight do not block (see `Outbox.claim`).
+        Two queries over the not-due rows (the due index's range: other workers' leases and
+        back-offs, few in a healthy drain) find each blocked key's first blocking id, among
+        one-message rows and among groups (whose keys are in their `keys` blob). The claimer's own
+        rows in flight do not block (see `Outbox.claim`); a group is in flight when its first
+        message is. A candidate group that is dropped blocks every key it holds from then on.
         """
+        last = rows[-1][0]
         sql = (
             "SELECT topic, key, MIN(id) FROM outbox WHERE status = 0 AND next_attempt_at > ? "
             "AND id < ? AND key IS NOT NULL"
         )
-        args: list[Any] = [now, rows[-1][0]]
+        args: list[Any] = [now, last]
         if in_flight:
             sql += " AND id NOT IN (SELECT value FROM json_each(?))"
             args.append(json.dumps(list(in_flight)))
         blocked_from = {(topic, key): first for topic, key, first in c.execute(sql + " GROUP BY topic, key", args)}
-        if not blocked_from:
+        flying = in_flight if isinstance(in_flight, (set, frozenset)) else set(in_flight)
+        for gid, topic, keys in c.execute(
+            "SELECT id, topic, keys FROM outbox WHERE status = 0 AND next_attempt_at > ? AND id < ? "
+            "AND body IS NOT NULL AND keys IS NOT NULL",
+            (now, last),
+        ):
+            if gid + 1 in flying:
+                continue
+            for k in grouped.keys_of(keys):
+                if blocked_from.get((topic, k), gid + 1) > gid:
+                    blocked_from[(topic, k)] = gid
+        has_groups = any(r[17] is not None for r in rows)
+        if not blocked_from and not has_groups:
             return rows
-        return [r for r in rows if r[3] is None or r[0] < blocked_from.get((r[2], r[3]), r[0] + 1)]
+        kept: list[tuple[Any, ...]] = []
+        for r in rows:
+            rid, topic = r[0], r[2]
+            if r[17] is None:
+                if r[3] is None or rid < blocked_from.get((topic, r[3]), rid + 1):
+                    kept.append(r)
+                continue
+            keys = grouped.keys_of(r[18])
+            if any(blocked_from.get((topic, k), rid + 1) < rid for k in keys):
+                for k in keys:
+                    if blocked_from.get((topic, k), rid + 1) > rid:
+                        blocked_from[(topic, k)] = rid
+            else:
+                kept.append(r)
+        return kept
 
     # -- dead letters and reads --------------------------------------------------------------
 
     def get(self, id: int) -> OutboxMessage:
-        rows = self._read(f"SELECT {_COLUMNS} FROM outbox WHERE id = ?", (id,))
-        if not rows:
-            raise UnknownMessageError(f"no message with id {id} in outbox {self.path}")
-        return row_from_columns(rows[0])
+        rows = self._read(f"SELECT {_COLUMNS} FROM outbox WHERE id = ? AND body IS NULL", (id,))
+        if rows:
+            return row_from_columns(rows[0])
+        # A message of a group: the group with the largest id below it, if its ids reach it.
+        for m in self._group_messages(
+            "id < ? AND id >= ? ORDER BY id DESC LIMIT 1", (id, id - grouped.GROUP_MAX)
+        ):
+            if m.id == id:
+                return m
+        raise UnknownMessageError(f"no message with id {id} in outbox {self.path}")
+
+    def messages(self) -> list[OutboxMessage]:
+        """Every message in the store, pending and dead, in id order (groups read message by
+        message): for inspection and tests, not for hot paths."""
+        with self._snapshot():
+            out = [row_from_columns(r) for r in self._read(f"SELECT {_COLUMNS} FROM outbox WHERE body IS NULL")]
+            out += self._group_messages("1", ())
+        return sorted(out, key=lambda m: m.id)
+
+    def _group_messages(self, where: str, args: Sequence[Any]) -> list[OutboxMessage]:
+        """The messages of the groups matching `where`, each due when its group is (its lease)."""
+        out: list[OutboxMessage] = []
+        for gid, topic, created_at, due, _, body in self._read(
+            f"SELECT {_GROUP} FROM outbox INDEXED BY outbox_group WHERE body IS NOT NULL AND {where}", args
+        ):
+            out += [m._replace(next_attempt_at=due) for m in grouped.decode(body, gid, topic, created_at)]
+        return out
 
     def list_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> list[OutboxMessage]:
         where, args = dead_letter_where(flt, "?")
@@ -744,7 +929,10 @@ class SQLiteOutbox(Outbox):
             f"SELECT {_COLUMNS} FROM outbox WHERE msg_id = ? AND status = 0 ORDER BY 1",
             (msg_id, msg_id),
         )
-        return [row_from_columns(r) for r in rows]
+        found = [row_from_columns(r) for r in rows]
+        # In a group: only the bodies holding the id's bytes are decoded.
+        found += [m for m in self._group_messages("instr(body, ?) > 0", (msg_id.encode(),)) if m.msg_id == msg_id]
+        return sorted(found, key=lambda m: m.id)
 
     def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:
         with self._write() as c:
@@ -764,11 +952,21 @@ class SQLiteOutbox(Outbox):
     def has_pending(self, topic: str, key: bytes) -> bool:
         return bool(
             self._read("SELECT 1 FROM outbox WHERE topic = ? AND key = ? AND status = 0 LIMIT 1", (topic, key))
+            or self._read(
+                "SELECT 1 FROM outbox INDEXED BY outbox_group WHERE body IS NOT NULL AND topic = ? "
+                "AND instr(keys, ?) > 0 LIMIT 1",
+                (topic, grouped.key_token(key)),
+            )
         )
 
     def pending_keys(self) -> set[tuple[str, bytes]]:
         rows = self._read("SELECT DISTINCT topic, key FROM outbox WHERE status = 0 AND key IS NOT NULL")
-        return {(t, bytes(k)) for t, k in rows}
+        keys = {(t, bytes(k)) for t, k in rows}
+        for topic, blob in self._read(
+            "SELECT topic, keys FROM outbox INDEXED BY outbox_group WHERE body IS NOT NULL AND keys IS NOT NULL"
+        ):
+            keys.update((topic, k) for k in grouped.keys_of(blob))
+        return keys
 
     def keys_with_pending(self, keys: Sequence[tuple[str, bytes]]) -> set[tuple[str, bytes]]:
         by_topic: dict[str, list[bytes]] = {}
@@ -790,6 +988,36 @@ class SQLiteOutbox(Outbox):
                         [*chunk, topic],
                     )
                 )
+        rest = {k for k in keys if k not in found}
+        return found | self._keys_in_groups(rest) if rest else found
+
+    def _keys_in_groups(self, keys: set[tuple[str, bytes]]) -> set[tuple[str, bytes]]:
+        """Which of these keys some group holds. Newest groups first, stopping once all are
+        found: a key still in use is in the latest groups, so only a key that has left the
+        store (or a rare one) costs a look at every group's key list."""
+        wanted: dict[str, dict[bytes, bytes]] = {}
+        for topic, key in keys:
+            wanted.setdefault(topic, {})[b"k" + key.hex().encode()] = key
+        found: set[tuple[str, bytes]] = set()
+        left = len(keys)
+        try:
+            cur = self._conn().execute(
+                "SELECT topic, keys FROM outbox INDEXED BY outbox_group WHERE body IS NOT NULL "
+                "AND keys IS NOT NULL ORDER BY id DESC"
+            )
+            for topic, blob in cur:
+                want = wanted.get(topic)
+                if not want:
+                    continue
+                held = set(blob[1:-1].split(b"\0"))
+                for entry in [e for e in want if e in held]:
+                    found.add((topic, want.pop(entry)))
+                    left -= 1
+                if not left:
+                    break
+            cur.close()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
         return found
 
     def next_due_at(self) -> float | None:
@@ -804,12 +1032,20 @@ class SQLiteOutbox(Outbox):
         # rows (the `outbox_key` index) less its dead letters (their partial index).
         with self._snapshot():
             all_rows = self._read("SELECT topic, COUNT(*) FROM outbox INDEXED BY outbox_key GROUP BY topic")
+            # A group is one row of the key index and n messages (its partial index says how many).
+            more = dict(
+                self._read(
+                    "SELECT topic, SUM(n) - COUNT(*) FROM outbox INDEXED BY outbox_group "
+                    "WHERE body IS NOT NULL GROUP BY topic"
+                )
+            )
             dead_rows = self._read(
                 "SELECT topic, COUNT(*) FROM outbox INDEXED BY outbox_dead_topic WHERE status = 2 GROUP BY topic"
             )
             # Rows are leased by moving next_attempt_at past now: only the due index's not-due range.
             leased = self._read(
-                "SELECT COUNT(*) FROM outbox WHERE status = 0 AND next_attempt_at > ? AND lease_owner IS NOT NULL",
+                "SELECT COALESCE(SUM(n), 0) FROM outbox WHERE status = 0 AND next_attempt_at > ? "
+                "AND lease_owner IS NOT NULL",
                 (now,),
             )[0][0]
             # The oldest pending message is the first in id order: ids follow insertion, and
@@ -820,7 +1056,9 @@ class SQLiteOutbox(Outbox):
             )
             next_due = self._read("SELECT MIN(next_attempt_at) FROM outbox WHERE status = 0")[0][0]
         dead_by_topic = {topic: count for topic, count in dead_rows}
-        pending_by_topic = {t: n - dead_by_topic.get(t, 0) for t, n in all_rows if n > dead_by_topic.get(t, 0)}
+        pending_by_topic = {
+            t: n + more.get(t, 0) - dead_by_topic.get(t, 0) for t, n in all_rows if n > dead_by_topic.get(t, 0)
+        }
         return StoreStats(
             pending=sum(pending_by_topic.values()),
             dead=sum(dead_by_topic.values()),
@@ -856,7 +1094,7 @@ class SQLiteOutbox(Outbox):
         return out
 
     def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
-        sql, args = backlog_sql("outbox", "?", now, topic)
+        sql, args = backlog_sql("outbox", "?", now, topic, count="SUM(r.n)")
         return backlog_from_rows(self._read(sql, args), self.owner_liveness)
 
     def close(self) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -453,8 +452,8 @@ def test_messages_librdkafka_holds_when_the_circuit_opens_keep_their_place_per_k
             st = p.stats()
     finally:
         broker.close()
-    con = sqlite3.connect(tmp_path / "o.db")
-    rows = con.execute("SELECT key, msg_id, last_error FROM outbox WHERE status = 0 ORDER BY id").fetchall()
+    with SQLiteOutbox(str(tmp_path / "o.db"), create=False) as store:
+        rows = [(m.key, m.msg_id, m.last_error) for m in store.messages() if m.status is Status.PENDING]
     assert len(rows) == st["produced"] == st["outboxed"]
     purged = sum(1 for r in rows if r[2] and r[2].startswith("_PURGE_QUEUE"))
     assert purged > 0, "some messages must have come back from librdkafka's queue"

@@ -230,10 +230,11 @@ def test_file_made_read_only_during_spill(
 
 
 def _rows_in(path: Path) -> int:
-    """Pending rows in the file at `path`, read by a connection of its own (as another process would)."""
+    """Pending messages in the file at `path`, read by a connection of its own (as another process would)."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return int(conn.execute("SELECT COUNT(*) FROM outbox WHERE status = 0").fetchone()[0])
+        # n: a row may hold several messages (a group, outbox.stores.grouped).
+        return int(conn.execute("SELECT COALESCE(SUM(n), 0) FROM outbox WHERE status = 0").fetchone()[0])
     finally:
         conn.close()
 

@@ -109,7 +109,8 @@ def test_version_1_outbox_is_migrated_with_error_columns(tmp_path: Path) -> None
         version = raw.execute("PRAGMA user_version").fetchone()[0]
         raw.close()
         assert "AUTOINCREMENT" in sql and sql.index("error_code") < sql.index("lease_owner")
-        assert {"outbox_due", "outbox_key", "outbox_dead_msg_id", "outbox_dead_topic"} <= indexes and version == 3
+        assert {"outbox_due", "outbox_key", "outbox_dead_msg_id", "outbox_dead_topic", "outbox_group"} <= indexes
+        assert version == 4
     finally:
         store.close()
 

@@ -125,9 +125,8 @@ def msg(i: int, topic: str = "t", key: bytes | None = None) -> NewMessage:
 
 
 def all_rows(store: SQLiteOutbox) -> list[tuple[str, int]]:
-    """(msg_id, status) of every row, via the store's own read path."""
-    rows = store._read("SELECT msg_id, status FROM outbox ORDER BY id")
-    return [(r[0], r[1]) for r in rows]
+    """(msg_id, status) of every stored message, in id order, via the store's own read path."""
+    return [(m.msg_id, int(m.status)) for m in store.messages()]
 
 
 @pytest.fixture

@@ -1,0 +1,131 @@
+"""Several messages in one SQLite row (a *group*): the row format, in one module.
+
+Why: a message through the outbox used to cost one row inserted, leased and deleted, ~60 µs of
+store CPU, most of it B-tree work per row that no schema tuning removes (docs/DESIGN.md). A
+writer batch of `GROUP_MIN` or more messages of one topic is stored as one row instead, and a
+drained message then costs its encoding, its decoding and its send.
+
+A group row is never rewritten. Its id `G` is reserved and its messages take the ids
+`G + 1 … G + n`, so ids still order every message of the store. A claim leases the row whole; a
+settlement that delivers every message deletes it; any other outcome (a failure, a release, a
+partial delivery) first *explodes* it into one-message rows with those same ids, and is then
+applied to them like to any other row. So per-key order, dead letters and the console see the
+same messages and ids as before, and only a healthy drain gets the cheaper path.
+
+Columns of a group row: `topic`, `status` 0, `created_at`, `next_attempt_at` (the latest due
+time of its messages, or its lease), `lease_owner`, `n` (messages), `body` (the messages, below)
+and `keys` (its distinct keys: `k` and the key in hex, each between NUL bytes, so that a
+substring search finds exactly one key and never part of another). `key`, `value` and `headers` are NULL.
+
+Body, per message: a fixed head (`_HEAD`) then key, value, encoded headers, msg_id, last_error
+and error_name, each as long as its head says (-1: None).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterable, Sequence
+
+from ..codec import decode_headers, encode_headers
+from ..records import NewMessage, OutboxMessage, Status
+
+#: A batch (of one topic) this long or longer is stored as groups; shorter ones as single rows.
+GROUP_MIN = 16
+#: The most messages in one group: a claim takes a group whole, so this bounds its overshoot.
+GROUP_MAX = 1000
+
+# key, value, headers, last_error lengths (-1: None); msg_id, error_name lengths (error_name -1:
+# None); partition; attempts; error_code; whether there is an error code; first_failed_at (NaN:
+# None); next_attempt_at.
+_HEAD = struct.Struct(">iiiiHhiiiBdd")
+_NAN = float("nan")
+
+
+def encode(messages: Sequence[NewMessage]) -> tuple[bytes, bytes | None]:
+    """(body, keys) of a group holding `messages`, in order."""
+    parts: list[bytes] = []
+    keys: set[bytes] = set()
+    pack = _HEAD.pack
+    for m in messages:
+        k, v = m.key, m.value
+        h = encode_headers(m.headers)
+        i = m.msg_id.encode()
+        e = None if m.last_error is None else m.last_error.encode()
+        n = None if m.error_name is None else m.error_name.encode()
+        parts.append(
+            pack(
+                -1 if k is None else len(k), -1 if v is None else len(v), -1 if h is None else len(h),
+                -1 if e is None else len(e), len(i), -1 if n is None else len(n),
+                m.partition, m.attempts, m.error_code or 0, m.error_code is not None,
+                _NAN if m.first_failed_at is None else m.first_failed_at, m.next_attempt_at,
+            )
+        )
+        parts += [x for x in (k, v, h, i, e, n) if x]
+        if k is not None:
+            keys.add(k)
+    return b"".join(parts), key_blob(keys)
+
+
+def decode(body: bytes, group_id: int, topic: str, created_at: float) -> list[OutboxMessage]:
+    """The messages of a group, with their ids (`group_id + 1 …`), as a claim returns them."""
+    out: list[OutboxMessage] = []
+    pos, end, size, unpack = 0, len(body), _HEAD.size, _HEAD.unpack_from
+    mid = group_id
+    pending = Status.PENDING
+    while pos < end:
+        lk, lv, lh, le, li, ln, part, attempts, code, has_code, first, due = unpack(body, pos)
+        pos += size
+        key = value = None
+        if lk >= 0:
+            key = body[pos : pos + lk]
+            pos += lk
+        if lv >= 0:
+            value = body[pos : pos + lv]
+            pos += lv
+        headers = []
+        if lh >= 0:
+            headers = decode_headers(body[pos : pos + lh])
+            pos += lh
+        msg_id = body[pos : pos + li].decode()
+        pos += li
+        error = name = None
+        if le >= 0:
+            error = body[pos : pos + le].decode()
+            pos += le
+        if ln >= 0:
+            name = body[pos : pos + ln].decode()
+            pos += ln
+        first_failed = None if math.isnan(first) else first
+        mid += 1
+        out.append(
+            OutboxMessage(
+                mid, msg_id, topic, key, value, headers, part, pending, attempts, created_at, first_failed,
+                first_failed if attempts else None, due, error, code if has_code else None, name,
+            )
+        )
+    return out
+
+
+def as_new(m: OutboxMessage) -> NewMessage:
+    """A decoded message as the one-message row it becomes when its group is exploded."""
+    return NewMessage(
+        m.topic, m.value, m.key, m.headers, m.partition, m.msg_id, m.attempts, m.first_failed_at,
+        m.last_error, m.next_attempt_at, m.error_code, m.error_name,
+    )
+
+
+def key_token(key: bytes) -> bytes:
+    """How one key appears in a `keys` blob: a substring search for it finds exactly this key."""
+    return b"\0k" + key.hex().encode() + b"\0"
+
+
+def key_blob(keys: Iterable[bytes]) -> bytes | None:
+    """The `keys` column of a group holding these keys (None: no keyed message)."""
+    entries = [b"k" + k.hex().encode() for k in sorted(keys)]
+    return b"\0" + b"\0".join(entries) + b"\0" if entries else None
+
+
+def keys_of(blob: bytes | None) -> set[bytes]:
+    """The keys of a `keys` blob."""
+    return {bytes.fromhex(e[1:].decode()) for e in blob[1:-1].split(b"\0")} if blob else set()

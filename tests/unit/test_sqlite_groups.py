@@ -1,0 +1,200 @@
+"""SQLite groups: a batch of GROUP_MIN+ messages of one topic stored as one row
+(`outbox.stores.grouped`). The store's operations must see the same messages, ids and per-key
+order as with one row per message. Real SQLite files; no Kafka needed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from outbox.errors import UnknownMessageError
+from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
+from outbox.stores import grouped
+from outbox.stores.base import Failure, Settlement
+from outbox.stores.sqlite import SQLiteOutbox
+
+NOW = 1_000_000.0
+G = grouped.GROUP_MIN
+
+
+def batch(n: int, *, topic: str = "t", keys: tuple[bytes | None, ...] = (b"k0", b"k1", b"k2", None), tag: str = "m",
+          due: float = 0.0) -> list[NewMessage]:
+    return [
+        NewMessage(
+            topic, b"%s-%d" % (tag.encode(), i), keys[i % len(keys)], [("outbox-id", b"%s-%d" % (tag.encode(), i))],
+            i % 3 - 1, f"{tag}-{i}", i % 2, NOW - 5 if i % 2 else None, "_TRANSPORT (-195): down" if i % 2 else None,
+            due, -195 if i % 2 else None, "_TRANSPORT" if i % 2 else None,
+        )
+        for i in range(n)
+    ]
+
+
+def one(key: bytes | None, tag: str) -> list[NewMessage]:
+    return [NewMessage("t", tag.encode(), key, [], -1, tag)]
+
+
+def fail(id: int, retry_at: float | None) -> Failure:
+    return Failure(id, "REQUEST_TIMED_OUT (7): slow", retry_at, NOW, 7, "REQUEST_TIMED_OUT")
+
+
+def ids(rows: list[OutboxMessage]) -> list[int]:
+    return [r.id for r in rows]
+
+
+def rows_in_table(store: SQLiteOutbox) -> int:
+    return int(store._read("SELECT COUNT(*) FROM outbox")[0][0])
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteOutbox]:
+    s = SQLiteOutbox(str(tmp_path / "o.db"))
+    yield s
+    s.close()
+
+
+def test_a_batch_is_one_row_and_reads_back_message_by_message(store: SQLiteOutbox) -> None:
+    new = batch(40)
+    got = store.enqueue(new)
+    assert rows_in_table(store) == 1
+    assert got == list(range(got[0], got[0] + 40))
+    for i, m in zip(got, new, strict=True):
+        r = store.get(i)
+        assert (r.id, r.msg_id, r.topic, r.key, r.value, r.headers, r.partition, r.status, r.attempts) == (
+            i, m.msg_id, "t", m.key, m.value, m.headers, m.partition, Status.PENDING, m.attempts,
+        )
+        assert (r.first_failed_at, r.last_error, r.error_code, r.error_name) == (
+            m.first_failed_at, m.last_error, m.error_code, m.error_name,
+        )
+        assert r.last_failed_at == (m.first_failed_at if m.attempts else None)
+    with pytest.raises(UnknownMessageError):
+        store.get(got[0] - 1)  # the group's own id is reserved, never a message's
+    assert [r.msg_id for r in store.trace("m-7")] == ["m-7"] and store.trace("m-99") == []
+    assert [m.msg_id for m in store.messages()] == [m.msg_id for m in new]
+    # The next row's id comes after the group's messages.
+    assert store.enqueue(one(b"x", "after")) == [got[-1] + 1]
+    st = store.stats(now=NOW)
+    assert (st.pending, st.pending_by_topic, st.leased) == (41, {"t": 41}, 0)
+
+
+def test_mixed_topics_and_short_runs_keep_the_batchs_order(store: SQLiteOutbox) -> None:
+    new = batch(20, topic="a") + batch(3, topic="b", tag="b") + batch(G, topic="c", tag="c")
+    got = store.enqueue(new)
+    assert got == sorted(got) and len(set(got)) == len(new)
+    assert rows_in_table(store) == 1 + 3 + 1
+    assert [(r.topic, r.msg_id) for r in store.messages()] == [(m.topic, m.msg_id) for m in new]
+    assert store.stats(now=NOW).pending_by_topic == {"a": 20, "b": 3, "c": G}
+
+
+def test_a_claim_takes_groups_whole_and_a_full_delivery_deletes_the_row(store: SQLiteOutbox) -> None:
+    first = store.enqueue(batch(20))
+    second = store.enqueue(batch(20, tag="n", keys=(b"other", None)))
+    claimed = store.claim("w", 30, 60, now=NOW)  # 20 + 20 > 30: the second group waits
+    assert ids(claimed) == first and [r.msg_id for r in claimed] == [f"m-{i}" for i in range(20)]
+    assert store.stats(now=NOW).leased == 20
+    assert ids(store.claim("w2", 5, 60, now=NOW)) == second  # a first group larger than the limit: whole
+    done = store.apply(Settlement(delivered=first), now=NOW)
+    assert done.deleted == 20 and rows_in_table(store) == 1
+    assert store.mark_delivered(second) == 20 and rows_in_table(store) == 0
+    assert store.stats(now=NOW).pending == 0
+
+
+def test_a_partly_settled_group_becomes_one_row_per_message_with_the_same_ids(store: SQLiteOutbox) -> None:
+    got = store.enqueue(batch(20))
+    store.claim("w", 100, 60, now=NOW)
+    done = store.apply(
+        Settlement(delivered=got[:10], failures=[fail(got[10], NOW + 30), fail(got[11], None)], released=[got[12]]),
+        now=NOW,
+    )
+    assert done.deleted == 10
+    assert [(d.id, d.msg_id, d.status, d.attempts) for d in done.dead] == [(got[11], "m-11", Status.DEAD, 2)]
+    left = {r.id: r for r in store.messages()}
+    assert sorted(left) == got[10:]
+    assert (left[got[10]].attempts, left[got[10]].next_attempt_at) == (1, NOW + 30)
+    assert left[got[12]].next_attempt_at == NOW  # released: due now
+    assert all(left[i].next_attempt_at == NOW + 60 for i in got[13:])  # still leased to "w"
+    assert [d.id for d in store.list_dead(DeadLetterFilter())] == [got[11]]
+    assert rows_in_table(store) == 10
+    st = store.stats(now=NOW)
+    assert (st.pending, st.dead, st.leased) == (9, 1, 7)
+
+
+def test_a_blocked_key_holds_the_whole_group_and_the_groups_keys_after_it(store: SQLiteOutbox) -> None:
+    [early] = store.enqueue(one(b"k1", "early"))
+    assert ids(store.claim("other", 1, 60, now=NOW)) == [early]  # k1 is leased elsewhere
+    group = store.enqueue(batch(20, keys=(b"k1", b"k2")))
+    [k2_later] = store.enqueue(one(b"k2", "k2-later"))
+    [k9] = store.enqueue(one(b"k9", "k9"))
+    # The group waits for k1; k2's later row waits for the group; k9 goes.
+    assert ids(store.claim("w", 100, 60, now=NOW)) == [k9]
+    store.mark_delivered([early])
+    assert ids(store.claim("w", 100, 60, now=NOW)) == [*group, k2_later]
+
+
+def test_a_leased_group_blocks_its_keys_except_for_its_own_claimer(store: SQLiteOutbox) -> None:
+    group = store.enqueue(batch(20, keys=(b"a", b"b")))
+    [a_later] = store.enqueue(one(b"a", "a-later"))
+    [c] = store.enqueue(one(b"c", "c"))
+    assert ids(store.claim("w1", 20, 60, now=NOW)) == group
+    assert ids(store.claim("w2", 100, 60, now=NOW)) == [c]
+    store.release([c], now=NOW)
+    # w1's producer has the group in flight: its next claim may continue the group's keys.
+    assert ids(store.claim("w1", 100, 60, now=NOW, in_flight=set(group))) == [a_later, c]
+
+
+def test_a_group_is_due_when_its_latest_message_is(store: SQLiteOutbox) -> None:
+    new = batch(20)
+    new[5] = new[5]._replace(next_attempt_at=NOW + 50)
+    store.enqueue(new)
+    assert store.claim("w", 100, 60, now=NOW) == []
+    assert store.next_due_at() == NOW + 50
+    assert len(store.claim("w", 100, 60, now=NOW + 50)) == 20
+
+
+def test_keys_of_groups_are_pending_keys_until_delivered(store: SQLiteOutbox) -> None:
+    got = store.enqueue(batch(20, keys=(b"a", b"\x00b", None)))
+    assert store.has_pending("t", b"a") and store.has_pending("t", b"\x00b")
+    assert not store.has_pending("t", b"b") and not store.has_pending("u", b"a") and not store.has_pending("t", b"")
+    assert store.keys_with_pending([("t", b"a"), ("t", b"b"), ("t", b"\x00b")]) == {("t", b"a"), ("t", b"\x00b")}
+    assert store.pending_keys() == {("t", b"a"), ("t", b"\x00b")}
+    store.claim("w", 100, 60, now=NOW)
+    store.mark_delivered(got)
+    assert store.keys_with_pending([("t", b"a")]) == set() and store.pending_keys() == set()
+
+
+def test_explode_groups_keeps_every_message_and_id(store: SQLiteOutbox) -> None:
+    new = batch(30)
+    got = store.enqueue(new)
+    before = store.messages()
+    assert store.explode_groups() == 30
+    assert rows_in_table(store) == 30
+    after = store.messages()
+    assert [(r.id, r.msg_id, r.key, r.value, r.attempts, r.first_failed_at) for r in after] == [
+        (r.id, r.msg_id, r.key, r.value, r.attempts, r.first_failed_at) for r in before
+    ]
+    assert ids(after) == got and store.explode_groups() == 0
+
+
+def test_backlog_counts_messages_not_rows(store: SQLiteOutbox) -> None:
+    store.enqueue(batch(25))
+    assert store.backlog(now=NOW).due_now == 25
+    store.claim("w", 100, 60, now=NOW)
+    assert store.backlog(now=NOW).due_now == 0 and store.stats(now=NOW).leased == 25
+
+
+def test_a_deleted_file_is_recreated_with_its_groups(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    store = SQLiteOutbox(str(path))
+    try:
+        got = store.enqueue(batch(20))
+        path.unlink()
+        store.enqueue(one(b"x", "after"))  # the next write re-creates the file, rows copied
+        assert ids(store.messages()) == [*got, got[-1] + 1]
+    finally:
+        store.close()
+    again = SQLiteOutbox(str(path), create=False)
+    try:
+        assert [r.msg_id for r in again.messages()] == [f"m-{i}" for i in range(20)] + ["after"]
+    finally:
+        again.close()
