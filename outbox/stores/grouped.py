@@ -115,17 +115,27 @@ def as_new(m: OutboxMessage) -> NewMessage:
     )
 
 
+def key_entry(key: bytes) -> bytes:
+    """One key as a `keys` blob lists it (between its NULs)."""
+    return b"k" + key.hex().encode()
+
+
 def key_token(key: bytes) -> bytes:
     """How one key appears in a `keys` blob: a substring search for it finds exactly this key."""
-    return b"\0k" + key.hex().encode() + b"\0"
+    return b"\0" + key_entry(key) + b"\0"
 
 
 def key_blob(keys: Iterable[bytes]) -> bytes | None:
     """The `keys` column of a group holding these keys (None: no keyed message)."""
-    entries = [b"k" + k.hex().encode() for k in sorted(keys)]
+    entries = [key_entry(k) for k in sorted(keys)]
     return b"\0" + b"\0".join(entries) + b"\0" if entries else None
+
+
+def key_entries(blob: bytes) -> list[bytes]:
+    """The entries of a `keys` blob (`key_entry` of each key), split in C, not decoded."""
+    return blob[1:-1].split(b"\0")
 
 
 def keys_of(blob: bytes | None) -> set[bytes]:
     """The keys of a `keys` blob."""
-    return {bytes.fromhex(e[1:].decode()) for e in blob[1:-1].split(b"\0")} if blob else set()
+    return {bytes.fromhex(e[1:].decode()) for e in key_entries(blob)} if blob else set()

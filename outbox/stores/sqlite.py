@@ -724,26 +724,21 @@ class SQLiteOutbox(Outbox):
             where += " AND topic = ?"
             args.append(topic)
         with self._write(stores_messages=False) as c:
-            # Oldest first by id: primary-key order, so the first due rows come without a sort.
-            # Read until `limit` messages (a group counts its n; one larger than what is left of
-            # the limit is taken whole only as the first row).
-            cur = c.execute(
-                f"SELECT {_COLUMNS}, n, body, keys FROM outbox NOT INDEXED WHERE {where} ORDER BY id LIMIT ?",
-                [*args, limit],
-            )
             rows: list[tuple[Any, ...]] = []
-            count = 0
-            for r in cur:
-                if rows and count + r[16] > limit:
+            for _ in range(2):
+                candidates = self._candidates(c, where, args, limit)
+                if not candidates:
                     break
-                rows.append(r)
-                count += r[16]
-                if count >= limit:
+                rows, blocked_group = self._keep_key_order(c, candidates, now, in_flight)
+                if blocked_group is None:
                     break
-            cur.close()
+                # A group holding a blocked key becomes one-message rows, so that the per-key rule
+                # holds back only that key's messages and the claim goes on with the others.
+                self._explode(c, blocked_group)
+                if rows:
+                    break
             if not rows:
                 return []
-            rows = self._keep_key_order(c, rows, now, in_flight)
             until = now + lease_seconds
             # Claimed ids are mostly contiguous: one range statement per run instead of one per row.
             c.executemany(
@@ -799,9 +794,30 @@ class SQLiteOutbox(Outbox):
         return released
 
     @staticmethod
+    def _candidates(c: sqlite3.Connection, where: str, args: Sequence[Any], limit: int) -> list[tuple[Any, ...]]:
+        """The first due rows, oldest first by id (primary-key order: no sort), up to `limit`
+        messages: a group counts its n, and one larger than what is left of the limit is taken
+        whole only as the first row."""
+        cur = c.execute(
+            f"SELECT {_COLUMNS}, n, body, keys FROM outbox NOT INDEXED WHERE {where} ORDER BY id LIMIT ?",
+            [*args, limit],
+        )
+        rows: list[tuple[Any, ...]] = []
+        count = 0
+        for r in cur:
+            if rows and count + r[16] > limit:
+                break
+            rows.append(r)
+            count += r[16]
+            if count >= limit:
+                break
+        cur.close()
+        return rows
+
+    @staticmethod
     def _keep_key_order(
         c: sqlite3.Connection, rows: list[tuple[Any, ...]], now: float, in_flight: Collection[int]
-    ) -> list[tuple[Any, ...]]:
+    ) -> tuple[list[tuple[Any, ...]], int | None]:
         """Drop rows that an earlier, not-yet-claimable row of the same key must precede.
 
         The candidates are the first due rows in id order, so any earlier pending row of the same
@@ -810,47 +826,64 @@ class SQLiteOutbox(Outbox):
         back-offs, few in a healthy drain) find each blocked key's first blocking id, among
         one-message rows and among groups (whose keys are in their `keys` blob). The claimer's own
         rows in flight do not block (see `Outbox.claim`); a group is in flight when its first
-        message is. A candidate group that is dropped blocks every key it holds from then on.
+        message is. Keys are compared as the groups store them (`grouped.key_token` without its
+        NULs), so a group's key list is split, never decoded.
+
+        The claim ends before the first candidate group that holds a blocked key (what follows
+        may continue its keys). Returns the rows to claim, and that group's id if one of its keys
+        waits behind a back-off rather than a lease (None otherwise): the caller splits it.
         """
         last = rows[-1][0]
         sql = (
-            "SELECT topic, key, MIN(id) FROM outbox WHERE status = 0 AND next_attempt_at > ? "
-            "AND id < ? AND key IS NOT NULL"
+            "SELECT topic, key, MIN(id), MAX(lease_owner IS NULL) FROM outbox WHERE status = 0 "
+            "AND next_attempt_at > ? AND id < ? AND key IS NOT NULL"
         )
         args: list[Any] = [now, last]
         if in_flight:
             sql += " AND id NOT IN (SELECT value FROM json_each(?))"
             args.append(json.dumps(list(in_flight)))
-        blocked_from = {(topic, key): first for topic, key, first in c.execute(sql + " GROUP BY topic, key", args)}
+        blocked: dict[str, dict[bytes, int]] = {}  # topic -> key entry -> first blocking id
+        backing_off: set[tuple[str, bytes]] = set()  # keys with a blocking row that is not leased
         flying = in_flight if isinstance(in_flight, (set, frozenset)) else set(in_flight)
-        for gid, topic, keys in c.execute(
-            "SELECT id, topic, keys FROM outbox WHERE status = 0 AND next_attempt_at > ? AND id < ? "
-            "AND body IS NOT NULL AND keys IS NOT NULL",
+        # Newest first: an older group's id overwrites a newer one's, leaving each key's first.
+        for gid, topic, keys, free in c.execute(
+            "SELECT id, topic, keys, lease_owner IS NULL FROM outbox WHERE status = 0 AND next_attempt_at > ? "
+            "AND id < ? AND body IS NOT NULL AND keys IS NOT NULL ORDER BY id DESC",
             (now, last),
         ):
-            if gid + 1 in flying:
-                continue
-            for k in grouped.keys_of(keys):
-                if blocked_from.get((topic, k), gid + 1) > gid:
-                    blocked_from[(topic, k)] = gid
-        has_groups = any(r[17] is not None for r in rows)
-        if not blocked_from and not has_groups:
-            return rows
+            if gid + 1 not in flying:
+                entries = grouped.key_entries(keys)
+                blocked.setdefault(topic, {}).update(dict.fromkeys(entries, gid))
+                if free:
+                    backing_off.update((topic, e) for e in entries)
+        for topic, key, first, free in c.execute(sql + " GROUP BY topic, key", args):
+            of_topic = blocked.setdefault(topic, {})
+            entry = grouped.key_entry(key)
+            if of_topic.get(entry, first + 1) > first:
+                of_topic[entry] = first
+            if free:
+                backing_off.add((topic, entry))
+        if not blocked:
+            return rows, None
         kept: list[tuple[Any, ...]] = []
         for r in rows:
-            rid, topic = r[0], r[2]
-            if r[17] is None:
-                if r[3] is None or rid < blocked_from.get((topic, r[3]), rid + 1):
-                    kept.append(r)
-                continue
-            keys = grouped.keys_of(r[18])
-            if any(blocked_from.get((topic, k), rid + 1) < rid for k in keys):
-                for k in keys:
-                    if blocked_from.get((topic, k), rid + 1) > rid:
-                        blocked_from[(topic, k)] = rid
-            else:
+            rid, of_topic = r[0], blocked.get(r[2], {})
+            if not of_topic:
                 kept.append(r)
-        return kept
+            elif r[17] is None:
+                if r[3] is None or rid < of_topic.get(grouped.key_entry(r[3]), rid + 1):
+                    kept.append(r)
+            else:
+                entries = grouped.key_entries(r[18]) if r[18] is not None else []
+                if not of_topic.keys().isdisjoint(entries):
+                    waits = [e for e in entries if of_topic.get(e, rid + 1) < rid]
+                    if waits:
+                        # Behind a back-off (maybe long): split it. Behind a lease only (another
+                        # worker's batch, settled in moments): leave it whole for the next claim.
+                        split = any((r[2], e) in backing_off for e in waits)
+                        return kept, rid if split else None
+                kept.append(r)
+        return kept, None
 
     # -- dead letters and reads --------------------------------------------------------------
 
@@ -997,7 +1030,7 @@ class SQLiteOutbox(Outbox):
         store (or a rare one) costs a look at every group's key list."""
         wanted: dict[str, dict[bytes, bytes]] = {}
         for topic, key in keys:
-            wanted.setdefault(topic, {})[b"k" + key.hex().encode()] = key
+            wanted.setdefault(topic, {})[grouped.key_entry(key)] = key
         found: set[tuple[str, bytes]] = set()
         left = len(keys)
         try:
@@ -1009,7 +1042,7 @@ class SQLiteOutbox(Outbox):
                 want = wanted.get(topic)
                 if not want:
                     continue
-                held = set(blob[1:-1].split(b"\0"))
+                held = set(grouped.key_entries(blob))
                 for entry in [e for e in want if e in held]:
                     found.add((topic, want.pop(entry)))
                     left -= 1

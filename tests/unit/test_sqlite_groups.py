@@ -120,16 +120,33 @@ def test_a_partly_settled_group_becomes_one_row_per_message_with_the_same_ids(st
     assert (st.pending, st.dead, st.leased) == (9, 1, 7)
 
 
-def test_a_blocked_key_holds_the_whole_group_and_the_groups_keys_after_it(store: SQLiteOutbox) -> None:
+def test_a_group_holding_a_key_that_backs_off_is_split_and_only_that_key_waits(store: SQLiteOutbox) -> None:
     [early] = store.enqueue(one(b"k1", "early"))
-    assert ids(store.claim("other", 1, 60, now=NOW)) == [early]  # k1 is leased elsewhere
+    store.claim("other", 1, 60, now=NOW)
+    store.record_failures([fail(early, NOW + 30)])  # k1 backs off for 30 s
     group = store.enqueue(batch(20, keys=(b"k1", b"k2")))
     [k2_later] = store.enqueue(one(b"k2", "k2-later"))
     [k9] = store.enqueue(one(b"k9", "k9"))
-    # The group waits for k1; k2's later row waits for the group; k9 goes.
-    assert ids(store.claim("w", 100, 60, now=NOW)) == [k9]
+    # The group becomes one row per message, so only k1's wait (behind `early`); k2's messages
+    # and k9 go, in id order.
+    claimed = store.claim("w", 100, 60, now=NOW)
+    k1 = [i for i, m in zip(group, batch(20, keys=(b"k1", b"k2")), strict=True) if m.key == b"k1"]
+    assert ids(claimed) == [i for i in group if i not in k1] + [k2_later, k9]
+    assert rows_in_table(store) == 1 + 20 + 2
+    store.mark_delivered(ids(claimed))
+    assert store.claim("w", 100, 60, now=NOW + 29) == []
+    assert ids(store.claim("w", 100, 60, now=NOW + 30)) == [early, *k1]
+
+
+def test_a_group_behind_another_claimers_lease_waits_whole(store: SQLiteOutbox) -> None:
+    [early] = store.enqueue(one(b"k1", "early"))
+    assert ids(store.claim("other", 1, 60, now=NOW)) == [early]  # leased: settled in moments
+    group = store.enqueue(batch(20, keys=(b"k1", b"k2")))
+    [k9] = store.enqueue(one(b"k9", "k9"))
+    assert store.claim("w", 100, 60, now=NOW) == []  # the claim ends before the group: kept whole
+    assert rows_in_table(store) == 3
     store.mark_delivered([early])
-    assert ids(store.claim("w", 100, 60, now=NOW)) == [*group, k2_later]
+    assert ids(store.claim("w", 100, 60, now=NOW)) == [*group, k9]
 
 
 def test_a_leased_group_blocks_its_keys_except_for_its_own_claimer(store: SQLiteOutbox) -> None:
