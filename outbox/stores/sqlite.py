@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -195,6 +196,21 @@ def _dead_index(flt: DeadLetterFilter) -> str:
     if flt.since is not None:
         return "INDEXED BY outbox_dead_failed"
     return "INDEXED BY outbox_dead"
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """A group row ready to insert (`outbox.stores.grouped`)."""
+
+    topic: str
+    n: int
+    due: float
+    body: bytes
+    keys: bytes | None
+
+
+#: Part of a write: one-message rows (`insert_values` tuples), or one group.
+_Part = list[tuple[Any, ...]] | _Group
 
 
 class SQLiteOutbox(Outbox):
@@ -496,40 +512,24 @@ class SQLiteOutbox(Outbox):
 
     # -- writes ------------------------------------------------------------------------------
 
-    def _insert(
-        self,
-        c: sqlite3.Connection,
+    @staticmethod
+    def _prepare(
         messages: Sequence[NewMessage],
         status: Status,
         lease_owner: str | None,
         lease_until: float | None,
         now: float,
-    ) -> list[int]:
-        if not messages:
-            return []
-        rows = [insert_values(m, status, lease_owner, lease_until, now) for m in messages]
-        c.executemany(INSERT_SQL, rows)
-        # The write lock is ours for the whole transaction, so the ids are consecutive.
-        last = c.execute("SELECT last_insert_rowid()").fetchone()[0]
-        return list(range(last - len(rows) + 1, last + 1))
+    ) -> list[_Part]:
+        """What storing `messages` writes, computed before the write lock is taken (encoding is
+        per-message work; under the lock it held up every other writer of the process).
 
-    def enqueue(
-        self,
-        messages: Sequence[NewMessage],
-        *,
-        lease_owner: str | None = None,
-        lease_until: float | None = None,
-    ) -> list[int]:
-        with self._write() as c:
-            if lease_owner is None and len(messages) >= grouped.GROUP_MIN:
-                return self._insert_grouped(c, messages, time.time())
-            return self._insert(c, messages, Status.PENDING, lease_owner, lease_until, time.time())
-
-    def _insert_grouped(self, c: sqlite3.Connection, messages: Sequence[NewMessage], now: float) -> list[int]:
-        """Store a batch as group rows (`outbox.stores.grouped`): each run of one topic, up to
-        GROUP_MAX messages a row; a run shorter than GROUP_MIN as one-message rows. Ids follow
-        the batch's order, as `_insert`'s do."""
-        ids: list[int] = []
+        A free pending batch of GROUP_MIN or more becomes group rows (`outbox.stores.grouped`):
+        each run of one topic, up to GROUP_MAX messages a row; a run shorter than GROUP_MIN, and
+        any other batch, one row per message.
+        """
+        if lease_owner is not None or status is not Status.PENDING or len(messages) < grouped.GROUP_MIN:
+            return [[insert_values(m, status, lease_owner, lease_until, now) for m in messages]] if messages else []
+        parts: list[_Part] = []
         start = 0
         while start < len(messages):
             topic = messages[start].topic
@@ -538,32 +538,54 @@ class SQLiteOutbox(Outbox):
                 end += 1
             run = messages[start:end]
             if len(run) < grouped.GROUP_MIN:
-                ids += self._insert(c, run, Status.PENDING, None, None, now)
+                parts.append([insert_values(m, status, None, None, now) for m in run])
             else:
-                ids += self._insert_group(c, run, now)
+                body, keys = grouped.encode(run)
+                # Due when its latest message is: none of them is sent before its time.
+                parts.append(_Group(topic, len(run), max(m.next_attempt_at for m in run), body, keys))
             start = end
-        return ids
+        return parts
 
     @staticmethod
-    def _insert_group(c: sqlite3.Connection, run: Sequence[NewMessage], now: float) -> list[int]:
-        """One group row; returns its messages' ids (the row's own id is reserved, never a message's)."""
-        seq = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
-        gid = (seq[0] if seq else 0) + 1
-        body, keys = grouped.encode(run)
-        # Due when its latest message is: none of them is sent before its time.
-        due = max(m.next_attempt_at for m in run)
-        c.execute(
-            "INSERT INTO outbox (id, msg_id, topic, created_at, next_attempt_at, n, body, keys) "
-            "VALUES (?, '', ?, ?, ?, ?, ?, ?)",
-            (gid, run[0].topic, now, due, len(run), body, keys),
-        )
-        # AUTOINCREMENT: the next row's id comes after this group's message ids.
-        c.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'outbox'", (gid + len(run),))
-        return list(range(gid + 1, gid + len(run) + 1))
+    def _insert(c: sqlite3.Connection, parts: Sequence[_Part], now: float) -> list[int]:
+        """Write prepared rows and groups in this transaction; the stored messages' ids, in order."""
+        ids: list[int] = []
+        for part in parts:
+            if isinstance(part, _Group):
+                seq = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
+                gid = (seq[0] if seq else 0) + 1
+                c.execute(
+                    "INSERT INTO outbox (id, msg_id, topic, created_at, next_attempt_at, n, body, keys) "
+                    "VALUES (?, '', ?, ?, ?, ?, ?, ?)",
+                    (gid, part.topic, now, part.due, part.n, part.body, part.keys),
+                )
+                # AUTOINCREMENT: the next row's id comes after this group's message ids (the
+                # group's own id is reserved, never a message's).
+                c.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'outbox'", (gid + part.n,))
+                ids += range(gid + 1, gid + part.n + 1)
+            elif part:
+                c.executemany(INSERT_SQL, part)
+                # The write lock is ours for the whole transaction, so the ids are consecutive.
+                last = c.execute("SELECT last_insert_rowid()").fetchone()[0]
+                ids += range(last - len(part) + 1, last + 1)
+        return ids
+
+    def enqueue(
+        self,
+        messages: Sequence[NewMessage],
+        *,
+        lease_owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> list[int]:
+        now = time.time()
+        parts = self._prepare(messages, Status.PENDING, lease_owner, lease_until, now)
+        with self._write() as c:
+            return self._insert(c, parts, now)
 
     def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:
+        parts = self._prepare(messages, Status.DEAD, None, None, failed_at)
         with self._write() as c:
-            return self._insert(c, messages, Status.DEAD, None, None, failed_at)
+            return self._insert(c, parts, failed_at)
 
     def _delete(self, c: sqlite3.Connection, ids: Sequence[int]) -> int:
         if not ids:
@@ -694,9 +716,10 @@ class SQLiteOutbox(Outbox):
     ) -> Applied:
         if not settlement and not new:
             return Applied([], 0, [])
+        parts = self._prepare(new, Status.PENDING, lease_owner, lease_until, now)
         # Failures must last (attempt counts decide dead letters); new rows must last.
         with self._write(stores_messages=bool(new or settlement.failures)) as c:
-            ids = self._insert(c, new, Status.PENDING, lease_owner, lease_until, now)
+            ids = self._insert(c, parts, now)
             deleted = self._settle_groups(c, settlement) if settlement else 0
             deleted += self._delete(c, settlement.delivered)
             dead = self._fail(c, settlement.failures)
