@@ -228,7 +228,11 @@ class Outbox(abc.ABC):
         self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None,
         in_flight: Collection[int] = (),
     ) -> list[OutboxMessage]:
-        """Lease up to `limit` due PENDING rows to `owner`, oldest first.
+        """Lease up to `limit` due PENDING messages to `owner`, oldest first.
+
+        A SQLite store keeps a batch of messages as one row (`outbox.stores.grouped`), leased
+        whole: a claim's first group may exceed `limit`, and a claim ends before a group that
+        must wait.
 
         Per-key order: a row is not claimed while an earlier PENDING row of the same topic and key
         is leased or not yet due, so one key's messages leave in id order.
