@@ -1065,8 +1065,7 @@ class SQLiteOutbox(Outbox):
                 want = wanted.get(topic)
                 if not want:
                     continue
-                held = set(grouped.key_entries(blob))
-                for entry in [e for e in want if e in held]:
+                for entry in want.keys() & set(grouped.key_entries(blob)):
                     found.add((topic, want.pop(entry)))
                     left -= 1
                 if not left:
