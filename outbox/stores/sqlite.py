@@ -691,19 +691,15 @@ class SQLiteOutbox(Outbox):
         )
         return len(rows)
 
-    def explode_groups(self, *, topic: str | None = None) -> int:
+    def explode_groups(self) -> int:
         """Store every pending group as one-message rows; return how many rows that wrote.
 
         For readers that take rows one message at a time from the table itself (the Spark job's
         JDBC read). Groups stored after this call are left as they are.
         """
         with self._write() as c:
-            sql = "SELECT id FROM outbox INDEXED BY outbox_group WHERE body IS NOT NULL"
-            args: list[Any] = []
-            if topic is not None:
-                sql += " AND topic = ?"
-                args.append(topic)
-            return sum(self._explode(c, gid) for (gid,) in c.execute(sql, args).fetchall())
+            groups = c.execute("SELECT id FROM outbox INDEXED BY outbox_group WHERE body IS NOT NULL").fetchall()
+            return sum(self._explode(c, gid) for (gid,) in groups)
 
     def apply(
         self,
