@@ -426,6 +426,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated percentages of R0 for the recovery runs, out of "
         f"{','.join(f'{f:.0%}'.rstrip('%') for f, _ in RECOVERY)} (default all; --quick 10)",
     )
+    ap.add_argument(
+        "--recovery-rate",
+        type=float,
+        help="offer this many msgs/s in every recovery run instead of a share of R0 (R0 moves by "
+        "+-40%% between runs on a shared machine: for comparing two versions of the code)",
+    )
     ap.add_argument("--no-write", action="store_true", help="do not write results/, README.md or the recovery curves")
     return ap.parse_args(argv)
 
@@ -629,8 +635,10 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             assert r0 is not None
             config["recovery_r0"] = r0
+            if args.recovery_rate:
+                config["recovery_rate"] = args.recovery_rate
             for frac, wait in recovery_steps:
-                rate = r0 * frac
+                rate = args.recovery_rate or r0 * frac
                 for drain in recovery_drains:
                     suffix = "" if drain == "threads" else f"/{drain}"
                     log(f"recovery at {frac:.0%} of R0 ({rate:,.0f} msgs/s, 1,000 keys), drain in {drain}: "
@@ -798,8 +806,9 @@ def main(argv: list[str] | None = None) -> int:
             state = f"empty {after:.1f}s after restart"
         else:
             state = f"NOT empty when the run ended, {r.get('pending_left') or 0:,} left"
+        share = "fixed rate" if config.get("recovery_rate") else f"{pct}% of R0"
         table.add(
-            f"recovery at {pct}% of R0 ({r['rate_wanted']:,.0f}/s), all brokers down {outage:.0f}s{where}",
+            f"recovery at {share} ({r['rate_wanted']:,.0f}/s), all brokers down {outage:.0f}s{where}",
             summary[key],
             target=f"empty <= {target_s:.0f}s" if target_s else "report",
             met=None if target_s is None else (after is not None and after <= target_s),

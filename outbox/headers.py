@@ -57,29 +57,33 @@ def for_resend(
     The application's headers keep their order; earlier retry metadata is replaced, not repeated;
     an `outbox-id` is added if the stored headers lack one (rows enqueued without the id header).
     """
-    out: Headers = []
-    has_id = False
-    for h, v in headers or ():
-        if h in _RETRY_HEADERS:
-            continue
-        if h == ID_HEADER:
-            has_id = True
-        out.append((h, v))
-    if msg_id and not has_id:
-        out.append((ID_HEADER, msg_id.encode()))
-    out.append((ATTEMPT_HEADER, _ATTEMPTS[attempt] if attempt < len(_ATTEMPTS) else str(attempt).encode()))
+    if headers and len(headers) == 1 and headers[0][0] == ID_HEADER:
+        out: Headers = [headers[0]]  # what the producer stores: the id header alone
+    else:
+        out = []
+        has_id = False
+        for h, v in headers or ():
+            if h in _RETRY_HEADERS:
+                continue
+            if h == ID_HEADER:
+                has_id = True
+            out.append((h, v))
+        if msg_id and not has_id:
+            out.append((ID_HEADER, msg_id.encode()))
+    out.append(_ATTEMPTS[attempt] if attempt < len(_ATTEMPTS) else (ATTEMPT_HEADER, str(attempt).encode()))
     if first_failed_at is not None:
         out.append((FIRST_FAILED_HEADER, str(int(first_failed_at * 1000)).encode()))
     if last_error:
-        raw = _ERRORS.get(last_error)
-        if raw is None:
+        pair = _ERRORS.get(last_error)
+        if pair is None:
             # Cut at 512 bytes on a character boundary, so consumers can decode the value as UTF-8.
             raw = last_error.encode("utf-8", "replace")[:512].decode("utf-8", "ignore").encode("utf-8")
+            pair = (LAST_ERROR_HEADER, raw)
             if len(_ERRORS) < 1000:  # a drain re-sends many rows with the same few error texts
-                _ERRORS[last_error] = raw
-        out.append((LAST_ERROR_HEADER, raw))
+                _ERRORS[last_error] = pair
+        out.append(pair)
     return out
 
 
-_ATTEMPTS = [str(i).encode() for i in range(100)]
-_ERRORS: dict[str, bytes] = {}
+_ATTEMPTS = [(ATTEMPT_HEADER, str(i).encode()) for i in range(100)]
+_ERRORS: dict[str, tuple[str, bytes]] = {}

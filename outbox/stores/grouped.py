@@ -23,7 +23,6 @@ and error_name, each as long as its head says (-1: None).
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Iterable, Sequence
 
@@ -45,34 +44,56 @@ _NAN = float("nan")
 def encode(messages: Sequence[NewMessage]) -> tuple[bytes, bytes | None]:
     """(body, keys) of a group holding `messages`, in order."""
     parts: list[bytes] = []
+    add = parts.append
     keys: set[bytes] = set()
     pack = _HEAD.pack
+    texts = _ENCODED
     for m in messages:
         k, v = m.key, m.value
         h = encode_headers(m.headers)
         i = m.msg_id.encode()
-        e = None if m.last_error is None else m.last_error.encode()
-        n = None if m.error_name is None else m.error_name.encode()
-        parts.append(
+        e, n = m.last_error, m.error_name
+        if e is not None:
+            e = texts.get(e) or _encoded(e)
+        if n is not None:
+            n = texts.get(n) or _encoded(n)
+        code, first = m.error_code, m.first_failed_at
+        add(
             pack(
                 -1 if k is None else len(k), -1 if v is None else len(v), -1 if h is None else len(h),
                 -1 if e is None else len(e), len(i), -1 if n is None else len(n),
-                m.partition, m.attempts, m.error_code or 0, m.error_code is not None,
-                _NAN if m.first_failed_at is None else m.first_failed_at, m.next_attempt_at,
+                m.partition, m.attempts, code or 0, code is not None,
+                _NAN if first is None else first, m.next_attempt_at,
             )
         )
-        parts += [x for x in (k, v, h, i, e, n) if x]
-        if k is not None:
+        if k:
+            add(k)
             keys.add(k)
+        elif k is not None:
+            keys.add(k)
+        if v:
+            add(v)
+        if h:
+            add(h)
+        add(i)
+        if e:
+            add(e)
+        if n:
+            add(n)
     return b"".join(parts), key_blob(keys)
 
 
 def decode(body: bytes, group_id: int, topic: str, created_at: float) -> list[OutboxMessage]:
     """The messages of a group, with their ids (`group_id + 1 …`), as a claim returns them."""
     out: list[OutboxMessage] = []
+    add = out.append
     pos, end, size, unpack = 0, len(body), _HEAD.size, _HEAD.unpack_from
     mid = group_id
     pending = Status.PENDING
+    # An OutboxMessage built as the tuple it is: NamedTuple's generated __new__ is a Python
+    # call per message (a drain decodes every message it sends).
+    new, cls = tuple.__new__, OutboxMessage
+    texts = _DECODED
     while pos < end:
         lk, lv, lh, le, li, ln, part, attempts, code, has_code, first, due = unpack(body, pos)
         pos += size
@@ -91,20 +112,43 @@ def decode(body: bytes, group_id: int, topic: str, created_at: float) -> list[Ou
         pos += li
         error = name = None
         if le >= 0:
-            error = body[pos : pos + le].decode()
+            raw = body[pos : pos + le]
+            error = texts.get(raw) or _decoded(raw)
             pos += le
         if ln >= 0:
-            name = body[pos : pos + ln].decode()
+            raw = body[pos : pos + ln]
+            name = texts.get(raw) or _decoded(raw)
             pos += ln
-        first_failed = None if math.isnan(first) else first
+        first_failed = None if first != first else first  # NaN: None
         mid += 1
-        out.append(
-            OutboxMessage(
+        add(
+            new(cls, (
                 mid, msg_id, topic, key, value, headers, part, pending, attempts, created_at, first_failed,
                 first_failed if attempts else None, due, error, code if has_code else None, name,
-            )
+            ))
         )
     return out
+
+
+# Error texts and names repeat across a group's messages (a spill stores thousands with
+# "not sent: ..."): each is encoded and decoded once, then looked up. Bounded.
+_TEXT_LIMIT = 1000
+_ENCODED: dict[str, bytes] = {}
+_DECODED: dict[bytes, str] = {}
+
+
+def _encoded(text: str) -> bytes:
+    raw = text.encode()
+    if len(_ENCODED) < _TEXT_LIMIT:
+        _ENCODED[text] = raw
+    return raw
+
+
+def _decoded(raw: bytes) -> str:
+    text = raw.decode()
+    if len(_DECODED) < _TEXT_LIMIT:
+        _DECODED[raw] = text
+    return text
 
 
 def as_new(m: OutboxMessage) -> NewMessage:

@@ -8,6 +8,7 @@ batched statements: the caller group-commits, so one transaction carries many ro
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -457,15 +458,19 @@ class SQLiteOutbox(Outbox):
             raise self._error(exc) from exc
 
     @contextlib.contextmanager
-    def _snapshot(self) -> Iterator[None]:
-        """The `_read`s inside see one state of the store (one read transaction)."""
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction on this thread's connection: the `_read`s (and the statements
+        on the connection it yields) inside see one state of the store. SQLite errors raised
+        inside become a StoreError naming the file."""
         conn = self._conn()
         try:
             conn.execute("BEGIN")
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
         try:
-            yield
+            yield conn
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
         finally:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("COMMIT")
@@ -742,28 +747,27 @@ class SQLiteOutbox(Outbox):
         if topic is not None:
             where += " AND topic = ?"
             args.append(topic)
-        with self._write(stores_messages=False) as c:
-            rows: list[tuple[Any, ...]] = []
-            for _ in range(2):
+        rows: list[tuple[Any, ...]] = []
+        for _ in range(2):
+            # Which rows to claim is read in a snapshot, outside the write lock: the spill writer
+            # and other claimers write meanwhile (py-spy, recovering process: the writer waited for
+            # that lock half its time while claims read their candidates' bodies under it).
+            with self._snapshot() as c:
                 candidates = self._candidates(c, where, args, limit)
                 if not candidates:
-                    break
+                    return []
                 rows, blocked_group = self._keep_key_order(c, candidates, now, in_flight)
-                if blocked_group is None:
-                    break
-                # A group holding a blocked key becomes one-message rows, so that the per-key rule
-                # holds back only that key's messages and the claim goes on with the others.
-                self._explode(c, blocked_group)
-                if rows:
-                    break
-            if not rows:
-                return []
-            until = now + lease_seconds
-            # Claimed ids are mostly contiguous: one range statement per run instead of one per row.
-            c.executemany(
-                "UPDATE outbox SET lease_owner = ?, next_attempt_at = ? WHERE id BETWEEN ? AND ? AND +status = 0",
-                [(owner, until, lo, hi) for lo, hi in _ranges([r[0] for r in rows])],
-            )
+            if blocked_group is None:
+                break
+            # A group holding a blocked key becomes one-message rows, so that the per-key rule
+            # holds back only that key's messages and the claim goes on with the others.
+            with self._write(stores_messages=False) as c:
+                self._explode(c, blocked_group)  # leased meanwhile: it keeps its lease
+            if rows:
+                break
+        if not rows:
+            return []
+        rows = self._lease(rows, owner, now, now + lease_seconds)
         out: list[OutboxMessage] = []
         for r in rows:
             if r[17] is None:
@@ -771,6 +775,34 @@ class SQLiteOutbox(Outbox):
             else:
                 out += grouped.decode(r[17], r[0], r[2], r[9])
         return out
+
+    def _lease(
+        self, rows: list[tuple[Any, ...]], owner: str, now: float, until: float
+    ) -> list[tuple[Any, ...]]:
+        """Lease the rows a snapshot chose, up to the first one another writer took meanwhile.
+
+        A row claimed, exploded or settled since the snapshot is not leased again (the UPDATE's
+        WHERE sees the current state); the rows after it are given back, since they may continue
+        its key. Everything else the snapshot decided still holds: rows that appear later have
+        larger ids, and a row that stops being due meanwhile is one of these lost rows.
+        """
+        with self._write(stores_messages=False) as c:
+            # Claimed ids are mostly contiguous: one range statement per run instead of one per row.
+            leased: set[int] = set()
+            for lo, hi in _ranges([r[0] for r in rows]):
+                leased.update(
+                    i for (i,) in c.execute(
+                        "UPDATE outbox SET lease_owner = ?, next_attempt_at = ? "
+                        "WHERE id BETWEEN ? AND ? AND +status = 0 AND next_attempt_at <= ? RETURNING id",
+                        (owner, until, lo, hi, now),
+                    )
+                )
+            if len(leased) == len(rows):
+                return rows
+            kept = list(itertools.takewhile(lambda r: r[0] in leased, rows))
+            back = [(r[12], r[0]) for r in rows[len(kept):] if r[0] in leased]  # due as before
+            c.executemany("UPDATE outbox SET lease_owner = NULL, next_attempt_at = ? WHERE id = ?", back)
+        return kept
 
     def owner_liveness(self, owners: Sequence[str]) -> dict[str, Liveness]:
         """Alive, gone or unknown, for each lease owner (`outbox.owners.local_liveness`)."""

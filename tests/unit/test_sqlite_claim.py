@@ -1,0 +1,75 @@
+"""SQLite claims choose their rows in a read snapshot and lease them in a short write transaction
+(`SQLiteOutbox.claim`). A row another writer takes between the two must not be leased twice, and
+the rows after it must not be sent ahead of it. Real SQLite files; no Kafka needed."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outbox.records import NewMessage
+from outbox.stores import grouped
+from outbox.stores.sqlite import SQLiteOutbox
+
+NOW = 1_000_000.0
+
+
+def one(key: bytes, tag: str) -> NewMessage:
+    return NewMessage("t", tag.encode(), key, [], -1, tag, 0, None, None, 0.0)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteOutbox]:
+    s = SQLiteOutbox(str(tmp_path / "o.db"))
+    yield s
+    s.close()
+
+
+def lease_behind_the_snapshot(monkeypatch: pytest.MonkeyPatch, path: str, sql: str, args: tuple[Any, ...]) -> None:
+    """Run `sql` from another connection right after the claim chose its rows, as a claimer in
+    another process would."""
+    choose = SQLiteOutbox._keep_key_order
+
+    def racing(*a: Any, **kw: Any) -> Any:
+        out = choose(*a, **kw)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute(sql, args)
+        other.close()
+        return out
+
+    monkeypatch.setattr(SQLiteOutbox, "_keep_key_order", staticmethod(racing))
+
+
+def test_a_row_taken_meanwhile_ends_the_claim_and_the_rows_after_it_stay_due(
+    store: SQLiteOutbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One message per call: single rows 1, 2, 3 (a group needs GROUP_MIN messages).
+    for tag, key in (("a", b"k1"), ("b", b"k2"), ("c", b"k2")):
+        store.enqueue([one(key, tag)])
+    lease_behind_the_snapshot(
+        monkeypatch, store.path, "UPDATE outbox SET lease_owner = 'other', next_attempt_at = ? WHERE id = 2",
+        (NOW + 60,),
+    )
+    got = store.claim("me", 10, 30, now=NOW)
+    assert [m.msg_id for m in got] == ["a"]
+    rows = {r[0]: r[1:] for r in store._read("SELECT id, lease_owner, next_attempt_at FROM outbox")}
+    assert rows == {1: ("me", NOW + 30), 2: ("other", NOW + 60), 3: (None, 0.0)}
+
+
+def test_a_group_delivered_meanwhile_is_not_returned(store: SQLiteOutbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = store.enqueue([one(b"k%d" % (i % 3), f"m{i}") for i in range(grouped.GROUP_MIN)])
+    lease_behind_the_snapshot(monkeypatch, store.path, "DELETE FROM outbox WHERE id = ?", (ids[0] - 1,))
+    assert store.claim("me", 100, 30, now=NOW) == []
+    assert store.messages() == []
+
+
+def test_without_a_race_every_chosen_row_is_leased(store: SQLiteOutbox) -> None:
+    ids = store.enqueue([one(b"k%d" % (i % 3), f"m{i}") for i in range(grouped.GROUP_MIN)])
+    store.enqueue([one(b"k9", "single")])
+    got = store.claim("me", 100, 30, now=NOW)
+    assert [m.id for m in got] == [*ids, ids[-1] + 1]
+    assert {r[0] for r in store._read("SELECT lease_owner FROM outbox")} == {"me"}
