@@ -52,11 +52,9 @@ def encode(messages: Sequence[NewMessage]) -> tuple[bytes, bytes | None]:
         k, v = m.key, m.value
         h = encode_headers(m.headers)
         i = m.msg_id.encode()
-        e, n = m.last_error, m.error_name
-        if e is not None:
-            e = texts.get(e) or _encoded(e)
-        if n is not None:
-            n = texts.get(n) or _encoded(n)
+        error, name = m.last_error, m.error_name
+        e = None if error is None else texts.get(error) or _encoded(error)
+        n = None if name is None else texts.get(name) or _encoded(name)
         code, first = m.error_code, m.first_failed_at
         add(
             pack(
