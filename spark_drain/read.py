@@ -156,8 +156,7 @@ class Reader:
     def no_groups(self) -> str:
         """SQLite: the condition "a one-message row before the first group" (outbox.stores.grouped)."""
         return (
-            f"body IS NULL AND id < (SELECT COALESCE(MIN(id), {2**63 - 1}) FROM {self.table} "
-            "WHERE body IS NOT NULL)"
+            f"n = 1 AND id < (SELECT COALESCE(MIN(id), {2**63 - 1}) FROM {self.table} WHERE n > 1)"
         )
 
     def _count(self) -> str:

@@ -215,3 +215,53 @@ def test_a_deleted_file_is_recreated_with_its_groups(tmp_path: Path) -> None:
         assert [r.msg_id for r in again.messages()] == [f"m-{i}" for i in range(20)] + ["after"]
     finally:
         again.close()
+
+
+def test_a_version_4_file_keeps_its_groups_when_migrated(tmp_path: Path) -> None:
+    """Version 4 kept a group's body in its outbox row; version 5 moves it to outbox_body."""
+    import sqlite3
+
+    from outbox.stores import sqlite as sqlite_store
+
+    path = str(tmp_path / "v4.db")
+    raw = sqlite3.connect(path, isolation_level=None)
+    for v in range(1, 5):
+        if v == 2:
+            sqlite_store._migrate_to_2(raw)
+        else:
+            for stmt in sqlite_store._MIGRATIONS[v]:
+                raw.execute(stmt)
+    new = batch(G, keys=(b"a", b"b"))
+    body, keys = grouped.encode(new)
+    raw.execute(
+        "INSERT INTO outbox (id, msg_id, topic, created_at, next_attempt_at, n, body, keys) "
+        "VALUES (1, '', 't', ?, 0, ?, ?, ?)",
+        (NOW, G, body, keys),
+    )
+    raw.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'outbox'", (1 + G,))
+    raw.execute("PRAGMA user_version = 4")
+    raw.close()
+    store = SQLiteOutbox(path)
+    try:
+        assert [m.msg_id for m in store.messages()] == [m.msg_id for m in new]
+        assert store.has_pending("t", b"a") and not store.has_pending("t", b"c")
+        claimed = store.claim("me", 100, 30, now=NOW)
+        assert ids(claimed) == list(range(2, 2 + G))
+        store.apply(Settlement(delivered=ids(claimed)), now=NOW)
+        assert store.messages() == []
+        assert store._read("SELECT COUNT(*) FROM outbox_body")[0][0] == 0
+        assert store.enqueue(one(None, "next")) == [2 + G]
+    finally:
+        store.close()
+
+
+def test_a_deleted_group_takes_its_body_with_it(store: SQLiteOutbox) -> None:
+    store.enqueue(batch(G))
+    store.enqueue(batch(G, tag="n"))
+    assert store._read("SELECT COUNT(*) FROM outbox_body")[0][0] == 2
+    claimed = store.claim("me", G, 30, now=NOW)
+    store.apply(Settlement(delivered=ids(claimed)), now=NOW)
+    assert store._read("SELECT COUNT(*) FROM outbox_body")[0][0] == 1
+    store.explode_groups()
+    assert store._read("SELECT COUNT(*) FROM outbox_body")[0][0] == 0
+    assert [m.msg_id for m in store.messages()] == [f"n-{i}" for i in range(G)]
