@@ -2,8 +2,9 @@
 
 Each worker owns a `SendLoop` (one producer) and loops: claim a batch with a lease (one short
 transaction), send it with no transaction open (`outbox.sendloop`), then apply every row's
-`settle()` decision in one short transaction (`Outbox.apply`). Retry state lives in the row, so
-workers never sleep per message and a crashed worker's rows come back when their lease expires.
+`settle()` decision in one short transaction (`Outbox.apply`). The next batch is claimed while
+one is in flight and sent once that one is settled. Retry state lives in the row, so workers
+never sleep per message and a crashed worker's rows come back when their lease expires.
 
 A worker thread never dies of a store failure (PostgreSQL restarted, SQLite locked past its busy
 timeout): the error is logged once, counted in `Drainer.health`, passed to `on_store_error`, and
@@ -16,7 +17,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 #: Settings the drain producers use unless the caller's config says otherwise.
 DRAIN_DEFAULTS: Mapping[str, Any] = RESEND_DEFAULTS
 
-_PIPELINE_DEPTH = 2  # batches a worker keeps in flight
 #: Rows claimed per transaction. Deleting a batch touches one `outbox_key` index page per key in
 #: it, so the commit's cost is per key, not per row: 5,000 rows over 1,000 keys cost ~13 us/row
 #: to commit where 1,000 rows cost ~45 (SQLite, WAL); one worker drained 13.8k rows/s instead of
@@ -274,27 +273,33 @@ class Drainer:
         # sidecar) survive store failures, which a database restart causes; a run until empty
         # reports them to its caller.
         background = limit is None or not until_empty
-        # Two batches in flight: the next is claimed and produced while the previous one waits
-        # for its acknowledgements (stop-and-wait left the worker idle for most of each batch).
-        # Per-key order still holds: a claim skips keys with an earlier row leased, in flight.
-        inflight: deque[InFlight[OutboxMessage]] = deque()
+        # The next batch is claimed while one is in flight (stop-and-wait left the worker idle
+        # for most of each batch) and produced once that one is settled: the producer holds one
+        # batch at a time (`outbox.sendloop`). Its rows may continue keys of the batch in flight
+        # (a claim does not count this worker's own leases as blocking), which is safe because
+        # they are sent only after it, and only if all of it was delivered.
+        current: InFlight[OutboxMessage] | None = None  # on the producer
+        queued: list[OutboxMessage] = []  # claimed, sent once `current` is settled
         try:
             while not self._stop.is_set():
-                if loop.cluster_down and not inflight:
+                if loop.cluster_down and current is None:
                     self._wait_for_cluster(loop, until_empty)
                     continue
-                # No new batch while the cluster is down: the one in flight is settled first.
-                claim = len(inflight) < _PIPELINE_DEPTH and not loop.cluster_down
-                rows = self._claim(limit, background, [r.id for b in inflight for r in b.rows]) if claim else None
-                if rows:
-                    inflight.append(loop.start(rows))
-                    continue
-                if inflight:
-                    self._settle(loop, inflight.popleft(), background)
+                if not queued and not loop.cluster_down:
+                    queued = self._claim(limit, background, [r.id for r in current.rows] if current else [])
+                if current is not None:
+                    delivered_all = self._settle(loop, current, background)
+                    current = None
                     if progress is not None:
                         progress(self.result)
+                    if queued and not delivered_all:
+                        # A row of the batch before failed (or the cluster went away): rows of its
+                        # key must not overtake it. Claim again; the per-key rule sees it now.
+                        self._give_back(queued, limit, background)
+                        queued = []
                     continue
-                if rows is None:
+                if queued:
+                    current, queued = loop.start(queued), []
                     continue
                 if limit is not None and limit[0] is not None and limit[0] <= 0:
                     return
@@ -305,11 +310,13 @@ class Drainer:
             log.exception("outbox drain worker %s failed; its leases expire and others take over", self.owner)
             raise
         finally:
-            while inflight:  # stopping: settle what is in flight (the rest is purged, released)
-                try:
-                    self._settle(loop, inflight.popleft(), background)
-                except Exception:
-                    log.exception("outbox drain: could not settle a batch at stop; its leases expire")
+            try:  # stopping: settle what is in flight (the rest is purged, released)
+                if current is not None:
+                    self._settle(loop, current, background)
+                if queued:
+                    self._give_back(queued, limit, background)
+            except Exception:
+                log.exception("outbox drain: could not settle a batch at stop; its leases expire")
             loop.close(5)
 
     def _wait_for_cluster(self, loop: SendLoop, until_empty: bool) -> None:
@@ -357,6 +364,19 @@ class Drainer:
             with self._lock:
                 limit[0] += take - len(rows)
         return rows
+
+    def _give_back(self, rows: list[OutboxMessage], limit: list[int | None] | None, background: bool) -> None:
+        """Release claimed rows that were not sent: due now, no attempt counted."""
+        if limit is not None and limit[0] is not None:
+            with self._lock:
+                limit[0] += len(rows)
+        try:
+            self.store.apply(Settlement(released=[r.id for r in rows]), now=time.time())
+            self._store_ok()
+        except StoreError as exc:  # their leases expire
+            if not background:
+                raise
+            self._store_failed(exc)
 
     def _store_ok(self) -> None:
         if self.health.failing_since is not None:
@@ -408,8 +428,10 @@ class Drainer:
         self._wakeup.wait(max(wait, 0.01))
         self._wakeup.clear()
 
-    def _settle(self, loop: SendLoop, batch: InFlight[OutboxMessage], background: bool) -> None:
-        """Wait for one batch's reports and apply every row's decision in one transaction."""
+    def _settle(self, loop: SendLoop, batch: InFlight[OutboxMessage], background: bool) -> bool:
+        """Wait for one batch's reports and apply every row's decision in one transaction.
+
+        Returns whether every row of the batch was delivered (and that settled)."""
         decided = loop.finish(batch, time.time, stop=self._stop)
         now = time.time()
         settlement = Settlement()
@@ -434,7 +456,7 @@ class Drainer:
                 self._store_failed(exc)
                 if self._stop.is_set():
                     log.error("outbox drain: stopping with %d rows unsettled; their leases expire", len(decided))
-                    return
+                    return False
                 self._stop.wait(self._backoff())
         self._interrupt_waiters()
         with self._lock:
@@ -464,3 +486,4 @@ class Drainer:
                 "outbox drain: %d delivered, %d to retry, %d dead-lettered in this batch (last error: %s)",
                 len(delivered), failed - len(dead), len(dead), last_error,
             )
+        return len(delivered) == len(batch.rows)

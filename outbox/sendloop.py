@@ -4,12 +4,16 @@ One loop for every re-sender (the drain workers, the Spark job): produce with ba
 (BufferError → serve reports, try again), wait for the reports, re-send alone what the broker
 refused with its whole record batch, and turn every outcome into a `settle()` decision.
 
-Pipelined: `start()` produces a batch and returns at once, `finish()` waits for that batch's
-reports, so a caller can claim and produce the next batch while the previous one is in flight
-(the drain workers keep two). Delivery reports carry no headers, so each message's callback is a
-`functools.partial` holding its batch and its index (PERF-NOTES: a per-message partial costs
-~0.03 us; `delivery.report.only.error` would save ~0.2 us/msg but leaves no way to tell when
-one batch of several in flight is complete).
+Only failures are reported (`delivery.report.only.error`): a batch is complete when the
+producer holds no message any more, so one batch is in flight at a time. `start()` produces a
+batch and returns at once and `finish()` waits for it, so a caller can claim the next batch while
+this one is in flight (the drain workers do). Why: every delivery report is a call into Python
+from librdkafka's poll, which takes the interpreter lock and gives it back. In a process where
+the application and the outbox writer also want that lock (a recovery after an outage), each
+such hand-over could wait for another thread's switch interval: py-spy of a recovering process
+showed its drain worker spending a fifth of its time in poll(0) serving success reports. Delivery
+reports carry no headers, so each message's callback is a `functools.partial` holding its batch
+and its index; it runs only for a failure.
 """
 
 from __future__ import annotations
@@ -78,20 +82,20 @@ def resend_headers(row: Stored) -> Headers:
 
 
 class InFlight(Generic[R]):
-    """One produced batch: its rows, the errors reported so far, how many reports are due."""
+    """One produced batch: its rows and the errors reported so far."""
 
-    __slots__ = ("rows", "errors", "left")
+    __slots__ = ("rows", "errors", "unknown")
 
     def __init__(self, rows: Sequence[R]) -> None:
         self.rows = rows
         self.errors: dict[int, KafkaError] = {}
-        self.left = 0  # messages handed to librdkafka whose report has not come yet
+        #: A stop gave up waiting: rows without an error may or may not have been delivered.
+        self.unknown = False
 
     def report(self, i: int, err: KafkaError | None, msg: Any) -> None:
-        """Delivery-report callback (the producer's polling thread)."""
+        """Delivery-report callback (the producer's polling thread): failures only."""
         if err is not None:
             self.errors[i] = err
-        self.left -= 1
 
 
 class SendLoop:
@@ -106,7 +110,7 @@ class SendLoop:
     def __init__(self, config: Mapping[str, Any], policy: RetryPolicy, *, flush_timeout: float = 30.0) -> None:
         self.config = {**RESEND_DEFAULTS, **config}
         self.config.pop("on_delivery", None)
-        self.config.pop("delivery.report.only.error", None)  # every report counts: see the module doc
+        self.config["delivery.report.only.error"] = True  # see the module doc
         self.policy = policy
         self.flush_timeout = flush_timeout
         self.producer = Producer(self.config)
@@ -125,7 +129,10 @@ class SendLoop:
         return self.finish(self.start(rows), now_fn, stop=stop)
 
     def start(self, rows: Sequence[R]) -> InFlight[R]:
-        """Produce `rows` in order (back-pressure on a full queue) and return without waiting."""
+        """Produce `rows` in order (back-pressure on a full queue) and return without waiting.
+
+        The previous batch must be finished: a batch is complete when the producer is empty.
+        """
         batch: InFlight[R] = InFlight(rows)
         self._produce_all(batch, range(len(rows)))
         return batch
@@ -139,13 +146,12 @@ class SendLoop:
         out: the caller leaves them leased, and they come back when the lease ends.
 
         Args:
-            batch: what `start()` returned; batches finish in the order they started.
+            batch: what `start()` returned.
             now_fn: the clock (`time.time`), read once when the reports are in.
             stop: when set, what is still queued is purged and released, not sent.
         """
         self._wait(batch, stop)
-        rows, errors = batch.rows, batch.errors
-        unknown = batch.left > 0
+        rows, errors, unknown = batch.rows, batch.errors, batch.unknown
         # Asked only when something failed for want of a cluster: one metadata request.
         down = self.cluster_down = any(e.code() in UNREACHABLE_CODES for e in errors.values()) and not self.cluster_up()
         now = now_fn()
@@ -201,7 +207,6 @@ class SendLoop:
                     else:
                         produce(row.topic, row.value, row.key,
                                 headers=resend_headers(row), on_delivery=cb)  # type: ignore[arg-type]
-                    batch.left += 1
                     break
                 except BufferError:
                     producer.poll(0.05)  # local queue full: serve reports to make room
@@ -210,14 +215,15 @@ class SendLoop:
                     break
 
     def _wait(self, batch: InFlight[Any], stop: threading.Event | None) -> None:
-        """Serve reports until this batch has all of them (or a stop gave up on the rest)."""
+        """Serve failure reports until the producer holds none of this batch's messages (or a
+        stop gave up on the rest). flush() returns as soon as the last one is acknowledged, and
+        sends at once what lingers."""
         producer = self.producer
-        while batch.left > 0:
-            producer.poll(0.05)
-            if stop is not None and stop.is_set() and batch.left > 0:
+        while producer.flush(0.1) > 0:
+            if stop is not None and stop.is_set():
                 # Unsent messages come back as _PURGE_QUEUE (released, no attempt counted).
                 producer.purge(in_queue=True, in_flight=False)
-                producer.flush(self.flush_timeout)
+                batch.unknown = producer.flush(self.flush_timeout) > 0
                 return
 
     def _send_alone(self, row: Stored, now_fn: Any) -> Decision:

@@ -695,13 +695,14 @@ class SQLiteOutbox(Outbox):
             ]
         return out
 
-    def _settle_groups(self, c: sqlite3.Connection, settlement: Settlement) -> int:
+    def _settle_groups(self, c: sqlite3.Connection, settlement: Settlement, now: float) -> int:
         """The groups among a settlement's messages: deleted when every message of one was
-        delivered, else exploded into one-message rows (less the delivered ones) that the rest of
-        `apply` settles like any row. Returns how many delivered messages left with their group."""
+        delivered, released as one row when every message was given back, else exploded into
+        one-message rows (less the delivered ones) that the rest of `apply` settles like any row.
+        Returns how many delivered messages left with their group."""
         delivered = set(settlement.delivered)
-        other = {f.id for f in settlement.failures}
-        other.update(settlement.released)
+        released = set(settlement.released)
+        other = {f.id for f in settlement.failures} | released
         touched = delivered | other
         lo, hi = min(touched), max(touched)
         found = c.execute(
@@ -715,6 +716,11 @@ class SQLiteOutbox(Outbox):
             if len(done) == n:
                 if c.execute("DELETE FROM outbox WHERE id = ? AND status = 0", (gid,)).rowcount:
                     gone += n
+            elif all(i in released for i in members):
+                # Given back whole (a stop, the cluster gone, a drain's next batch not sent): the
+                # group stays one row, due now.
+                c.execute("UPDATE outbox SET lease_owner = NULL, next_attempt_at = ? WHERE id = ? AND status = 0",
+                          (now, gid))
             elif done or any(i in other for i in members):
                 self._explode(c, gid, skip=set(done))
                 gone += len(done)
@@ -768,7 +774,7 @@ class SQLiteOutbox(Outbox):
         with self._write(stores_messages=bool(new or settlement.failures)) as c:
             ids = self._insert(c, parts, now)
             with _zeroing_only_written_pages(c):
-                deleted = self._settle_groups(c, settlement) if settlement else 0
+                deleted = self._settle_groups(c, settlement, now) if settlement else 0
                 deleted += self._delete(c, settlement.delivered)
             dead = self._fail(c, settlement.failures)
             if settlement.released:

@@ -265,3 +265,14 @@ def test_a_deleted_group_takes_its_body_with_it(store: SQLiteOutbox) -> None:
     store.explode_groups()
     assert store._read("SELECT COUNT(*) FROM outbox_body")[0][0] == 0
     assert [m.msg_id for m in store.messages()] == [f"n-{i}" for i in range(G)]
+
+
+def test_a_group_given_back_whole_stays_one_row_due_now(store: SQLiteOutbox) -> None:
+    store.enqueue(batch(G))
+    claimed = store.claim("me", G, 30, now=NOW)
+    assert store.claim("other", G, 30, now=NOW + 1) == []  # leased
+    store.apply(Settlement(released=ids(claimed)), now=NOW + 2)
+    assert rows_in_table(store) == 1
+    again = store.claim("other", G, 30, now=NOW + 2)
+    assert ids(again) == ids(claimed)
+    assert [m.attempts for m in again] == [m.attempts for m in claimed]  # no attempt counted
