@@ -53,6 +53,7 @@ PRODUCER_DEFAULTS: Mapping[str, Any] = {
 }
 
 _MODES = ("fallback", "write-ahead")
+_KEY_WAITS = "not sent: key has messages in the outbox"  # the last_error of a message stored behind its key
 _DURABILITY = ("batch", "sync")
 
 
@@ -404,16 +405,26 @@ class ResilientProducer:
         self, topic: str, key: Any, value: Any, hdrs: Headers, partition: int, msg_id: str,
         cb: DeliveryCallback | None,
     ) -> bool:
-        """If this key has a message in the outbox, store this one behind it and return True."""
-        k = as_bytes(key)
-        assert k is not None
-        if (topic, k) not in self._backlog.pending:
+        """If this key has a message in the outbox, store this one behind it and return True.
+
+        After an outage this is the path of nearly every message until the backlog is drained,
+        and the drain shares this process's interpreter lock: so it builds the row itself, under
+        one lock, instead of going through `_spill` and `_store_pending`.
+        """
+        k = key if key.__class__ is bytes else as_bytes(key)
+        backlog = self._backlog
+        if (topic, k) not in backlog.pending:
             return False
         self._wait_for_room()  # outside the lock: the writer's hooks may need it
-        with self._backlog.lock:
-            if (topic, k) not in self._backlog.pending:
+        with backlog.lock:
+            if (topic, k) not in backlog.pending:
                 return False
-            self._spill(topic, value, key, hdrs, partition, msg_id, cb, "key has messages in the outbox")
+            msg = NewMessage(
+                topic, value if value is None or value.__class__ is bytes else as_bytes(value), k, hdrs, partition,
+                msg_id, 0, None, _KEY_WAITS, time.time(),
+            )
+            self._note_pending(msg, cb)
+            self._enqueue(msg)
             return True
 
     def _spill(
