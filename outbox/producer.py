@@ -53,7 +53,6 @@ PRODUCER_DEFAULTS: Mapping[str, Any] = {
 }
 
 _MODES = ("fallback", "write-ahead")
-_KEY_WAITS = "not sent: key has messages in the outbox"  # the last_error of a message stored behind its key
 _DURABILITY = ("batch", "sync")
 
 
@@ -408,10 +407,10 @@ class ResilientProducer:
         """If this key has a message in the outbox, store this one behind it and return True.
 
         After an outage this is the path of nearly every message until the backlog is drained,
-        and the drain shares this process's interpreter lock: so it builds the row itself, under
-        one lock, instead of going through `_spill` and `_store_pending`.
+        and the drain shares this process's interpreter lock: so it marks and queues the row
+        under the one lock it already holds (`_queue`), not through `_store_pending`.
         """
-        k = key if key.__class__ is bytes else as_bytes(key)
+        k = as_bytes(key)
         backlog = self._backlog
         if (topic, k) not in backlog.pending:
             return False
@@ -419,12 +418,8 @@ class ResilientProducer:
         with backlog.lock:
             if (topic, k) not in backlog.pending:
                 return False
-            msg = NewMessage(
-                topic, value if value is None or value.__class__ is bytes else as_bytes(value), k, hdrs, partition,
-                msg_id, 0, None, _KEY_WAITS, time.time(),
-            )
-            self._note_pending(msg, cb)
-            self._enqueue(msg)
+            msg = self._unsent(topic, value, k, hdrs, partition, msg_id, "key has messages in the outbox")
+            self._queue(msg, cb)
             return True
 
     def _spill(
@@ -433,13 +428,20 @@ class ResilientProducer:
         wait: bool = False,
     ) -> None:
         """Store a message that was not sent (circuit open, queue full): due at once."""
+        msg = self._unsent(topic, value, key, hdrs, partition, msg_id, reason, attempts=attempts, error=error)
+        self._store_pending(msg, cb, wait=wait)
+
+    @staticmethod
+    def _unsent(
+        topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str, reason: str, *,
+        attempts: int = 0, error: str | None = None,
+    ) -> NewMessage:
+        """The row of a message that was not sent: due at once, `reason` as its last error."""
         now = time.time()
-        kb = as_bytes(key)
-        msg = NewMessage(
-            topic, as_bytes(value), kb, hdrs, partition, msg_id, attempts,
+        return NewMessage(
+            topic, as_bytes(value), as_bytes(key), hdrs, partition, msg_id, attempts,
             now if attempts else None, error or f"not sent: {reason}", now,
         )
-        self._store_pending(msg, cb, wait=wait)
 
     def _store_pending(self, msg: NewMessage, cb: DeliveryCallback | None, *, wait: bool = False) -> None:
         """Queue a message for the outbox (held back while the circuit has just opened).
@@ -450,13 +452,11 @@ class ResilientProducer:
         if wait:
             self._wait_for_room()  # outside the lock, which the delivery thread needs
         if msg.key is None:
-            self._note_pending(msg, cb)
-            self._enqueue(msg)
+            self._queue(msg, cb)
             return
         # Marking the key and queueing the message are one step (KeyBacklog.lock).
         with self._backlog.lock:
-            self._note_pending(msg, cb)
-            self._enqueue(msg)
+            self._queue(msg, cb)
 
     def _note_pending(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
         """Count a message bound for the outbox; its key's later messages queue behind it."""
@@ -466,7 +466,10 @@ class ResilientProducer:
             self._waiting[msg.msg_id] = cb
         self._outboxed += 1
 
-    def _enqueue(self, msg: NewMessage) -> None:
+    def _queue(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
+        """Count `msg` as bound for the outbox and queue it for the writer (or the hold-back).
+        A keyed message: under the backlog's lock (marking its key and queueing it are one step)."""
+        self._note_pending(msg, cb)
         if not (self._hold.active and self._hold.offer(msg)):
             self.writer.add_new(msg)
 
