@@ -11,13 +11,34 @@ from collections.abc import Sequence
 _VALUE = struct.Struct(">i")
 _NONE = _VALUE.pack(-1)
 
-# Header names repeat (`outbox-id` on every message): each name's encoded prefix and each
-# encoded name's text are looked up, not rebuilt, per header (a drain decodes every message it
-# sends, and the spill encodes every message it stores). Bounded: past the limit, names are
-# encoded on each use.
-_NAME_LIMIT = 1000
-_PREFIXES: dict[str, bytes] = {}
-_NAMES: dict[bytes, str] = {}
+# Header names and error texts repeat (`outbox-id` on every message, "not sent: ..." on every
+# spilled one): they are encoded and decoded once, then looked up (a drain decodes every message
+# it sends, and the spill encodes every message it stores). Bounded: past the limit, texts are
+# converted on each use.
+_CACHED = 1000
+_TEXTS: dict[bytes, str] = {}
+_UTF8: dict[str, bytes] = {}
+_PREFIXES: dict[str, bytes] = {}  # a header name as encode_headers writes it: length, then UTF-8
+
+
+def text(raw: bytes) -> str:
+    """`raw` decoded as UTF-8 (from a bounded cache: for texts that repeat)."""
+    out = _TEXTS.get(raw)
+    if out is None:
+        out = raw.decode("utf-8")
+        if len(_TEXTS) < _CACHED:
+            _TEXTS[raw] = out
+    return out
+
+
+def utf8(s: str) -> bytes:
+    """`s` encoded as UTF-8 (from a bounded cache: for texts that repeat)."""
+    out = _UTF8.get(s)
+    if out is None:
+        out = s.encode("utf-8")
+        if len(_UTF8) < _CACHED:
+            _UTF8[s] = out
+    return out
 
 
 def _prefix(name: str) -> bytes:
@@ -25,7 +46,7 @@ def _prefix(name: str) -> bytes:
     if len(raw) > 0xFFFF:
         raise ValueError(f"header name is {len(raw)} bytes long; at most 65535 can be stored")
     out = len(raw).to_bytes(2, "big") + raw
-    if len(_PREFIXES) < _NAME_LIMIT:
+    if len(_PREFIXES) < _CACHED:
         _PREFIXES[name] = out
     return out
 
@@ -53,18 +74,13 @@ def decode_headers(blob: bytes | None) -> list[tuple[str, bytes | None]]:
     headers: list[tuple[str, bytes | None]] = []
     end = len(blob)
     pos = 0
-    names, length = _NAMES, _VALUE.unpack_from
+    length = _VALUE.unpack_from
     # Plain slicing and unpack_from on the bytes: cheaper than a memoryview, and unpack_from
     # costs a quarter of int.from_bytes on a slice (one header per drained row at least).
     while pos < end:
         n = (blob[pos] << 8) | blob[pos + 1]
         pos += 2
-        raw = blob[pos : pos + n]
-        name = names.get(raw)
-        if name is None:
-            name = raw.decode("utf-8")
-            if len(names) < _NAME_LIMIT:
-                names[raw] = name
+        name = text(blob[pos : pos + n])
         pos += n
         vlen = length(blob, pos)[0]
         pos += 4

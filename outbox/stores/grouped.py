@@ -26,7 +26,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 
-from ..codec import decode_headers, encode_headers
+from ..codec import decode_headers, encode_headers, text, utf8
 from ..records import NewMessage, OutboxMessage, Status
 
 #: A batch (of one topic) this long or longer is stored as groups; shorter ones as single rows.
@@ -47,14 +47,13 @@ def encode(messages: Sequence[NewMessage]) -> tuple[bytes, bytes | None]:
     add = parts.append
     keys: set[bytes] = set()
     pack = _HEAD.pack
-    texts = _ENCODED
     for m in messages:
         k, v = m.key, m.value
         h = encode_headers(m.headers)
         i = m.msg_id.encode()
         error, name = m.last_error, m.error_name
-        e = None if error is None else texts.get(error) or _encoded(error)
-        n = None if name is None else texts.get(name) or _encoded(name)
+        e = None if error is None else utf8(error)
+        n = None if name is None else utf8(name)
         code, first = m.error_code, m.first_failed_at
         add(
             pack(
@@ -91,7 +90,6 @@ def decode(body: bytes, group_id: int, topic: str, created_at: float) -> list[Ou
     # An OutboxMessage built as the tuple it is: NamedTuple's generated __new__ is a Python
     # call per message (a drain decodes every message it sends).
     new, cls = tuple.__new__, OutboxMessage
-    texts = _DECODED
     while pos < end:
         lk, lv, lh, le, li, ln, part, attempts, code, has_code, first, due = unpack(body, pos)
         pos += size
@@ -110,12 +108,10 @@ def decode(body: bytes, group_id: int, topic: str, created_at: float) -> list[Ou
         pos += li
         error = name = None
         if le >= 0:
-            raw = body[pos : pos + le]
-            error = texts.get(raw) or _decoded(raw)
+            error = text(body[pos : pos + le])
             pos += le
         if ln >= 0:
-            raw = body[pos : pos + ln]
-            name = texts.get(raw) or _decoded(raw)
+            name = text(body[pos : pos + ln])
             pos += ln
         first_failed = None if first != first else first  # NaN: None
         mid += 1
@@ -126,27 +122,6 @@ def decode(body: bytes, group_id: int, topic: str, created_at: float) -> list[Ou
             ))
         )
     return out
-
-
-# Error texts and names repeat across a group's messages (a spill stores thousands with
-# "not sent: ..."): each is encoded and decoded once, then looked up. Bounded.
-_TEXT_LIMIT = 1000
-_ENCODED: dict[str, bytes] = {}
-_DECODED: dict[bytes, str] = {}
-
-
-def _encoded(text: str) -> bytes:
-    raw = text.encode()
-    if len(_ENCODED) < _TEXT_LIMIT:
-        _ENCODED[text] = raw
-    return raw
-
-
-def _decoded(raw: bytes) -> str:
-    text = raw.decode()
-    if len(_DECODED) < _TEXT_LIMIT:
-        _DECODED[raw] = text
-    return text
 
 
 def as_new(m: OutboxMessage) -> NewMessage:
