@@ -538,6 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                 record(f"raw_hdr/{size}", runner.run("raw", {**p, "header": True}))
                 if "fallback" in sel:
                     record(f"fallback/{size}", runner.run("resilient", {**p, "mode": "fallback"}))
+                    only_errors = {**p, "mode": "fallback", "only_errors": True}
+                    record(f"fallback_oe/{size}", runner.run("resilient", only_errors))
                 if sel & {"write-ahead", "naive"}:
                     wa = {**p, "mode": "write-ahead", "durability": "batch"}
                     record(f"wa_batch/{size}", runner.run("resilient", wa))
@@ -722,6 +724,17 @@ def main(argv: list[str] | None = None) -> int:
                 target=">= 0.95 x R1",
                 met=check(r1, 0.95),
                 notes=note,
+            )
+        if f"fallback_oe/{size}" in summary:
+            r1 = ratio(f"fallback_oe/{size}", f"raw_hdr/{size}")
+            r0 = ratio(f"fallback_oe/{size}", f"raw/{size}")
+            table.add(
+                "fallback, happy path, delivery.report.only.error" + sfx,
+                summary[f"fallback_oe/{size}"],
+                ratio=r1,
+                target=">= 0.95 x R1",
+                met=check(r1, 0.95),
+                notes=f"vs R0: {r0:.2f}; on_delivery hears failures only" if r0 else "",
             )
         if f"wa_batch/{size}" in summary:
             r = ratio(f"wa_batch/{size}", f"raw/{size}")

@@ -195,8 +195,10 @@ def resilient(p: Params) -> Result:
     value = os.urandom(int(p["size"]))
     threads = int(p.get("threads", 1))
     path = os.path.join(p["workdir"], f"resilient-{os.getpid()}.db")
+    # only_errors: successes go unreported, as librdkafka's delivery.report.only.error
+    reports = {"delivery.report.only.error": True} if p.get("only_errors") else {}
     rp = ResilientProducer(
-        kafka_config(p), outbox=f"sqlite:///{path}", mode=p["mode"], durability=p.get("durability", "batch")
+        kafka_config(p, **reports), outbox=f"sqlite:///{path}", mode=p["mode"], durability=p.get("durability", "batch")
     )
     Producer(kafka_config(p)).list_topics(topic, timeout=10)  # the topic's metadata exists
     flush_early = 0

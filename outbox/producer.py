@@ -1,7 +1,9 @@
 """ResilientProducer: a confluent_kafka producer that stores what Kafka could not take.
 
-Fast path (fallback mode, circuit closed): one `Producer.produce()` with the id header; the
-delivery report of a success costs a counter increment. Only failures touch the outbox.
+Fast path (fallback mode, circuit closed): one `Producer.produce()` with the id header and one
+small object that a failure report needs (`_Report`). With `delivery.report.only.error` a
+success costs nothing more; without it, one call on the delivery thread. Only failures touch
+the outbox.
 
 Threads: the caller's threads call `produce()`; one delivery thread polls librdkafka and runs
 every callback (`on_delivery`, `on_dead_letter` for first-send failures); the group-commit
@@ -36,6 +38,7 @@ from .retry import UNREACHABLE_CODES, RetryPolicy, describe
 from .serialization import Serializer, Serializers
 from .settle import Verdict, settle
 from .stores import Outbox, open_outbox
+from .tally import Tally
 from .writer import Committed, GroupCommitWriter
 
 log = logging.getLogger("outbox")
@@ -136,14 +139,20 @@ class ResilientProducer:
         self._config["error_cb"] = self._on_error
         self._config.setdefault("logger", _LIBRDKAFKA_LOG)
         self._config.pop("on_delivery", None)  # every message carries its own callback
-        self._config.pop("delivery.report.only.error", None)
+        # Successes are reported to on_delivery unless the application opts out, as in librdkafka.
+        # Write-ahead rows are deleted on their success report, so that mode always asks for them.
+        self._report_successes = not _is_true(self._config.pop("delivery.report.only.error", False))
+        self._config["delivery.report.only.error"] = mode == "fallback" and not self._report_successes
         lease_floor = int(self._config["message.timeout.ms"]) / 1000 + 5
         lease_seconds = max(lease_seconds, lease_floor)  # a lease must outlive one send attempt
         self._owns_store = not isinstance(outbox, Outbox)
         self.store = open_outbox(outbox)
         self._closed = False
-        # Counters: each is written by one thread only, so plain ints are enough.
-        self._delivered = 0
+        # Counters: each is written by one thread only, so plain ints are enough; `_handed` is
+        # bumped by every thread that calls produce().
+        self._handed = Tally()  # messages librdkafka took from us (first sends, write-ahead sends)
+        self._send_failures = 0  # failure reports of those
+        self._done_seen = 0
         self._outboxed = 0
         self._dead = 0
         self._failed = 0
@@ -282,12 +291,11 @@ class ResilientProducer:
             self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "circuit open", wait=True)
             return msg_id
         try:
-            # Delivery reports do not carry headers (confluent-kafka drops them), so a failed
-            # message's headers and id must travel in its callback.
             self._kafka.produce(
                 topic, value, key, partition=partition, headers=hdrs,  # type: ignore[arg-type]
-                on_delivery=functools.partial(self._on_report, hdrs, msg_id, on_delivery, partition),
+                on_delivery=_Report(self, msg_id, hdrs if headers is not None else None, on_delivery, partition),
             )
+            self._handed.add()
         except BufferError:
             self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "local queue full", wait=True)
         except KafkaException as exc:
@@ -335,8 +343,8 @@ class ResilientProducer:
             store = None
         return {
             "produced": self._ids.issued,
-            "delivered": self._delivered + self._drain_delivered,
-            "delivered_first_try": self._delivered,
+            "delivered": self._first_sends_delivered() + self._drain_delivered,
+            "delivered_first_try": self._first_sends_delivered(),
             "delivered_from_outbox": self._drain_delivered,
             "outboxed": self._outboxed,
             "pending": None if store is None else store.pending,
@@ -504,6 +512,7 @@ class ResilientProducer:
             self._kafka.produce(
                 topic, value, key, partition=partition, headers=hdrs, on_delivery=report  # type: ignore[arg-type]
             )
+            self._handed.add()
         except BufferError:
             self._failed += 1
             if cb is not None:
@@ -549,6 +558,7 @@ class ResilientProducer:
                         msg.topic, msg.value, msg.key, partition=msg.partition,
                         headers=msg.headers, on_delivery=report,  # type: ignore[arg-type]
                     )
+                    self._handed.add()
                     break
                 except BufferError:
                     time.sleep(0.005)  # the delivery thread is draining the queue
@@ -584,26 +594,24 @@ class ResilientProducer:
             except Exception:
                 log.exception("on_dead_letter callback raised; the dead letter is stored anyway")
 
-    def _on_report(
-        self, hdrs: Headers, msg_id: str, cb: DeliveryCallback | None, partition: int,
-        err: KafkaError | None, msg: Message,
-    ) -> None:
-        """Delivery thread: the report of a first send."""
+    def _on_report(self, r: _Report, err: KafkaError | None, msg: Message) -> None:
+        """Delivery thread: the report of a first send (of a success only if they are reported)."""
         if err is None:
-            self._delivered += 1
-            if not self.circuit.closed or self.circuit._failures:
-                self.circuit.record_success()
-            if cb is not None:
-                cb(None, msg)
+            if r.cb is not None:
+                r.cb(None, msg)
             return
-        self._handle_failure(err, msg.topic() or "", msg.value(), msg.key(), hdrs, partition, msg_id, cb, msg)
+        self._send_failures += 1
+        if r.headers is not None:
+            hdrs = r.headers
+        else:
+            hdrs = [(self._id_header, r.msg_id.encode())] if self._id_header is not None else []
+        self._handle_failure(err, msg.topic() or "", msg.value(), msg.key(), hdrs, r.partition, r.msg_id, r.cb, msg)
 
     def _on_unprotected_report(self, cb: DeliveryCallback | None, err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            self._delivered += 1
-        else:
+        if err is not None:
+            self._send_failures += 1
             self._failed += 1
-        if cb is not None:
+        if cb is not None and (err is not None or self._report_successes):
             cb(err, msg)
 
     def _on_wal_report(
@@ -611,13 +619,11 @@ class ResilientProducer:
     ) -> None:
         """Write-ahead send finished: delete the row, or hand it to the drain workers."""
         if err is None:
-            self._delivered += 1
             self.writer.add_delivered(row_id)
-            if not self.circuit.closed or self.circuit._failures:
-                self.circuit.record_success()
-            if cb is not None:
+            if cb is not None and self._report_successes:
                 cb(None, msg)
             return
+        self._send_failures += 1
         now = time.time()
         d = settle(m, err, self.retry, now)
         if d.recreate_producer:
@@ -672,14 +678,32 @@ class ResilientProducer:
         # Only errors that say "the cluster is not reachable or not healthy" count toward the
         # circuit; a bad topic or a too-large message says nothing about the cluster.
         if code in UNREACHABLE_CODES:
+            self._note_progress()  # deliveries since the last failure: it is not consecutive
             self.circuit.record_failure()
+
+    def _first_sends_delivered(self) -> int:
+        """Messages librdkafka took from us and delivered: taken, minus still held, minus failed.
+
+        Counted, not reported: with `delivery.report.only.error` no success is reported. Read in
+        this order, a produce() or a failure report in between can only make it lower, never
+        show a delivery that did not happen (librdkafka's count includes unserved reports).
+        """
+        handed = self._handed.value
+        return handed - len(self._kafka) - self._send_failures
+
+    def _note_progress(self) -> None:
+        """Deliveries since the last look close a half-open circuit and end a run of failures."""
+        done = self._first_sends_delivered()
+        if done > self._done_seen:
+            self._done_seen = done
+            self.circuit.record_success()
 
     def _drained(self, rows: list[OutboxMessage]) -> None:
         """Drain thread: rows delivered from the outbox."""
         self._drain_delivered += len(rows)
         for row in rows:
             cb = self._waiting.pop(row.msg_id, None) if self._waiting else None
-            if cb is not None:
+            if cb is not None and self._report_successes:
                 try:
                     cb(None, None)
                 except Exception:
@@ -741,6 +765,7 @@ class ResilientProducer:
         while not self._stop_poller:
             try:
                 self._kafka.poll(0.05)
+                self._note_progress()
                 if self._purge_on_open:
                     self._purge_on_open = False
                     self._kafka.purge(in_queue=True, in_flight=False)
@@ -761,6 +786,37 @@ class ResilientProducer:
         log.warning("outbox: producer recreated after a fatal error; queued messages move to the outbox")
         old.purge(in_queue=True, in_flight=True)
         old.flush(10)
+
+
+class _Report:
+    """The delivery callback of a first send: what storing the message after a failure needs.
+
+    Delivery reports carry no headers (confluent-kafka drops them), so the id and the
+    application's headers travel here. One lives per message in flight, often 100,000 at once,
+    and each is an object the garbage collector walks: one slotted object that keeps the header
+    list only if the application gave headers costs produce() 0.5 µs of collection per message,
+    where a functools.partial holding the list and its tuple cost 2.9 µs.
+    """
+
+    __slots__ = ("producer", "msg_id", "headers", "cb", "partition")
+
+    def __init__(
+        self, producer: ResilientProducer, msg_id: str, headers: Headers | None, cb: DeliveryCallback | None,
+        partition: int,
+    ) -> None:
+        self.producer = producer
+        self.msg_id = msg_id
+        self.headers = headers  # None: the id header alone (rebuilt on failure)
+        self.cb = cb
+        self.partition = partition
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        self.producer._on_report(self, err, msg)
+
+
+def _is_true(setting: object) -> bool:
+    """A librdkafka boolean as a config dict may hold it: True, "true", 1 ..."""
+    return str(setting).strip().lower() in ("true", "1", "yes", "on")
 
 
 class _FirstSend:

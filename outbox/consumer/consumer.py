@@ -72,6 +72,8 @@ HOP_PRODUCER_DEFAULTS: Mapping[str, Any] = {
     "linger.ms": 20,
     "message.timeout.ms": 15000,
 }
+#: A hop's offset is committed on its success report, so the hop producer must get every one.
+HOP_PRODUCER_FORCED: Mapping[str, Any] = {"delivery.report.only.error": False}
 #: The hop producer's retry policy: a hop the cluster cannot take now (a retriable error) is sent
 #: again from the outbox until it lands, however long the outage; the producer's default (3
 #: attempts) dead-lettered hops after ~30 s of outage, taking them out of the ladder. Errors that
@@ -206,7 +208,7 @@ class ResilientConsumer:
         self.store: Outbox = open_outbox(outbox)
         try:
             self._producer = ResilientProducer(
-                {**HOP_PRODUCER_DEFAULTS, **admin_conf, **(producer_config or {})},
+                {**HOP_PRODUCER_DEFAULTS, **admin_conf, **(producer_config or {}), **HOP_PRODUCER_FORCED},
                 outbox=self.store,
                 id_header=None,  # hops carry the message's own outbox-id (kept, or set once)
                 retry=HOP_RETRY,

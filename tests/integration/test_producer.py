@@ -22,7 +22,9 @@ from .delivery import header, keyed_value, read_topic
 FAST = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 3000}
 
 
-def make_producer(bootstrap: str, path: Path, *, message_timeout_ms: int = 3000, **kw: Any) -> ResilientProducer:
+def make_producer(
+    bootstrap: str, path: Path, *, message_timeout_ms: int = 3000, config: dict[str, Any] | None = None, **kw: Any
+) -> ResilientProducer:
     opts: dict[str, Any] = {
         "outbox": f"sqlite:///{path}",
         "retry": RetryPolicy(max_attempts=100, initial_delay=0.5),
@@ -31,7 +33,9 @@ def make_producer(bootstrap: str, path: Path, *, message_timeout_ms: int = 3000,
         "lease_seconds": 10.0,
     }
     opts.update(kw)
-    return ResilientProducer({"bootstrap.servers": bootstrap, **FAST, "message.timeout.ms": message_timeout_ms}, **opts)
+    return ResilientProducer(
+        {"bootstrap.servers": bootstrap, **FAST, "message.timeout.ms": message_timeout_ms, **(config or {})}, **opts
+    )
 
 
 # The order tests are about a whole-cluster outage. With the 3 s time-out above, a loaded 2-core
@@ -74,15 +78,24 @@ def test_happy_path_round_trips_bytes_headers_and_partition(kafka_bootstrap: str
     assert plain.headers()[:2] == [("h", b"1"), ("h", b"2")]
 
 
-@pytest.mark.parametrize("mode", ["fallback", "write-ahead"])
+@pytest.mark.parametrize(
+    ("mode", "only_errors"), [("fallback", False), ("write-ahead", False), ("fallback", True)],
+    ids=["fallback", "write-ahead", "fallback-only-error-reports"],
+)
 def test_outage_of_all_brokers_loses_nothing_and_keeps_key_order(
-    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path, mode: str
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path, mode: str, only_errors: bool
 ) -> None:
+    """...and on_delivery hears each message's final fate once: a success only when successes
+    are reported (`delivery.report.only.error` off), whether it went first time or from the outbox."""
     topic = make_topic(config={"min.insync.replicas": "2"})
     bs = chaos_cluster.bootstrap_servers
     total = 3000
     seq = [0] * 10
-    with make_producer(bs, tmp_path / "o.db", mode=mode, message_timeout_ms=ORDER_TIMEOUT_MS) as p:
+    fates: list[KafkaError | None] = []
+    with make_producer(
+        bs, tmp_path / "o.db", mode=mode, message_timeout_ms=ORDER_TIMEOUT_MS,
+        config={"delivery.report.only.error": only_errors},
+    ) as p:
         # Start once the producer has its idempotence id: with a 3 s message.timeout.ms, time-outs
         # while a just-restarted cluster still loads its coordinators would open the in-flight
         # window (README) before the outage this test is about.
@@ -100,12 +113,14 @@ def test_outage_of_all_brokers_loses_nothing_and_keeps_key_order(
             k = i % 10
             key, value = keyed_value(k, seq[k])
             seq[k] += 1
-            p.produce(topic, value, key=key)
+            p.produce(topic, value, key=key, on_delivery=lambda err, _msg: fates.append(err))
             if i % 50 == 0:
                 time.sleep(0.01)
         wait_until(lambda: drained(p), 120, "the outbox is drained")
         st = p.stats()
     assert st["produced"] == total + 1 and st["dead"] == 0
+    assert fates == ([] if only_errors else [None] * total)
+    assert st["delivered"] == total + 1
     assert st["outboxed"] > 0, "the outage should have sent messages to the outbox"
     got = read_topic(bs, topic, total)
     assert got.unique == total, f"lost {total - got.unique} messages"
@@ -276,6 +291,32 @@ def test_circuit_opens_on_outage_and_closes_on_recovery(
         wait_until(lambda: drained(p), 60, "the outbox is drained")
     got = read_topic(bs, topic, 201)
     assert got.unique == 201
+
+
+def test_only_error_reports_a_probe_closes_the_circuit(chaos_cluster: KafkaCluster, topic: str, tmp_path: Path) -> None:
+    """With `delivery.report.only.error` no success is reported: the producer counts deliveries
+    (taken by librdkafka, minus held, minus failed), and a delivered probe closes the circuit.
+    No drain worker runs, so nothing else can close it."""
+    bs = chaos_cluster.bootstrap_servers
+    errors: list[KafkaError | None] = []
+    with make_producer(bs, tmp_path / "o.db", drain_workers=0, config={"delivery.report.only.error": "true"}) as p:
+        for i in range(20):
+            p.produce(topic, b"before-%d" % i, on_delivery=lambda err, _msg: errors.append(err))
+        assert p.flush(30) == 0
+        assert p.stats()["delivered_first_try"] == 20 and errors == []
+        chaos_cluster.stop_all()
+        wait_until(lambda: p.stats()["circuit"] != "closed", 30, "the circuit opens")
+        chaos_cluster.start_all()
+
+        def probe() -> bool:
+            p.produce(topic, b"probe")
+            return p.stats()["circuit"] == "closed"
+
+        wait_until(probe, 90, "a delivered probe closes the circuit", every=0.2)
+        assert p.flush(30) == 0
+        st = p.stats()
+    assert st["delivered_first_try"] >= 21 and errors == []
+    assert st["delivered_first_try"] + st["outboxed"] == st["produced"]
 
 
 def test_buffer_error_spills_to_outbox(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
