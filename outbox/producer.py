@@ -70,7 +70,9 @@ class ResilientProducer:
     Args:
         config: confluent_kafka.Producer settings, passed through unchanged except that
             `message.timeout.ms` defaults to 30000 (librdkafka: 300000). An `error_cb` in it is
-            still called.
+            still called. `delivery.report.only.error: True` means what it means in librdkafka:
+            `on_delivery` hears failures only (and in fallback mode librdkafka reports no
+            success, which makes each send cheaper).
         outbox: an outbox URL (``sqlite:///path.db``, ``jdbc:sqlite:/path.db``,
             ``postgresql://...``, ``jdbc:postgresql://...``) or an `Outbox` instance.
         retry: the retry policy for re-sends and the classification of errors.
