@@ -817,8 +817,10 @@ class _Report:
 
 
 def _is_true(setting: object) -> bool:
-    """A librdkafka boolean as a config dict may hold it: True, "true", 1 ..."""
-    return str(setting).strip().lower() in ("true", "1", "yes", "on")
+    """`delivery.report.only.error` as confluent_kafka takes it: a bool, nothing else."""
+    if not isinstance(setting, bool):
+        raise ConfigError(f"delivery.report.only.error must be True or False, got {setting!r}")
+    return setting
 
 
 class _FirstSend:

@@ -299,7 +299,7 @@ def test_only_error_reports_a_probe_closes_the_circuit(chaos_cluster: KafkaClust
     No drain worker runs, so nothing else can close it."""
     bs = chaos_cluster.bootstrap_servers
     errors: list[KafkaError | None] = []
-    with make_producer(bs, tmp_path / "o.db", drain_workers=0, config={"delivery.report.only.error": "true"}) as p:
+    with make_producer(bs, tmp_path / "o.db", drain_workers=0, config={"delivery.report.only.error": True}) as p:
         for i in range(20):
             p.produce(topic, b"before-%d" % i, on_delivery=lambda err, _msg: errors.append(err))
         assert p.flush(30) == 0
