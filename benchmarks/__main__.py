@@ -509,9 +509,11 @@ def main(argv: list[str] | None = None) -> int:
 
         nbrokers = len(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).brokers)
         rf = min(3, nbrokers)
-        topic = create_topic(
-            bootstrap, f"bench-{int(time.time())}", 3, rf, {"min.insync.replicas": "2"} if rf >= 3 else None
-        )
+        # Only what is produced is measured, nothing is read back: keep at most 1 GiB per partition
+        # replica (a full run writes tens of GB at RF 3 and once filled the disk under the Spark runs).
+        retention = {"retention.bytes": str(1 << 30), "segment.bytes": str(128 << 20)}
+        topic_config = {**retention, "min.insync.replicas": "2"} if rf >= 3 else retention
+        topic = create_topic(bootstrap, f"bench-{int(time.time())}", 3, rf, topic_config)
         config.update(
             bootstrap=("external" if external else f"local KafkaCluster, {nbrokers} brokers"),
             topic_rf=rf,
