@@ -565,6 +565,7 @@ class ResilientProducer:
                 except BufferError:
                     time.sleep(0.005)  # the delivery thread is draining the queue
                 except KafkaException as exc:
+                    self._handed.add()  # counted as taken and failed: _on_wal_report counts the failure
                     self._on_wal_report(row_id, msg, cb, exc.args[0], None)
                     break
         if any(not leased for leased in c.leased):

@@ -355,6 +355,22 @@ def test_bad_input_raises_and_stores_nothing(kafka_bootstrap: str, tmp_path: Pat
     assert st["produced"] == 0 and st["pending"] == 0 and st["dead"] == 0
 
 
+def test_write_ahead_counts_a_send_librdkafka_refused_as_failed_not_delivered(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    """Deliveries are counted (taken minus held minus failed): a committed row whose produce()
+    raised (no partition 99) is a failure, and the count of deliveries stays exact."""
+    with make_producer(kafka_bootstrap, tmp_path / "o.db", mode="write-ahead", drain_workers=0) as p:
+        for i in range(10):
+            p.produce(topic, b"ok-%d" % i)
+        assert p.flush(30) == 0  # the topic's metadata is known now: produce() itself refuses
+        p.produce(topic, b"nowhere", partition=99)
+        assert p.flush(30) == 0
+        wait_until(lambda: p.stats()["delivered"] == 10, 30, "the 10 good messages are counted delivered")
+        st = p.stats()
+    assert st["delivered_first_try"] == 10 and st["produced"] == 11
+
+
 def test_close_then_produce_raises(kafka_bootstrap: str, tmp_path: Path) -> None:
     from outbox import ProducerClosedError
 
