@@ -343,10 +343,11 @@ class ResilientProducer:
             store: StoreStats | None = self.store.stats(now=now)
         except StoreError:  # the store is down: the counters still answer; its fields read None
             store = None
+        first_try = self._first_sends_delivered()  # once: two reads could disagree
         return {
             "produced": self._ids.issued,
-            "delivered": self._first_sends_delivered() + self._drain_delivered,
-            "delivered_first_try": self._first_sends_delivered(),
+            "delivered": first_try + self._drain_delivered,
+            "delivered_first_try": first_try,
             "delivered_from_outbox": self._drain_delivered,
             "outboxed": self._outboxed,
             "pending": None if store is None else store.pending,
