@@ -712,31 +712,20 @@ def main(argv: list[str] | None = None) -> int:
                 ratio=ratio(f"raw_hdr/{size}", f"raw/{size}"),
                 target="(vs R0)",
             )
-        if f"fallback/{size}" in summary:
-            r1 = ratio(f"fallback/{size}", f"raw_hdr/{size}")
-            r0 = ratio(f"fallback/{size}", f"raw/{size}")
-            spilled = med(runs[f"fallback/{size}"], "outboxed")
-            note = f"vs R0: {r0:.2f} (aim >= 0.90)" if r0 else ""
+        for name, label, aside in (
+            ("fallback", "fallback mode, happy path", " (aim >= 0.90)"),
+            ("fallback_oe", "fallback, happy path, delivery.report.only.error", "; on_delivery hears failures only"),
+        ):
+            if f"{name}/{size}" not in summary:
+                continue
+            r1 = ratio(f"{name}/{size}", f"raw_hdr/{size}")
+            r0 = ratio(f"{name}/{size}", f"raw/{size}")
+            spilled = med(runs[f"{name}/{size}"], "outboxed")
+            note = f"vs R0: {r0:.2f}{aside}" if r0 else ""
             if spilled:
                 note += f"; median {spilled:.0f} spilled (queue full)"
             table.add(
-                "fallback mode, happy path" + sfx,
-                summary[f"fallback/{size}"],
-                ratio=r1,
-                target=">= 0.95 x R1",
-                met=check(r1, 0.95),
-                notes=note,
-            )
-        if f"fallback_oe/{size}" in summary:
-            r1 = ratio(f"fallback_oe/{size}", f"raw_hdr/{size}")
-            r0 = ratio(f"fallback_oe/{size}", f"raw/{size}")
-            table.add(
-                "fallback, happy path, delivery.report.only.error" + sfx,
-                summary[f"fallback_oe/{size}"],
-                ratio=r1,
-                target=">= 0.95 x R1",
-                met=check(r1, 0.95),
-                notes=f"vs R0: {r0:.2f}; on_delivery hears failures only" if r0 else "",
+                label + sfx, summary[f"{name}/{size}"], ratio=r1, target=">= 0.95 x R1", met=check(r1, 0.95), notes=note
             )
         if f"wa_batch/{size}" in summary:
             r = ratio(f"wa_batch/{size}", f"raw/{size}")
