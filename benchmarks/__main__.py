@@ -41,6 +41,13 @@ README = Path(__file__).resolve().parent / "README.md"
 # (fraction of R0, longest wait for an empty outbox after the restart, seconds)
 RECOVERY = ((0.10, 90.0), (0.25, 200.0), (0.50, 120.0))
 RECOVERY_QUICK = ((0.10, 45.0),)
+# Where a recovery run drains (`--recovery-drain`), as the table and the curves name it.
+DRAIN_PLACES = {
+    "threads": "drain threads in the producer",
+    "process": "drain_in='process' (drain in a child process)",
+    "sidecar": "drain_workers=0 + `outbox drain --follow` beside it",
+}
+LINE_STYLES = {"threads": "-", "process": "--", "sidecar": ":"}
 ALL = ("raw", "fallback", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark", "consumer")
 Result = dict[str, Any]
 
@@ -310,13 +317,13 @@ def plot_recovery(runs: dict[str, list[Result]], outage: float, quick: bool) -> 
     for k in keys:
         r = runs[k][0]
         pct = k.split("/")[1]
-        sidecar = k.endswith("/process")
+        place = r.get("drain", "threads")
         down = r.get("down_at") or 0.0
         xs = [t - down for t, _ in r["pending_curve"]]
         ys = [n for _, n in r["pending_curve"]]
-        where = "drain in a separate process" if sidecar else "drain threads in the producer"
+        where = DRAIN_PLACES[place]
         (line,) = ax.plot(
-            xs, ys, color=colors.get(pct), linestyle="--" if sidecar else "-",
+            xs, ys, color=colors.get(pct), linestyle=LINE_STYLES[place],
             label=f"{pct}% of R0 ({r['rate_wanted']:,.0f} msgs/s), {where}",
         )
         colors.setdefault(pct, line.get_color())
@@ -417,8 +424,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--recovery-drain",
         type=str,
         default="threads,process",
-        help="where the recovery runs drain: threads (the producer's drain workers), process "
-        "(drain_workers=0 and `outbox drain --follow` beside it), or both (default)",
+        help="where the recovery runs drain, comma-separated: threads (the producer's drain workers), "
+        "process (drain_in='process': those workers in a child process), sidecar (drain_workers=0 and "
+        "`outbox drain --follow` beside it); default threads,process",
     )
     ap.add_argument(
         "--recovery-at",
@@ -464,8 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(recovery_steps) != len(wanted):
             print(f"--recovery-at takes percentages out of {[round(f * 100) for f, _ in RECOVERY]}", file=sys.stderr)
             return 2
-    if set(recovery_drains) - {"threads", "process"}:
-        print("--recovery-drain takes threads and/or process", file=sys.stderr)
+    if set(recovery_drains) - set(DRAIN_PLACES):
+        print(f"--recovery-drain takes {', '.join(DRAIN_PLACES)}", file=sys.stderr)
         return 2
     sample = 64
     config: Result = {
@@ -797,12 +805,12 @@ def main(argv: list[str] | None = None) -> int:
             + "/".join(f"{x:.0f}" for x in pts)
             + f"; uncommitted at 100%: {m.get('uncommitted_at_pct', {}).get('100', '?'):,}",
         )
-    for (pct, target_s), suffix in itertools.product(((10, 60.0), (25, 180.0), (50, None)), ("", "/process")):
-        key = f"recovery/{pct}{suffix}"
+    for (pct, target_s), place in itertools.product(((10, 60.0), (25, 180.0), (50, None)), DRAIN_PLACES):
+        key = f"recovery/{pct}" + ("" if place == "threads" else f"/{place}")
         if key not in summary:
             continue
         r = runs[key][0]
-        where = ", drain in a separate process (`outbox drain --follow`)" if suffix else ""
+        where = ", " + DRAIN_PLACES[place]
         after = r.get("empty_after_up_s")
         p50, p99 = r.get("latency_p50_s"), r.get("latency_p99_s")
         lat = f"post-restart latency p50 {fmt_s(p50)} / p99 {fmt_s(p99)}"

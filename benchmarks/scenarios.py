@@ -500,12 +500,14 @@ def recovery(p: Params) -> Result:
     value = os.urandom(int(p["size"]))
     keys = [f"key-{i:04d}".encode() for i in range(nkeys)]
     path = os.path.join(p["workdir"], f"recovery-{os.getpid()}.db")
-    # drain="process": the drain runs in a process of its own (`outbox drain --follow`, a sidecar)
-    # and the producer has no drain workers: the application's interpreter lock is its own.
-    sidecar = p.get("drain") == "process"
-    # Otherwise the producer's own default drain workers: the threads variant measures the defaults.
-    no_workers: dict[str, Any] = {"drain_workers": 0} if sidecar else {}
-    rp = ResilientProducer(kafka_config(p), outbox=f"sqlite:///{path}", mode="fallback", **no_workers)
+    # Where the drain runs: "threads" (the producer's defaults), "process" (drain_in="process":
+    # the producer's drain workers in a child process of their own), or "sidecar"
+    # (drain_workers=0 and `outbox drain --follow` beside it: the producer runs no callback for
+    # the rows the sidecar delivers, so post-restart latency counts only first sends).
+    where = p.get("drain", "threads")
+    sidecar = where == "sidecar"
+    opts: dict[str, Any] = {"drain_workers": 0} if sidecar else {"drain_in": where}
+    rp = ResilientProducer(kafka_config(p), outbox=f"sqlite:///{path}", mode="fallback", **opts)
     drainer = None
     if sidecar:
         cli = os.path.join(os.path.dirname(sys.executable), "outbox")
@@ -606,7 +608,7 @@ def recovery(p: Params) -> Result:
         pending_left=st["pending"],
         sent_after_up=sent_after_up,
         not_delivered_after_up=lost_or_late,
-        drain="process" if sidecar else "threads",
+        drain=where,
         latency_p50_s=pct(0.50),
         latency_p99_s=pct(0.99),
         delivered_from_outbox=st["delivered_from_outbox"],

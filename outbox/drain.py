@@ -142,6 +142,7 @@ class Drainer:
         self.owner = owner or new_owner("drain")
         self.on_store_error = on_store_error
         self.health = DrainHealth()
+        self.restarts = 0  # always 0 here: threads recover in place (DrainProcess counts dead children)
         self._config = {**DRAIN_DEFAULTS, "logger": LIBRDKAFKA_LOG, **producer_config}
         self._config.pop("on_delivery", None)
         self._stop = threading.Event()

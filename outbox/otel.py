@@ -51,6 +51,7 @@ from .aio import AsyncResilientProducer
 from .consumer import AsyncResilientConsumer, ResilientConsumer
 from .consumer import headers as consumer_headers
 from .drain import Drainer
+from .drainproc import Drained
 from .headers import ID_HEADER
 from .producer import ResilientProducer
 from .records import DeadLetter, OutboxMessage
@@ -249,7 +250,7 @@ def _after_commit(tracer: Tracer, inner: Callable[[Committed], None] | None, c: 
 
 
 def _on_delivered(
-    tracer: Tracer, inner: Callable[[list[OutboxMessage]], None] | None, rows: list[OutboxMessage]
+    tracer: Tracer, inner: Callable[[Any], None] | None, rows: Sequence[OutboxMessage] | Sequence[Drained]
 ) -> None:
     if inner is not None:
         inner(rows)

@@ -26,6 +26,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from .circuit import CircuitBreaker, CircuitState
 from .drain import DEFAULT_BATCH_SIZE, Drainer
+from .drainproc import Drained, DrainProcess
 from .errors import ConfigError, ProducerClosedError, StoreError
 from .headers import ID_HEADER, IdGenerator, find
 from .holdback import Holdback
@@ -57,6 +58,7 @@ PRODUCER_DEFAULTS: Mapping[str, Any] = {
 
 _MODES = ("fallback", "write-ahead")
 _DURABILITY = ("batch", "sync")
+_DRAIN_IN = ("threads", "process")
 
 
 # `# type: ignore[arg-type]` on produce(headers=...): confluent-kafka's stubs type headers as
@@ -85,6 +87,11 @@ class ResilientProducer:
             the message is committed).
         drain_workers: background threads re-sending stored messages (0: none; run
             `outbox drain` elsewhere).
+        drain_in: "threads" (in this process) or "process": the drain workers run in a child
+            process of their own (`outbox.drainproc`), so re-sending does not share this
+            process's interpreter lock with the application; callbacks still run here. Needs
+            `outbox` as a URL and settings that pickle (a retry policy's callables must be
+            module-level functions of an importable module).
         id_header: name of the message id header (default "outbox-id"); None sends no id header
             on the first attempt (faster, but consumers cannot dedup a first-send duplicate).
         circuit_failure_threshold: consecutive failed deliveries that open the circuit.
@@ -110,6 +117,7 @@ class ResilientProducer:
         mode: str = "fallback",
         durability: str = "batch",
         drain_workers: int = 2,
+        drain_in: str = "threads",
         id_header: str | None = ID_HEADER,
         circuit_failure_threshold: int = 5,
         circuit_reset_timeout: float = 5.0,
@@ -129,6 +137,10 @@ class ResilientProducer:
             raise ConfigError(f"durability must be one of {_DURABILITY}, got {durability!r}")
         if drain_workers < 0:
             raise ConfigError(f"drain_workers must be >= 0, got {drain_workers}")
+        if drain_in not in _DRAIN_IN:
+            raise ConfigError(f"drain_in must be one of {_DRAIN_IN}, got {drain_in!r}")
+        if drain_in == "process" and isinstance(outbox, Outbox):
+            raise ConfigError("drain_in='process' needs the outbox as a URL: the drain process opens it itself")
         self._serializers = Serializers.of(key_serializer, value_serializer)
         self.mode = mode
         self.durability = durability
@@ -176,6 +188,27 @@ class ResilientProducer:
             on_open=self._circuit_opened,
         )
         drain_config = {k: v for k, v in config.items() if k not in ("error_cb", "on_delivery")}
+        drain_settings: dict[str, Any] = dict(
+            retry=self.retry,
+            workers=max(drain_workers, 1),
+            batch_size=drain_batch_size,
+            lease_seconds=lease_seconds,
+            poll_interval=drain_poll_interval,
+            on_delivered=self._drained,
+            on_dead_letter=self._drain_dead,
+            on_success=self.circuit.record_success,
+            on_store_error=on_store_error,
+        )
+        self.drainer: Drainer | DrainProcess
+        if drain_in == "process" and drain_workers > 0:
+            assert isinstance(outbox, str)
+            try:
+                self.drainer = DrainProcess(outbox, drain_config, **drain_settings)
+            except ConfigError:
+                self.store.close()
+                raise
+        else:
+            self.drainer = Drainer(self.store, drain_config, **drain_settings)
         self._kafka = Producer(self._config)
         self.writer = GroupCommitWriter(
             self.store,
@@ -186,19 +219,6 @@ class ResilientProducer:
         )
         self._hold: Holdback[NewMessage] = Holdback(
             _sequence, limit=self.writer.max_pending, on_full=self._ask_purge_in_flight, clock=time.monotonic
-        )
-        self.drainer = Drainer(
-            self.store,
-            drain_config,
-            retry=self.retry,
-            workers=max(drain_workers, 1),
-            batch_size=drain_batch_size,
-            lease_seconds=lease_seconds,
-            poll_interval=drain_poll_interval,
-            on_delivered=self._drained,
-            on_dead_letter=self._drain_dead,
-            on_success=self.circuit.record_success,
-            on_store_error=on_store_error,
         )
         # Keys with a message in the outbox (this process's or an earlier one's): their later
         # messages queue behind it. Not checked while the circuit is open: nothing drains then.
@@ -213,7 +233,11 @@ class ResilientProducer:
         self._poller = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
         self._poller.start()
         if drain_workers > 0:
-            self.drainer.start()
+            try:
+                self.drainer.start()
+            except BaseException:  # the drain process could not start: nothing may keep running
+                self.close(5)
+                raise
 
     # -- the public API ----------------------------------------------------------------------
 
@@ -356,6 +380,7 @@ class ResilientProducer:
             "dead_this_process": self._dead + self.drainer.result.dead,
             "failed_no_retry": self._failed,
             "store_errors": self.drainer.health.store_errors,
+            "drain_restarts": self.drainer.restarts,
             "store_failing_since": self.drainer.health.failing_since,
             "enqueued_in_transaction": self._in_transaction,
             "in_memory": len(self._kafka),
@@ -702,7 +727,7 @@ class ResilientProducer:
             self._done_seen = done
             self.circuit.record_success()
 
-    def _drained(self, rows: list[OutboxMessage]) -> None:
+    def _drained(self, rows: Sequence[OutboxMessage] | Sequence[Drained]) -> None:
         """Drain thread: rows delivered from the outbox."""
         self._drain_delivered += len(rows)
         for row in rows:

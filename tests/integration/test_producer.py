@@ -79,11 +79,18 @@ def test_happy_path_round_trips_bytes_headers_and_partition(kafka_bootstrap: str
 
 
 @pytest.mark.parametrize(
-    ("mode", "only_errors"), [("fallback", False), ("write-ahead", False), ("fallback", True)],
-    ids=["fallback", "write-ahead", "fallback-only-error-reports"],
+    ("mode", "only_errors", "drain_in"),
+    [
+        ("fallback", False, "threads"),
+        ("write-ahead", False, "threads"),
+        ("fallback", True, "threads"),
+        ("fallback", False, "process"),
+    ],
+    ids=["fallback", "write-ahead", "fallback-only-error-reports", "fallback-drain-process"],
 )
 def test_outage_of_all_brokers_loses_nothing_and_keeps_key_order(
-    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path, mode: str, only_errors: bool
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path, mode: str, only_errors: bool,
+    drain_in: str,
 ) -> None:
     """...and on_delivery hears each message's final fate once: a success only when successes
     are reported (`delivery.report.only.error` off), whether it went first time or from the outbox."""
@@ -94,7 +101,7 @@ def test_outage_of_all_brokers_loses_nothing_and_keeps_key_order(
     fates: list[KafkaError | None] = []
     with make_producer(
         bs, tmp_path / "o.db", mode=mode, message_timeout_ms=ORDER_TIMEOUT_MS,
-        config={"delivery.report.only.error": only_errors},
+        config={"delivery.report.only.error": only_errors}, drain_in=drain_in,
     ) as p:
         # Start once the producer has its idempotence id: with a 3 s message.timeout.ms, time-outs
         # while a just-restarted cluster still loads its coordinators would open the in-flight

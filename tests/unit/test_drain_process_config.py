@@ -1,0 +1,115 @@
+"""`drain_in="process"`: what is refused, and how a drain process that cannot start is reported.
+
+No Kafka is needed: the child process starts and opens the outbox whether or not a broker
+answers (its producers point at a closed port here).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from outbox import ConfigError, ResilientProducer, RetryPolicy, SQLiteOutbox
+
+from ..waiting import wait_until
+
+NO_BROKER = {"bootstrap.servers": "127.0.0.1:1"}
+
+
+def test_an_unknown_drain_in_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"drain_in must be one of \('threads', 'process'\), got 'fork'"):
+        ResilientProducer(NO_BROKER, outbox=f"sqlite:///{tmp_path / 'o.db'}", drain_in="fork")
+
+
+def test_a_drain_process_needs_the_outbox_as_a_url(tmp_path: Path) -> None:
+    store = SQLiteOutbox(str(tmp_path / "o.db"))
+    try:
+        with pytest.raises(ConfigError, match="drain_in='process' needs the outbox as a URL"):
+            ResilientProducer(NO_BROKER, outbox=store, drain_in="process")
+    finally:
+        store.close()
+
+
+def test_settings_that_cannot_be_pickled_are_named(tmp_path: Path) -> None:
+    policy = RetryPolicy(is_retriable=lambda code: None)
+    with pytest.raises(ConfigError, match=r"cannot be pickled: retry \(use module-level functions"):
+        ResilientProducer(NO_BROKER, outbox=f"sqlite:///{tmp_path / 'o.db'}", retry=policy, drain_in="process")
+
+
+def test_a_drain_process_that_cannot_import_the_policy_fails_the_constructor(tmp_path: Path) -> None:
+    """The policy pickles here but its module is not importable in the child: a ConfigError
+    with the child's reason, and nothing keeps running."""
+    (tmp_path / "policy_only_here.py").write_text(
+        textwrap.dedent(
+            """
+            def never(code):
+                return None
+            """
+        )
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import policy_only_here
+    finally:
+        sys.path.remove(str(tmp_path))  # the child's import path is this process's: it lacks it now
+    policy = RetryPolicy(is_retriable=policy_only_here.never)
+    with pytest.raises(
+        ConfigError, match="the drain process could not start: ModuleNotFoundError: No module named 'policy_only_here'"
+    ):
+        ResilientProducer(NO_BROKER, outbox=f"sqlite:///{tmp_path / 'o.db'}", retry=policy, drain_in="process")
+    sys.modules.pop("policy_only_here", None)
+
+
+def test_a_drain_process_starts_stops_and_hands_back_its_leases(tmp_path: Path) -> None:
+    db = tmp_path / "o.db"
+    p = ResilientProducer(NO_BROKER, outbox=f"sqlite:///{db}", drain_in="process", drain_poll_interval=0.1)
+    pid = p.drainer.pid
+    assert pid is not None
+    p.produce("t", b"v", key=b"k")  # the broker never answers: it ends in the outbox at close
+    assert p.close(30) == 0
+    assert p.drainer.pid is None
+    with pytest.raises(ProcessLookupError):  # stopped and reaped
+        os.kill(pid, 0)
+    store = SQLiteOutbox(str(db))
+    try:
+        assert store.stats(now=0).pending == 1
+    finally:
+        store.close()
+
+
+def test_the_drain_process_ends_when_the_application_is_killed(tmp_path: Path) -> None:
+    """kill -9 of the application: the child reads end of file on its command pipe and stops."""
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from outbox import ResilientProducer
+        p = ResilientProducer({NO_BROKER!r}, outbox="sqlite:///{tmp_path / 'o.db'}", drain_in="process")
+        print(p.drainer.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    app = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert app.stdout is not None
+        child = int(app.stdout.readline())
+        os.kill(child, 0)  # running
+        app.kill()
+        app.wait()
+        wait_until(lambda: not _alive(child), 30, "the drain process stops after its application died")
+    finally:
+        app.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers signal 0; its parent (the killed application) is gone, so init reaps it.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"
