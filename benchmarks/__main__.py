@@ -770,8 +770,8 @@ def main(argv: list[str] | None = None) -> int:
             "outage spill (circuit open) to flush()==0",
             summary["spill"],
             ratio=r,
-            target=">= 0.50 x SQLite",
-            met=check(r, 0.50),
+            target=">= 0.80 x SQLite",
+            met=check(r, 0.80),
         )
     if "drain" in summary:
         r = ratio("drain", "raw_rows")

@@ -120,11 +120,10 @@ class DrainProcess:
         self._settings = _pickled(settings)
         self._send_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._stopped = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._commands: Connection | None = None
         self._events: Connection | None = None
-        self._base = (0, 0, 0)  # counts of children that died: a new child counts from zero
+        self._base = (0, 0, 0, 0)  # counts of children that died: a new child counts from zero
         self._reader: threading.Thread | None = None
 
     @property
@@ -260,15 +259,15 @@ class DrainProcess:
             level, name, text = event[1:]
             logging.getLogger(name).log(level, "[drain process] %s", text)
 
-    def _count(self, counts: tuple[int, int, int]) -> None:
-        """The child's running (delivered, retried, dead) on top of earlier children's."""
-        d0, r0, x0 = self._base
-        self.result.delivered, self.result.retried, self.result.dead = d0 + counts[0], r0 + counts[1], x0 + counts[2]
+    def _count(self, counts: tuple[int, int, int, int]) -> None:
+        """The child's running (delivered, retried, dead, released) on top of earlier children's."""
+        r = self.result
+        r.delivered, r.retried, r.dead, r.released = (a + b for a, b in zip(self._base, counts, strict=True))
 
     def _restart(self) -> bool:
         code = self._proc.wait() if self._proc is not None else None
         self.restarts += 1
-        self._base = (self.result.delivered, self.result.retried, self.result.dead)
+        self._base = (self.result.delivered, self.result.retried, self.result.dead, self.result.released)
         log.error("outbox: the drain process exited with code %s; starting a new one in %gs", code, _RESTART_PAUSE)
         self._reap()
         while not self._stopping.wait(_RESTART_PAUSE):
@@ -277,6 +276,8 @@ class DrainProcess:
             except OSError as exc:
                 event = ("failed", str(exc))
             if event[0] == "ready":
+                if self._stopping.is_set():  # stop() came while this child started: tell it too
+                    self._command("stop")
                 return True
             log.error("outbox: the drain process could not start again (%s); retrying", event[1])
             self._reap()
@@ -324,9 +325,9 @@ class _Events:
         with self._lock:
             self._conn.send(event)
 
-    def counts(self) -> tuple[int, int, int]:
+    def counts(self) -> tuple[int, int, int, int]:
         r = self.drainer.result if self.drainer is not None else DrainResult()
-        return (r.delivered, r.retried, r.dead)
+        return (r.delivered, r.retried, r.dead, r.released)
 
     def delivered(self, rows: list[OutboxMessage]) -> None:
         light = [(r.msg_id, r.topic, r.key, r.headers, r.attempts, r.created_at) for r in rows]
