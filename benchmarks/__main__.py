@@ -299,6 +299,14 @@ def fmt_s(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}s"
 
 
+def _cpu_split(r: Result) -> str:
+    """Where a recovery run's CPU went: the application's process, and a drain process beside it."""
+    child = r.get("drain_child_cpu_us_per_msg")
+    if not child or r.get("cpu_us_per_msg") is None:
+        return ""
+    return f"; CPU µs/msg: application process {r['cpu_us_per_msg'] - child:.1f}, drain process {child:.1f}"
+
+
 def plot_recovery(runs: dict[str, list[Result]], outage: float, quick: bool) -> Path | None:
     """Pending rows over time for every recovery run, one PNG (benchmarks/recovery[-quick].png)."""
     keys = sorted((k for k in runs if k.startswith("recovery/")), key=lambda k: int(k.split("/")[1]))
@@ -825,7 +833,8 @@ def main(argv: list[str] | None = None) -> int:
             target=f"empty <= {target_s:.0f}s" if target_s else "report",
             met=None if target_s is None else (after is not None and after <= target_s),
             notes=f"{state}; {lat}; pending at restart {r.get('pending_at_up') or 0:,}, max {r['pending_max']:,}; "
-            f"offered {r['rate_achieved']:,.0f}/s; {r['not_delivered_after_up']:,} post-restart msgs undelivered",
+            f"offered {r['rate_achieved']:,.0f}/s; {r['not_delivered_after_up']:,} post-restart msgs undelivered"
+            + _cpu_split(r),
         )
     for variant, label in (("1", "Spark bulk drain, 1 partition"), ("2", "Spark bulk drain, 2 partitions"),
                            ("4", "Spark bulk drain, 4 partitions"), ("cli", "CLI drain (outbox drain, 1 worker)")):

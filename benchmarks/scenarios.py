@@ -582,6 +582,7 @@ def recovery(p: Params) -> Result:
     if drainer is not None:
         drainer.terminate()  # SIGTERM: a background shell may have left SIGINT ignored
         drainer.wait(60)
+    drain_child_cpu = sum(os.times()[2:4])  # the drain process or sidecar, once waited for
     down, up = events.get("DOWN"), events.get("UP")
     lat = sorted(after_up)
     lost_or_late = sent_after_up - len(lat)  # produced after UP, not delivered by the end
@@ -610,6 +611,7 @@ def recovery(p: Params) -> Result:
         sent_after_up=sent_after_up,
         not_delivered_after_up=lost_or_late,
         drain=where,
+        drain_child_cpu_us_per_msg=drain_child_cpu / sent * 1e6 if sent else None,
         latency_p50_s=pct(0.50),
         latency_p99_s=pct(0.99),
         delivered_from_outbox=st["delivered_from_outbox"],

@@ -16,12 +16,11 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
 from outbox.errors import UnknownMessageError
@@ -128,10 +127,16 @@ def navigate(driver: WebDriver, element: WebElement) -> None:
 
     A click returns once the event is dispatched, not once the next page has loaded: reading the
     next page straight away found the old one (seen once in a full run: no #confirm-count yet).
+    The old page is marked in its `window`, which a loaded page replaces: asking whether an old
+    element went stale instead failed once with chromedriver's "Node with given id does not
+    belong to the document", its other way of saying the page is gone. A script that runs while
+    the next page loads can fail the same way, so such errors only mean "look again".
     """
-    old = driver.find_element(By.TAG_NAME, "html")
+    driver.execute_script("window.__outboxOldPage = true")
     element.click()
-    WebDriverWait(driver, 30).until(staleness_of(old))
+    WebDriverWait(driver, 30, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.execute_script("return window.__outboxOldPage === undefined")
+    )
 
 
 def text(driver: WebDriver, css: str) -> str:
