@@ -6,6 +6,7 @@ answers (its producers point at a closed port here).
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -113,3 +114,26 @@ def _alive(pid: int) -> bool:
     # A zombie still answers signal 0; its parent (the killed application) is gone, so init reaps it.
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(") ")[1][0] != "Z"
+
+
+def test_the_drain_process_log_lines_come_out_of_the_application_loggers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stored message sends the child's drain producer to 127.0.0.1:1, where no broker is;
+    librdkafka's WARNING about it is logged here, under the child's logger name and marked as
+    the drain process's."""
+    caplog.set_level(logging.WARNING, logger="outbox")
+    config = {**NO_BROKER, "message.timeout.ms": 1000}  # the first send fails fast: stored
+    p = ResilientProducer(config, outbox=f"sqlite:///{tmp_path / 'o.db'}", drain_in="process")
+    try:
+        p.produce("t", b"v")
+        wait_until(
+            lambda: any(
+                r.name == "outbox.librdkafka" and r.getMessage().startswith("[drain process] FAIL")
+                for r in caplog.records
+            ),
+            30,
+            "the drain process's connection failure is logged in this process",
+        )
+    finally:
+        p.close(10)
