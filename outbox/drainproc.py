@@ -161,7 +161,10 @@ class DrainProcess:
 
     def wake(self) -> None:
         """Rows were stored: the child looks for due rows now."""
-        self._command("wake")
+        # Not once stopping: a stopping child reads no more commands, and a full pipe would
+        # block the caller (the writer thread).
+        if not self._stopping.is_set():
+            self._command("wake")
 
     # -- the parent's side -------------------------------------------------------------------
 
