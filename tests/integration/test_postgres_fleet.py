@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+import pytest
 from confluent_kafka.admin import AdminClient
 
 from outbox import ATTEMPT_HEADER, ID_HEADER, NewMessage, ResilientProducer, parse_url
@@ -173,9 +174,12 @@ def test_four_drainer_processes_on_one_postgres_outbox_while_a_broker_is_killed(
     assert violations == [], f"{len(violations)} keys out of order, e.g. {violations[0][0]!r}"
 
 
+@pytest.mark.parametrize("drain_in", ["threads", "process"])
 def test_transactional_enqueue_delivers_only_what_the_business_transaction_committed(
-    kafka_bootstrap: str, topic: str, fresh_postgres_url: str
+    kafka_bootstrap: str, topic: str, fresh_postgres_url: str, drain_in: str
 ) -> None:
+    """...with the drain in this process or in a drain process of its own (which opens the
+    PostgreSQL outbox from the URL itself)."""
     url = parse_url(fresh_postgres_url)
     with psycopg.connect(fresh_postgres_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
@@ -184,6 +188,7 @@ def test_transactional_enqueue_delivers_only_what_the_business_transaction_commi
         {"bootstrap.servers": kafka_bootstrap, "acks": "all"},
         outbox=fresh_postgres_url,
         drain_workers=1,
+        drain_in=drain_in,
         drain_poll_interval=0.2,
     ) as p:
         # Rolled back explicitly.
