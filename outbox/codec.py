@@ -16,18 +16,18 @@ _NONE = _VALUE.pack(-1)
 # it sends, and the spill encodes every message it stores). Bounded: past the limit, texts are
 # converted on each use.
 _CACHED = 1000
-_TEXTS: dict[bytes, str] = {}
+TEXTS: dict[bytes, str] = {}  # read directly by hot loops (`outbox.stores.grouped`)
 _UTF8: dict[str, bytes] = {}
 _PREFIXES: dict[str, bytes] = {}  # a header name as encode_headers writes it: length, then UTF-8
 
 
 def text(raw: bytes) -> str:
     """`raw` decoded as UTF-8 (from a bounded cache: for texts that repeat)."""
-    out = _TEXTS.get(raw)
+    out = TEXTS.get(raw)
     if out is None:
         out = raw.decode("utf-8")
-        if len(_TEXTS) < _CACHED:
-            _TEXTS[raw] = out
+        if len(TEXTS) < _CACHED:
+            TEXTS[raw] = out
     return out
 
 

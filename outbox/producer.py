@@ -40,6 +40,7 @@ from .serialization import Serializer, Serializers
 from .settle import Verdict, settle
 from .stores import Outbox, open_outbox
 from .tally import Tally
+from .writeahead import SentBatch, SentReport
 from .writer import Committed, GroupCommitWriter
 
 log = logging.getLogger("outbox")
@@ -575,25 +576,8 @@ class ResilientProducer:
 
     def _after_commit(self, c: Committed) -> None:
         """Writer thread: committed rows. Send write-ahead rows; report dead letters."""
-        produce = self._kafka.produce
-        for row_id, msg, cb, leased in zip(c.new_ids, c.new, c.new_meta, c.leased, strict=True):
-            if not leased:
-                continue
-            report = functools.partial(self._on_wal_report, row_id, msg, cb)
-            while True:
-                try:
-                    produce(
-                        msg.topic, msg.value, msg.key, partition=msg.partition,
-                        headers=msg.headers, on_delivery=report,  # type: ignore[arg-type]
-                    )
-                    self._handed.add()
-                    break
-                except BufferError:
-                    time.sleep(0.005)  # the delivery thread is draining the queue
-                except KafkaException as exc:
-                    self._handed.add()  # counted as taken and failed: _on_wal_report counts the failure
-                    self._on_wal_report(row_id, msg, cb, exc.args[0], None)
-                    break
+        if any(c.leased):
+            self._send_written(c)
         if any(not leased for leased in c.leased):
             self.drainer.wake()
         for row_id, msg, cb in zip(c.dead_ids, c.dead, c.dead_meta, strict=True):
@@ -609,6 +593,32 @@ class ResilientProducer:
         for row in c.dead_failed:
             self._dead += 1
             self._notify_dead(DeadLetter.from_row(row), self._waiting.pop(row.msg_id, None))
+
+    def _send_written(self, c: Committed) -> None:
+        """Send a committed batch's write-ahead rows (the rows born leased to us)."""
+        if all(c.leased):
+            ids, msgs, cbs = c.new_ids, c.new, c.new_meta
+        else:
+            mine = [i for i, leased in enumerate(c.leased) if leased]
+            ids, msgs, cbs = [c.new_ids[i] for i in mine], [c.new[i] for i in mine], [c.new_meta[i] for i in mine]
+        batch = SentBatch(ids, msgs, cbs, self._on_wal_report, self.writer.add_outcomes)
+        produce, handed = self._kafka.produce, self._handed.add
+        for i, msg in enumerate(msgs):
+            report = SentReport(batch, i)
+            while True:
+                try:
+                    produce(
+                        msg.topic, msg.value, msg.key, partition=msg.partition,
+                        headers=msg.headers, on_delivery=report,  # type: ignore[arg-type]
+                    )
+                    handed()
+                    break
+                except BufferError:
+                    time.sleep(0.005)  # the delivery thread is draining the queue
+                except KafkaException as exc:
+                    handed()  # counted as taken and failed: _on_wal_report counts the failure
+                    self._on_wal_report(batch, i, exc.args[0], None)
+                    break
 
     def _notify_dead(self, dl: DeadLetter, cb: DeliveryCallback | None) -> None:
         if cb is not None:
@@ -643,15 +653,15 @@ class ResilientProducer:
         if cb is not None and (err is not None or self._report_successes):
             cb(err, msg)
 
-    def _on_wal_report(
-        self, row_id: int, m: NewMessage, cb: DeliveryCallback | None, err: KafkaError | None, msg: Message | None
-    ) -> None:
-        """Write-ahead send finished: delete the row, or hand it to the drain workers."""
+    def _on_wal_report(self, batch: SentBatch, i: int, err: KafkaError | None, msg: Message | None) -> None:
+        """Write-ahead send finished: the row is deleted with its batch, or handed to the drain."""
+        cb = batch.callbacks[i]
         if err is None:
-            self.writer.add_delivered(row_id)
+            batch.delivered(i)
             if cb is not None and self._report_successes:
                 cb(None, msg)
             return
+        m = batch.messages[i]
         self._send_failures += 1
         now = time.time()
         d = settle(m, err, self.retry, now)
@@ -667,7 +677,7 @@ class ResilientProducer:
             self._outboxed += 1
         if cb is not None:
             self._waiting[m.msg_id] = cb  # popped when the row is delivered or dead-lettered
-        self.writer.add_decision(row_id, d, now)
+        batch.decided(i, d, now)
 
     def _handle_failure(
         self, err: KafkaError, topic: str, value: Any, key: Any, hdrs: Headers, partition: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ from .errors import StoreError
 from .latency import LatencyHistogram
 from .records import NewMessage, OutboxMessage
 from .settle import Decision, add_to
-from .stores.base import Failure, Outbox, Settlement
+from .stores.base import Outbox, Settlement
 
 log = logging.getLogger(__name__)
 
@@ -133,23 +133,17 @@ class GroupCommitWriter:
             self._cond.notify()
             return self._batch
 
-    def add_delivered(self, row_id: int) -> None:
+    def add_outcomes(self, delivered: Sequence[int], decided: Sequence[tuple[int, Decision, float]]) -> None:
+        """Sent rows' outcomes, applied with the next commit in one settlement: the delivered
+        ids, and `settle()` decisions (row id, decision, when) about the others."""
         with self._cond:
-            delivered = self._batch.settled.delivered
-            delivered.append(row_id)
-            if len(delivered) == 1:
+            settled = self._batch.settled
+            was_empty = not settled
+            settled.delivered += delivered
+            for row_id, decision, now in decided:
+                add_to(settled, row_id, decision, now)
+            if was_empty:
                 self._cond.notify()
-
-    def add_failure(self, failure: Failure) -> None:
-        with self._cond:
-            self._batch.settled.failures.append(failure)
-            self._cond.notify()
-
-    def add_decision(self, row_id: int, decision: Decision, now: float) -> None:
-        """A `settle()` decision about a stored row, applied with the next commit."""
-        with self._cond:
-            add_to(self._batch.settled, row_id, decision, now)
-            self._cond.notify()
 
     def pending(self) -> int:
         """Messages accepted but not yet committed (they would be lost if the process died now)."""

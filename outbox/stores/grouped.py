@@ -18,7 +18,9 @@ and `keys` (its distinct keys: `k` and the key in hex, each between NUL bytes, s
 substring search finds exactly one key and never part of another). `key`, `value` and `headers` are NULL.
 
 Body, per message: a fixed head (`_HEAD`) then key, value, encoded headers, msg_id, last_error
-and error_name, each as long as its head says (-1: None).
+and error_name, each as long as its head says (-1: None). A headers length of -2 stands for
+"the `outbox-id` header alone, its value the msg_id": what the producer stores for a message
+sent without headers of its own, so neither encoded nor decoded per message.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 
-from ..codec import decode_headers, encode_headers, text, utf8
+from ..codec import TEXTS, decode_headers, encode_headers, text, utf8
+from ..headers import ID_HEADER
 from ..records import NewMessage, OutboxMessage, Status
 
 #: A batch (of one topic) this long or longer is stored as groups; shorter ones as single rows.
@@ -39,6 +42,7 @@ GROUP_MAX = 1000
 # None); next_attempt_at.
 _HEAD = struct.Struct(">iiiiHhiiiBdd")
 _NAN = float("nan")
+_ID_ALONE = -2  # headers length: [(ID_HEADER, msg_id)]
 
 
 def encode(messages: Sequence[NewMessage]) -> tuple[bytes, bytes | None]:
@@ -48,16 +52,20 @@ def encode(messages: Sequence[NewMessage]) -> tuple[bytes, bytes | None]:
     keys: set[bytes] = set()
     pack = _HEAD.pack
     for m in messages:
-        k, v = m.key, m.value
-        h = encode_headers(m.headers)
+        k, v, hs = m.key, m.value, m.headers
         i = m.msg_id.encode()
+        if hs and len(hs) == 1 and hs[0][0] == ID_HEADER and hs[0][1] == i:
+            h, lh = None, _ID_ALONE
+        else:
+            h = encode_headers(hs)
+            lh = -1 if h is None else len(h)
         error, name = m.last_error, m.error_name
         e = None if error is None else utf8(error)
         n = None if name is None else utf8(name)
         code, first = m.error_code, m.first_failed_at
         add(
             pack(
-                -1 if k is None else len(k), -1 if v is None else len(v), -1 if h is None else len(h),
+                -1 if k is None else len(k), -1 if v is None else len(v), lh,
                 -1 if e is None else len(e), len(i), -1 if n is None else len(n),
                 m.partition, m.attempts, code or 0, code is not None,
                 _NAN if first is None else first, m.next_attempt_at,
@@ -87,6 +95,7 @@ def decode(body: bytes, group_id: int, topic: str, created_at: float) -> list[Ou
     pos, end, size, unpack = 0, len(body), _HEAD.size, _HEAD.unpack_from
     mid = group_id
     pending = Status.PENDING
+    cached = TEXTS.get
     # An OutboxMessage built as the tuple it is: NamedTuple's generated __new__ is a Python
     # call per message (a drain decodes every message it sends).
     new, cls = tuple.__new__, OutboxMessage
@@ -100,18 +109,23 @@ def decode(body: bytes, group_id: int, topic: str, created_at: float) -> list[Ou
         if lv >= 0:
             value = body[pos : pos + lv]
             pos += lv
-        headers = []
         if lh >= 0:
             headers = decode_headers(body[pos : pos + lh])
             pos += lh
-        msg_id = body[pos : pos + li].decode()
+            raw_id = body[pos : pos + li]
+        else:
+            raw_id = body[pos : pos + li]
+            headers = [(ID_HEADER, raw_id)] if lh == _ID_ALONE else []
+        msg_id = raw_id.decode()
         pos += li
         error = name = None
         if le >= 0:
-            error = text(body[pos : pos + le])
+            raw = body[pos : pos + le]
+            error = cached(raw) or text(raw)  # the lookup inline: error texts repeat
             pos += le
         if ln >= 0:
-            name = text(body[pos : pos + ln])
+            raw = body[pos : pos + ln]
+            name = cached(raw) or text(raw)
             pos += ln
         first_failed = None if first != first else first  # NaN: None
         mid += 1

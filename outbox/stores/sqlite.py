@@ -249,6 +249,7 @@ class _Group:
     due: float
     body: bytes
     keys: bytes | None
+    owner: str | None  # born leased (write-ahead): due when the lease ends
 
 
 #: Part of a write: one-message rows (`insert_values` tuples), or one group.
@@ -574,12 +575,17 @@ class SQLiteOutbox(Outbox):
         """What storing `messages` writes, computed before the write lock is taken (encoding is
         per-message work; under the lock it held up every other writer of the process).
 
-        A free pending batch of GROUP_MIN or more becomes group rows (`outbox.stores.grouped`):
-        each run of one topic, up to GROUP_MAX messages a row; a run shorter than GROUP_MIN, and
-        any other batch, one row per message.
+        A pending batch of GROUP_MIN or more becomes group rows (`outbox.stores.grouped`): each
+        run of one topic, up to GROUP_MAX messages a row; a run shorter than GROUP_MIN, and any
+        other batch, one row per message. Rows born leased (write-ahead) are grouped too: the
+        writer hands their deliveries back per batch (`outbox.writeahead`), so a group is
+        deleted whole.
         """
-        if lease_owner is not None or status is not Status.PENDING or len(messages) < grouped.GROUP_MIN:
+        if status is not Status.PENDING or len(messages) < grouped.GROUP_MIN:
             return [[insert_values(m, status, lease_owner, lease_until, now) for m in messages]] if messages else []
+        owner = lease_owner if lease_until is not None else None  # as insert_values: both or neither
+        if owner is None:
+            lease_until = None
         parts: list[_Part] = []
         start = 0
         while start < len(messages):
@@ -589,11 +595,13 @@ class SQLiteOutbox(Outbox):
                 end += 1
             run = messages[start:end]
             if len(run) < grouped.GROUP_MIN:
-                parts.append([insert_values(m, status, None, None, now) for m in run])
+                parts.append([insert_values(m, status, owner, lease_until, now) for m in run])
             else:
                 body, keys = grouped.encode(run)
-                # Due when its latest message is: none of them is sent before its time.
-                parts.append(_Group(topic, len(run), max(m.next_attempt_at for m in run), body, keys))
+                # Due when its lease ends, or when its latest message is: none of them is sent
+                # before its time.
+                due = max(m.next_attempt_at for m in run) if lease_until is None else lease_until
+                parts.append(_Group(topic, len(run), due, body, keys, owner))
             start = end
         return parts
 
@@ -606,8 +614,9 @@ class SQLiteOutbox(Outbox):
                 seq = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
                 gid = (seq[0] if seq else 0) + 1
                 c.execute(
-                    "INSERT INTO outbox (id, msg_id, topic, created_at, next_attempt_at, n) VALUES (?, '', ?, ?, ?, ?)",
-                    (gid, part.topic, now, part.due, part.n),
+                    "INSERT INTO outbox (id, msg_id, topic, created_at, next_attempt_at, n, lease_owner) "
+                    "VALUES (?, '', ?, ?, ?, ?, ?)",
+                    (gid, part.topic, now, part.due, part.n, part.owner),
                 )
                 c.execute("INSERT INTO outbox_body (id, body, keys) VALUES (?, ?, ?)", (gid, part.body, part.keys))
                 # AUTOINCREMENT: the next row's id comes after this group's message ids (the

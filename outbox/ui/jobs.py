@@ -99,6 +99,9 @@ class Jobs:
         batch = max(1, min(BATCH, int(job.rate)))
         after = 0
         started = time.monotonic()
+        # The outcome is published (job.state) only after its audit entry is written: whoever
+        # sees the job finished also finds it in the audit log.
+        state, error = "failed", None  # kept if a BaseException (not caught below) ends the job
         try:
             while not job.cancel.is_set() and job.done < job.total:
                 page = self._store.list_dead(
@@ -113,16 +116,17 @@ class Jobs:
                 ahead = job.done / job.rate - (time.monotonic() - started)
                 if ahead > 0:
                     job.cancel.wait(ahead)
-            job.state = "cancelled" if job.cancel.is_set() else "done"
+            state = "cancelled" if job.cancel.is_set() else "done"
         except Exception as exc:  # the job ends, visibly: state, log and audit
-            job.state, job.error = "failed", str(exc)
+            state, error = "failed", str(exc)
             log.exception("redrive job %d failed after %d message(s)", job.id, job.done)
         finally:
-            job.finished_at = time.time()
+            finished_at = time.time()
             try:
                 self._store.add_audit(
-                    who=job.who, action=f"redrive ({job.state})", filter=describe_json(job.filter),
-                    count=job.done, at=job.finished_at,
+                    who=job.who, action=f"redrive ({state})", filter=describe_json(job.filter),
+                    count=job.done, at=finished_at,
                 )
             except Exception:
                 log.exception("redrive job %d: could not write the audit log", job.id)
+            job.finished_at, job.error, job.state = finished_at, error, state

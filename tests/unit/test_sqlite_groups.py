@@ -276,3 +276,35 @@ def test_a_group_given_back_whole_stays_one_row_due_now(store: SQLiteOutbox) -> 
     again = store.claim("other", G, 30, now=NOW + 2)
     assert ids(again) == ids(claimed)
     assert [m.attempts for m in again] == [m.attempts for m in claimed]  # no attempt counted
+
+
+def test_a_batch_born_leased_is_one_group_row_that_a_whole_delivery_deletes(store: SQLiteOutbox) -> None:
+    """Write-ahead: the writer stores a batch leased to itself, then sends it."""
+    done = store.apply(Settlement(), now=NOW, new=batch(40), lease_owner="me", lease_until=NOW + 30)
+    got = done.new_ids
+    assert rows_in_table(store) == 1 and got == list(range(got[0], got[0] + 40))
+    st = store.stats(now=NOW)
+    assert (st.pending, st.leased) == (40, 40)
+    assert store.claim("other", 100, 60, now=NOW + 29) == []  # leased until NOW + 30
+    assert all(m.next_attempt_at == NOW + 30 for m in store.messages())
+    assert store.has_pending("t", b"k1")  # its keys are pending keys while in flight
+    assert store.apply(Settlement(delivered=got), now=NOW + 1).deleted == 40
+    assert rows_in_table(store) == 0 and store.stats(now=NOW + 1).pending == 0
+
+
+def test_a_batch_born_leased_whose_lease_ends_is_claimed_whole(store: SQLiteOutbox) -> None:
+    """The writing process died before its sends were settled: a drain takes the group over."""
+    got = store.apply(Settlement(), now=NOW, new=batch(20), lease_owner="me", lease_until=NOW + 30).new_ids
+    assert ids(store.claim("drain", 100, 60, now=NOW + 30)) == got
+    assert rows_in_table(store) == 1
+
+
+def test_a_failure_in_a_batch_born_leased_splits_it_and_keeps_the_rest_leased(store: SQLiteOutbox) -> None:
+    got = store.apply(Settlement(), now=NOW, new=batch(20), lease_owner="me", lease_until=NOW + 30).new_ids
+    done = store.apply(Settlement(delivered=got[:5], failures=[fail(got[5], NOW + 10)]), now=NOW + 1)
+    assert done.deleted == 5 and rows_in_table(store) == 15
+    left = {r.id: r for r in store.messages()}
+    assert left[got[5]].next_attempt_at == NOW + 10
+    assert all(left[i].next_attempt_at == NOW + 30 for i in got[6:])  # still in flight: still ours
+    assert store.apply(Settlement(delivered=got[6:]), now=NOW + 2).deleted == 14
+    assert ids(store.claim("drain", 100, 60, now=NOW + 10)) == [got[5]]

@@ -15,8 +15,9 @@ import pytest
 
 from outbox.errors import StoreError, UnknownMessageError
 from outbox.records import NewMessage, Status
+from outbox.settle import Decision, Verdict
 from outbox.stores import SQLiteOutbox
-from outbox.stores.base import Applied, Failure, Settlement
+from outbox.stores.base import Applied, Settlement
 from outbox.writer import Committed, GroupCommitWriter
 
 OWNER = "test-producer"
@@ -226,12 +227,11 @@ def test_rows_born_leased_carry_the_lease(store: CountingOutbox) -> None:
 # -- deliveries, failures, dead letters ----------------------------------------------------------
 
 
-def test_add_delivered_deletes_rows(store: CountingOutbox) -> None:
+def test_delivered_outcomes_delete_rows(store: CountingOutbox) -> None:
     ids = store.enqueue([msg(i) for i in range(4)])
     w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60)
-    w.add_delivered(ids[0])
-    w.add_delivered(ids[2])
-    w.add_delivered(999_999)  # unknown (delivered by another worker): ignored
+    w.add_outcomes([ids[0]], [])
+    w.add_outcomes([ids[2], 999_999], [])  # unknown (delivered by another worker): ignored
     assert w.flush() == 0
     assert w.close() == 0
     for gone in (ids[0], ids[2]):
@@ -241,13 +241,15 @@ def test_add_delivered_deletes_rows(store: CountingOutbox) -> None:
     assert [k for k, _ in store.calls] == ["enqueue", "apply"]
 
 
-def test_add_failure_reschedules_or_dead_letters(store: CountingOutbox) -> None:
+def test_failed_outcomes_reschedule_or_dead_letter(store: CountingOutbox) -> None:
     retry_id, dead_id = store.enqueue([msg(1), msg(2)])
     hook = Hook()
     w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, after_commit=hook)
     now = 1_700_000_000.0
-    w.add_failure(Failure(retry_id, ERR, retry_at=now + 30, failed_at=now, code=-192, name="_MSG_TIMED_OUT"))
-    w.add_failure(Failure(dead_id, DEAD_ERR, retry_at=None, failed_at=now, code=10, name="MSG_SIZE_TOO_LARGE"))
+    w.add_outcomes([], [
+        (retry_id, Decision(Verdict.RESCHEDULE, now + 30, -192, "_MSG_TIMED_OUT", ERR, attempts=1), now),
+        (dead_id, Decision(Verdict.DEAD_LETTER, None, 10, "MSG_SIZE_TOO_LARGE", DEAD_ERR, attempts=1), now),
+    ])
     assert w.close() == 0
 
     r = store.get(retry_id)
@@ -311,7 +313,7 @@ def test_pending_counts_uncommitted_messages(tmp_path: Path) -> None:
         w.add_new(msg(5))
         w.add_new(msg(6))
         w.add_dead(msg(7))
-        w.add_delivered(12345)
+        w.add_outcomes([12345], [])
         assert w.pending() == 5 + 3
         assert w.flush(timeout=0.01) == 8  # timed out: nothing committed yet
         store.gate.set()
@@ -387,7 +389,8 @@ def test_retry_after_a_partial_commit_counts_a_failure_once(tmp_path: Path) -> N
         (row_id,) = store.enqueue([msg(0)])
         store.left = 1  # fail the writer's enqueue, not the setup's above
         w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=30, max_batch=2)
-        w.add_failure(Failure(row_id, ERR, retry_at=2e9, failed_at=1.7e9, code=-192, name="_MSG_TIMED_OUT"))
+        retry = Decision(Verdict.RESCHEDULE, 2e9, -192, "_MSG_TIMED_OUT", ERR, attempts=1)
+        w.add_outcomes([], [(row_id, retry, 1.7e9)])
         w.add_new(msg(1), leased=False)
         assert w.close() == 0
         assert store.failed == 1
