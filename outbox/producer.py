@@ -58,6 +58,7 @@ PRODUCER_DEFAULTS: Mapping[str, Any] = {
 }
 
 _MODES = ("fallback", "write-ahead")
+_new_tuple = tuple.__new__
 _DURABILITY = ("batch", "sync")
 _DRAIN_IN = ("threads", "process")
 
@@ -559,7 +560,10 @@ class ResilientProducer:
         kb = as_bytes(key)
         # Sent by us after the commit unless Kafka is known down or the key must wait.
         send_now = self.circuit.closed and not (kb is not None and (topic, kb) in self._backlog.pending)
-        msg = NewMessage(topic, as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now)
+        # Built as the tuple it is: NamedTuple's generated __new__ is a Python call (0.2 µs).
+        msg = _new_tuple(
+            NewMessage, (topic, as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now, None, None)
+        )
         if send_now:
             batch = self.writer.add_new(msg, cb, leased=True, wait=True)
         else:  # stored for the drain workers; write-ahead rows never need holding back
@@ -601,7 +605,10 @@ class ResilientProducer:
         else:
             mine = [i for i, leased in enumerate(c.leased) if leased]
             ids, msgs, cbs = [c.new_ids[i] for i in mine], [c.new[i] for i in mine], [c.new_meta[i] for i in mine]
-        batch = SentBatch(ids, msgs, cbs, self._on_wal_report, self.writer.add_outcomes)
+        batch = SentBatch(
+            ids, msgs, cbs, self._on_wal_report, self.writer.add_outcomes,
+            successes_heard=self._report_successes and any(cb is not None for cb in cbs),
+        )
         produce, handed = self._kafka.produce, self._handed.add
         for i, msg in enumerate(msgs):
             report = SentReport(batch, i)

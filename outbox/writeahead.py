@@ -36,22 +36,25 @@ class SentBatch:
         ids: the rows' ids, in send order.
         messages: the rows, same order.
         callbacks: the caller's `on_delivery` per row (or None), same order.
-        on_report: runs each row's delivery report: (this batch, the row's place, error, message).
+        on_report: runs a row's delivery report: (this batch, the row's place, error, message);
+            for a success only if `successes_heard`.
         on_settled: called once, when the last row has its outcome, with all of them.
+        successes_heard: some row's caller wants to hear of its delivery.
     """
 
-    __slots__ = ("ids", "messages", "callbacks", "on_report", "_on_settled", "_delivered", "_decided", "_left",
-                 "_lock")
+    __slots__ = ("ids", "messages", "callbacks", "on_report", "successes_heard", "_on_settled", "_delivered",
+                 "_decided", "_left", "_lock")
 
     def __init__(
         self, ids: Sequence[int], messages: Sequence[NewMessage], callbacks: Sequence[Any],
         on_report: Callable[[SentBatch, int, KafkaError | None, Message | None], None],
-        on_settled: Outcomes,
+        on_settled: Outcomes, *, successes_heard: bool = True,
     ) -> None:
         self.ids = ids
         self.messages = messages
         self.callbacks = callbacks
         self.on_report = on_report
+        self.successes_heard = successes_heard
         self._on_settled = on_settled
         self._delivered: list[int] = []
         self._decided: list[tuple[int, Decision, float]] = []
@@ -61,18 +64,17 @@ class SentBatch:
 
     def delivered(self, i: int) -> None:
         """Row `i` was delivered."""
-        self._outcome(i, None, 0.0)
+        with self._lock:
+            self._delivered.append(self.ids[i])
+            self._left -= 1
+            if self._left:
+                return
+        self._on_settled(self._delivered, self._decided)
 
     def decided(self, i: int, decision: Decision, now: float) -> None:
         """Row `i` failed; `decision` is its `settle()` verdict at `now`."""
-        self._outcome(i, decision, now)
-
-    def _outcome(self, i: int, decision: Decision | None, now: float) -> None:
         with self._lock:
-            if decision is None:
-                self._delivered.append(self.ids[i])
-            else:
-                self._decided.append((self.ids[i], decision, now))
+            self._decided.append((self.ids[i], decision, now))
             self._left -= 1
             if self._left:
                 return
@@ -95,4 +97,7 @@ class SentReport:
 
     def __call__(self, err: KafkaError | None, msg: Message | None) -> None:
         b = self.batch
-        b.on_report(b, self.i, err, msg)
+        if err is None and not b.successes_heard:
+            b.delivered(self.i)  # the common case, one call deep: this runs once per message
+        else:
+            b.on_report(b, self.i, err, msg)

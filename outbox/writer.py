@@ -89,7 +89,10 @@ class GroupCommitWriter:
         self.max_batch = max_batch
         self.max_pending = max_pending
         self.after_commit = after_commit
-        self._cond = threading.Condition()
+        # `with self._lock` is one C call; `with self._cond` is two Python-level calls
+        # (Condition.__enter__/__exit__), paid by every produce() in write-ahead mode.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._batch = Batch()
         self._committing: Batch | None = None
         self._closed = False
@@ -103,9 +106,9 @@ class GroupCommitWriter:
 
     def add_new(self, msg: NewMessage, meta: Any = None, *, leased: bool = False, wait: bool = False) -> Batch:
         """Queue a new row. `wait=True` (application threads only) applies backpressure."""
-        if wait:
+        if wait and len(self._batch.new) >= self.max_pending:
             self.wait_for_room()
-        with self._cond:
+        with self._lock:
             b = self._batch
             b.new.append(msg)
             b.new_meta.append(meta)

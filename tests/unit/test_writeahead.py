@@ -17,7 +17,9 @@ RETRY = Decision(Verdict.RESCHEDULE, 1e9 + 30, -192, "_MSG_TIMED_OUT", "_MSG_TIM
 Handed = list[tuple[list[int], list[tuple[int, Decision, float]]]]
 
 
-def make(n: int, handed: Handed, reports: list[tuple[int, object]] | None = None) -> SentBatch:
+def make(
+    n: int, handed: Handed, reports: list[tuple[int, object]] | None = None, *, successes_heard: bool = True
+) -> SentBatch:
     msgs = [NewMessage("t", b"v", None, [], -1, f"id-{i}") for i in range(n)]
 
     def on_report(b: SentBatch, i: int, err: KafkaError | None, msg: object) -> None:
@@ -31,7 +33,9 @@ def make(n: int, handed: Handed, reports: list[tuple[int, object]] | None = None
     def on_settled(delivered: list[int], decided: list[tuple[int, Decision, float]]) -> None:
         handed.append((list(delivered), list(decided)))
 
-    return SentBatch([100 + i for i in range(n)], msgs, [None] * n, on_report, on_settled)
+    return SentBatch(
+        [100 + i for i in range(n)], msgs, [None] * n, on_report, on_settled, successes_heard=successes_heard
+    )
 
 
 def test_outcomes_are_handed_on_once_when_the_last_row_has_its_outcome() -> None:
@@ -54,6 +58,17 @@ def test_a_report_names_its_row() -> None:
         SentReport(b, i)(e, None)
     assert reports == [(1, None), (0, err), (2, None)]
     assert handed == [([101, 102], [(100, RETRY, 1e9)])]
+
+
+def test_a_success_nobody_hears_of_skips_the_report_handler() -> None:
+    handed: Handed = []
+    reports: list[tuple[int, object]] = []
+    b = make(2, handed, reports, successes_heard=False)
+    err = KafkaError(KafkaError._MSG_TIMED_OUT)
+    SentReport(b, 0)(None, None)
+    SentReport(b, 1)(err, None)
+    assert reports == [(1, err)]  # the failure only
+    assert handed == [([100], [(101, RETRY, 1e9)])]
 
 
 def test_outcomes_from_two_threads_are_handed_on_once() -> None:
