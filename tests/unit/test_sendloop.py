@@ -1,0 +1,51 @@
+"""SendLoop.finish: turning a produced batch's reports into one decision per row. The producer
+is real but has nothing queued (no broker needed); failure reports are fed through the batch's
+own callback, as librdkafka's poll would."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import KafkaError
+
+from outbox.records import OutboxMessage
+from outbox.retry import RetryPolicy
+from outbox.sendloop import InFlight, SendLoop
+from outbox.settle import Verdict
+
+NOW = 1_000_000.0
+
+
+def row(i: int) -> OutboxMessage:
+    return OutboxMessage(i, f"m-{i}", "t", b"k", b"v", [], -1, 0, 0, NOW, None, None, NOW, None, None, None)
+
+
+@pytest.fixture
+def loop() -> Iterator[SendLoop]:
+    # Port 1: nothing listens; nothing is produced, so nothing is sent.
+    yield SendLoop({"bootstrap.servers": "127.0.0.1:1", "log_level": 0}, RetryPolicy(max_attempts=5))
+
+
+def test_a_batch_without_failure_reports_is_delivered_row_by_row(loop: SendLoop) -> None:
+    rows = [row(i) for i in range(3)]
+    out = loop.finish(InFlight(rows), lambda: NOW)
+    assert [(r.id, d.verdict) for r, d in out] == [(i, Verdict.DELIVERED) for i in range(3)]
+
+
+def test_a_failure_report_reschedules_its_row_only(loop: SendLoop) -> None:
+    rows = [row(i) for i in range(3)]
+    batch = InFlight(rows)
+    # Retriable, and not a sign of the cluster gone (so no broker is asked whether it is up).
+    batch.report(1, KafkaError(KafkaError.KAFKA_STORAGE_ERROR), None)
+    out = {r.id: d for r, d in loop.finish(batch, lambda: NOW)}
+    assert [out[i].verdict for i in range(3)] == [Verdict.DELIVERED, Verdict.RESCHEDULE, Verdict.DELIVERED]
+    assert (out[1].attempts, out[1].name) == (1, "KAFKA_STORAGE_ERROR")
+
+
+def test_rows_whose_fate_is_unknown_are_left_out(loop: SendLoop) -> None:
+    batch = InFlight([row(0), row(1)])
+    batch.unknown = True  # a stop gave up waiting: maybe delivered, maybe not
+    batch.report(0, KafkaError(KafkaError._PURGE_QUEUE), None)
+    out = loop.finish(batch, lambda: NOW)
+    assert [(r.id, d.verdict) for r, d in out] == [(0, Verdict.RELEASE)]
