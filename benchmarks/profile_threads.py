@@ -4,11 +4,14 @@ Standalone (not collected by pytest):
 
     python benchmarks/profile_threads.py                       # write-ahead, 300,000 messages
     python benchmarks/profile_threads.py --mode fallback --messages 500000
+    python benchmarks/profile_threads.py --mode drain --messages 500000   # Drainer, 2 workers
 
 A local one-broker cluster (`outbox.testing.KafkaCluster`), a topic of 3 partitions, 200-byte
 unkeyed values, `acks=all`. After 20,000 warm-up messages it produces `--messages` as fast as
 `produce()` returns, flushes, and prints the rate and each thread's CPU time (from
 `/proc/self/task`, named after the Python thread that owns it) divided by the messages.
+In `drain` mode it stores the messages first (`enqueue`, 10,000 at a time, as `make bench`'s drain
+template) and measures `Drainer(workers=2, batch_size=5000).run(until_empty=True)` instead.
 """
 
 from __future__ import annotations
@@ -22,15 +25,18 @@ import time
 
 from confluent_kafka import Producer
 
-from outbox import ResilientProducer
+from outbox import Drainer, ResilientProducer
+from outbox.headers import ID_HEADER
+from outbox.records import NewMessage
+from outbox.stores.sqlite import SQLiteOutbox
 from outbox.testing import KafkaCluster
 
 
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds so far of each thread of this process, by thread name (summed per name)."""
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """(name, CPU seconds so far) of each live thread of this process, by thread id."""
     names = {t.native_id: t.name for t in threading.enumerate()}
     tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
+    out: dict[int, tuple[str, float]] = {}
     for task in glob.glob(f"/proc/{os.getpid()}/task/*"):
         try:
             with open(f"{task}/comm") as f:
@@ -39,14 +45,50 @@ def thread_cpu() -> dict[str, float]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue  # the thread ended
-        name = names.get(int(task.rsplit("/", 1)[1]), comm)
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        tid = int(task.rsplit("/", 1)[1])
+        out[tid] = (names.get(tid, comm), (int(fields[11]) + int(fields[12])) / tick)
     return out
+
+
+class ThreadCPU:
+    """CPU seconds each thread spent between `start()` and `stop()`, by thread name.
+
+    Sampled every 50 ms, because threads that end before `stop()` (a drain's workers and their
+    producers' librdkafka threads) take their counters with them: such a thread loses at most
+    its last 50 ms.
+    """
+
+    def __init__(self) -> None:
+        self._first: dict[int, float] = {}
+        self._last: dict[int, tuple[str, float]] = {}
+        self._done = threading.Event()
+        self._sampler = threading.Thread(target=self._sample_until_done, name="cpu-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._first = {tid: cpu for tid, (_, cpu) in thread_cpu().items()}
+        self._sampler.start()
+
+    def stop(self) -> dict[str, float]:
+        self._done.set()
+        self._sampler.join()
+        self._sample()
+        spent: dict[str, float] = {}
+        for tid, (name, cpu) in self._last.items():
+            if name != "cpu-sampler":
+                spent[name] = spent.get(name, 0.0) + cpu - self._first.get(tid, 0.0)
+        return spent
+
+    def _sample(self) -> None:
+        self._last.update(thread_cpu())
+
+    def _sample_until_done(self) -> None:
+        while not self._done.wait(0.05):
+            self._sample()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=("write-ahead", "fallback"), default="write-ahead")
+    ap.add_argument("--mode", choices=("write-ahead", "fallback", "drain"), default="write-ahead")
     ap.add_argument("--messages", type=int, default=300_000)
     args = ap.parse_args()
     n = args.messages
@@ -55,21 +97,47 @@ def main() -> None:
         config = {"bootstrap.servers": cluster.bootstrap_servers, "acks": "all", "linger.ms": 5}
         Producer(config).list_topics("profile", timeout=10)
         value = os.urandom(200)
+        if args.mode == "drain":
+            report(args.mode, n, *drain(config, os.path.join(tmp, "d.db"), value, n))
+            return
         producer = ResilientProducer(config, outbox=os.path.join(tmp, "o.db"), mode=args.mode)
         for _ in range(20_000):
             producer.produce("profile", value)
         producer.flush(60)
-        before = thread_cpu()
+        cpu = ThreadCPU()
+        cpu.start()
         started = time.perf_counter()
         for _ in range(n):
             producer.produce("profile", value)
         producer.flush(120)
         seconds = time.perf_counter() - started
-        after = thread_cpu()
+        spent = cpu.stop()
         outboxed = producer.stats()["outboxed"]
         producer.close(30)
-    print(f"{args.mode}: {n / seconds:,.0f} msgs/s; {outboxed:,} went through the outbox")
-    spent = {name: cpu - before.get(name, 0.0) for name, cpu in after.items()}
+    report(args.mode, n, seconds, spent, f"{outboxed:,} went through the outbox")
+
+
+Profile = tuple[float, dict[str, float], str]  # seconds, CPU by thread name, note
+
+
+def drain(config: dict[str, object], path: str, value: bytes, n: int) -> Profile:
+    """Store `n` messages, then drain them with two workers."""
+    with SQLiteOutbox(path, synchronous="NORMAL") as store:
+        for k in range(0, n, 10_000):
+            ids = [f"{os.getpid():016x}{i:016x}" for i in range(k, min(k + 10_000, n))]
+            store.enqueue([NewMessage("profile", value, None, [(ID_HEADER, m.encode())], -1, m) for m in ids])
+        drainer = Drainer(store, config, workers=2, batch_size=5000)
+        cpu = ThreadCPU()
+        cpu.start()
+        started = time.perf_counter()
+        res = drainer.run(until_empty=True)
+        seconds = time.perf_counter() - started
+        spent = cpu.stop()
+    return seconds, spent, f"{res.delivered:,} delivered, {res.remaining:,} left"
+
+
+def report(mode: str, n: int, seconds: float, spent: dict[str, float], note: str) -> None:
+    print(f"{mode}: {n / seconds:,.0f} msgs/s; {note}")
     for name, cpu in sorted(spent.items(), key=lambda kv: -kv[1]):
         if cpu > 0.005:
             print(f"  {name:22s} {cpu / n * 1e6:6.2f} µs/msg")

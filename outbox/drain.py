@@ -155,6 +155,11 @@ class Drainer:
         # every 10 ms (each futile claim scanned the in-flight rows under the store's write lock).
         self._progress = threading.Condition()
         self._changes = 0
+        # Workers of this drainer holding claimed rows. A run until empty ends a worker only when
+        # its claim found nothing and no other worker holds rows: a claim also comes back empty
+        # when another worker leased the same rows first (two claims read one snapshot), and the
+        # rows that worker settles may unblock more of their keys.
+        self._holding = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -281,12 +286,15 @@ class Drainer:
         # they are sent only after it, and only if all of it was delivered.
         current: InFlight[OutboxMessage] | None = None  # on the producer
         queued: list[OutboxMessage] = []  # claimed, sent once `current` is settled
+        holding = False
         try:
             while not self._stop.is_set():
+                holding = self._mark_holding(current is not None or bool(queued), holding)
                 if loop.cluster_down and current is None:
                     self._wait_for_cluster(loop, until_empty)
                     continue
                 if not queued and not loop.cluster_down:
+                    holding = self._mark_holding(True, holding)  # before its lease: see _holding
                     queued = self._claim(limit, background, [r.id for r in current.rows] if current else [])
                 if current is not None:
                     delivered_all = self._settle(loop, current, background)
@@ -305,7 +313,11 @@ class Drainer:
                 if limit is not None and limit[0] is not None and limit[0] <= 0:
                     return
                 if until_empty and self.health.failing_since is None:
-                    return
+                    holding = self._mark_holding(False, holding)
+                    if not self._others_hold_rows():
+                        return
+                    self._wait_for_progress()
+                    continue
                 self._sleep_until_due(time.time())
         except Exception:
             log.exception("outbox drain worker %s failed; its leases expire and others take over", self.owner)
@@ -319,6 +331,25 @@ class Drainer:
             except Exception:
                 log.exception("outbox drain: could not settle a batch at stop; its leases expire")
             loop.close(5)
+            self._mark_holding(False, holding)
+            self._interrupt_waiters()  # a worker waiting for this one's rows looks again
+
+    def _mark_holding(self, now_holding: bool, was_holding: bool) -> bool:
+        if now_holding != was_holding:
+            with self._lock:
+                self._holding += 1 if now_holding else -1
+        return now_holding
+
+    def _others_hold_rows(self) -> bool:
+        """Does another worker hold claimed rows? (The caller holds none.)"""
+        with self._lock:
+            return self._holding > 0
+
+    def _wait_for_progress(self) -> None:
+        """Wait until a worker settles a batch or ends (or `poll_interval` passes)."""
+        with self._progress:
+            seen = self._changes
+            self._progress.wait_for(lambda: self._changes != seen, self.poll_interval)
 
     def _wait_for_cluster(self, loop: SendLoop, until_empty: bool) -> None:
         """No broker answers: the batch went back unattempted; claim again once one does.
@@ -421,9 +452,7 @@ class Drainer:
             log.warning("outbox drain: cannot read the store: %s", exc)
             due = None
         if due is not None and due <= now:  # due rows, none claimable: their keys are in flight
-            with self._progress:
-                seen = self._changes
-                self._progress.wait_for(lambda: self._changes != seen, self.poll_interval)
+            self._wait_for_progress()
             return
         wait = self.poll_interval if due is None else min(self.poll_interval, due - now)
         self._wakeup.wait(max(wait, 0.01))
