@@ -462,19 +462,23 @@ class Drainer:
         """Wait for one batch's reports and apply every row's decision in one transaction.
 
         Returns whether every row of the batch was delivered (and that settled)."""
-        decided = loop.finish(batch, time.time, stop=self._stop)
-        now = time.time()
-        settlement = Settlement()
-        delivered: list[OutboxMessage] = []
         failed = 0
         last_error: str | None = None
-        for row, d in decided:
-            add_to(settlement, row.id, d, now)
-            if d.verdict is Verdict.DELIVERED:
-                delivered.append(row)
-            elif d.verdict is not Verdict.RELEASE:
-                failed += 1
-                last_error = d.error
+        if loop.wait(batch, stop=self._stop):  # the healthy batch, without a decision per row
+            now = time.time()
+            delivered = list(batch.rows)
+            settlement = Settlement(delivered=[row.id for row in delivered])
+        else:
+            delivered = []
+            settlement = Settlement()
+            now = time.time()
+            for row, d in loop.decide(batch, time.time):
+                add_to(settlement, row.id, d, now)
+                if d.verdict is Verdict.DELIVERED:
+                    delivered.append(row)
+                elif d.verdict is not Verdict.RELEASE:
+                    failed += 1
+                    last_error = d.error
         while True:
             try:
                 dead = self.store.apply(settlement, now=now).dead
@@ -485,7 +489,7 @@ class Drainer:
                     raise
                 self._store_failed(exc)
                 if self._stop.is_set():
-                    log.error("outbox drain: stopping with %d rows unsettled; their leases expire", len(decided))
+                    log.error("outbox drain: stopping with %d rows unsettled; their leases expire", len(batch.rows))
                     return False
                 self._stop.wait(self._backoff())
         self._interrupt_waiters()

@@ -84,5 +84,11 @@ def for_resend(
     return out
 
 
+def resent_once(id_header: tuple[str, bytes | None]) -> Headers:
+    """`for_resend` of a message stored with the id header alone that never failed."""
+    return [id_header, _FIRST_ATTEMPT]
+
+
 _ATTEMPTS = [(ATTEMPT_HEADER, str(i).encode()) for i in range(100)]
+_FIRST_ATTEMPT = _ATTEMPTS[1]
 _ERRORS: dict[str, tuple[str, bytes]] = {}

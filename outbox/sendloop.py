@@ -11,9 +11,13 @@ this one is in flight (the drain workers do). Why: every delivery report is a ca
 from librdkafka's poll, which takes the interpreter lock and gives it back. In a process where
 the application and the outbox writer also want that lock (a recovery after an outage), each
 such hand-over could wait for another thread's switch interval: py-spy of a recovering process
-showed its drain worker spending a fifth of its time in poll(0) serving success reports. Delivery
-reports carry no headers, so each message's callback is a `functools.partial` holding its batch
-and its index; it runs only for a failure.
+showed its drain worker spending a fifth of its time in poll(0) serving success reports.
+
+Delivery reports carry no headers, so each message's callback knows its index in the batch: a
+`functools.partial` of the index, made once per index and reused by every batch (making one per
+message cost 0.9 µs). Its report lands in the errors of the batch on the producer, which is
+always the one batch in flight; a batch given up at a stop with messages still in flight leaves
+the callbacks to them behind, and the next batch gets new ones.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from .headers import for_resend
+from .headers import ID_HEADER, for_resend, resent_once
 from .records import Headers
 from .retry import UNREACHABLE_CODES, RetryPolicy
 from .settle import DELIVERED, Decision, Verdict, settle
@@ -75,6 +79,10 @@ R = TypeVar("R", bound=Stored)
 
 def resend_headers(row: Stored) -> Headers:
     """The stored headers plus this re-send's retry metadata (`outbox-attempt`, ...)."""
+    hs = row.headers
+    if (len(hs) == 1 and hs[0][0] == ID_HEADER and not row.attempts and row.last_error is None
+            and row.first_failed_at is None):
+        return resent_once(hs[0])  # the common row: never failed, the id header alone
     return for_resend(
         row.headers, msg_id=row.msg_id, attempt=row.attempts + 1,
         first_failed_at=row.first_failed_at, last_error=row.last_error,
@@ -91,6 +99,28 @@ class InFlight(Generic[R]):
         self.errors: dict[int, KafkaError] = {}
         #: A stop gave up waiting: rows without an error may or may not have been delivered.
         self.unknown = False
+
+    @property
+    def all_delivered(self) -> bool:
+        """Once waited for: every row was delivered (no failure report, nothing left unknown)."""
+        return not self.errors and not self.unknown
+
+
+class _Reports:
+    """The delivery-report callbacks of one producer's batches, one per index (module doc)."""
+
+    __slots__ = ("errors", "callbacks")
+
+    def __init__(self) -> None:
+        self.errors: dict[int, KafkaError] = {}  # the batch on the producer's
+        self.callbacks: list[functools.partial[None]] = []
+
+    def upto(self, n: int) -> list[functools.partial[None]]:
+        """Callbacks for indexes 0 … n-1."""
+        cbs = self.callbacks
+        if len(cbs) < n:
+            cbs += [functools.partial(self.report, i) for i in range(len(cbs), n)]
+        return cbs
 
     def report(self, i: int, err: KafkaError | None, msg: Any) -> None:
         """Delivery-report callback (the producer's polling thread): failures only."""
@@ -114,6 +144,7 @@ class SendLoop:
         self.policy = policy
         self.flush_timeout = flush_timeout
         self.producer = Producer(self.config)
+        self._reports = _Reports()
         #: No broker answered after the last finished batch failed for want of a cluster: its
         #: rows were released without counting an attempt. Senders wait for `cluster_up()`.
         self.cluster_down = False
@@ -150,14 +181,28 @@ class SendLoop:
             now_fn: the clock (`time.time`), read once when the reports are in.
             stop: when set, what is still queued is purged and released, not sent.
         """
+        if self.wait(batch, stop):
+            # The healthy batch: settle()'s answer for a report without an error is DELIVERED,
+            # the same for every row, so it is not asked once per row.
+            return [(row, DELIVERED) for row in batch.rows]
+        return self.decide(batch, now_fn)
+
+    def wait(self, batch: InFlight[R], stop: threading.Event | None = None) -> bool:
+        """Wait for the batch's reports (see `finish`); return whether every row was delivered.
+
+        If not, `decide()` tells each row's decision.
+        """
         self._wait(batch, stop)
+        if batch.all_delivered:
+            self.cluster_down = False
+            return True
+        return False
+
+    def decide(self, batch: InFlight[R], now_fn: Any) -> list[tuple[R, Decision]]:
+        """Each row's decision, once `wait()` said that not all were delivered (see `finish`)."""
         rows, errors, unknown = batch.rows, batch.errors, batch.unknown
         # Asked only when something failed for want of a cluster: one metadata request.
         down = self.cluster_down = any(e.code() in UNREACHABLE_CODES for e in errors.values()) and not self.cluster_up()
-        if not errors and not unknown:
-            # The healthy batch: settle()'s answer for a report without an error is DELIVERED,
-            # the same for every row, so it is not asked once per row.
-            return [(row, DELIVERED) for row in rows]
         now = now_fn()
         out: list[tuple[R, Decision]] = []
         alone: list[int] = []
@@ -196,12 +241,14 @@ class SendLoop:
     def _produce_all(self, batch: InFlight[Any], which: Any) -> None:
         producer = self.producer
         produce = producer.produce
-        rows, report = batch.rows, batch.report
+        rows = batch.rows
+        self._reports.errors = batch.errors
+        callbacks = self._reports.upto(len(rows))
         for n, i in enumerate(which):
             if n % _POLL_EVERY == _POLL_EVERY - 1:
                 producer.poll(0)
             row = rows[i]
-            cb = functools.partial(report, i)
+            cb = callbacks[i]
             part = row.partition
             while True:
                 try:
@@ -228,6 +275,8 @@ class SendLoop:
                 # Unsent messages come back as _PURGE_QUEUE (released, no attempt counted).
                 producer.purge(in_queue=True, in_flight=False)
                 batch.unknown = producer.flush(self.flush_timeout) > 0
+                if batch.unknown:  # reports may still come for it: later batches get new callbacks
+                    self._reports = _Reports()
                 return
 
     def _send_alone(self, row: Stored, now_fn: Any) -> Decision:

@@ -1,6 +1,6 @@
 """SendLoop.finish: turning a produced batch's reports into one decision per row. The producer
-is real but has nothing queued (no broker needed); failure reports are fed through the batch's
-own callback, as librdkafka's poll would."""
+is real; no broker listens at its address. Failure reports are put in the batch's errors as its
+callbacks would, except in the last test, where librdkafka reports them itself."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_a_failure_report_reschedules_its_row_only(loop: SendLoop) -> None:
     rows = [row(i) for i in range(3)]
     batch = InFlight(rows)
     # Retriable, and not a sign of the cluster gone (so no broker is asked whether it is up).
-    batch.report(1, KafkaError(KafkaError.KAFKA_STORAGE_ERROR), None)
+    batch.errors[1] = KafkaError(KafkaError.KAFKA_STORAGE_ERROR)
     out = {r.id: d for r, d in loop.finish(batch, lambda: NOW)}
     assert [out[i].verdict for i in range(3)] == [Verdict.DELIVERED, Verdict.RESCHEDULE, Verdict.DELIVERED]
     assert (out[1].attempts, out[1].name) == (1, "KAFKA_STORAGE_ERROR")
@@ -46,6 +46,21 @@ def test_a_failure_report_reschedules_its_row_only(loop: SendLoop) -> None:
 def test_rows_whose_fate_is_unknown_are_left_out(loop: SendLoop) -> None:
     batch = InFlight([row(0), row(1)])
     batch.unknown = True  # a stop gave up waiting: maybe delivered, maybe not
-    batch.report(0, KafkaError(KafkaError._PURGE_QUEUE), None)
+    batch.errors[0] = KafkaError(KafkaError._PURGE_QUEUE)
     out = loop.finish(batch, lambda: NOW)
     assert [(r.id, d.verdict) for r, d in out] == [(0, Verdict.RELEASE)]
+
+
+def test_each_report_lands_in_the_batch_on_the_producer_at_its_index() -> None:
+    # The callbacks are made once per index and reused: the second batch's reports must land in
+    # the second batch, at the second batch's indexes.
+    loop = SendLoop({"bootstrap.servers": "127.0.0.1:1", "log_level": 0, "message.timeout.ms": 200},
+                    RetryPolicy(max_attempts=5))
+    first = loop.start([row(i) for i in range(3)])
+    assert not loop.wait(first)
+    assert {i: e.code() for i, e in first.errors.items()} == {i: KafkaError._MSG_TIMED_OUT for i in range(3)}
+    second = loop.start([row(10), row(11)])
+    assert not loop.wait(second)
+    assert sorted(second.errors) == [0, 1]
+    assert sorted(first.errors) == [0, 1, 2]
+
