@@ -4,14 +4,15 @@ Standalone (not collected by pytest):
 
     python benchmarks/profile_threads.py                       # write-ahead, 300,000 messages
     python benchmarks/profile_threads.py --mode fallback --messages 500000
-    python benchmarks/profile_threads.py --mode drain --messages 500000   # Drainer, 2 workers
+    python benchmarks/profile_threads.py --mode drain --messages 500000 [--workers 2] [--batch 5000]
+    python benchmarks/profile_threads.py --mode raw --brokers 3          # the raw producer, for scale
 
-A local one-broker cluster (`outbox.testing.KafkaCluster`), a topic of 3 partitions, 200-byte
+A local cluster (`outbox.testing.KafkaCluster`, one broker unless `--brokers`), a topic of 3 partitions, 200-byte
 unkeyed values, `acks=all`. After 20,000 warm-up messages it produces `--messages` as fast as
 `produce()` returns, flushes, and prints the rate and each thread's CPU time (from
 `/proc/self/task`, named after the Python thread that owns it) divided by the messages.
 In `drain` mode it stores the messages first (`enqueue`, 10,000 at a time, as `make bench`'s drain
-template) and measures `Drainer(workers=2, batch_size=5000).run(until_empty=True)` instead.
+template) and measures `Drainer(workers=W, batch_size=B).run(until_empty=True)` instead.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from confluent_kafka import Producer
 from outbox import Drainer, ResilientProducer
 from outbox.headers import ID_HEADER
 from outbox.records import NewMessage
+from outbox.stores.base import Outbox
 from outbox.stores.sqlite import SQLiteOutbox
 from outbox.testing import KafkaCluster
 
@@ -50,6 +52,25 @@ def thread_cpu() -> dict[int, tuple[str, float]]:
     return out
 
 
+BROKERS = "Kafka (its JVMs)"
+
+
+def brokers_cpu() -> float:
+    """CPU seconds so far of this process's child processes named java (the local cluster)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                comm, rest = f.read().rsplit(")", 1)
+        except OSError:
+            continue
+        fields = rest.split()
+        if comm.endswith("(java") and int(fields[1]) == os.getpid():
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 class ThreadCPU:
     """CPU seconds each thread spent between `start()` and `stop()`, by thread name.
 
@@ -60,11 +81,13 @@ class ThreadCPU:
 
     def __init__(self) -> None:
         self._first: dict[int, float] = {}
+        self._brokers = 0.0
         self._last: dict[int, tuple[str, float]] = {}
         self._done = threading.Event()
         self._sampler = threading.Thread(target=self._sample_until_done, name="cpu-sampler", daemon=True)
 
     def start(self) -> None:
+        self._brokers = brokers_cpu()
         self._first = {tid: cpu for tid, (_, cpu) in thread_cpu().items()}
         self._sampler.start()
 
@@ -76,6 +99,7 @@ class ThreadCPU:
         for tid, (name, cpu) in self._last.items():
             if name != "cpu-sampler":
                 spent[name] = spent.get(name, 0.0) + cpu - self._first.get(tid, 0.0)
+        spent[BROKERS] = brokers_cpu() - self._brokers
         return spent
 
     def _sample(self) -> None:
@@ -88,17 +112,24 @@ class ThreadCPU:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=("write-ahead", "fallback", "drain"), default="write-ahead")
+    ap.add_argument("--mode", choices=("write-ahead", "fallback", "drain", "raw"), default="write-ahead")
     ap.add_argument("--messages", type=int, default=300_000)
+    ap.add_argument("--workers", type=int, default=2, help="drain mode: Drainer workers")
+    ap.add_argument("--batch", type=int, default=5000, help="drain mode: rows per claim")
+    ap.add_argument("--brokers", type=int, default=1, help="brokers (the topic's replication factor: up to 3)")
     args = ap.parse_args()
     n = args.messages
-    with KafkaCluster(brokers=1) as cluster, tempfile.TemporaryDirectory() as tmp:
+    with KafkaCluster(brokers=args.brokers) as cluster, tempfile.TemporaryDirectory() as tmp:
         cluster.create_topic("profile", partitions=3)
-        config = {"bootstrap.servers": cluster.bootstrap_servers, "acks": "all", "linger.ms": 5}
+        config = {"bootstrap.servers": cluster.bootstrap_servers, "acks": "all", "enable.idempotence": True,
+                  "linger.ms": 5}
         Producer(config).list_topics("profile", timeout=10)
         value = os.urandom(200)
         if args.mode == "drain":
-            report(args.mode, n, *drain(config, os.path.join(tmp, "d.db"), value, n))
+            report(args.mode, n, *drain(config, os.path.join(tmp, "d.db"), value, n, args.workers, args.batch))
+            return
+        if args.mode == "raw":
+            report(args.mode, n, *raw(config, value, n))
             return
         producer = ResilientProducer(config, outbox=os.path.join(tmp, "o.db"), mode=args.mode)
         for _ in range(20_000):
@@ -120,13 +151,20 @@ def main() -> None:
 Profile = tuple[float, dict[str, float], str]  # seconds, CPU by thread name, note
 
 
-def drain(config: dict[str, object], path: str, value: bytes, n: int) -> Profile:
-    """Store `n` messages, then drain them with two workers."""
-    with SQLiteOutbox(path, synchronous="NORMAL") as store:
-        for k in range(0, n, 10_000):
-            ids = [f"{os.getpid():016x}{i:016x}" for i in range(k, min(k + 10_000, n))]
+def drain(config: dict[str, object], path: str, value: bytes, n: int, workers: int, batch: int) -> Profile:
+    """Drain `n` stored messages with `workers` workers claiming `batch` rows at a time (after
+    an unmeasured drain of 100,000, which warms the brokers up as the other modes' 20,000 do)."""
+
+    def store_messages(store: Outbox, start: int, count: int) -> None:
+        for k in range(start, start + count, 10_000):
+            ids = [f"{os.getpid():016x}{i:016x}" for i in range(k, min(k + 10_000, start + count))]
             store.enqueue([NewMessage("profile", value, None, [(ID_HEADER, m.encode())], -1, m) for m in ids])
-        drainer = Drainer(store, config, workers=2, batch_size=5000)
+
+    with SQLiteOutbox(path, synchronous="NORMAL") as store:
+        drainer = Drainer(store, config, workers=workers, batch_size=batch)
+        store_messages(store, 0, 100_000)
+        drainer.run(until_empty=True)
+        store_messages(store, 100_000, n)
         cpu = ThreadCPU()
         cpu.start()
         started = time.perf_counter()
@@ -136,12 +174,42 @@ def drain(config: dict[str, object], path: str, value: bytes, n: int) -> Profile
     return seconds, spent, f"{res.delivered:,} delivered, {res.remaining:,} left"
 
 
+def raw(config: dict[str, object], value: bytes, n: int) -> Profile:
+    """The baseline: a confluent_kafka.Producer sending `n` messages with an id header each."""
+    producer = Producer(config)
+    Header = tuple[str, str | bytes | None]
+    headers: list[list[Header]] = [[(ID_HEADER, f"{i:032x}".encode())] for i in range(n + 20_000)]
+
+    def send(start: int, count: int) -> None:
+        for i in range(start, start + count):
+            while True:
+                try:
+                    producer.produce("profile", value, headers=headers[i])
+                    break
+                except BufferError:
+                    producer.poll(0.005)
+            if not i % 1000:
+                producer.poll(0)
+        producer.flush(120)
+
+    send(0, 20_000)  # warm-up
+    cpu = ThreadCPU()
+    cpu.start()
+    started = time.perf_counter()
+    send(20_000, n)
+    seconds = time.perf_counter() - started
+    return seconds, cpu.stop(), "raw confluent_kafka.Producer, id header"
+
+
 def report(mode: str, n: int, seconds: float, spent: dict[str, float], note: str) -> None:
     print(f"{mode}: {n / seconds:,.0f} msgs/s; {note}")
+    brokers = spent.pop(BROKERS, 0.0)
     for name, cpu in sorted(spent.items(), key=lambda kv: -kv[1]):
         if cpu > 0.005:
             print(f"  {name:22s} {cpu / n * 1e6:6.2f} µs/msg")
     print(f"  {'all threads':22s} {sum(spent.values()) / n * 1e6:6.2f} µs/msg")
+    print(f"  {BROKERS:22s} {brokers / n * 1e6:6.2f} µs/msg; machine: {os.cpu_count()} cores, "
+          f"{(sum(spent.values()) + brokers) / seconds:.2f} busy on average")
 
 
 if __name__ == "__main__":
