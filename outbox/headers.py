@@ -73,20 +73,25 @@ def for_resend(
     if first_failed_at is not None:
         out.append((FIRST_FAILED_HEADER, str(int(first_failed_at * 1000)).encode()))
     if last_error:
-        pair = _ERRORS.get(last_error)
-        if pair is None:
-            # Cut at 512 bytes on a character boundary, so consumers can decode the value as UTF-8.
-            raw = last_error.encode("utf-8", "replace")[:512].decode("utf-8", "ignore").encode("utf-8")
-            pair = (LAST_ERROR_HEADER, raw)
-            if len(_ERRORS) < 1000:  # a drain re-sends many rows with the same few error texts
-                _ERRORS[last_error] = pair
-        out.append(pair)
+        out.append(_ERRORS.get(last_error) or _error_header(last_error))
     return out
 
 
-def resent_once(id_header: tuple[str, bytes | None]) -> Headers:
-    """`for_resend` of a message stored with the id header alone that never failed."""
+def resent_once(id_header: tuple[str, bytes | None], last_error: str | None) -> Headers:
+    """`for_resend` of a message stored with the id header alone that never failed (its
+    `last_error` says why it was not sent, if it says anything): the drain's common row."""
+    if last_error:
+        return [id_header, _FIRST_ATTEMPT, _ERRORS.get(last_error) or _error_header(last_error)]
     return [id_header, _FIRST_ATTEMPT]
+
+
+def _error_header(last_error: str) -> tuple[str, bytes]:
+    # Cut at 512 bytes on a character boundary, so consumers can decode the value as UTF-8.
+    raw = last_error.encode("utf-8", "replace")[:512].decode("utf-8", "ignore").encode("utf-8")
+    pair = (LAST_ERROR_HEADER, raw)
+    if len(_ERRORS) < 1000:  # a drain re-sends many rows with the same few error texts
+        _ERRORS[last_error] = pair
+    return pair
 
 
 _ATTEMPTS = [(ATTEMPT_HEADER, str(i).encode()) for i in range(100)]

@@ -80,9 +80,8 @@ R = TypeVar("R", bound=Stored)
 def resend_headers(row: Stored) -> Headers:
     """The stored headers plus this re-send's retry metadata (`outbox-attempt`, ...)."""
     hs = row.headers
-    if (len(hs) == 1 and hs[0][0] == ID_HEADER and not row.attempts and row.last_error is None
-            and row.first_failed_at is None):
-        return resent_once(hs[0])  # the common row: never failed, the id header alone
+    if len(hs) == 1 and hs[0][0] == ID_HEADER and not row.attempts and row.first_failed_at is None:
+        return resent_once(hs[0], row.last_error)  # the common row: never failed, the id header alone
     return for_resend(
         row.headers, msg_id=row.msg_id, attempt=row.attempts + 1,
         first_failed_at=row.first_failed_at, last_error=row.last_error,

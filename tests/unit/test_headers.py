@@ -15,6 +15,7 @@ from outbox.headers import (
     IdGenerator,
     find,
     for_resend,
+    resent_once,
 )
 from outbox.records import Headers
 
@@ -131,6 +132,15 @@ def test_for_resend_keeps_the_stored_id_and_adds_none_for_empty_msg_id() -> None
     assert [v for n, v in out if n == ID_HEADER] == [b"stored"]
     out = for_resend([("a", b"1")], msg_id="", attempt=1, first_failed_at=None, last_error=None)
     assert find(out, ID_HEADER) is None
+
+
+@pytest.mark.parametrize("last_error", [None, "", "not sent: key has messages in the outbox", "é" * 400])
+def test_resent_once_is_for_resend_of_a_never_failed_row_with_the_id_header_alone(last_error: str | None) -> None:
+    stored: Headers = [(ID_HEADER, b"abc")]
+    first = resent_once(stored[0], last_error)  # the error text's header made here, then cached
+    expected = for_resend(stored, msg_id="abc", attempt=1, first_failed_at=None, last_error=last_error)
+    assert first == expected
+    assert resent_once(stored[0], last_error) == expected
 
 
 @pytest.mark.parametrize(
