@@ -464,14 +464,14 @@ class Drainer:
         Returns whether every row of the batch was delivered (and that settled)."""
         failed = 0
         last_error: str | None = None
-        if loop.wait(batch, stop=self._stop):  # the healthy batch, without a decision per row
-            now = time.time()
+        all_delivered = loop.wait(batch, stop=self._stop)
+        now = time.time()
+        if all_delivered:  # the healthy batch, without a decision per row
             delivered = list(batch.rows)
             settlement = Settlement(delivered=[row.id for row in delivered])
         else:
             delivered = []
             settlement = Settlement()
-            now = time.time()
             for row, d in loop.decide(batch, time.time):
                 add_to(settlement, row.id, d, now)
                 if d.verdict is Verdict.DELIVERED:

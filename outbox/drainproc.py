@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from .drain import Drainer, DrainHealth, DrainResult
 from .errors import ConfigError, StoreError
-from .headers import ID_HEADER
+from .headers import ID_HEADER, id_alone
 from .records import DeadLetter, Headers, OutboxMessage
 from .retry import RetryPolicy
 from .stores import open_outbox
@@ -88,9 +88,7 @@ def _drained(rows: list[OutboxMessage]) -> list[tuple[Any, ...]]:
     """What a "delivered" event carries: each row as the fields of a `Drained`."""
     out = []
     for r in rows:
-        hs: Headers | None = r.headers
-        if hs is not None and len(hs) == 1 and hs[0][0] == ID_HEADER and hs[0][1] == r.msg_id.encode():
-            hs = None
+        hs = None if id_alone(r.headers, r.msg_id.encode()) else r.headers
         out.append((r.msg_id, r.topic, r.key, hs, r.attempts, r.created_at))
     return out
 

@@ -77,6 +77,13 @@ def for_resend(
     return out
 
 
+def id_alone(headers: Headers | None, raw_id: bytes) -> bool:
+    """Are `headers` the `outbox-id` header alone, its value `raw_id`? What the producer stores
+    for a message sent without headers of its own: the stores and the drain process carry such
+    headers as a flag, not as bytes."""
+    return headers is not None and len(headers) == 1 and headers[0][0] == ID_HEADER and headers[0][1] == raw_id
+
+
 def resent_once(id_header: tuple[str, bytes | None], last_error: str | None) -> Headers:
     """`for_resend` of a message stored with the id header alone that never failed (its
     `last_error` says why it was not sent, if it says anything): the drain's common row."""
