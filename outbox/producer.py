@@ -61,6 +61,8 @@ _MODES = ("fallback", "write-ahead")
 _new_tuple = tuple.__new__
 _DURABILITY = ("batch", "sync")
 _DRAIN_IN = ("threads", "process")
+#: How often a produce() waiting for room in librdkafka's full queue tries again (seconds).
+_ROOM_CHECK_INTERVAL = 0.001
 
 
 # `# type: ignore[arg-type]` on produce(headers=...): confluent-kafka's stubs type headers as
@@ -98,6 +100,11 @@ class ResilientProducer:
             on the first attempt (faster, but consumers cannot dedup a first-send duplicate).
         circuit_failure_threshold: consecutive failed deliveries that open the circuit.
         circuit_reset_timeout: seconds before an open circuit lets a probe message through.
+        queue_full_timeout: how long produce() waits for room when librdkafka's local queue is
+            full while the circuit is closed (Kafka's back-pressure, like the Java producer's
+            `max.block.ms`), before it stores the message in the outbox instead. Once a wait
+            found no room, later calls store at once until the cluster delivers again, so a
+            cluster that hangs stalls one call, not each. 0: store at once, never wait.
         commit_interval: how long the writer gathers messages before a commit (seconds).
         lease_seconds: how long a drain worker or write-ahead send owns a row.
         drain_batch_size: rows claimed per drain transaction.
@@ -123,6 +130,7 @@ class ResilientProducer:
         id_header: str | None = ID_HEADER,
         circuit_failure_threshold: int = 5,
         circuit_reset_timeout: float = 5.0,
+        queue_full_timeout: float = 0.5,
         commit_interval: float = 0.002,
         lease_seconds: float = 120.0,
         drain_batch_size: int = DEFAULT_BATCH_SIZE,
@@ -139,6 +147,8 @@ class ResilientProducer:
             raise ConfigError(f"durability must be one of {_DURABILITY}, got {durability!r}")
         if drain_workers < 0:
             raise ConfigError(f"drain_workers must be >= 0, got {drain_workers}")
+        if not queue_full_timeout >= 0:  # also refuses NaN
+            raise ConfigError(f"queue_full_timeout must be >= 0 seconds, got {queue_full_timeout!r}")
         if drain_in not in _DRAIN_IN:
             raise ConfigError(f"drain_in must be one of {_DRAIN_IN}, got {drain_in!r}")
         if drain_in == "process" and isinstance(outbox, Outbox):
@@ -169,6 +179,11 @@ class ResilientProducer:
         self._handed = Tally()  # messages librdkafka took from us (first sends, write-ahead sends)
         self._send_failures = 0  # failure reports of those
         self._done_seen = 0
+        self._queue_full_timeout = queue_full_timeout
+        self._queue_full_waits = Tally()  # produce() calls that waited for room in librdkafka's queue
+        # Set when a wait for room ended without any; cleared by the delivery thread at the next
+        # delivery (`_note_progress`).
+        self._queue_stalled = False
         self._outboxed = 0
         self._dead = 0
         self._failed = 0
@@ -318,11 +333,19 @@ class ResilientProducer:
         if not self.circuit.closed and not self._may_probe(key):
             self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "circuit open", wait=True)
             return msg_id
+        report = _Report(self, msg_id, hdrs if headers is not None else None, on_delivery, partition)
         try:
-            self._kafka.produce(
-                topic, value, key, partition=partition, headers=hdrs,  # type: ignore[arg-type]
-                on_delivery=_Report(self, msg_id, hdrs if headers is not None else None, on_delivery, partition),
-            )
+            try:
+                self._kafka.produce(
+                    topic, value, key, partition=partition, headers=hdrs, on_delivery=report  # type: ignore[arg-type]
+                )
+            except BufferError:
+                if not self._when_queue_has_room(
+                    lambda: self._kafka.produce(
+                        topic, value, key, partition=partition, headers=hdrs, on_delivery=report  # type: ignore[arg-type]
+                    )
+                ):
+                    raise
             self._handed.add()
         except BufferError:
             self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "local queue full", wait=True)
@@ -381,6 +404,7 @@ class ResilientProducer:
             "dead": None if store is None else store.dead,
             "dead_this_process": self._dead + self.drainer.result.dead,
             "failed_no_retry": self._failed,
+            "queue_full_waits": self._queue_full_waits.value,
             "store_errors": self.drainer.health.store_errors,
             "drain_restarts": self.drainer.restarts,
             "store_failing_since": self.drainer.health.failing_since,
@@ -515,6 +539,31 @@ class ResilientProducer:
         self._hold.wait_for_room()
         self.writer.wait_for_room()
 
+    def _when_queue_has_room(self, send: Callable[[], None]) -> bool:
+        """produce() met a full local queue: try `send` again as room appears, while the circuit
+        is closed, for up to `queue_full_timeout`. False: no room in time (the caller stores the
+        message), or at once while an earlier wait found none and nothing was delivered since.
+
+        Why wait: a full queue on a cluster that delivers is back-pressure, not an outage. Stored
+        instead, a burst on a healthy cluster went to SQLite (a third of 200,000 messages on one
+        local broker), each at several times a send's cost, and every later message of a stored
+        key followed it into the outbox until the drain caught up.
+        """
+        if self._queue_stalled or self._queue_full_timeout <= 0:
+            return False
+        self._queue_full_waits.add()
+        deadline = time.monotonic() + self._queue_full_timeout
+        while self.circuit.closed:
+            time.sleep(_ROOM_CHECK_INTERVAL)  # the delivery thread serves reports, which frees room
+            try:
+                send()
+                return True
+            except BufferError:
+                if time.monotonic() >= deadline:
+                    self._queue_stalled = True
+                    return False
+        return False
+
     def _may_probe(self, key: Any) -> bool:
         """While the circuit is not closed: may this message go to Kafka as the probe?"""
         if self._hold.active or (key is not None and not self._keyed_probes):
@@ -538,10 +587,18 @@ class ResilientProducer:
     ) -> None:
         """enable_retry=False: Kafka or nothing; failures go to `cb` only."""
         report = functools.partial(self._on_unprotected_report, cb)
-        try:
+
+        def send() -> None:
             self._kafka.produce(
                 topic, value, key, partition=partition, headers=hdrs, on_delivery=report  # type: ignore[arg-type]
             )
+
+        try:
+            try:
+                send()
+            except BufferError:
+                if not self._when_queue_has_room(send):
+                    raise
             self._handed.add()
         except BufferError:
             self._failed += 1
@@ -742,6 +799,7 @@ class ResilientProducer:
         done = self._first_sends_delivered()
         if done > self._done_seen:
             self._done_seen = done
+            self._queue_stalled = False
             self.circuit.record_success()
 
     def _drained(self, rows: Sequence[OutboxMessage] | Sequence[Drained]) -> None:

@@ -370,11 +370,13 @@ def test_producer_without_drain_workers_resumes_the_fast_path_after_an_external_
     delivered a key's backlog, the producer sends the key's next messages to Kafka again, behind
     the drained ones, instead of storing every later message of the key for the rest of its life."""
     db = tmp_path / "app.db"
-    # A local queue of one message: the second produce() meets BufferError and is stored.
+    # A local queue of one message, and no waiting for room: the second produce() meets
+    # BufferError and is stored.
     producer = ResilientProducer(
         {"bootstrap.servers": kafka_bootstrap, "queue.buffering.max.messages": 1, "linger.ms": 50},
         outbox=f"sqlite:///{db}",
         drain_workers=0,
+        queue_full_timeout=0,
     )
     try:
         producer.produce(topic, b"first", key=b"k")

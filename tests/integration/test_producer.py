@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -326,11 +328,37 @@ def test_only_error_reports_a_probe_closes_the_circuit(chaos_cluster: KafkaClust
     assert st["delivered_first_try"] + st["outboxed"] == st["produced"]
 
 
-def test_buffer_error_spills_to_outbox(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
+def test_a_full_local_queue_on_a_healthy_cluster_waits_for_room_and_stores_nothing(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    """A burst into a 20-message local queue: produce() waits for room as librdkafka frees it
+    (back-pressure), so nothing goes to the outbox and each key keeps its order."""
+    p = ResilientProducer(
+        {"bootstrap.servers": kafka_bootstrap, **FAST, "queue.buffering.max.messages": 20},
+        outbox=f"sqlite:///{tmp_path / 'o.db'}",
+        queue_full_timeout=30.0,  # a loaded CI machine's slowest acknowledgement, with room to spare
+    )
+    with p:
+        for i in range(2000):
+            key, value = keyed_value(i % 10, i // 10)
+            p.produce(topic, value, key=key)  # never raises BufferError
+        assert p.flush(60) == 0
+        st = p.stats()
+    assert st["queue_full_waits"] > 0, "a 20-message queue must fill during a 2,000-message burst"
+    assert (st["outboxed"], st["delivered_first_try"]) == (0, 2000)
+    got = read_topic(kafka_bootstrap, topic, 2000)
+    assert got.unique == 2000
+    assert got.order_violations() == []
+
+
+def test_queue_full_timeout_0_stores_what_a_full_local_queue_refuses(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
     p = ResilientProducer(
         {"bootstrap.servers": kafka_bootstrap, **FAST, "queue.buffering.max.messages": 20},
         outbox=f"sqlite:///{tmp_path / 'o.db'}",
         drain_poll_interval=0.2,
+        queue_full_timeout=0,
     )
     with p:
         for i in range(2000):
@@ -338,8 +366,40 @@ def test_buffer_error_spills_to_outbox(kafka_bootstrap: str, topic: str, tmp_pat
         wait_until(lambda: drained(p), 60, "the outbox is drained")
         st = p.stats()
     assert st["outboxed"] > 0, "a 20-message queue must overflow into the outbox"
+    assert st["queue_full_waits"] == 0
     got = read_topic(kafka_bootstrap, topic, 2000)
     assert got.unique == 2000
+
+
+def test_a_hung_cluster_stalls_one_produce_call_then_messages_are_stored_at_once(tmp_path: Path) -> None:
+    """The broker is frozen (SIGSTOP): connected, the circuit closed, nothing acknowledged. The
+    first produce() that finds the 20-message queue full waits `queue_full_timeout` for room; the
+    next 179 store at once instead of waiting too. Thawed, everything is delivered."""
+    with KafkaCluster(brokers=1, base_dir=tmp_path) as cluster:
+        topic = cluster.create_topic("hung", replication_factor=1)
+        broker = cluster.pids()[1]  # controller first
+        p = ResilientProducer(
+            {"bootstrap.servers": cluster.bootstrap_servers, **FAST, "message.timeout.ms": 120000,
+             "queue.buffering.max.messages": 20},
+            outbox=f"sqlite:///{tmp_path / 'o.db'}",
+            queue_full_timeout=0.5,
+            drain_poll_interval=0.2,
+        )
+        with p:
+            p.produce(topic, b"before")
+            assert p.flush(30) == 0  # connected, idempotence id granted
+            os.kill(broker, signal.SIGSTOP)
+            try:
+                for i in range(200):
+                    p.produce(topic, b"hung-%d" % i)
+                st = p.stats()
+            finally:
+                os.kill(broker, signal.SIGCONT)
+            assert st["circuit"] == "closed"
+            assert (st["queue_full_waits"], st["outboxed"]) == (1, 180)
+            wait_until(lambda: drained(p), 120, "the outbox is drained after the thaw")
+        got = read_topic(cluster.bootstrap_servers, topic, 201)
+    assert got.unique == 201
 
 
 def test_bad_input_raises_and_stores_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""ResilientProducer's reading of `delivery.report.only.error` (no Kafka needed: it is checked
+"""ResilientProducer's checks of its settings (no Kafka needed: they are checked
 before anything is opened or started)."""
 
 from __future__ import annotations
@@ -24,4 +24,12 @@ def test_an_unreadable_only_error_setting_is_a_clear_error_and_opens_nothing(set
         ResilientProducer(
             {"bootstrap.servers": "127.0.0.1:1", "delivery.report.only.error": setting}, outbox=f"sqlite:///{db}"
         )
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("timeout", [-0.1, float("nan")])
+def test_a_negative_queue_full_timeout_is_a_clear_error_and_opens_nothing(timeout: float, tmp_path: Path) -> None:
+    db = tmp_path / "o.db"
+    with pytest.raises(ConfigError, match=r"queue_full_timeout must be >= 0 seconds, got "):
+        ResilientProducer({"bootstrap.servers": "127.0.0.1:1"}, outbox=f"sqlite:///{db}", queue_full_timeout=timeout)
     assert not db.exists()
