@@ -118,6 +118,7 @@ _PRODUCER_METRICS: tuple[tuple[str, str], ...] = (
     ("outbox_retried", "counter"),
     ("outbox_dead_lettered", "counter"),
     ("outbox_failed_no_retry", "counter"),
+    ("outbox_queue_full_waits", "counter"),
     ("outbox_in_memory_messages", "gauge"),
     ("outbox_unsaved_messages", "gauge"),
     ("outbox_circuit_state", "stateset"),
@@ -206,6 +207,10 @@ class ProducerCollector(Collector):
         yield counter("outbox_retried", "Re-sends by this process's drain workers that failed again.", st["retried"])
         yield counter("outbox_dead_lettered", "Messages this process dead-lettered.", st["dead_this_process"])
         yield counter("outbox_failed_no_retry", "enable_retry=False messages that failed.", st["failed_no_retry"])
+        yield counter(
+            "outbox_queue_full_waits", "produce() calls that waited for room in librdkafka's full queue.",
+            st["queue_full_waits"],
+        )
         yield gauge("outbox_in_memory_messages", "Messages in librdkafka's queue.", st["in_memory"])
         yield gauge("outbox_unsaved_messages", "Messages waiting for the outbox writer's commit.", st["unsaved"])
         state = StateSetMetricFamily("outbox_circuit_state", "Circuit breaker state.", labels=names)

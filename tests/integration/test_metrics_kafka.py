@@ -86,6 +86,7 @@ def test_metrics_endpoints_during_an_outage_and_after_recovery(
         assert healthy[k("outbox_delivered_total", path="first_try")] + healthy[
             k("outbox_delivered_total", path="outbox")
         ] == 100
+        assert healthy[k("outbox_queue_full_waits_total")] == 0  # 100 messages never fill librdkafka's queue
 
         chaos_cluster.stop_all()
         for i in range(200):
