@@ -533,6 +533,9 @@ def recovery(p: Params) -> Result:
             after_up.append(time.monotonic() - t0)
 
     samples: list[tuple[float, int]] = []
+    # Keys whose messages are stored behind their backlog, and first-try deliveries, over time:
+    # whether keys get back to the fast path while the service keeps producing.
+    keys_curve: list[tuple[float, int, int]] = []
     sent = 0
     burst = max(1, int(rate * 0.02))  # at most 20 ms of traffic per step: the loop stays responsive
     t_start = start_clock()
@@ -548,6 +551,7 @@ def recovery(p: Params) -> Result:
             now = time.monotonic()
             st = rp.stats()
             samples.append((round(now - m0, 2), int(st["pending"] or 0)))
+            keys_curve.append((round(now - m0, 2), st["keys_waiting"], st["delivered_first_try"]))
             if not ready and now - m0 >= 3:
                 ready = True
                 _say("READY")
@@ -616,6 +620,7 @@ def recovery(p: Params) -> Result:
         latency_p99_s=pct(0.99),
         delivered_from_outbox=st["delivered_from_outbox"],
         pending_curve=samples,
+        keys_curve=keys_curve,
     )
 
 

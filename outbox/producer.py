@@ -410,6 +410,7 @@ class ResilientProducer:
             "store_failing_since": self.drainer.health.failing_since,
             "enqueued_in_transaction": self._in_transaction,
             "in_memory": len(self._kafka),
+            "keys_waiting": len(self._backlog.pending),
             "unsaved": self.writer.pending() + len(self._hold),
             "circuit": self.circuit.state.value,
             "oldest_pending_age": (

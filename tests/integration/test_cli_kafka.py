@@ -390,7 +390,7 @@ def test_producer_without_drain_workers_resumes_the_fast_path_after_an_external_
         assert drained.returncode == 0, drained.stderr
         assert json.loads(drained.stdout)["delivered"] == 2
         # The producer's key watcher notices that the key's backlog is gone.
-        wait_until(lambda: not producer._backlog.pending, 30, "the producer released the drained key")
+        wait_until(lambda: producer.stats()["keys_waiting"] == 0, 30, "the producer released the drained key")
 
         producer.produce(topic, b"direct", key=b"k")
         assert producer.flush(30) == 0

@@ -154,9 +154,10 @@ def test_a_new_process_queues_a_key_behind_the_rows_an_earlier_one_left(
         p.produce(topic, b"free", key=b"j")
         assert p.flush(30) == 0
         st = p.stats()
-        assert (st["pending"], st["outboxed"], st["delivered_first_try"]) == (3, 1, 1)
+        assert (st["pending"], st["outboxed"], st["delivered_first_try"], st["keys_waiting"]) == (3, 1, 1, 1)
     with make_producer(kafka_bootstrap, db) as p:
         wait_until(lambda: drained(p), 60, "the outbox is drained")
+        wait_until(lambda: p.stats()["keys_waiting"] == 0, 30, "k is released once its backlog is delivered")
     got = read_topic(kafka_bootstrap, topic, 4)
     assert [m.value() for m in got.messages if m.key() == b"k"] == [b"left-0", b"left-1", b"new"]
 
