@@ -702,9 +702,15 @@ def main(argv: list[str] | None = None) -> int:
             cluster.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
-    if not args.no_write:  # the raw runs first: a bug in the table below must not lose them
+    # The raw runs first: a bug in the table below must not lose them. With --no-write they go to
+    # the temporary directory, for a look at what the table leaves out (curves, samples).
+    if args.no_write:
+        raw_runs = Path(tempfile.gettempdir()) / "outbox-bench-last-runs.json"
+    else:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / ".last-runs.json").write_text(json.dumps({"config": config, "runs": runs}, default=str) + "\n")
+        raw_runs = RESULTS / ".last-runs.json"
+    raw_runs.write_text(json.dumps({"config": config, "runs": runs}, default=str) + "\n")
+    print(f"runs: {raw_runs}")
 
     # -- the table -------------------------------------------------------------------------
     table = Table()

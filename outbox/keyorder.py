@@ -5,6 +5,16 @@ too, so one key's messages leave in the order `produce()` took them (README, "Or
 `KeyBacklog` is that set of keys: the producer asks `in`, marks a key for every message it sends
 to the outbox, and a thread of its own (`outbox-keys`) releases the keys whose rows are all
 delivered, by this process or by anyone else. It is the one place keys are released.
+
+A key whose application keeps producing is never found without rows: its next message is stored
+before the drain has delivered the last one (at 25 % of R0 over 1,000 keys a key gets a message
+every 36 ms, and a drain round takes longer), so after an outage every message of every key went
+through the outbox until the traffic stopped (the recovery benchmark: 1,000 keys waiting, no
+first-try delivery, for four minutes after the restart). So the thread also *hands keys back*:
+for at most `GATE_SECONDS` it holds their new messages in memory (the gate) while it waits for
+their stored rows to be delivered; a key whose rows are all gone is released and its held
+messages are sent, in order, ahead of anything produced later; a key whose rows outlast the gate
+gets its held messages queued for the outbox behind them, as they would have been anyway.
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from .errors import StoreError
 from .stores import Outbox
@@ -23,6 +34,14 @@ Key = tuple[str, bytes]
 
 RELEASE_EVERY = 0.25  # least seconds between two checks for keys whose outbox backlog is gone
 WATCH_EVERY = 1.0  # most seconds between two checks (rows drained by another process)
+GATE_SECONDS = 1.0  # longest a gate holds a key's new messages in memory
+GATE_LIMIT = 50_000  # most messages held by the gate (a produce() past it ends its key's gate)
+# After a gate that released no key (the drain is far from the keys' last rows), the next one
+# waits this long, doubled each time up to GATE_PAUSE_MAX, so a deep backlog is not gated in vain.
+GATE_PAUSE = 1.0
+GATE_PAUSE_MAX = 8.0
+
+Held = list[Any]  # a gated key's held messages, in produce order (opaque to this module)
 
 
 class KeyBacklog:
@@ -35,21 +54,41 @@ class KeyBacklog:
         holding: whether messages bound for the outbox are held in memory (neither queued nor
             stored yet: the circuit has just opened); no key is released meanwhile.
         may_check: whether a check is worth its query now (the producer: circuit not open).
+        send: called under `lock` with a released key's held messages: send them now, ahead of
+            the key's later messages. None: no gate (write-ahead mode: every message is stored).
+        store_held: called under `lock` with held messages of a key that stays pending: queue
+            them for the outbox (marking the key again).
 
     `lock` makes "mark the key and queue its message" one step for the producer: a check must
-    never see a key marked while its message is in neither the writer nor the hold.
+    never see a key marked while its message is in neither the writer nor the hold. Under it,
+    the producer puts a gated key's new message in `gated[key]` instead (see `hold`).
     """
 
     def __init__(
-        self, store: Outbox, *, flush: Callable[[], object], holding: Callable[[], bool], may_check: Callable[[], bool]
+        self,
+        store: Outbox,
+        *,
+        flush: Callable[[], object],
+        holding: Callable[[], bool],
+        may_check: Callable[[], bool],
+        send: Callable[[Key, Held], None] | None = None,
+        store_held: Callable[[Key, Held], None] | None = None,
     ) -> None:
         self.lock = threading.RLock()
         self._store = store
         self._flush = flush
         self._holding = holding
         self._may_check = may_check
+        self._send = send
+        self._store_held = store_held
         #: The keys; read without the lock on the hot path (a set lookup is atomic under the GIL).
         self.pending: set[Key] = set()
+        #: Keys being handed back to the fast path, with the messages held meanwhile.
+        self.gated: dict[Key, Held] = {}
+        self.held = 0  # messages in `gated`
+        self.released_by_gate = 0  # keys a gate handed back (stats, tests)
+        self._gate_pause = 0.0
+        self._next_gate = 0.0
         # Mark number of each key's latest message bound for the outbox: a check looks at the
         # store without the lock and keeps a key that was marked since it looked.
         self._mark = 0
@@ -70,6 +109,22 @@ class KeyBacklog:
         """`key` has a row in the store already (a write-ahead row that failed)."""
         self.pending.add(key)
 
+    def hold(self, key: Key, message: Any) -> bool:
+        """Under `lock`: keep `message` in memory if its key is gated (True), else False.
+
+        Past `GATE_LIMIT` held messages the key's gate ends here: its held messages go to the
+        outbox first and False tells the caller to queue this one behind them.
+        """
+        held = self.gated.get(key)
+        if held is None:
+            return False
+        if self.held < GATE_LIMIT:
+            held.append(message)
+            self.held += 1
+            return True
+        self._end_gate(key, released=False)
+        return False
+
     def drained(self, keys: Iterable[Key]) -> None:
         """A drain delivered or dead-lettered rows of these keys: check soon if one is pending."""
         if any(k in self.pending for k in keys):
@@ -80,11 +135,14 @@ class KeyBacklog:
         self._drained.set()
         self._thread.join(timeout)
 
-    def release_delivered(self, candidates: set[Key]) -> None:
-        """Release the candidates with no row left in the store and no message marked since."""
+    def release_delivered(self, candidates: set[Key]) -> set[Key]:
+        """Release the candidates with no row left in the store and no message marked since.
+
+        Returns the candidates that still have rows (all of them while messages are held back).
+        """
         with self.lock:
             if self._holding():  # held messages are in neither the writer nor the store yet
-                return
+                return candidates
             seen = self._mark  # every message marked up to here is already in the writer
         # Not under the lock: produce() needs it for every message of a pending key, and the
         # commit and the query take milliseconds (holding it stalled the application).
@@ -95,6 +153,75 @@ class KeyBacklog:
                 if self._marks.get(k, 0) <= seen:  # nothing bound for the outbox since we looked
                     self.pending.discard(k)
                     self._marks.pop(k, None)
+        return still
+
+    def hand_back(self, keys: set[Key], *, clock: Callable[[], float] = time.monotonic) -> int:
+        """Gate `keys` and release those whose stored rows are delivered within `GATE_SECONDS`.
+
+        Returns how many keys were released. Every gate has ended when it returns.
+        """
+        with self.lock:
+            if self._send is None or self._holding():
+                return 0
+            for k in keys:
+                if k in self.pending:
+                    self.gated[k] = []
+            # From here no message of a gated key is marked (produce() holds it), except a failed
+            # first send stored by the delivery thread: the mark check below keeps that key.
+            seen = self._mark
+        released = 0
+        try:
+            self._flush()  # every message of these keys marked so far is in the store
+            deadline = clock() + GATE_SECONDS
+            with self.lock:  # produce() may end a gate (GATE_LIMIT) meanwhile
+                left = set(self.gated)
+            while left:
+                still = self._store.keys_with_pending(sorted(left))
+                with self.lock:
+                    for k in left - still:
+                        if k in self.gated:
+                            ok = self._marks.get(k, 0) <= seen and not self._holding()
+                            released += self._end_gate(k, released=ok)
+                left = still & set(self.gated)
+                if not left or clock() >= deadline or self._stop.is_set() or self._holding():
+                    break
+                self._drained.wait(0.05)  # a drain delivery of a pending key wakes it early
+                self._drained.clear()
+        finally:
+            with self.lock:
+                for k in list(self.gated):
+                    self._end_gate(k, released=False)
+        return released
+
+    def _end_gate(self, key: Key, *, released: bool) -> bool:
+        """Under `lock`: end `key`'s gate, releasing the key and sending its held messages, or
+        keeping it pending and queueing them for the outbox behind its rows. True: released."""
+        held = self.gated.pop(key)
+        self.held -= len(held)
+        if released:
+            # Sent while the key is still pending: a produce() of it on another thread waits for
+            # this lock and so comes after them.
+            mark = self._marks.get(key, 0)
+            if held:
+                assert self._send is not None
+                self._send(key, held)
+            if self._marks.get(key, 0) == mark:  # none of them went to the outbox instead
+                self.pending.discard(key)
+                self._marks.pop(key, None)
+                self.released_by_gate += 1
+                return True
+        elif held:
+            assert self._store_held is not None
+            self._store_held(key, held)
+        return False
+
+    def _gate(self, keys: set[Key]) -> None:
+        """Hand keys back, pausing longer after each gate that released none."""
+        if self.hand_back(keys):
+            self._gate_pause = 0.0
+        else:
+            self._gate_pause = min(max(GATE_PAUSE, 2 * self._gate_pause), GATE_PAUSE_MAX)
+        self._next_gate = time.monotonic() + self._gate_pause
 
     def _load(self, *, report: bool) -> bool:
         """Add every key with a PENDING row in the store (one pass over the pending rows).
@@ -139,9 +266,11 @@ class KeyBacklog:
                 started = time.monotonic()
                 with self.lock:
                     keys = set(self.pending)
-                self.release_delivered(keys)
+                still = self.release_delivered(keys)
                 # At most a tenth of a thread's time: with very many keys one check takes long.
                 rest = max(RELEASE_EVERY, 10 * (time.monotonic() - started))
+                if still and self._send is not None and time.monotonic() >= self._next_gate:
+                    self._gate(still)
                 failing = False
             except StoreError as exc:  # looked at again next round; logged once per failing spell
                 if not failing:

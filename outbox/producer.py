@@ -241,11 +241,16 @@ class ResilientProducer:
         # messages queue behind it. Not checked while the circuit is open: nothing drains then.
         # Half-open counts as not open: when every key has a backlog, no message is left to
         # probe the circuit, and only a released key lets one through.
+        # Fallback mode hands keys back to the fast path through a gate (keyorder.py); write-ahead
+        # stores every message anyway.
+        fallback = mode == "fallback"
         self._backlog = KeyBacklog(
             self.store,
             flush=lambda: self.writer.flush(),
             holding=lambda: self._hold.active,
             may_check=lambda: self.circuit.state is not CircuitState.OPEN,
+            send=self._send_held if fallback else None,
+            store_held=self._store_held if fallback else None,
         )
         self._poller = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
         self._poller.start()
@@ -368,7 +373,7 @@ class ResilientProducer:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             in_memory = len(self._kafka)
-            held = len(self._hold)
+            held = len(self._hold) + self._backlog.held
             queued = self.writer.pending() + held
             if in_memory == 0 and queued == 0:
                 return 0
@@ -383,7 +388,7 @@ class ResilientProducer:
             time.sleep(0.01 if left is None else min(0.01, left))
 
     def __len__(self) -> int:
-        return len(self._kafka) + self.writer.pending() + len(self._hold)
+        return len(self._kafka) + self.writer.pending() + len(self._hold) + self._backlog.held
 
     def stats(self) -> dict[str, Any]:
         """Counters and outbox state: see the README for each field."""
@@ -411,7 +416,7 @@ class ResilientProducer:
             "enqueued_in_transaction": self._in_transaction,
             "in_memory": len(self._kafka),
             "keys_waiting": len(self._backlog.pending),
-            "unsaved": self.writer.pending() + len(self._hold),
+            "unsaved": self.writer.pending() + len(self._hold) + self._backlog.held,
             "circuit": self.circuit.state.value,
             "oldest_pending_age": (
                 None if store is None or store.oldest_pending_at is None else now - store.oldest_pending_at
@@ -474,6 +479,7 @@ class ResilientProducer:
         under the one lock it already holds (`_queue`), not through `_store_pending`.
         """
         k = as_bytes(key)
+        assert k is not None  # the caller checked key
         backlog = self._backlog
         if (topic, k) not in backlog.pending:
             return False
@@ -482,8 +488,40 @@ class ResilientProducer:
             if (topic, k) not in backlog.pending:
                 return False
             msg = self._unsent(topic, value, k, hdrs, partition, msg_id, "key has messages in the outbox")
-            self._queue(msg, cb)
+            if not backlog.hold((topic, k), (msg, cb)):  # held while the key is handed back
+                self._queue(msg, cb)
             return True
+
+    def _send_held(self, key: tuple[str, bytes], held: list[tuple[NewMessage, DeliveryCallback | None]]) -> None:
+        """Under the backlog's lock: a key handed back to the fast path; its messages held by the
+        gate go to Kafka in produce order. One that librdkafka does not take is stored, and so
+        is every one after it (the key stays pending)."""
+        if not self.circuit.closed:
+            self._store_held(key, held)
+            return
+        produce = self._kafka.produce
+        for i, (msg, cb) in enumerate(held):
+            report = _Report(self, msg.msg_id, msg.headers, cb, msg.partition)
+            try:
+                produce(
+                    msg.topic, msg.value, msg.key, partition=msg.partition, headers=msg.headers,  # type: ignore[arg-type]
+                    on_delivery=report,
+                )
+                self._handed.add()
+            except BufferError:  # no waiting under the lock: the delivery thread may need it
+                self._store_held(key, held[i:])
+                return
+            except KafkaException as exc:
+                self._handle_failure(
+                    exc.args[0], msg.topic, msg.value, msg.key, msg.headers or [], msg.partition, msg.msg_id, cb, None
+                )
+                self._store_held(key, held[i + 1 :])
+                return
+
+    def _store_held(self, key: tuple[str, bytes], held: list[tuple[NewMessage, DeliveryCallback | None]]) -> None:
+        """Under the backlog's lock: messages the gate held, queued for the outbox in order."""
+        for msg, cb in held:
+            self._queue(msg, cb)
 
     def _spill(
         self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,

@@ -162,6 +162,41 @@ def test_a_new_process_queues_a_key_behind_the_rows_an_earlier_one_left(
     assert [m.value() for m in got.messages if m.key() == b"k"] == [b"left-0", b"left-1", b"new"]
 
 
+def test_a_key_produced_without_pause_gets_back_to_the_fast_path_behind_its_backlog(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    """Key k has 2,000 rows in the outbox and the application produces k every 2 ms throughout:
+    its next message is always stored before the drain has delivered the last one, so the key
+    is never found without rows. The gate hands it back: its new messages wait in memory while
+    the drain delivers the rest, then go straight to Kafka, in order."""
+    db = tmp_path / "o.db"
+    with SQLiteOutbox(str(db)) as store:
+        left = [keyed_value(0, i) for i in range(2000)]
+        store.enqueue([NewMessage(topic, v, k, [], -1, f"left-{i}") for i, (k, v) in enumerate(left)])
+    seq = 2000
+    with make_producer(kafka_bootstrap, db) as p:
+        assert p.stats()["keys_waiting"] == 1
+        deadline = time.monotonic() + 60
+        while p.stats()["keys_waiting"] and time.monotonic() < deadline:
+            key, value = keyed_value(0, seq)
+            p.produce(topic, value, key=key)
+            seq += 1
+            time.sleep(0.002)
+        assert p.stats()["keys_waiting"] == 0, "k never got back to the fast path while it was produced"
+        first_try = p.stats()["delivered_first_try"]
+        for _ in range(200):
+            key, value = keyed_value(0, seq)
+            p.produce(topic, value, key=key)
+            seq += 1
+        assert p.flush(30) == 0
+        wait_until(lambda: drained(p), 60, "the outbox is drained")
+        st = p.stats()
+    assert st["delivered_first_try"] >= first_try + 200, "after the hand-back k's messages are sent at once"
+    got = read_topic(kafka_bootstrap, topic, seq)
+    assert got.unique == seq
+    assert got.order_violations() == []
+
+
 def test_not_enough_replicas_goes_to_outbox_then_delivers(
     chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from outbox import NewMessage, SQLiteOutbox
+from outbox import NewMessage, SQLiteOutbox, keyorder
 from outbox.errors import StoreError
 from outbox.keyorder import KeyBacklog
 
@@ -113,3 +114,123 @@ def test_a_store_that_cannot_answer_at_start_is_asked_again(tmp_path: Path, capl
             assert b.pending == {("t", b"a")}
     finally:
         store.close()
+
+
+# -- the gate: handing a busy key back to the fast path ------------------------------------
+
+
+class Outcomes:
+    """What a gate did with held messages: sent (key released) or stored (key kept)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[tuple[str, bytes], list[object]]] = []
+        self.stored: list[tuple[tuple[str, bytes], list[object]]] = []
+
+    def opts(self) -> dict[str, object]:
+        return {"send": lambda k, held: self.sent.append((k, list(held))),
+                "store_held": lambda k, held: self.stored.append((k, list(held)))}
+
+
+def hold(b: KeyBacklog, key: tuple[str, bytes], message: object) -> bool:
+    with b.lock:
+        return b.hold(key, message)
+
+
+def test_a_gate_releases_a_key_once_its_rows_are_delivered_and_sends_what_it_held_in_order(
+    store: SQLiteOutbox,
+) -> None:
+    [a] = store.enqueue([keyed(b"a")])
+    out = Outcomes()
+    with backlog(store, **out.opts()) as b:
+        key = ("t", b"a")
+        assert not hold(b, key, "before the gate")  # not gated: the producer stores it
+        released: list[int] = []
+        gate = threading.Thread(target=lambda: released.append(b.hand_back({key})))
+        gate.start()
+        wait_until(lambda: key in b.gated, 10, "the gate to begin", every=0.01)
+        assert hold(b, key, "m1") and hold(b, key, "m2")
+        assert b.held == 2
+        store.mark_delivered([a])
+        b.drained([key])
+        gate.join(10)
+        assert released == [1]
+        assert out.sent == [(key, ["m1", "m2"])] and out.stored == []
+        assert b.pending == set() and b.gated == {} and b.held == 0
+
+
+def test_a_gate_that_runs_out_of_time_stores_what_it_held_behind_the_rows(store: SQLiteOutbox) -> None:
+    store.enqueue([keyed(b"a")])
+    out = Outcomes()
+    b: KeyBacklog
+    key = ("t", b"a")
+    ticks = iter([0.0, 0.0, 100.0])  # the deadline, one look at the store, then past the deadline
+
+    def held_during_the_gate() -> int:
+        assert hold(b, key, "m1")
+        return 0
+
+    with backlog(store, flush=held_during_the_gate, **out.opts()) as b:
+        assert b.hand_back({key}, clock=lambda: next(ticks)) == 0
+        assert out.stored == [(key, ["m1"])] and out.sent == []
+        assert b.pending == {key} and b.gated == {} and b.held == 0
+
+
+def test_a_key_stored_again_during_its_gate_is_not_released(store: SQLiteOutbox) -> None:
+    """A failed first send of the key is stored while the gate waits: its row is behind the
+    gate's look at the store, so the key stays pending and the held messages go behind it."""
+    out = Outcomes()
+    b: KeyBacklog
+    key = ("t", b"a")
+
+    def stored_during_the_gate() -> int:
+        with b.lock:
+            b.mark(key)  # the delivery thread stored a failed first send of the key
+        assert hold(b, key, "m1")
+        return 0
+
+    with backlog(store, flush=stored_during_the_gate, **out.opts()) as b:
+        with b.lock:
+            b.mark(key)
+        assert b.hand_back({key}) == 0
+        assert out.stored == [(key, ["m1"])] and out.sent == []
+        assert b.pending == {key}
+
+
+def test_past_the_gate_limit_a_produce_ends_its_keys_gate(store: SQLiteOutbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keyorder, "GATE_LIMIT", 2)
+    out = Outcomes()
+    key = ("t", b"a")
+    with backlog(store, **out.opts()) as b:
+        with b.lock:
+            b.mark(key)
+            b.gated[key] = []
+        assert hold(b, key, "m1") and hold(b, key, "m2")
+        assert not hold(b, key, "m3")  # the producer queues it for the outbox, behind m1 and m2
+        assert out.stored == [(key, ["m1", "m2"])]
+        assert b.gated == {} and b.held == 0 and b.pending == {key}
+
+
+def test_a_key_whose_held_message_the_send_stored_stays_pending(store: SQLiteOutbox) -> None:
+    """librdkafka refused a held message (queue full): the send stored it, marking the key."""
+    b: KeyBacklog
+    key = ("t", b"a")
+
+    def send_stores(k: tuple[str, bytes], held: list[object]) -> None:
+        b.mark(k)
+
+    with backlog(store, send=send_stores, store_held=lambda k, held: None) as b:
+        with b.lock:
+            b.mark(key)
+        b._flush = lambda: hold(b, key, "m1")  # type: ignore[method-assign]
+        assert b.hand_back({key}) == 0
+        assert b.pending == {key}
+
+
+def test_without_a_send_nothing_is_gated(store: SQLiteOutbox) -> None:
+    """Write-ahead mode: every message is stored, keys are released only when found without rows."""
+    key = ("t", b"a")
+    with backlog(store) as b:
+        with b.lock:
+            b.mark(key)
+        assert b.hand_back({key}) == 0
+        assert b.gated == {} and not hold(b, key, "m1")
