@@ -584,8 +584,8 @@ class ResilientProducer:
         message), or at once while an earlier wait found none and nothing was delivered since.
 
         Why wait: a full queue on a cluster that delivers is back-pressure, not an outage. Stored
-        instead, a burst on a healthy cluster went to SQLite (a third of 200,000 messages on one
-        local broker), each at several times a send's cost, and every later message of a stored
+        instead, a burst on a healthy cluster went to SQLite (a sixth to a third of 200,000 messages
+        on one local broker), each at several times a send's cost, and every later message of a stored
         key followed it into the outbox until the drain caught up.
         """
         if self._queue_stalled or self._queue_full_timeout <= 0:
