@@ -133,6 +133,7 @@ def _postgres(url: str, *, jdbc: bool) -> StoreURL:
         raise ConfigError(f"PostgreSQL outbox URL is malformed ({exc}): use postgresql://user@host:port/db") from None
     if not parts.hostname:
         raise ConfigError(f"PostgreSQL outbox URL needs a host: {_safe(url)}")
+    _check_host(parts.hostname, url)
     database = unquote(parts.path.lstrip("/"))
     if not database:
         raise ConfigError(f"PostgreSQL outbox URL needs a database name: {_safe(url)}")
@@ -172,6 +173,18 @@ def _postgres(url: str, *, jdbc: bool) -> StoreURL:
         table=table,
         options=tuple(options),
     )
+
+
+def _check_host(host: str, url: str) -> None:
+    """A host name the resolver can take: the name lookup IDNA-encodes it, and a name it cannot
+    encode (a control character, an empty or over-long label) raised UnicodeError out of the
+    first connection (found by the CLI fuzz test). A Unix-socket directory is not a name."""
+    if host.startswith(("/", "%2f")):
+        return
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        raise ConfigError(f"PostgreSQL outbox URL has an invalid host name {host!r}: {_safe(url)}") from None
 
 
 def _safe(url: str) -> str:

@@ -85,6 +85,8 @@ def test_jdbc_url_and_properties_for_spark() -> None:
         (f"postgresql://u:{SECRET}@h/", "needs a database"),
         (f"postgresql://u:{SECRET}@h:notaport/db", "bad port"),
         (f"jdbc:postgresql://h:99999/db?password={SECRET}", "bad port"),
+        (f"postgresql://u:{SECRET}@\x80/db", "invalid host name '\\x80'"),
+        (f"postgresql://u:{SECRET}@{'a' * 64}.example/db", "invalid host name"),
     ],
 )
 def test_postgres_errors_never_show_the_password(url: str, needle: str) -> None:
