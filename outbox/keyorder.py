@@ -86,7 +86,6 @@ class KeyBacklog:
         #: Keys being handed back to the fast path, with the messages held meanwhile.
         self.gated: dict[Key, Held] = {}
         self.held = 0  # messages in `gated`
-        self.released_by_gate = 0  # keys a gate handed back (stats, tests)
         self._gate_pause = 0.0
         self._next_gate = 0.0
         # Mark number of each key's latest message bound for the outbox: a check looks at the
@@ -208,7 +207,6 @@ class KeyBacklog:
             if self._marks.get(key, 0) == mark:  # none of them went to the outbox instead
                 self.pending.discard(key)
                 self._marks.pop(key, None)
-                self.released_by_gate += 1
                 return True
         elif held:
             assert self._store_held is not None

@@ -212,7 +212,11 @@ class ProducerCollector(Collector):
             st["queue_full_waits"],
         )
         yield gauge("outbox_in_memory_messages", "Messages in librdkafka's queue.", st["in_memory"])
-        yield gauge("outbox_unsaved_messages", "Messages waiting for the outbox writer's commit.", st["unsaved"])
+        yield gauge(
+            "outbox_unsaved_messages",
+            "Accepted messages neither committed to the outbox nor handed to librdkafka yet.",
+            st["unsaved"],
+        )
         state = StateSetMetricFamily("outbox_circuit_state", "Circuit breaker state.", labels=names)
         state.add_metric(values, {s.value: st["circuit"] == s.value for s in CircuitState})
         yield state

@@ -345,6 +345,8 @@ class ResilientProducer:
                     topic, value, key, partition=partition, headers=hdrs, on_delivery=report  # type: ignore[arg-type]
                 )
             except BufferError:
+                # The same call again, as a closure made only when the queue is full: the common
+                # path makes no closure per message.
                 if not self._when_queue_has_room(
                     lambda: self._kafka.produce(
                         topic, value, key, partition=partition, headers=hdrs, on_delivery=report  # type: ignore[arg-type]
