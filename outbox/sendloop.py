@@ -37,11 +37,21 @@ from .settle import DELIVERED, Decision, Verdict, settle
 
 log = logging.getLogger(__name__)
 
+#: The least `linger.ms` of a re-sending producer: a caller's smaller value (or its alias
+#: `queue.buffering.max.ms`) is raised to it. A re-sender produces a claimed batch of thousands at
+#: once and then flushes it, and librdkafka's flush() sends what lingers at once (since 1.8), so
+#: lingering costs a batch nothing and makes fewer, larger produce requests. Measured
+#: (`benchmarks/profile_threads.py --mode drain --brokers 3`, 300,000 rows, one worker, medians
+#: of 3): the brokers spent 8.9 → 5.5 µs of CPU per message at 20 ms instead of 5, and the
+#: drain made 71k → 81k msgs/s on this 2-core machine. The application's own producer keeps
+#: the caller's `linger.ms`: there one message's latency matters.
+RESEND_MIN_LINGER_MS = 20
+
 #: Settings every re-sending producer gets unless the caller's config says otherwise.
 RESEND_DEFAULTS: Mapping[str, Any] = {
     "enable.idempotence": True,  # resends within one batch cannot reorder or duplicate
     "acks": "all",
-    "linger.ms": 5,
+    "linger.ms": RESEND_MIN_LINGER_MS,
     "message.timeout.ms": 30000,
 }
 
@@ -127,19 +137,31 @@ class _Reports:
             self.errors[i] = err
 
 
+def resend_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A re-sending producer's settings: `RESEND_DEFAULTS`, then `config`, then what the loop
+    needs (only-error reports, no `on_delivery`, a linger of at least `RESEND_MIN_LINGER_MS`)."""
+    out = {**RESEND_DEFAULTS, **config}
+    out.pop("on_delivery", None)
+    out["delivery.report.only.error"] = True  # see the module doc
+    lingers = [out.pop(k) for k in ("queue.buffering.max.ms", "linger.ms") if k in out]
+    try:
+        out["linger.ms"] = max([RESEND_MIN_LINGER_MS, *(float(v) for v in lingers)])
+    except (TypeError, ValueError):  # not a number: librdkafka's own error names the setting
+        out["linger.ms"] = lingers[-1]
+    return out
+
+
 class SendLoop:
     """Re-sends stored messages with one idempotent producer (recreated after a fatal error).
 
     Args:
-        config: confluent_kafka settings, on top of `RESEND_DEFAULTS`.
+        config: confluent_kafka settings (`resend_config` adds what the loop needs).
         policy: the retry policy that settles each failed send.
         flush_timeout: longest wait for the last reports after a stop (seconds).
     """
 
     def __init__(self, config: Mapping[str, Any], policy: RetryPolicy, *, flush_timeout: float = 30.0) -> None:
-        self.config = {**RESEND_DEFAULTS, **config}
-        self.config.pop("on_delivery", None)
-        self.config["delivery.report.only.error"] = True  # see the module doc
+        self.config = resend_config(config)
         self.policy = policy
         self.flush_timeout = flush_timeout
         self.producer = Producer(self.config)

@@ -13,10 +13,10 @@ from outbox.urls import StoreURL, parse_url
 #: Producer settings the job uses unless `-X` overrides them; the same as the SDK's drain
 #: (idempotent + acks=all: resends inside one producer neither reorder nor duplicate; a 30 s
 #: message timeout so a dead cluster turns into retriable failures quickly, not after 300 s).
+#: The executors' `SendLoop` lingers at least `outbox.sendloop.RESEND_MIN_LINGER_MS`, as the SDK's.
 PRODUCER_DEFAULTS: dict[str, str] = {
     "enable.idempotence": "true",
     "acks": "all",
-    "linger.ms": "5",
     "message.timeout.ms": "30000",
 }
 

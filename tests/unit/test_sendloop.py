@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from outbox.records import OutboxMessage
 from outbox.retry import RetryPolicy
-from outbox.sendloop import InFlight, SendLoop
+from outbox.sendloop import RESEND_MIN_LINGER_MS, InFlight, SendLoop, resend_config
 from outbox.settle import Verdict
 
 NOW = 1_000_000.0
@@ -64,3 +64,29 @@ def test_each_report_lands_in_the_batch_on_the_producer_at_its_index() -> None:
     assert sorted(second.errors) == [0, 1]
     assert sorted(first.errors) == [0, 1, 2]
 
+
+
+@pytest.mark.parametrize(
+    ("given", "linger"),
+    [
+        ({}, RESEND_MIN_LINGER_MS),  # the default
+        ({"linger.ms": 5}, RESEND_MIN_LINGER_MS),  # an application's latency setting is raised
+        ({"linger.ms": "0"}, RESEND_MIN_LINGER_MS),  # as -X / Spark options give it: a string
+        ({"queue.buffering.max.ms": 1}, RESEND_MIN_LINGER_MS),  # librdkafka's alias
+        ({"linger.ms": 100}, 100.0),  # a longer linger is the caller's to choose
+        ({"queue.buffering.max.ms": 250, "linger.ms": 5}, 250.0),  # both: the longer one
+    ],
+)
+def test_a_resending_producer_lingers_at_least_the_floor(given: dict[str, object], linger: float) -> None:
+    config = resend_config({"bootstrap.servers": "127.0.0.1:1", **given})
+    assert config["linger.ms"] == linger
+    assert "queue.buffering.max.ms" not in config  # one setting, not two that librdkafka applies in turn
+    assert config["delivery.report.only.error"] is True
+
+
+def test_a_linger_that_is_not_a_number_is_left_for_librdkafka_to_name() -> None:
+    config = resend_config({"bootstrap.servers": "127.0.0.1:1", "linger.ms": "soon"})
+    assert config["linger.ms"] == "soon"
+    # librdkafka names the property behind the alias.
+    with pytest.raises(KafkaException, match="Invalid value for configuration property .queue.buffering.max.ms"):
+        SendLoop(config, RetryPolicy())
