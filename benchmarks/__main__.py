@@ -6,7 +6,8 @@ repetitions (A B A B ...), and reports medians with each scenario's ratio to a b
 measured in the same run. Results go to benchmarks/results/<date>.json (<date>-quick.json for
 --quick); a full run of every scenario also refreshes the table in benchmarks/README.md.
 
-Phases: (1) brokers up: raw baselines, fallback, write-ahead, naive durable, drain;
+Phases: (1) brokers up: raw baselines, fallback, a burst into a small local queue, write-ahead,
+naive durable, drain;
 (2) brokers down: spill vs raw SQLite, memory during a long outage, then one shared outage
 window for the recovery and simple-retry scenarios, ended by restarting the brokers;
 then recovery, Spark, and the consumer side (ResilientConsumer against a raw consumer loop).
@@ -41,6 +42,10 @@ README = Path(__file__).resolve().parent / "README.md"
 # (fraction of R0, longest wait for an empty outbox after the restart, seconds)
 RECOVERY = ((0.10, 90.0), (0.25, 200.0), (0.50, 120.0))
 RECOVERY_QUICK = ((0.10, 45.0),)
+#: The burst runs' local queue (`queue.buffering.max.messages`): small enough that a run's
+#: messages, produced as fast as `produce()` returns, fill it many times over.
+BURST_QUEUE = 10_000
+
 # Where a recovery run drains (`--recovery-drain`), as the table and the curves name it.
 DRAIN_PLACES = {
     "threads": "drain threads in the producer",
@@ -48,7 +53,10 @@ DRAIN_PLACES = {
     "sidecar": "drain_workers=0 + `outbox drain --follow` beside it",
 }
 LINE_STYLES = {"threads": "-", "process": "--", "sidecar": ":"}
-ALL = ("raw", "fallback", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark", "consumer")
+ALL = (
+    "raw", "fallback", "burst", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark",
+    "consumer",
+)
 Result = dict[str, Any]
 
 
@@ -542,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
             return (110.0 if quick else 570.0) - (time.monotonic() - t_start)
 
         # -- phase 1: brokers up ----------------------------------------------------------
-        happy = sel & {"raw", "fallback", "write-ahead", "naive"}
+        happy = sel & {"raw", "fallback", "burst", "write-ahead", "naive"}
         if happy:
             # Warm-up (not recorded): JIT of the brokers, idempotence PIDs, page cache.
             runner.run("raw", {**common, "n": n, "size": base, "header": True})
@@ -558,6 +566,14 @@ def main(argv: list[str] | None = None) -> int:
                     record(f"fallback/{size}", runner.run("resilient", {**p, "mode": "fallback"}))
                     only_errors = {**p, "mode": "fallback", "only_errors": True}
                     record(f"fallback_oe/{size}", runner.run("resilient", only_errors))
+                if "burst" in sel and size == base:
+                    # A healthy cluster and a full local queue: wait for room (the default) or
+                    # store at once (queue_full_timeout=0), against the raw producer's poll loop.
+                    burst = {**p, "kafka": {"queue.buffering.max.messages": BURST_QUEUE}}
+                    record("burst_raw", runner.run("raw", {**burst, "header": True}))
+                    record("burst", runner.run("resilient", {**burst, "mode": "fallback"}))
+                    nowait = {**burst, "mode": "fallback", "queue_full_timeout": 0}
+                    record("burst_nowait", runner.run("resilient", nowait))
                 if sel & {"write-ahead", "naive"}:
                     wa = {**p, "mode": "write-ahead", "durability": "batch"}
                     record(f"wa_batch/{size}", runner.run("resilient", wa))
@@ -776,6 +792,21 @@ def main(argv: list[str] | None = None) -> int:
                 target="WA >= 30x naive",
                 met=None if sp is None else sp >= 30,
                 notes=f"write-ahead is {sp:.1f}x faster" if sp else "",
+            )
+    if "burst_raw" in summary:
+        table.add(
+            f"burst: raw producer + id header, {BURST_QUEUE:,}-message local queue [{base} B]",
+            summary["burst_raw"], ratio=1.0, target="baseline",
+        )
+        for name, label in (
+            ("burst", "burst: fallback, queue_full_timeout=0.5 (default)"),
+            ("burst_nowait", "burst: fallback, queue_full_timeout=0 (store at once)"),
+        ):
+            stored, waits = med(runs[name], "outboxed"), med(runs[name], "queue_full_waits")
+            table.add(
+                f"{label} [{base} B]", summary[name], ratio=ratio(name, "burst_raw"), target="report (vs raw)",
+                notes=f"median {fmt(stored)} of {fmt(summary[name]['n'])} stored in the outbox, "
+                f"{fmt(waits)} waits for room",
             )
     if "spill" in summary:
         r = ratio("spill", "sqlite")

@@ -126,6 +126,10 @@ def test_outage_of_all_brokers_loses_nothing_and_keeps_key_order(
             if i % 50 == 0:
                 time.sleep(0.01)
         wait_until(lambda: drained(p), 120, "the outbox is drained")
+        # With the drain in a process, a delivery is counted when the child's report reaches this
+        # process, moments after its row left the store (README, stats()): the outbox can read
+        # empty before the count catches up (seen once in CI: 1,002 of 3,001 at that moment).
+        wait_until(lambda: p.stats()["delivered"] >= total + 1, 30, "every delivery is counted")
         st = p.stats()
     assert st["produced"] == total + 1 and st["dead"] == 0
     assert fates == ([] if only_errors else [None] * total)
