@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import atexit
 import functools
-import itertools
 import json
 import logging
-import operator
 import os
 import shutil
 import sqlite3
@@ -139,20 +137,22 @@ def _say(word: str) -> None:
 @scenario("raw")
 def raw(p: Params) -> Result:
     """R0 (header=False) / R1 (header=True): confluent_kafka.Producer in a tight loop."""
+    from outbox.headers import IdGenerator
+
     n, topic, every = int(p["n"]), p["topic"], int(p["sample"])
     value = os.urandom(int(p["size"]))
     prod = Producer(kafka_config(p))
     produce, poll = prod.produce, prod.poll
-    # Ids made as the wrapper's IdGenerator makes them (one C call: a count mapped through hex()),
-    # so that R1 pays for its id header what the wrapper pays, no more.
-    next_id = map(operator.itemgetter(slice(3, None)), map(hex, itertools.count(1 << 128 | os.getpid() << 64))).__next__
+    # Ids made by the wrapper's own IdGenerator, so that R1 pays for its id header what the
+    # wrapper pays, no more.
+    next_id = IdGenerator().next
     header = bool(p["header"])
     lat: list[int] = []
     pc = time.perf_counter_ns
     prod.list_topics(topic, timeout=10)  # metadata + connections up front, as the wrapper's are
     t0 = start_clock()
     for i in range(n):
-        hdrs = [(ID_HEADER, next_id().encode())] if header else None
+        hdrs: list[tuple[str, str | bytes | None]] | None = [(ID_HEADER, next_id().encode())] if header else None
         if i % every:
             while True:
                 try:

@@ -44,17 +44,16 @@ log = logging.getLogger(__name__)
 #: `benchmarks/profile_threads.py`'s drain run for each setting on one 3-broker cluster (300,000
 #: rows, one worker, batches of 5,000, medians of 3 interleaved runs): the brokers spent 8.9 →
 #: 5.5 µs of CPU per message at 20 ms instead of 5, and the drain made 71k → 81k msgs/s on this
-#: 2-core machine. The application's own producer keeps
-#: the caller's `linger.ms`: there one message's latency matters.
+#: 2-core machine. The application's own producer keeps the caller's `linger.ms`: there one
+#: message's latency matters.
 RESEND_MIN_LINGER_MS = 20
 
 #: Settings every re-sending producer gets unless the caller's config says otherwise.
 RESEND_DEFAULTS: Mapping[str, Any] = {
     "enable.idempotence": True,  # resends within one batch cannot reorder or duplicate
     "acks": "all",
-    "linger.ms": RESEND_MIN_LINGER_MS,
     "message.timeout.ms": 30000,
-}
+}  # and `linger.ms`, which `resend_config` decides
 
 _POLL_EVERY = 1000  # serve error reports now and then while producing (a poll costs ~20 us)
 _PROBE_TIMEOUT = 5.0  # seconds a broker has to answer "is the cluster there?"

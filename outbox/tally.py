@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 
 class Tally:
@@ -11,15 +12,20 @@ class Tally:
     can interleave, losing a count).
     """
 
-    __slots__ = ("_count", "add")
+    __slots__ = ("_start", "_count", "add")
 
-    def __init__(self) -> None:
-        self._count = itertools.count()
-        #: Count one event; returns the count before it.
+    def __init__(self, start: int = 0) -> None:
+        self._start = start
+        self._count = itertools.count(start)
+        #: Count one event; returns the count before it (`start` plus the events before it).
         self.add = self._count.__next__
+
+    def __iter__(self) -> Iterator[int]:
+        """The counts as an iterator whose `next()` is `add()`: for a C pipeline (`map`) that counts."""
+        return self._count
 
     @property
     def value(self) -> int:
         """How many events were counted (reading does not count one)."""
         # repr is "count(N)" with N the next value to hand out.
-        return int(repr(self._count)[6:-1])
+        return int(repr(self._count)[6:-1]) - self._start

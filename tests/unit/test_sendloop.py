@@ -65,7 +65,6 @@ def test_each_report_lands_in_the_batch_on_the_producer_at_its_index() -> None:
     assert sorted(first.errors) == [0, 1, 2]
 
 
-
 @pytest.mark.parametrize(
     ("given", "linger"),
     [
