@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import inspect
 import itertools
 import json
 import os
@@ -32,8 +33,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
+
+from .threadcpu import BROKERS, OTHER, STAGES
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -58,6 +62,14 @@ ALL = (
     "consumer",
 )
 Result = dict[str, Any]
+#: What the CPU table's columns are (printed with it).
+STAGE_NOTE = (
+    ": each thread's CPU from /proc over the timed part, grouped by what it does (application: the"
+    " scenario's own producing thread; in the drain row that thread is a drain worker), and the local"
+    " brokers' JVMs (not measured in recovery runs, which restart them); messages per produce batch"
+    " from librdkafka's statistics (each batch costs the brokers about the same, so fewer messages per"
+    " batch cost them more per message). A row's gap to its baseline is where it spends more."
+)
 
 
 def log(msg: str) -> None:
@@ -253,24 +265,76 @@ class Table:
         ]
 
     def text(self) -> str:
-        rows = [list(self.HEAD)] + [self.cells(r) for r in self.rows]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(self.HEAD))]
-        lines = []
-        for k, row in enumerate(rows):
-            lines.append(
-                "  ".join(
-                    c.ljust(w) if i in (0, 8, 10) else c.rjust(w)
-                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
-                )
-            )
-            if k == 0:
-                lines.append("  ".join("-" * w for w in widths))
-        return "\n".join(lines)
+        return text_table(self.HEAD, [self.cells(r) for r in self.rows], left=(0, 8, 10))
 
     def markdown(self) -> str:
-        out = ["| " + " | ".join(self.HEAD) + " |", "|" + "|".join("---" for _ in self.HEAD) + "|"]
-        out += ["| " + " | ".join(c.replace("|", "/") for c in self.cells(r)) + " |" for r in self.rows]
-        return "\n".join(out)
+        return markdown_table(self.HEAD, [self.cells(r) for r in self.rows])
+
+
+def text_table(head: Sequence[str], rows: list[list[str]], left: Sequence[int] = (0,)) -> str:
+    """Aligned columns: those in `left` flush left, the others (numbers) flush right."""
+    rows = [list(head), *rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = []
+    for k, row in enumerate(rows):
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(head: Sequence[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+# -- where the CPU goes ----------------------------------------------------------------------
+
+
+def stage_medians(results: list[Result]) -> dict[str, float] | None:
+    """Median CPU µs per message of each stage over a scenario's repetitions (`cpu_by_stage`)."""
+    measured = [r["cpu_by_stage"] for r in results if r.get("cpu_by_stage")]
+    if not measured:
+        return None
+    stages = {s for m in measured for s in m}
+    return {s: statistics.median(m.get(s, 0.0) for m in measured) for s in stages}
+
+
+def cpu_by_stage(
+    runs: dict[str, list[Result]], rows: Sequence[tuple[str, str, str | None]]
+) -> tuple[str, str, list[Result]]:
+    """The CPU table: for each (label, run key, baseline key) measured, CPU µs per message of each
+    stage (`benchmarks.threadcpu.STAGES`, one thread or group of threads each), and where the row
+    spends more than its baseline (the stages that differ most). Returns text, markdown, rows."""
+    medians = {key: stage_medians(runs.get(key, [])) for _, key, _ in rows}
+    used = [s for s in (*(st for _, st in STAGES), OTHER) if any(m and m.get(s, 0) >= 0.05 for m in medians.values())]
+    head = ["scenario", *used, "this process", BROKERS, "msgs/batch", "more than its baseline, by stage"]
+    cells: list[list[str]] = []
+    out: list[Result] = []
+    for label, key, baseline in rows:
+        m = medians.get(key)
+        if m is None:
+            continue
+        own = sum(v for s, v in m.items() if s != BROKERS)
+        gap = ""
+        b = medians.get(baseline) if baseline else None
+        if b is not None:
+            diff = {s: m.get(s, 0.0) - b.get(s, 0.0) for s in {*m, *b}}
+            total = own - sum(v for s, v in b.items() if s != BROKERS)
+            worst = sorted((d, s) for s, d in diff.items() if abs(d) >= 0.3)[::-1]
+            gap = f"{total:+.1f} µs in this process: " + ", ".join(f"{s} {d:+.1f}" for d, s in worst)
+        per_batch = fmt(med(runs[key], "msgs_per_batch"), 1)
+        cells.append([label, *(f"{m.get(s, 0.0):.1f}" for s in used), f"{own:.1f}",
+                      "–" if BROKERS not in m else f"{m[BROKERS]:.1f}", per_batch, gap])
+        out.append({"scenario": label, "key": key, "baseline": baseline, "cpu_us_per_msg_by_stage": m,
+                    "msgs_per_batch": med(runs[key], "msgs_per_batch")})
+    left = (0, len(head) - 1)
+    return text_table(head, cells, left), markdown_table(head, cells), out
 
 
 # -- machine and cluster ---------------------------------------------------------------------
@@ -651,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"drain, repetition {rep + 1}/{reps}")
                 p = {**common, "n": drain_rows, "size": base, "template": template}
                 t0 = time.monotonic()
-                record("drain", runner.run("drain", {**p, "workers": 2, "batch": 5000}))
+                record("drain", runner.run("drain", p))
                 record("raw_rows", runner.run("raw_rows", p))
                 if rep + 1 < reps and budget_left() < (time.monotonic() - t0) * 1.1:
                     log(f"drain: {rep + 1} repetition(s); another would break the time budget")
@@ -820,6 +884,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if "drain" in summary:
         r = ratio("drain", "raw_rows")
+        from outbox import Drainer
+
+        defaults = inspect.signature(Drainer).parameters
+        drain_defaults = f"{defaults['workers'].default} worker, {defaults['batch_size'].default:,}-row claims"
         rem = max((x.get("remaining", 0) for x in runs["drain"]), default=0)
         table.add(
             f"raw producer, same rows from memory ({drain_rows:,})",
@@ -828,7 +896,7 @@ def main(argv: list[str] | None = None) -> int:
             target="baseline",
         )
         table.add(
-            f"drain {drain_rows:,} rows, Drainer 2 workers",
+            f"drain {drain_rows:,} rows, Drainer's defaults ({drain_defaults})",
             summary["drain"],
             ratio=r,
             target=">= 0.80 x raw",
@@ -924,9 +992,24 @@ def main(argv: list[str] | None = None) -> int:
                 notes=f"blocked {r['blocked_s']:.2f}s (longest call {r['longest_call_s']:.2f}s), "
                 f"lost {r['lost']}, dead-lettered {r.get('dead', '?')}, sent {r['attempted']}/{r['wanted']} wanted",
             )
+    stage_rows: list[tuple[str, str, str | None]] = []
+    for size in sizes:
+        sfx = f" [{size} B]"
+        stage_rows += [
+            ("R1 raw producer + id header" + sfx, f"raw_hdr/{size}", None),
+            ("fallback mode, happy path" + sfx, f"fallback/{size}", f"raw_hdr/{size}"),
+            ("fallback, only-error reports" + sfx, f"fallback_oe/{size}", f"raw_hdr/{size}"),
+            ("R0 raw producer, no header" + sfx, f"raw/{size}", None),
+            ("write-ahead, durability=batch" + sfx, f"wa_batch/{size}", f"raw/{size}"),
+        ]
+    stage_rows += [("raw producer, same rows from memory", "raw_rows", None), ("drain", "drain", "raw_rows")]
+    stage_rows += [(f"recovery at {k.split('/', 1)[1]}", k, None) for k in runs if k.startswith("recovery/")]
+    stage_text, stage_md, stage_json = cpu_by_stage(runs, stage_rows)
     elapsed = time.monotonic() - t_start
     text = table.text()
     print(text)
+    if stage_json:
+        print(f"\nWhere the CPU goes: µs per message of each thread (medians){STAGE_NOTE}\n{stage_text}")
     print(
         f"\n{'quick' if quick else 'full'} run, {reps} reps, medians; {elapsed:.0f}s; "
         f"load average at start {load0[0]:.1f}, now {os.getloadavg()[0]:.1f}"
@@ -950,6 +1033,7 @@ def main(argv: list[str] | None = None) -> int:
                     "machine": info,
                     "config": config,
                     "table": table.rows,
+                    "cpu_by_stage": stage_json,
                     "summary": summary,
                     "runs": runs,
                 },
@@ -965,7 +1049,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"Run {date}, full, {reps} interleaved reps (medians), {elapsed:.0f} s; "
                 f"{info['cores']} cores ({info['cpu']}), {info['mem_gib']} GiB, Python {info['python']}, "
                 f"librdkafka {info['librdkafka']}, load average at start {info['loadavg_start'][0]:.1f} "
-                f"(shared machine).\n\n{table.markdown()}\n"
+                f"(shared machine).\n\n{table.markdown()}\n\nWhere the CPU goes: µs per message of each "
+                f"thread (medians){STAGE_NOTE}\n\n{stage_md}\n"
             )
             body = README.read_text()
             new = re.sub(

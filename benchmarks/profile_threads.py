@@ -18,96 +18,22 @@ template) and measures `Drainer(workers=W, batch_size=B).run(until_empty=True)` 
 from __future__ import annotations
 
 import argparse
-import glob
 import os
+import sys
 import tempfile
-import threading
 import time
 
-from confluent_kafka import Producer
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from outbox import Drainer, ResilientProducer
-from outbox.headers import ID_HEADER
-from outbox.records import NewMessage
-from outbox.stores.base import Outbox
-from outbox.stores.sqlite import SQLiteOutbox
-from outbox.testing import KafkaCluster
+from confluent_kafka import Producer  # noqa: E402
 
-
-def thread_cpu() -> dict[int, tuple[str, float]]:
-    """(name, CPU seconds so far) of each live thread of this process, by thread id."""
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[int, tuple[str, float]] = {}
-    for task in glob.glob(f"/proc/{os.getpid()}/task/*"):
-        try:
-            with open(f"{task}/comm") as f:
-                comm = f.read().strip()
-            with open(f"{task}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # the thread ended
-        tid = int(task.rsplit("/", 1)[1])
-        out[tid] = (names.get(tid, comm), (int(fields[11]) + int(fields[12])) / tick)
-    return out
-
-
-BROKERS = "Kafka (its JVMs)"
-
-
-def brokers_cpu() -> float:
-    """CPU seconds so far of this process's child processes named java (the local cluster)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                comm, rest = f.read().rsplit(")", 1)
-        except OSError:
-            continue
-        fields = rest.split()
-        if comm.endswith("(java") and int(fields[1]) == os.getpid():
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
-
-
-class ThreadCPU:
-    """CPU seconds each thread spent between `start()` and `stop()`, by thread name.
-
-    Sampled every 50 ms, because threads that end before `stop()` (a drain's workers and their
-    producers' librdkafka threads) take their counters with them: such a thread loses at most
-    its last 50 ms.
-    """
-
-    def __init__(self) -> None:
-        self._first: dict[int, float] = {}
-        self._brokers = 0.0
-        self._last: dict[int, tuple[str, float]] = {}
-        self._done = threading.Event()
-        self._sampler = threading.Thread(target=self._sample_until_done, name="cpu-sampler", daemon=True)
-
-    def start(self) -> None:
-        self._brokers = brokers_cpu()
-        self._first = {tid: cpu for tid, (_, cpu) in thread_cpu().items()}
-        self._sampler.start()
-
-    def stop(self) -> dict[str, float]:
-        self._done.set()
-        self._sampler.join()
-        self._sample()
-        spent: dict[str, float] = {}
-        for tid, (name, cpu) in self._last.items():
-            if name != "cpu-sampler":
-                spent[name] = spent.get(name, 0.0) + cpu - self._first.get(tid, 0.0)
-        spent[BROKERS] = brokers_cpu() - self._brokers
-        return spent
-
-    def _sample(self) -> None:
-        self._last.update(thread_cpu())
-
-    def _sample_until_done(self) -> None:
-        while not self._done.wait(0.05):
-            self._sample()
+from benchmarks.threadcpu import BROKERS, ThreadCPU  # noqa: E402
+from outbox import Drainer, ResilientProducer  # noqa: E402
+from outbox.headers import ID_HEADER  # noqa: E402
+from outbox.records import NewMessage  # noqa: E402
+from outbox.stores.base import Outbox  # noqa: E402
+from outbox.stores.sqlite import SQLiteOutbox  # noqa: E402
+from outbox.testing import KafkaCluster  # noqa: E402
 
 
 def main() -> None:
@@ -135,7 +61,7 @@ def main() -> None:
         for _ in range(20_000):
             producer.produce("profile", value)
         producer.flush(60)
-        cpu = ThreadCPU()
+        cpu = ThreadCPU(brokers_parent=os.getpid())
         cpu.start()
         started = time.perf_counter()
         for _ in range(n):
@@ -165,7 +91,7 @@ def drain(config: dict[str, object], path: str, value: bytes, n: int, workers: i
         store_messages(store, 0, 100_000)
         drainer.run(until_empty=True)
         store_messages(store, 100_000, n)
-        cpu = ThreadCPU()
+        cpu = ThreadCPU(brokers_parent=os.getpid())
         cpu.start()
         started = time.perf_counter()
         res = drainer.run(until_empty=True)
@@ -193,7 +119,7 @@ def raw(config: dict[str, object], value: bytes, n: int) -> Profile:
         producer.flush(120)
 
     send(0, 20_000)  # warm-up
-    cpu = ThreadCPU()
+    cpu = ThreadCPU(brokers_parent=os.getpid())
     cpu.start()
     started = time.perf_counter()
     send(20_000, n)

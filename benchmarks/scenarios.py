@@ -28,6 +28,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from benchmarks.threadcpu import ThreadCPU, by_stage
+
 ID_HEADER = "outbox-id"
 Params = dict[str, Any]
 Result = dict[str, Any]
@@ -73,31 +75,77 @@ def percentile(samples: list[int], q: float) -> float | None:
     return s[min(len(s) - 1, int(q * len(s)))] / 1000.0  # ns -> µs
 
 
-def kafka_config(p: Params, **extra: Any) -> dict[str, Any]:
+def kafka_config(p: Params, *, batch_stats: bool = False, **extra: Any) -> dict[str, Any]:
     """The happy-path producer settings of issue 7: acks=all, idempotent, linger.ms=5, plus a
-    run's own `kafka` settings (the burst runs' small local queue)."""
+    run's own `kafka` settings (the burst runs' small local queue).
+
+    batch_stats: librdkafka's statistics every 250 ms, from which `result()` gives the messages
+    per produce batch (`msgs_per_batch`) of the timed part: each request costs the brokers about
+    the same, so fewer messages per batch means more broker CPU per message.
+    """
+    stats = {"statistics.interval.ms": 250, "stats_cb": _BATCHES.add} if batch_stats else {}
     return {
         "bootstrap.servers": p["bootstrap"],
         "acks": "all",
         "enable.idempotence": True,
         "linger.ms": 5,
         **p.get("kafka", {}),
+        **stats,
         **extra,
     }
 
 
+class _BatchCounts:
+    """Batches and messages of the run's topic that librdkafka reports (its `batchcnt` window
+    statistics, one window per report), counted once the timed part has started."""
+
+    def __init__(self) -> None:
+        self.topic: str | None = None  # set by start_clock(): None counts nothing
+        self.batches = 0
+        self.messages = 0
+
+    def add(self, stats_json: str) -> None:
+        if self.topic is None:
+            return
+        window = json.loads(stats_json).get("topics", {}).get(self.topic, {}).get("batchcnt", {})
+        self.batches += window.get("cnt", 0)
+        self.messages += window.get("sum", 0)
+
+    def per_batch(self) -> float | None:
+        return self.messages / self.batches if self.batches else None
+
+
+_BATCHES = _BatchCounts()
+
+
 _CPU0: list[float] = []
+_THREADS: list[ThreadCPU] = []
 
 
-def start_clock() -> float:
+def start_clock(*, by_thread: bool = False, brokers: bool = True, topic: str | None = None) -> float:
     """Start of the timed part: wall clock, and CPU time (all threads, librdkafka's too, and the
-    children waited for: a sidecar drain, the `drain_in="process"` child once closed)."""
+    children waited for: a sidecar drain, the `drain_in="process"` child once closed).
+
+    by_thread: also each thread's CPU, and the brokers' (the parent's java children) unless
+    `brokers` is False (a run that restarts them): `result()` gives it by stage (`threadcpu`).
+    topic: count the batches of this topic from now on (`kafka_config(batch_stats=True)`).
+    """
     _CPU0[:] = [sum(os.times()[:4])]
+    _BATCHES.topic = topic
+    _THREADS.clear()
+    if by_thread:
+        _THREADS.append(ThreadCPU(os.getppid() if brokers else None))
+        _THREADS[0].start()
     return time.perf_counter()
 
 
-def result(p: Params, n: int, seconds: float, lat: list[int] | None = None, **extra: Any) -> Result:
+def result(
+    p: Params, n: int, seconds: float, lat: list[int] | None = None, *, main_stage: str = "application",
+    **extra: Any,
+) -> Result:
+    """A run's result line; `main_stage` names what the scenario's own thread did (`by_stage`)."""
     size = int(p.get("size", 200))
+    stages = by_stage(_THREADS.pop().stop(), n, main_stage) if _THREADS and n else None
     return {
         "n": n,
         "size": size,
@@ -110,6 +158,8 @@ def result(p: Params, n: int, seconds: float, lat: list[int] | None = None, **ex
         # CPU per message is far steadier than msgs/s on a shared machine: it is what the
         # process spent, whoever else competes for the cores.
         "cpu_us_per_msg": (sum(os.times()[:4]) - _CPU0[0]) / n * 1e6 if _CPU0 and n else None,
+        "cpu_by_stage": stages,
+        "msgs_per_batch": _BATCHES.per_batch(),
         **extra,
     }
 
@@ -141,7 +191,7 @@ def raw(p: Params) -> Result:
 
     n, topic, every = int(p["n"]), p["topic"], int(p["sample"])
     value = os.urandom(int(p["size"]))
-    prod = Producer(kafka_config(p))
+    prod = Producer(kafka_config(p, batch_stats=True))
     produce, poll = prod.produce, prod.poll
     # Ids made by the wrapper's own IdGenerator, so that R1 pays for its id header what the
     # wrapper pays, no more.
@@ -150,7 +200,7 @@ def raw(p: Params) -> Result:
     lat: list[int] = []
     pc = time.perf_counter_ns
     prod.list_topics(topic, timeout=10)  # metadata + connections up front, as the wrapper's are
-    t0 = start_clock()
+    t0 = start_clock(by_thread=True, topic=topic)
     for i in range(n):
         hdrs: list[tuple[str, str | bytes | None]] | None = [(ID_HEADER, next_id().encode())] if header else None
         if i % every:
@@ -206,7 +256,8 @@ def resilient(p: Params) -> Result:
     # local queue stores the message at once, as before session 13).
     waits: dict[str, Any] = {"queue_full_timeout": float(p["queue_full_timeout"])} if "queue_full_timeout" in p else {}
     rp = ResilientProducer(
-        kafka_config(p, **reports), outbox=f"sqlite:///{path}", mode=p["mode"], durability=p.get("durability", "batch"),
+        kafka_config(p, batch_stats=True, **reports), outbox=f"sqlite:///{path}", mode=p["mode"],
+        durability=p.get("durability", "batch"),
         **waits,
     )
     Producer(kafka_config(p)).list_topics(topic, timeout=10)  # the topic's metadata exists
@@ -225,7 +276,7 @@ def resilient(p: Params) -> Result:
                 produce(topic, value)
                 lat.append(pc() - s)
 
-    t0 = start_clock()
+    t0 = start_clock(by_thread=True, topic=topic)
     if threads == 1:
         loop(0, n)
     else:
@@ -439,7 +490,7 @@ def fill(p: Params) -> Result:
 
 @scenario("drain")
 def drain(p: Params) -> Result:
-    """Drainer(...).run(until_empty=True) over a copy of the template."""
+    """Drainer(store, config).run(until_empty=True) over a copy of the template."""
     from outbox import Drainer
     from outbox.stores.sqlite import SQLiteOutbox
 
@@ -447,11 +498,14 @@ def drain(p: Params) -> Result:
     shutil.copyfile(p["template"], path)
     store = SQLiteOutbox(path)
     n = int(p["n"])
-    drainer = Drainer(store, kafka_config(p), workers=int(p["workers"]), batch_size=int(p["batch"]))
-    t0 = start_clock()
+    drainer = Drainer(store, kafka_config(p, batch_stats=True))  # the defaults, as `Drainer(store, config)` gives them
+    t0 = start_clock(by_thread=True, topic=p["topic"])
     res = drainer.run(until_empty=True)
     seconds = time.perf_counter() - t0
-    return result(p, n, seconds, delivered=res.delivered, remaining=res.remaining, retried=res.retried)
+    return result(
+        p, n, seconds, main_stage="drain workers", delivered=res.delivered, remaining=res.remaining,
+        retried=res.retried,
+    )
 
 
 @scenario("raw_rows")
@@ -470,10 +524,10 @@ def raw_rows(p: Params) -> Result:
             for r in store.messages()
         ]
     n = len(rows)
-    prod = Producer(kafka_config(p))
+    prod = Producer(kafka_config(p, batch_stats=True))
     produce, poll = prod.produce, prod.poll
     prod.list_topics(rows[0][0], timeout=10)
-    t0 = start_clock()
+    t0 = start_clock(by_thread=True, topic=rows[0][0])
     for i, (topic, value, key, hdrs) in enumerate(rows):
         while True:
             try:
@@ -548,7 +602,7 @@ def recovery(p: Params) -> Result:
     keys_curve: list[tuple[float, int, int]] = []
     sent = 0
     burst = max(1, int(rate * 0.02))  # at most 20 ms of traffic per step: the loop stays responsive
-    t_start = start_clock()
+    t_start = start_clock(by_thread=True, brokers=False)
     m0 = time.monotonic()
     state: dict[str, float] = {}
     finished = threading.Event()

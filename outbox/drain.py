@@ -223,8 +223,10 @@ class Drainer:
         self.result = DrainResult()
         limit = [max_messages]
         helpers = [
-            threading.Thread(target=self._worker, args=(until_empty, limit, progress), daemon=True)
-            for _ in range(self.workers - 1)
+            threading.Thread(
+                target=self._worker, args=(until_empty, limit, progress), name=f"outbox-drain-{i}", daemon=True
+            )
+            for i in range(1, self.workers)
         ]
         for t in helpers:
             t.start()
