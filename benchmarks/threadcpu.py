@@ -22,6 +22,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("MainThread", "application"),
     ("outbox-delivery", "delivery thread"),
     ("outbox-writer", "writer"),
+    ("outbox-drain-events", "drain process's reports"),  # drain_in="process": its reader thread here
     ("outbox-drain", "drain workers"),
     ("outbox-keys", "key watcher"),
     ("rdk:", "librdkafka"),

@@ -61,6 +61,10 @@ _MODES = ("fallback", "write-ahead")
 _new_tuple = tuple.__new__
 _DURABILITY = ("batch", "sync")
 _DRAIN_IN = ("threads", "process")
+#: The last error of a message stored without a send attempt, by why it was not sent.
+_NOT_SENT_CIRCUIT_OPEN = "not sent: circuit open"
+_NOT_SENT_QUEUE_FULL = "not sent: local queue full"
+_NOT_SENT_KEY_WAITS = "not sent: key has messages in the outbox"
 #: How often a produce() waiting for room in librdkafka's full queue tries again (seconds).
 _ROOM_CHECK_INTERVAL = 0.001
 
@@ -337,7 +341,7 @@ class ResilientProducer:
         ):
             return msg_id
         if not self.circuit.closed and not self._may_probe(key):
-            self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "circuit open", wait=True)
+            self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, _NOT_SENT_CIRCUIT_OPEN, wait=True)
             return msg_id
         report = _Report(self, msg_id, hdrs if headers is not None else None, on_delivery, partition)
         try:
@@ -356,7 +360,7 @@ class ResilientProducer:
                     raise
             self._handed.add()
         except BufferError:
-            self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, "local queue full", wait=True)
+            self._spill(topic, value, key, hdrs, partition, msg_id, on_delivery, _NOT_SENT_QUEUE_FULL, wait=True)
         except KafkaException as exc:
             self._handle_failure(exc.args[0], topic, value, key, hdrs, partition, msg_id, on_delivery, None)
         return msg_id
@@ -481,7 +485,7 @@ class ResilientProducer:
         and the drain shares this process's interpreter lock: so it marks and queues the row
         under the one lock it already holds (`_queue`), not through `_store_pending`.
         """
-        k = as_bytes(key)
+        k = key if key.__class__ is bytes else as_bytes(key)
         assert k is not None  # the caller checked key
         backlog = self._backlog
         if (topic, k) not in backlog.pending:
@@ -490,7 +494,7 @@ class ResilientProducer:
         with backlog.lock:
             if (topic, k) not in backlog.pending:
                 return False
-            msg = self._unsent(topic, value, k, hdrs, partition, msg_id, "key has messages in the outbox")
+            msg = self._unsent(topic, value, k, hdrs, partition, msg_id, _NOT_SENT_KEY_WAITS)
             if not backlog.hold((topic, k), (msg, cb)):  # held while the key is handed back
                 self._queue(msg, cb)
             return True
@@ -528,25 +532,20 @@ class ResilientProducer:
 
     def _spill(
         self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
-        cb: DeliveryCallback | None, reason: str, *, attempts: int = 0, error: str | None = None,
-        wait: bool = False,
+        cb: DeliveryCallback | None, why: str, *, wait: bool = False,
     ) -> None:
         """Store a message that was not sent (circuit open, queue full): due at once."""
-        msg = self._unsent(topic, value, key, hdrs, partition, msg_id, reason, attempts=attempts, error=error)
-        self._store_pending(msg, cb, wait=wait)
+        self._store_pending(self._unsent(topic, value, key, hdrs, partition, msg_id, why), cb, wait=wait)
 
     @staticmethod
-    def _unsent(
-        topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str, reason: str, *,
-        attempts: int = 0, error: str | None = None,
-    ) -> NewMessage:
-        """The row of a message that was not sent: due at once, `reason` as its last error."""
+    def _unsent(topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str, why: str) -> NewMessage:
+        """The row of a message that was not sent: due at once, `why` (a `_NOT_SENT_*`) as its last error."""
         now = time.time()
         # Built as the tuple it is: NamedTuple's generated __new__ is a Python call (0.5 µs of a
-        # key-waits path that every message of a recovering key takes).
+        # key-waits path that every message of a recovering key takes); bytes skip as_bytes().
         return _new_tuple(NewMessage, (
-            topic, as_bytes(value), as_bytes(key), hdrs, partition, msg_id, attempts,
-            now if attempts else None, error or f"not sent: {reason}", now, None, None,
+            topic, value if value.__class__ is bytes else as_bytes(value),
+            key if key.__class__ is bytes else as_bytes(key), hdrs, partition, msg_id, 0, None, why, now, None, None,
         ))
 
     def _store_pending(self, msg: NewMessage, cb: DeliveryCallback | None, *, wait: bool = False) -> None:
