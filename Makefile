@@ -67,7 +67,7 @@ bench: venv kafka
 
 lint: venv
 	$(VPY) -m ruff check .
-	$(VPY) -m mypy outbox
+	$(VPY) -m mypy outbox cli spark_drain benchmarks
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis spark-warehouse metastore_db derby.log

@@ -44,8 +44,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = Path(__file__).resolve().parent / "README.md"
 # (fraction of R0, longest wait for an empty outbox after the restart, seconds)
-RECOVERY = ((0.10, 90.0), (0.25, 200.0), (0.50, 120.0))
-RECOVERY_QUICK = ((0.10, 45.0),)
+RECOVERY: tuple[tuple[float, float], ...] = ((0.10, 90.0), (0.25, 200.0), (0.50, 120.0))
+RECOVERY_QUICK: tuple[tuple[float, float], ...] = ((0.10, 45.0),)
 #: The burst runs' local queue (`queue.buffering.max.messages`): small enough that a run's
 #: messages, produced as fast as `produce()` returns, fill it many times over.
 BURST_QUEUE = 10_000
@@ -406,7 +406,7 @@ def plot_recovery(runs: dict[str, list[Result]], outage: float, quick: bool) -> 
             xs, ys, color=colors.get(pct), linestyle=LINE_STYLES[place],
             label=f"{pct}% of R0 ({r['rate_wanted']:,.0f} msgs/s), {where}",
         )
-        colors.setdefault(pct, line.get_color())
+        colors.setdefault(pct, str(line.get_color()))
         if r.get("up_at") is not None:
             ax.axvline(r["up_at"] - down, color="grey", linestyle=":", linewidth=1)
     ax.axvline(0, color="red", linestyle="--", linewidth=1, label="all brokers stopped")
@@ -733,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
                 r0 = record(f"raw/{base}", runner.run("raw", {**common, "n": n, "size": base, "header": False}))[
                     "msgs_per_s"
                 ]
-            assert r0 is not None
+            assert r0 is not None and cluster is not None
             config["recovery_r0"] = r0
             if args.recovery_rate:
                 config["recovery_rate"] = args.recovery_rate
@@ -922,24 +922,24 @@ def main(argv: list[str] | None = None) -> int:
         key = f"recovery/{pct}" + ("" if place == "threads" else f"/{place}")
         if key not in summary:
             continue
-        r = runs[key][0]
+        run = runs[key][0]
         where = ", " + DRAIN_PLACES[place]
-        after = r.get("empty_after_up_s")
-        p50, p99 = r.get("latency_p50_s"), r.get("latency_p99_s")
+        after = run.get("empty_after_up_s")
+        p50, p99 = run.get("latency_p50_s"), run.get("latency_p99_s")
         lat = f"post-restart latency p50 {fmt_s(p50)} / p99 {fmt_s(p99)}"
         if after is not None:
             state = f"empty {after:.1f}s after restart"
         else:
-            state = f"NOT empty when the run ended, {r.get('pending_left') or 0:,} left"
+            state = f"NOT empty when the run ended, {run.get('pending_left') or 0:,} left"
         share = "fixed rate" if config.get("recovery_rate") else f"{pct}% of R0"
         table.add(
-            f"recovery at {share} ({r['rate_wanted']:,.0f}/s), all brokers down {outage:.0f}s{where}",
+            f"recovery at {share} ({run['rate_wanted']:,.0f}/s), all brokers down {outage:.0f}s{where}",
             summary[key],
             target=f"empty <= {target_s:.0f}s" if target_s else "report",
             met=None if target_s is None else (after is not None and after <= target_s),
-            notes=f"{state}; {lat}; pending at restart {r.get('pending_at_up') or 0:,}, max {r['pending_max']:,}; "
-            f"offered {r['rate_achieved']:,.0f}/s; {r['not_delivered_after_up']:,} post-restart msgs undelivered"
-            + _cpu_split(r),
+            notes=f"{state}; {lat}; pending at restart {run.get('pending_at_up') or 0:,}, max {run['pending_max']:,}; "
+            f"offered {run['rate_achieved']:,.0f}/s; {run['not_delivered_after_up']:,} post-restart msgs undelivered"
+            + _cpu_split(run),
         )
     for variant, label in (("1", "Spark bulk drain, 1 partition"), ("2", "Spark bulk drain, 2 partitions"),
                            ("4", "Spark bulk drain, 4 partitions"), ("cli", "CLI drain (outbox drain, 1 worker)")):
@@ -983,14 +983,15 @@ def main(argv: list[str] | None = None) -> int:
         ("resilient_retry", "ResilientProducer, same app"),
     ):
         if key in summary:
-            r = runs[key][0]
+            run = runs[key][0]
             table.add(
-                f"{label}, {r['outage_s']:.0f}s outage",
+                f"{label}, {run['outage_s']:.0f}s outage",
                 None,
                 target="0 lost" if key == "resilient_retry" else "report",
-                met=(r["lost"] == 0) if key == "resilient_retry" else None,
-                notes=f"blocked {r['blocked_s']:.2f}s (longest call {r['longest_call_s']:.2f}s), "
-                f"lost {r['lost']}, dead-lettered {r.get('dead', '?')}, sent {r['attempted']}/{r['wanted']} wanted",
+                met=(run["lost"] == 0) if key == "resilient_retry" else None,
+                notes=f"blocked {run['blocked_s']:.2f}s (longest call {run['longest_call_s']:.2f}s), "
+                f"lost {run['lost']}, dead-lettered {run.get('dead', '?')}, sent {run['attempted']}/{run['wanted']} "
+                "wanted",
             )
     stage_rows: list[tuple[str, str, str | None]] = []
     for size in sizes:

@@ -26,6 +26,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -117,7 +118,8 @@ def main() -> None:
     finally:
         import psycopg
 
-        with psycopg.connect(**base.psycopg_kwargs(), autocommit=True) as conn:
+        kwargs: dict[str, Any] = dict(base.psycopg_kwargs())
+        with psycopg.connect(**kwargs, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         tmp.cleanup()
 

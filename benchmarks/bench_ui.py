@@ -15,6 +15,7 @@ FastAPI and the rendering add. Not a test: nothing fails on a number.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import statistics
@@ -120,6 +121,11 @@ def store_filter(query: str) -> DeadLetterFilter:
     return DeadLetterFilter(**kw)  # type: ignore[arg-type]
 
 
+def get(http: httpx.Client, path: str) -> None:
+    """GET `path`; an error status raises."""
+    http.get(path).raise_for_status()
+
+
 def timed(fn: Callable[[], object], reps: int) -> float:
     """Median milliseconds of `reps` calls, after one unrecorded warm-up."""
     fn()
@@ -156,9 +162,9 @@ def measure(name: str, store: Outbox, url: str, rows: int, reps: int) -> list[tu
         with httpx.Client(base_url=base, timeout=60) as http:
             for label, q in queries(rows):
                 flt = store_filter(q)
-                api = timed(lambda q=q: http.get(f"/api/dead-letters?{q}").raise_for_status(), reps)
-                page = timed(lambda q=q: http.get(f"/dead-letters?{q}").raise_for_status(), reps)
-                base_ms = timed(lambda flt=flt: store.list_dead(flt), reps)
+                api = timed(functools.partial(get, http, f"/api/dead-letters?{q}"), reps)
+                page = timed(functools.partial(get, http, f"/dead-letters?{q}"), reps)
+                base_ms = timed(functools.partial(store.list_dead, flt), reps)
                 out.append((name, label, api, page, base_ms))
                 print(f"{name:10} {label:32} API {api:8.1f} ms   page {page:8.1f} ms   "
                       f"store call {base_ms:8.1f} ms   API/store {api / base_ms:5.2f}", flush=True)

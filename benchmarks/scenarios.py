@@ -362,12 +362,13 @@ def naive(p: Params) -> Result:
     for i in range(n):
         s = pc()
         msg_id = f"{prefix}{i:016x}"
-        hdrs = [(ID_HEADER, msg_id.encode())]
+        hdrs: list[tuple[str, bytes | None]] = [(ID_HEADER, msg_id.encode())]
         now = time.time()
         conn.execute("BEGIN IMMEDIATE")
         row_id = conn.execute(insert, (msg_id, topic, None, value, encode_headers(hdrs), -1, 0, 0, now, now)).lastrowid
+        assert row_id is not None
         conn.execute("COMMIT")
-        prod.produce(topic, value, headers=hdrs, on_delivery=functools.partial(report, row_id))
+        prod.produce(topic, value, headers=hdrs, on_delivery=functools.partial(report, row_id))  # type: ignore[arg-type]
         prod.poll(0)
         if not i % every:
             lat.append(pc() - s)
@@ -515,7 +516,8 @@ def raw_rows(p: Params) -> Result:
     from outbox.headers import for_resend
     from outbox.stores.sqlite import SQLiteOutbox
 
-    with SQLiteOutbox(p["template"], create=False) as store:
+    store = SQLiteOutbox(p["template"], create=False)
+    with store:
         rows = [
             (r.topic, r.value, r.key, for_resend(
                 r.headers, msg_id=r.msg_id, attempt=r.attempts + 1, first_failed_at=r.first_failed_at,
@@ -531,7 +533,7 @@ def raw_rows(p: Params) -> Result:
     for i, (topic, value, key, hdrs) in enumerate(rows):
         while True:
             try:
-                produce(topic, value, key, headers=hdrs)
+                produce(topic, value, key, headers=hdrs)  # type: ignore[arg-type]  # list is invariant
                 break
             except BufferError:
                 poll(0.005)
@@ -745,7 +747,7 @@ def simple_retry(p: Params) -> Result:
 
     topic = p["topic"]
     # 5 s per attempt instead of librdkafka's 300 s, so that a retry happens at all.
-    prod = Producer(kafka_config(p, **{"message.timeout.ms": 5000}))
+    prod = Producer({**kafka_config(p), "message.timeout.ms": 5000})
 
     class SendFailed(Exception):
         pass
