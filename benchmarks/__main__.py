@@ -310,7 +310,9 @@ def cpu_by_stage(
 ) -> tuple[str, str, list[Result]]:
     """The CPU table: for each (label, run key, baseline key) measured, CPU µs per message of each
     stage (`benchmarks.threadcpu.STAGES`, one thread or group of threads each), and where the row
-    spends more than its baseline (the stages that differ most). Returns text, markdown, rows."""
+    spends more than its baseline (the stages that differ most; a row whose own thread is not the
+    application's, the drain's, is compared stage for stage with the baseline's application
+    thread). Returns text, markdown, rows."""
     medians = {key: stage_medians(runs.get(key, [])) for _, key, _ in rows}
     used = [s for s in (*(st for _, st in STAGES), OTHER) if any(m and m.get(s, 0) >= 0.05 for m in medians.values())]
     head = ["scenario", *used, "this process", BROKERS, "msgs/batch", "more than its baseline, by stage"]
@@ -324,6 +326,8 @@ def cpu_by_stage(
         gap = ""
         b = medians.get(baseline) if baseline else None
         if b is not None:
+            main = runs[key][0].get("main_stage", "application")
+            b = {(main if s == "application" else s): v for s, v in b.items()}
             diff = {s: m.get(s, 0.0) - b.get(s, 0.0) for s in {*m, *b}}
             total = own - sum(v for s, v in b.items() if s != BROKERS)
             worst = sorted((d, s) for s, d in diff.items() if abs(d) >= 0.3)[::-1]

@@ -159,6 +159,7 @@ def result(
         # process spent, whoever else competes for the cores.
         "cpu_us_per_msg": (sum(os.times()[:4]) - _CPU0[0]) / n * 1e6 if _CPU0 and n else None,
         "cpu_by_stage": stages,
+        "main_stage": main_stage,
         "msgs_per_batch": _BATCHES.per_batch(),
         **extra,
     }
