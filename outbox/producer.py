@@ -37,7 +37,7 @@ from .payload import BYTES_LIKE, KNOWN_TOPICS, as_bytes, check_partition, check_
 from .records import DeadLetter, Headers, NewMessage, OutboxMessage, StoreStats
 from .retry import UNREACHABLE_CODES, RetryPolicy, describe
 from .serialization import Serializer, Serializers
-from .settle import Verdict, settle
+from .settle import Decision, Verdict, settle
 from .stores import Outbox, open_outbox
 from .tally import Tally
 from .writeahead import SentBatch, SentReport
@@ -710,8 +710,9 @@ class ResilientProducer:
             successes_heard=self._report_successes and any(cb is not None for cb in cbs),
         )
         produce, handed = self._kafka.produce, self._handed.add
+        shared = None if batch.successes_heard else batch.report  # one callback for every send
         for i, msg in enumerate(msgs):
-            report = SentReport(batch, i)
+            report = shared or SentReport(batch, i)
             while True:
                 try:
                     produce(
@@ -723,8 +724,8 @@ class ResilientProducer:
                 except BufferError:
                     time.sleep(0.005)  # the delivery thread is draining the queue
                 except KafkaException as exc:
-                    handed()  # counted as taken and failed: _on_wal_report counts the failure
-                    self._on_wal_report(batch, i, exc.args[0], None)
+                    handed()  # counted as taken and failed: _wal_failed counts the failure
+                    batch.refused(i, *self._wal_failed(msg, cbs[i], exc.args[0]))
                     break
 
     def _notify_dead(self, dl: DeadLetter, cb: DeliveryCallback | None) -> None:
@@ -768,7 +769,11 @@ class ResilientProducer:
             if cb is not None and self._report_successes:
                 cb(None, msg)
             return
-        m = batch.messages[i]
+        batch.decided(i, *self._wal_failed(batch.messages[i], cb, err))
+
+    def _wal_failed(self, m: NewMessage, cb: DeliveryCallback | None, err: KafkaError) -> tuple[Decision, float]:
+        """A write-ahead send failed: its decision, and when. Counted as one failed send per row
+        (two alike rows of a shared-report batch taken as failed for one report count two)."""
         self._send_failures += 1
         now = time.time()
         d = settle(m, err, self.retry, now)
@@ -784,7 +789,7 @@ class ResilientProducer:
             self._outboxed += 1
         if cb is not None:
             self._waiting[m.msg_id] = cb  # popped when the row is delivered or dead-lettered
-        batch.decided(i, d, now)
+        return d, now
 
     def _handle_failure(
         self, err: KafkaError, topic: str, value: Any, key: Any, hdrs: Headers, partition: int,

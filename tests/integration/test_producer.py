@@ -478,6 +478,33 @@ def test_write_ahead_counts_a_send_librdkafka_refused_as_failed_not_delivered(
     assert st["delivered_first_try"] == 10 and st["produced"] == 11
 
 
+def test_write_ahead_finds_a_broker_refused_message_by_its_topic_not_only_its_value(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """One committed batch, two topics, the same values in both: the broker refuses every message
+    of the topic whose `max.message.bytes` they exceed. A failure report carries no headers, so
+    the write-ahead batch finds its row by content (`outbox.writeahead`): exactly that topic's
+    rows stay in the outbox, and every message of the other is delivered and deleted."""
+    good = make_topic(partitions=1)
+    small = make_topic(partitions=1, config={"max.message.bytes": "1000"})
+    values = [b"%04d" % i + b"x" * 2000 for i in range(40)]
+    with make_producer(kafka_bootstrap, tmp_path / "o.db", mode="write-ahead", drain_workers=0) as p:
+        p.produce(good, b"warm-up")
+        p.produce(small, b"warm-up")
+        assert p.flush(30) == 0
+        wait_until(lambda: p.stats()["delivered"] == 2, 30, "the warm-up messages are delivered")
+        good_ids = [p.produce(good, v) for v in values]
+        small_ids = [p.produce(small, v) for v in values]
+        assert p.flush(30) == 0
+        wait_until(lambda: p.stats()["pending"] == len(values), 30, "the refused messages are in the outbox")
+    with SQLiteOutbox(str(tmp_path / "o.db")) as store:
+        pending = {m.msg_id: m for m in store.messages()}
+    assert set(pending) == set(small_ids)
+    assert {m.topic for m in pending.values()} == {small}
+    arrived = read_topic(kafka_bootstrap, good, expect_unique=len(values) + 1)
+    assert {mid for mid in arrived.by_id if mid in good_ids} == set(good_ids)
+
+
 def test_close_then_produce_raises(kafka_bootstrap: str, tmp_path: Path) -> None:
     from outbox import ProducerClosedError
 

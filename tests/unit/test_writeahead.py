@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import cast
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Message
 
 from outbox import ResilientProducer, SQLiteOutbox
 from outbox.records import NewMessage
@@ -18,9 +19,10 @@ Handed = list[tuple[list[int], list[tuple[int, Decision, float]]]]
 
 
 def make(
-    n: int, handed: Handed, reports: list[tuple[int, object]] | None = None, *, successes_heard: bool = True
+    n: int, handed: Handed, reports: list[tuple[int, object]] | None = None, *, successes_heard: bool = True,
+    values: list[bytes] | None = None,
 ) -> SentBatch:
-    msgs = [NewMessage("t", b"v", None, [], -1, f"id-{i}") for i in range(n)]
+    msgs = [NewMessage("t", values[i] if values else b"v%d" % i, None, [], -1, f"id-{i}") for i in range(n)]
 
     def on_report(b: SentBatch, i: int, err: KafkaError | None, msg: object) -> None:
         if reports is not None:
@@ -38,6 +40,30 @@ def make(
     )
 
 
+class Report:
+    """What a failure report tells of its message (confluent_kafka.Message's accessors): no headers."""
+
+    def __init__(self, value: bytes, topic: str = "t", key: bytes | None = None) -> None:
+        self._value, self._topic, self._key = value, topic, key
+
+    def topic(self) -> str:
+        return self._topic
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+
+def message(value: bytes, topic: str = "t") -> Message:
+    """A fake report's message, typed as the real one for `SentBatch.report`."""
+    return cast(Message, Report(value, topic))
+
+
+TIMED_OUT = KafkaError(KafkaError._MSG_TIMED_OUT)
+
+
 def test_outcomes_are_handed_on_once_when_the_last_row_has_its_outcome() -> None:
     handed: Handed = []
     b = make(4, handed)
@@ -53,22 +79,56 @@ def test_a_report_names_its_row() -> None:
     handed: Handed = []
     reports: list[tuple[int, object]] = []
     b = make(3, handed, reports)
-    err = KafkaError(KafkaError._MSG_TIMED_OUT)
-    for i, e in ((1, None), (0, err), (2, None)):
+    for i, e in ((1, None), (0, TIMED_OUT), (2, None)):
         SentReport(b, i)(e, None)
-    assert reports == [(1, None), (0, err), (2, None)]
+    assert reports == [(1, None), (0, TIMED_OUT), (2, None)]
     assert handed == [([101, 102], [(100, RETRY, 1e9)])]
 
 
-def test_a_success_nobody_hears_of_skips_the_report_handler() -> None:
+def test_shared_reports_count_successes_and_find_a_failed_row_by_its_content() -> None:
     handed: Handed = []
     reports: list[tuple[int, object]] = []
-    b = make(2, handed, reports, successes_heard=False)
-    err = KafkaError(KafkaError._MSG_TIMED_OUT)
-    SentReport(b, 0)(None, None)
-    SentReport(b, 1)(err, None)
-    assert reports == [(1, err)]  # the failure only
-    assert handed == [([100], [(101, RETRY, 1e9)])]
+    b = make(3, handed, reports, successes_heard=False)
+    b.report(None, message(b"v0"))
+    b.report(TIMED_OUT, message(b"v2"))
+    assert reports == [(2, TIMED_OUT)]  # the failure only, named by its content
+    assert handed == []
+    b.report(None, message(b"v1"))
+    assert handed == [([100, 101], [(102, RETRY, 1e9)])]
+
+
+def test_shared_reports_send_again_every_row_alike_to_a_failed_one() -> None:
+    """Two rows with one content, one delivered and one failed: a report cannot tell which, so
+    both are taken as failed (sent again: at-least-once), never the failed one as delivered."""
+    handed: Handed = []
+    b = make(3, handed, successes_heard=False, values=[b"same", b"other", b"same"])
+    b.report(None, message(b"same"))
+    b.report(TIMED_OUT, message(b"same"))
+    b.report(None, message(b"other"))
+    [(delivered, decided)] = handed
+    assert delivered == [101]
+    assert sorted(row_id for row_id, _, _ in decided) == [100, 102]
+
+
+def test_shared_reports_wait_for_rows_refused_by_produce_too() -> None:
+    handed: Handed = []
+    b = make(3, handed, successes_heard=False)
+    b.report(None, message(b"v0"))
+    b.refused(1, RETRY, 1e9)  # no report will come for it
+    assert handed == []
+    b.report(None, message(b"v2"))
+    assert handed == [([100, 102], [(101, RETRY, 1e9)])]
+
+
+def test_a_shared_failure_report_that_matches_no_row_sends_every_undecided_row_again() -> None:
+    handed: Handed = []
+    b = make(3, handed, successes_heard=False)
+    b.report(None, message(b"v0"))
+    b.report(TIMED_OUT, message(b"v1", topic="elsewhere"))
+    b.report(None, message(b"v2"))
+    [(delivered, decided)] = handed
+    assert delivered == []  # v0 and v2 were delivered, but the failure could be either: sent again
+    assert sorted(row_id for row_id, _, _ in decided) == [100, 101, 102]
 
 
 def test_outcomes_from_two_threads_are_handed_on_once() -> None:
@@ -90,6 +150,28 @@ def test_outcomes_from_two_threads_are_handed_on_once() -> None:
         t.join()
     [(delivered, decided)] = handed
     assert sorted(delivered) == [100 + i for i in range(0, n, 2)]
+    assert sorted(row_id for row_id, _, _ in decided) == [100 + i for i in range(1, n, 2)]
+
+
+def test_shared_reports_and_refusals_from_two_threads_are_handed_on_once() -> None:
+    handed: Handed = []
+    n = 20_000
+    b = make(n, handed, successes_heard=False)
+
+    def settle(rows: range, refuse: bool) -> None:
+        for i in rows:
+            if refuse:
+                b.refused(i, RETRY, 1e9)
+            else:
+                b.report(None, message(b"v%d" % i))
+
+    threads = [threading.Thread(target=settle, args=(range(k, n, 2), k == 1)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    [(delivered, decided)] = handed
+    assert delivered == [100 + i for i in range(0, n, 2)]
     assert sorted(row_id for row_id, _, _ in decided) == [100 + i for i in range(1, n, 2)]
 
 
