@@ -346,15 +346,14 @@ class ResilientProducer:
         report = _Report(self, msg_id, hdrs if headers is not None else None, on_delivery, partition)
         try:
             try:
-                self._kafka.produce(
-                    topic, value, key, partition=partition, headers=hdrs, on_delivery=report  # type: ignore[arg-type]
-                )
+                # Positional, as every send here: keyword arguments cost ~1.2 µs (outbox.sendloop).
+                self._kafka.produce(topic, value, key, partition, report, None, 0, hdrs)  # type: ignore[arg-type]
             except BufferError:
                 # The same call again, as a closure made only when the queue is full: the common
                 # path makes no closure per message.
                 if not self._when_queue_has_room(
                     lambda: self._kafka.produce(
-                        topic, value, key, partition=partition, headers=hdrs, on_delivery=report  # type: ignore[arg-type]
+                        topic, value, key, partition, report, None, 0, hdrs  # type: ignore[arg-type]
                     )
                 ):
                     raise
@@ -511,8 +510,7 @@ class ResilientProducer:
             report = _Report(self, msg.msg_id, msg.headers, cb, msg.partition)
             try:
                 produce(
-                    msg.topic, msg.value, msg.key, partition=msg.partition, headers=msg.headers,  # type: ignore[arg-type]
-                    on_delivery=report,
+                    msg.topic, msg.value, msg.key, msg.partition, report, None, 0, msg.headers  # type: ignore[arg-type]
                 )
                 self._handed.add()
             except BufferError:  # no waiting under the lock: the delivery thread may need it
@@ -632,9 +630,7 @@ class ResilientProducer:
         report = functools.partial(self._on_unprotected_report, cb)
 
         def send() -> None:
-            self._kafka.produce(
-                topic, value, key, partition=partition, headers=hdrs, on_delivery=report  # type: ignore[arg-type]
-            )
+            self._kafka.produce(topic, value, key, partition, report, None, 0, hdrs)  # type: ignore[arg-type]
 
         try:
             try:
@@ -716,8 +712,7 @@ class ResilientProducer:
             while True:
                 try:
                     produce(
-                        msg.topic, msg.value, msg.key, partition=msg.partition,
-                        headers=msg.headers, on_delivery=report,  # type: ignore[arg-type]
+                        msg.topic, msg.value, msg.key, msg.partition, report, None, 0, msg.headers  # type: ignore[arg-type]
                     )
                     handed()
                     break

@@ -13,6 +13,12 @@ the application and the outbox writer also want that lock (a recovery after an o
 such hand-over could wait for another thread's switch interval: py-spy of a recovering process
 showed its drain worker spending a fifth of its time in poll(0) serving success reports.
 
+Every sender of this package calls `Producer.produce()` with positional arguments, in
+confluent-kafka's order (topic, value, key, partition, on_delivery, callback, timestamp,
+headers): it parses keyword arguments by name on every call, which cost 1.1-1.5 µs of a
+1.6 µs call (200 B, headers, a callback; timed against an unreachable broker, nothing sent).
+`tests/unit/test_sendloop.py` checks that order against the installed confluent-kafka.
+
 Delivery reports carry no headers, so each message's callback knows its index in the batch: a
 `functools.partial` of the index, made once per index and reused by every batch (making one per
 message cost 0.9 µs). Its report lands in the errors of the batch on the producer, which is
@@ -270,15 +276,13 @@ class SendLoop:
                 producer.poll(0)
             row = rows[i]
             cb = callbacks[i]
-            part = row.partition
             while True:
                 try:
-                    if part >= 0:
-                        produce(row.topic, row.value, row.key, partition=part,
-                                headers=resend_headers(row), on_delivery=cb)  # type: ignore[arg-type]
-                    else:
-                        produce(row.topic, row.value, row.key,
-                                headers=resend_headers(row), on_delivery=cb)  # type: ignore[arg-type]
+                    # Positional (see the module doc): (topic, value, key, partition, on_delivery,
+                    # callback, timestamp, headers); partition -1 and timestamp 0 are the defaults.
+                    produce(
+                        row.topic, row.value, row.key, row.partition, cb, None, 0, resend_headers(row)  # type: ignore[arg-type]
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)  # local queue full: serve reports to make room

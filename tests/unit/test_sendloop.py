@@ -5,6 +5,7 @@ callbacks would, except in the last test, where librdkafka reports them itself."
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -89,3 +90,25 @@ def test_a_linger_that_is_not_a_number_is_left_for_librdkafka_to_name() -> None:
     # librdkafka names the property behind the alias.
     with pytest.raises(KafkaException, match="Invalid value for configuration property .queue.buffering.max.ms"):
         SendLoop(config, RetryPolicy())
+
+
+def test_produce_takes_positional_arguments_in_the_order_every_sender_passes_them() -> None:
+    """The senders call `Producer.produce(topic, value, key, partition, on_delivery, callback,
+    timestamp, headers)` positionally (keyword parsing costs more than the rest of the call): the
+    installed confluent-kafka must read them in that order. No broker: the message is purged."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0})
+    reports: list[tuple[int | None, str | None, int, bytes | None, bytes | None]] = []
+
+    def report(err: KafkaError | None, msg: Any) -> None:
+        reports.append((None if err is None else err.code(), msg.topic(), msg.partition(), msg.key(), msg.value()))
+
+    producer.produce("t", b"value", b"key", 2, report, None, 0, [("outbox-id", b"1")])
+    producer.purge()
+    producer.poll(0)
+    assert reports == [(KafkaError._PURGE_QUEUE, "t", 2, b"key", b"value")]
+    with pytest.raises(TypeError, match="integer"):  # the 7th is the timestamp
+        producer.produce("t", b"v", None, -1, report, None, "not a timestamp", None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="headers"):  # the 8th is the headers
+        producer.produce("t", b"v", None, -1, report, None, 0, "not headers")  # type: ignore[arg-type]
