@@ -4,6 +4,7 @@ no Kafka."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -62,6 +63,20 @@ def message(value: bytes, topic: str = "t") -> Message:
 
 
 TIMED_OUT = KafkaError(KafkaError._MSG_TIMED_OUT)
+
+
+def in_two_threads(n: int, even: Callable[[int], None], odd: Callable[[int], None]) -> None:
+    """Rows 0, 2, 4 … through `even` in one thread while rows 1, 3, 5 … go through `odd` in another."""
+
+    def run(rows: range, outcome: Callable[[int], None]) -> None:
+        for i in rows:
+            outcome(i)
+
+    threads = [threading.Thread(target=run, args=(range(k, n, 2), even if k == 0 else odd)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def test_outcomes_are_handed_on_once_when_the_last_row_has_its_outcome() -> None:
@@ -135,19 +150,7 @@ def test_outcomes_from_two_threads_are_handed_on_once() -> None:
     handed: Handed = []
     n = 20_000
     b = make(n, handed)
-
-    def settle(rows: range, fail: bool) -> None:
-        for i in rows:
-            if fail:
-                b.decided(i, RETRY, 1e9)
-            else:
-                b.delivered(i)
-
-    threads = [threading.Thread(target=settle, args=(range(k, n, 2), k == 1)) for k in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_two_threads(n, b.delivered, lambda i: b.decided(i, RETRY, 1e9))
     [(delivered, decided)] = handed
     assert sorted(delivered) == [100 + i for i in range(0, n, 2)]
     assert sorted(row_id for row_id, _, _ in decided) == [100 + i for i in range(1, n, 2)]
@@ -157,19 +160,7 @@ def test_shared_reports_and_refusals_from_two_threads_are_handed_on_once() -> No
     handed: Handed = []
     n = 20_000
     b = make(n, handed, successes_heard=False)
-
-    def settle(rows: range, refuse: bool) -> None:
-        for i in rows:
-            if refuse:
-                b.refused(i, RETRY, 1e9)
-            else:
-                b.report(None, message(b"v%d" % i))
-
-    threads = [threading.Thread(target=settle, args=(range(k, n, 2), k == 1)) for k in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_two_threads(n, lambda i: b.report(None, message(b"v%d" % i)), lambda i: b.refused(i, RETRY, 1e9))
     [(delivered, decided)] = handed
     assert delivered == [100 + i for i in range(0, n, 2)]
     assert sorted(row_id for row_id, _, _ in decided) == [100 + i for i in range(1, n, 2)]
