@@ -410,7 +410,7 @@ def plot_recovery(runs: dict[str, list[Result]], outage: float, quick: bool) -> 
             xs, ys, color=colors.get(pct), linestyle=LINE_STYLES[place],
             label=f"{pct}% of R0 ({r['rate_wanted']:,.0f} msgs/s), {where}",
         )
-        colors.setdefault(pct, str(line.get_color()))
+        colors.setdefault(pct, matplotlib.colors.to_hex(line.get_color()))
         if r.get("up_at") is not None:
             ax.axvline(r["up_at"] - down, color="grey", linestyle=":", linewidth=1)
     ax.axvline(0, color="red", linestyle="--", linewidth=1, label="all brokers stopped")
@@ -525,11 +525,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "+-40%% between runs on a shared machine: for comparing two versions of the code)",
     )
     ap.add_argument("--no-write", action="store_true", help="do not write results/, README.md or the recovery curves")
+    ap.add_argument(
+        "--from-runs",
+        type=Path,
+        help="measure nothing: make the table, results/ and the curves from a run's saved runs "
+        "(results/.last-runs.json, kept when the table or the plot failed)",
+    )
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_runs is not None:
+        saved = json.loads(args.from_runs.read_text())
+        return report(args, saved["config"], saved["runs"])
     t_start = time.monotonic()
     load0 = os.getloadavg()
     rev0 = git_rev()  # children import outbox/ afresh: note if it changes during the run
@@ -793,9 +802,23 @@ def main(argv: list[str] | None = None) -> int:
     else:
         RESULTS.mkdir(exist_ok=True)
         raw_runs = RESULTS / ".last-runs.json"
+    config["elapsed_s"] = time.monotonic() - t_start
+    config["loadavg_start"] = load0
+    config["git_at_start"] = rev0
     raw_runs.write_text(json.dumps({"config": config, "runs": runs}, default=str) + "\n")
     print(f"runs: {raw_runs}")
 
+    return report(args, config, runs)
+
+
+def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result]]) -> int:
+    """Print the table (and write results/, the README table and the recovery curves) from the runs."""
+    quick, sizes, reps, outage = config["quick"], config["sizes"], config["reps"], config["outage_s"]
+    base, drain_rows, mem_n = config["sizes"][0], config["drain_rows"], config["memory_messages"]
+    selected, rev0 = config["scenarios"], config["git_at_start"]
+    # Kept with the runs from now on; a replay of an older run's file says it was not recorded.
+    load0 = config.get("loadavg_start")
+    load_at_start = "not recorded" if load0 is None else f"{load0[0]:.1f}"
     # -- the table -------------------------------------------------------------------------
     table = Table()
     summary: dict[str, Result] = {k: summarize(v) for k, v in runs.items()}
@@ -1010,23 +1033,26 @@ def main(argv: list[str] | None = None) -> int:
     stage_rows += [("raw producer, same rows from memory", "raw_rows", None), ("drain", "drain", "raw_rows")]
     stage_rows += [(f"recovery at {k.split('/', 1)[1]}", k, None) for k in runs if k.startswith("recovery/")]
     stage_text, stage_md, stage_json = cpu_by_stage(runs, stage_rows)
-    elapsed = time.monotonic() - t_start
+    elapsed = config["elapsed_s"]
     text = table.text()
     print(text)
     if stage_json:
         print(f"\nWhere the CPU goes: µs per message of each thread (medians){STAGE_NOTE}\n{stage_text}")
     print(
         f"\n{'quick' if quick else 'full'} run, {reps} reps, medians; {elapsed:.0f}s; "
-        f"load average at start {load0[0]:.1f}, now {os.getloadavg()[0]:.1f}"
+        f"load average at start {load_at_start}" + ("" if args.from_runs else f", now {os.getloadavg()[0]:.1f}")
     )
 
     if not args.no_write:
         RESULTS.mkdir(exist_ok=True)
         date = _dt.date.today().isoformat()
         info = machine()
-        info["loadavg_end"] = os.getloadavg()
+        info["loadavg_end"] = None if args.from_runs else os.getloadavg()
         info["git_at_start"] = rev0
         info["loadavg_start"] = load0
+        if args.from_runs:  # what was measured is the code at the run's start, not this checkout
+            info["git"] = rev0
+            info["table_from"] = str(args.from_runs)
         if rev0 != info["git"]:
             print(f"WARNING: outbox/ changed during the run ({rev0} -> {info['git']})", file=sys.stderr)
         out = RESULTS / f"{date}{'-quick' if quick else ''}.json"
@@ -1053,7 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
             md = (
                 f"Run {date}, full, {reps} interleaved reps (medians), {elapsed:.0f} s; "
                 f"{info['cores']} cores ({info['cpu']}), {info['mem_gib']} GiB, Python {info['python']}, "
-                f"librdkafka {info['librdkafka']}, load average at start {info['loadavg_start'][0]:.1f} "
+                f"librdkafka {info['librdkafka']}, load average at start {load_at_start} "
                 f"(shared machine).\n\n{table.markdown()}\n\nWhere the CPU goes: µs per message of each "
                 f"thread (medians){STAGE_NOTE}\n\n{stage_md}\n"
             )

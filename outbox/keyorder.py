@@ -96,6 +96,9 @@ class KeyBacklog:
         self._stop = threading.Event()
         self._drained = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="outbox-keys", daemon=True)
+
+    def start(self) -> None:
+        """Start the `outbox-keys` thread (once `send` and `store_held` can be called)."""
         self._thread.start()
 
     def mark(self, key: Key) -> None:
@@ -132,7 +135,8 @@ class KeyBacklog:
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self._drained.set()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     def release_delivered(self, candidates: set[Key]) -> set[Key]:
         """Release the candidates with no row left in the store and no message marked since.

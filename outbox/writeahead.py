@@ -1,4 +1,9 @@
-"""Write-ahead sends: a committed batch's rows go to Kafka, and their deletes wait for the batch.
+"""Write-ahead mode: every message is committed to the outbox, then sent by the writer thread.
+
+`WriteAhead.write` queues a message for the group-commit writer, born leased to this producer
+unless Kafka is known down or its key has older rows waiting (then it is left to the drain).
+After each commit the writer thread calls `WriteAhead.send` with the batch's leased rows, and
+their deletes wait for the batch (`SentBatch`):
 
 A write-ahead message is stored before it is sent, so every delivery deletes a stored row.
 The store keeps a committed batch as group rows where it can (`outbox.stores.grouped`): one
@@ -18,18 +23,151 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
-from .records import NewMessage
-from .settle import Decision
+from .circuit import CircuitBreaker
+from .fates import DeliveryCallback, Fates
+from .link import KafkaLink
+from .payload import as_bytes
+from .records import Headers, NewMessage
+from .retry import RetryPolicy
+from .settle import Decision, Verdict, settle
+from .spill import Spill
+from .writer import Committed, GroupCommitWriter
 
 log = logging.getLogger("outbox")
 
 #: A batch's outcomes as the writer takes them: delivered ids, and (id, decision, when) of the rest.
 Outcomes = Callable[[list[int], list[tuple[int, Decision, float]]], None]
+
+_new_tuple = tuple.__new__
+
+
+class WriteAhead:
+    """The write-ahead path of a producer: store first, then send from the writer thread.
+
+    Args:
+        link: the librdkafka producer.
+        spill: the key backlog (a key with rows waiting is not sent ahead of them) and the count
+            of messages handed to the drain.
+        writer: the group-commit writer; its `after_commit` must call `send`.
+        circuit: while it is not closed, rows are left to the drain workers.
+        fates: where the `on_delivery` of a row left to the drain waits.
+        retry: the policy that settles a failed send.
+        durability: "batch" or "sync" (`write` returns once the row is committed).
+        report_successes: whether `on_delivery` hears deliveries.
+    """
+
+    def __init__(
+        self,
+        link: KafkaLink,
+        spill: Spill,
+        writer: GroupCommitWriter,
+        circuit: CircuitBreaker,
+        fates: Fates,
+        retry: RetryPolicy,
+        *,
+        durability: str,
+        report_successes: bool,
+    ) -> None:
+        self._link = link
+        self._spill = spill
+        self._backlog = spill.backlog
+        self._writer = writer
+        self._circuit = circuit
+        self._waiting = fates.waiting
+        self._retry = retry
+        self._sync = durability == "sync"
+        self._report_successes = report_successes
+
+    def write(
+        self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
+        cb: DeliveryCallback | None,
+    ) -> None:
+        """Queue a message for the outbox; raises the commit's StoreError with durability "sync"."""
+        now = time.time()
+        kb = as_bytes(key)
+        # Sent by us after the commit unless Kafka is known down or the key must wait.
+        send_now = self._circuit.closed and not (kb is not None and (topic, kb) in self._backlog.pending)
+        # Built as the tuple it is: NamedTuple's generated __new__ is a Python call (0.2 µs).
+        msg = _new_tuple(
+            NewMessage, (topic, as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now, None, None)
+        )
+        if send_now:
+            batch = self._writer.add_new(msg, cb, leased=True, wait=True)
+        else:  # stored for the drain workers; write-ahead rows never need holding back
+            self._writer.wait_for_room()
+            with self._backlog.lock:
+                self._spill.note(msg, cb)
+                batch = self._writer.add_new(msg)
+        if self._sync:
+            batch.done.wait()
+            if batch.error is not None:
+                raise batch.error
+
+    def send(self, c: Committed) -> None:
+        """Writer thread: send a committed batch's write-ahead rows (the rows born leased to us)."""
+        if all(c.leased):
+            ids, msgs, cbs = c.new_ids, c.new, c.new_meta
+        else:
+            mine = [i for i, leased in enumerate(c.leased) if leased]
+            ids, msgs, cbs = [c.new_ids[i] for i in mine], [c.new[i] for i in mine], [c.new_meta[i] for i in mine]
+        batch = SentBatch(
+            ids, msgs, cbs, self._on_report, self._writer.add_outcomes,
+            successes_heard=self._report_successes and any(cb is not None for cb in cbs),
+        )
+        produce, handed = self._link.kafka.produce, self._link.handed.add
+        shared = None if batch.successes_heard else batch.report  # one callback for every send
+        for i, msg in enumerate(msgs):
+            report = shared or SentReport(batch, i)
+            while True:
+                try:
+                    produce(
+                        msg.topic, msg.value, msg.key, msg.partition, report, None, 0, msg.headers  # type: ignore[arg-type]
+                    )
+                    handed()
+                    break
+                except BufferError:
+                    time.sleep(0.005)  # the delivery thread is draining the queue
+                except KafkaException as exc:
+                    handed()  # counted as taken and failed: _failed counts the failure
+                    batch.refused(i, *self._failed(msg, cbs[i], exc.args[0]))
+                    break
+
+    def _on_report(self, batch: SentBatch, i: int, err: KafkaError | None, msg: Message | None) -> None:
+        """Delivery thread: a send finished: the row is deleted with its batch, or handed to the drain."""
+        cb = batch.callbacks[i]
+        if err is None:
+            batch.delivered(i)
+            if cb is not None and self._report_successes:
+                cb(None, msg)
+            return
+        batch.decided(i, *self._failed(batch.messages[i], cb, err))
+
+    def _failed(self, m: NewMessage, cb: DeliveryCallback | None, err: KafkaError) -> tuple[Decision, float]:
+        """A send failed: its decision, and when. Counted as one failed send per row (two alike
+        rows of a shared-report batch taken as failed for one report count two)."""
+        self._link.send_failures += 1
+        now = time.time()
+        d = settle(m, err, self._retry, now)
+        if d.recreate_producer:
+            self._link.recreate_soon()
+        if d.verdict is Verdict.RESEND_ALONE:
+            # Maybe a batch-mate's fault: due now, a drain worker re-sends it (alone if needed).
+            d = replace(d, verdict=Verdict.RESCHEDULE, at=now, attempts=1)
+        if d.verdict is not Verdict.DEAD_LETTER:
+            self._link.note_transport_failure(err.code())
+            if m.key is not None:
+                self._backlog.add((m.topic, m.key))
+            self._spill.outboxed += 1
+        if cb is not None:
+            self._waiting[m.msg_id] = cb  # popped when the row is delivered or dead-lettered
+        return d, now
 
 
 class SentBatch:
@@ -151,7 +289,7 @@ class SentReport:
 
     A slotted object of two fields, not a `functools.partial` holding the message: up to
     100,000 are alive at once and the garbage collector walks each (see `_Report` in
-    `outbox.producer`).
+    `outbox.firstsend`).
     """
 
     __slots__ = ("batch", "i")

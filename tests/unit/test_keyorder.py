@@ -33,6 +33,7 @@ def backlog(store: SQLiteOutbox, **kw: object) -> Iterator[KeyBacklog]:
     opts: dict[str, object] = {"flush": lambda: 0, "holding": lambda: False, "may_check": lambda: False}
     opts.update(kw)
     b = KeyBacklog(store, **opts)  # type: ignore[arg-type]
+    b.start()
     try:
         yield b
     finally:

@@ -1,0 +1,102 @@
+"""Fates: what the application hears of its messages that went through the outbox.
+
+A message stored in the outbox is delivered later by a drain worker (of this process, its drain
+process, or another process), or dead-lettered. Its `on_delivery` callback waits here, by
+message id, until that happens in this process; `on_dead_letter` hears every dead letter this
+process makes. Callbacks run on the thread that learned the fate (a drain thread, the writer,
+the delivery thread) and an exception in one is logged, never lost in a dead thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+
+from confluent_kafka import KafkaError, Message
+
+from .drainproc import Drained
+from .keyorder import Key
+from .records import DeadLetter, OutboxMessage
+from .writer import Committed
+
+log = logging.getLogger("outbox")
+
+DeliveryCallback = Callable[[KafkaError | None, Message | None], None]
+DeadLetterCallback = Callable[[DeadLetter], None]
+
+
+class Fates:
+    """The callbacks of outboxed messages, and the counts of their fates in this process.
+
+    Args:
+        on_dead_letter: the application's recovery callback (or None).
+        report_successes: whether `on_delivery` hears deliveries (not with
+            `delivery.report.only.error`).
+        keys_drained: told the keys of delivered or dead-lettered rows (`KeyBacklog.drained`).
+    """
+
+    def __init__(
+        self,
+        on_dead_letter: DeadLetterCallback | None,
+        *,
+        report_successes: bool,
+        keys_drained: Callable[[Iterable[Key]], None],
+    ) -> None:
+        self.on_dead_letter = on_dead_letter
+        self._report_successes = report_successes
+        self._keys_drained = keys_drained
+        #: msg_id → on_delivery of outboxed messages that this process may still deliver. Written
+        #: directly on the paths into the outbox: a method call per message costs them 0.1 µs.
+        self.waiting: dict[str, DeliveryCallback] = {}
+        self.dead = 0  # dead letters made by this process's first sends and write-ahead sends
+        self.drain_delivered = 0
+
+    def dead_letter(self, dl: DeadLetter, cb: DeliveryCallback | None) -> None:
+        """A message was dead-lettered (and the dead letter stored): tell `cb` and `on_dead_letter`."""
+        if cb is not None:
+            try:
+                code = dl.error_code if dl.error_code is not None else KafkaError._FAIL
+                cb(KafkaError(code, f"dead-lettered: {dl.last_error}"), None)
+            except Exception:
+                log.exception("on_delivery callback raised")
+        if self.on_dead_letter is not None:
+            try:
+                self.on_dead_letter(dl)
+            except Exception:
+                log.exception("on_dead_letter callback raised; the dead letter is stored anyway")
+
+    def committed_dead(self, c: Committed) -> None:
+        """Writer thread: the dead letters of a commit (first sends and write-ahead rows)."""
+        for row_id, msg, cb in zip(c.dead_ids, c.dead, c.dead_meta, strict=True):
+            self.dead += 1
+            self.dead_letter(
+                DeadLetter(
+                    row_id, msg.topic, msg.key, msg.value, msg.headers or [], msg.partition, msg.attempts,
+                    msg.first_failed_at, msg.first_failed_at, msg.last_error, msg.msg_id,
+                    msg.error_code, msg.error_name,
+                ),
+                cb,
+            )
+        for row in c.dead_failed:
+            self.dead += 1
+            self.dead_letter(DeadLetter.from_row(row), self.waiting.pop(row.msg_id, None))
+
+    def drained(self, rows: Sequence[OutboxMessage] | Sequence[Drained]) -> None:
+        """Drain thread: rows delivered from the outbox."""
+        self.drain_delivered += len(rows)
+        if self.waiting:
+            for row in rows:
+                cb = self.waiting.pop(row.msg_id, None)
+                if cb is not None and self._report_successes:
+                    try:
+                        cb(None, None)
+                    except Exception:
+                        log.exception("on_delivery callback raised")
+        # Its thread looks; the drain worker claims on.
+        self._keys_drained((row.topic, row.key) for row in rows if row.key is not None)
+
+    def drain_dead(self, dl: DeadLetter) -> None:
+        """Drain thread: a stored row was dead-lettered."""
+        self.dead_letter(dl, self.waiting.pop(dl.msg_id, None) if self.waiting else None)
+        if dl.key is not None:
+            self._keys_drained([(dl.topic, dl.key)])

@@ -1,0 +1,198 @@
+"""KafkaLink: a ResilientProducer's one librdkafka producer and the thread that serves it.
+
+The delivery thread (`outbox-delivery`) polls librdkafka, so every delivery callback runs on it
+(first sends, write-ahead sends, `enable_retry=False` sends). Between polls it does what only it
+may do to the producer: purge it when the circuit opens or the hold-back is full, and recreate
+it after a fatal error. It also counts what librdkafka took and delivered, which is how a
+half-open circuit closes and a run of failures ends when successes are not reported at all
+(`delivery.report.only.error`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, Producer
+
+from .circuit import CircuitBreaker
+from .retry import UNREACHABLE_CODES, describe
+from .tally import Tally
+
+log = logging.getLogger("outbox")
+
+#: How often a produce() waiting for room in librdkafka's full queue tries again (seconds).
+ROOM_CHECK_INTERVAL = 0.001
+
+
+class KafkaLink:
+    """The librdkafka producer, its delivery thread, and the counts both keep.
+
+    Args:
+        config: the producer's settings (its `error_cb` is replaced by this link's, which calls
+            `user_error_cb`).
+        circuit: opened by "all brokers down"; told of deliveries and transport failures.
+        queue_full_timeout: see `ResilientProducer` (how long a produce() waits for room).
+        user_error_cb: the application's `error_cb`, still called for every error.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        circuit: CircuitBreaker,
+        *,
+        queue_full_timeout: float,
+        user_error_cb: Callable[[KafkaError], None] | None = None,
+    ) -> None:
+        self._config = {**config, "error_cb": self._on_error}
+        self._circuit = circuit
+        self._user_error_cb = user_error_cb
+        self.kafka = Producer(self._config)
+        # Each counter is written by one thread, except `handed`, bumped by every thread that
+        # hands librdkafka a message.
+        self.handed = Tally()  # messages librdkafka took (first sends, write-ahead sends)
+        self.send_failures = 0  # failure reports of those
+        self._done_seen = 0
+        self._queue_full_timeout = queue_full_timeout
+        self.queue_full_waits = Tally()  # produce() calls that waited for room in librdkafka's queue
+        # Set when a wait for room ended without any; cleared at the next delivery (`note_progress`).
+        self._queue_stalled = False
+        self._purge_queue = False
+        self._purge_in_flight = False
+        self._recreate = False
+        self._stop = False
+        self._tick: Callable[[], None] = lambda: None
+        self._thread = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
+
+    def start(self, tick: Callable[[], None]) -> None:
+        """Start the delivery thread; it calls `tick` after every poll (the hold-back's release)."""
+        self._tick = tick
+        self._thread.start()
+
+    def __len__(self) -> int:
+        return len(self.kafka)
+
+    # -- asked of the delivery thread ----------------------------------------------------------
+
+    def purge_queue_soon(self) -> None:
+        """Hand back what waits in librdkafka's queue now, not at `message.timeout.ms`."""
+        self._purge_queue = True
+
+    def purge_in_flight_soon(self) -> None:
+        """Hand back what is on the wire now (possibly delivered: a duplicate with the same
+        `outbox-id`) instead of at `message.timeout.ms`."""
+        self._purge_in_flight = True
+
+    def recreate_soon(self) -> None:
+        """A fatal error: replace the producer; its queued messages come back as failures."""
+        self._recreate = True
+
+    def purge_again(self) -> None:
+        """Delivery thread: purge the queue (and the wire, if asked) once more."""
+        self.kafka.purge(in_queue=True, in_flight=self._purge_in_flight)
+        self._purge_in_flight = False
+
+    # -- counts ------------------------------------------------------------------------------
+
+    def first_sends_delivered(self) -> int:
+        """Messages librdkafka took from us and delivered: taken, minus still held, minus failed.
+
+        Counted, not reported: with `delivery.report.only.error` no success is reported. Read in
+        this order, a produce() or a failure report in between can only make it lower, never
+        show a delivery that did not happen (librdkafka's count includes unserved reports).
+        """
+        handed = self.handed.value
+        return handed - len(self.kafka) - self.send_failures
+
+    def note_progress(self) -> None:
+        """Deliveries since the last look close a half-open circuit and end a run of failures."""
+        done = self.first_sends_delivered()
+        if done > self._done_seen:
+            self._done_seen = done
+            self._queue_stalled = False
+            self._circuit.record_success()
+
+    def note_transport_failure(self, code: int) -> None:
+        """A send failed with `code`. Only errors that say "the cluster is not reachable or not
+        healthy" count toward the circuit; a bad topic or a too-large message says nothing
+        about the cluster."""
+        if code in UNREACHABLE_CODES:
+            self.note_progress()  # deliveries since the last failure: it is not consecutive
+            self._circuit.record_failure()
+
+    # -- back-pressure -----------------------------------------------------------------------
+
+    def when_queue_has_room(self, send: Callable[[], None]) -> bool:
+        """produce() met a full local queue: try `send` again as room appears, while the circuit
+        is closed, for up to `queue_full_timeout`. False: no room in time (the caller stores the
+        message), or at once while an earlier wait found none and nothing was delivered since.
+
+        Why wait: a full queue on a cluster that delivers is back-pressure, not an outage. Stored
+        instead, a burst on a healthy cluster went to SQLite (a sixth to a third of 200,000
+        messages on one local broker), each at several times a send's cost, and every later
+        message of a stored key followed it into the outbox until the drain caught up.
+        """
+        if self._queue_stalled or self._queue_full_timeout <= 0:
+            return False
+        self.queue_full_waits.add()
+        deadline = time.monotonic() + self._queue_full_timeout
+        while self._circuit.closed:
+            time.sleep(ROOM_CHECK_INTERVAL)  # the delivery thread serves reports, which frees room
+            try:
+                send()
+                return True
+            except BufferError:
+                if time.monotonic() >= deadline:
+                    self._queue_stalled = True
+                    return False
+        return False
+
+    # -- the delivery thread -----------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop the delivery thread and serve the reports still due."""
+        self._stop = True
+        if self._thread.is_alive():
+            self._thread.join(5)
+        self.kafka.poll(0)
+
+    def _poll_loop(self) -> None:
+        while not self._stop:
+            try:
+                self.kafka.poll(0.05)
+                self.note_progress()
+                if self._purge_queue:
+                    self._purge_queue = False
+                    self.kafka.purge(in_queue=True, in_flight=False)
+                if self._purge_in_flight:
+                    self._purge_in_flight = False
+                    self.kafka.purge(in_queue=False, in_flight=True)
+                self._tick()
+                if self._recreate:
+                    self._recreate_producer()
+            except Exception:  # a callback failed: the thread serves the next report regardless
+                log.exception("outbox delivery thread: callback failed")
+
+    def _recreate_producer(self) -> None:
+        self._recreate = False
+        old = self.kafka
+        self.kafka = Producer(self._config)
+        log.warning("outbox: producer recreated after a fatal error; queued messages move to the outbox")
+        old.purge(in_queue=True, in_flight=True)
+        old.flush(10)
+
+    def _on_error(self, err: KafkaError) -> None:
+        """librdkafka's error_cb: cluster-level events."""
+        code = err.code()
+        if code == KafkaError._ALL_BROKERS_DOWN:
+            self._circuit.trip("all brokers down")
+        elif err.fatal():
+            log.error("outbox: fatal producer error %s; the producer will be recreated", describe(err))
+            self._recreate = True
+        else:
+            log.debug("outbox: producer error %s", describe(err))
+        if self._user_error_cb is not None:
+            self._user_error_cb(err)

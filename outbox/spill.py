@@ -1,0 +1,199 @@
+"""Spill: messages on their way from a producer into its outbox, in per-key order.
+
+Every message a `ResilientProducer` stores (not sent: circuit open, queue full, key waiting; or
+sent and failed) goes through here to the group-commit writer. Two things keep one key's
+messages in produce order on that way (README, "Order per key"):
+
+- the key backlog (`outbox.keyorder`): once a key has a message bound for the outbox, its later
+  messages are stored behind it, until the drain has delivered them all;
+- the hold-back (`outbox.holdback`): from the moment the circuit opens, messages bound for the
+  outbox wait in memory until librdkafka has handed back the older ones it still held.
+
+`KeyBacklog.lock` makes "mark the key and queue its message" one step: a check of the store must
+never see a key marked while its message is in neither the writer nor the hold-back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .circuit import CircuitBreaker, CircuitState
+from .fates import DeliveryCallback, Fates
+from .holdback import Holdback
+from .keyorder import Held, Key, KeyBacklog
+from .link import KafkaLink
+from .payload import as_bytes
+from .records import Headers, NewMessage
+from .stores import Outbox
+from .writer import GroupCommitWriter
+
+#: The last error of a message stored without a send attempt, by why it was not sent.
+NOT_SENT_CIRCUIT_OPEN = "not sent: circuit open"
+NOT_SENT_QUEUE_FULL = "not sent: local queue full"
+NOT_SENT_KEY_WAITS = "not sent: key has messages in the outbox"
+
+_new_tuple = tuple.__new__
+
+#: A message and its `on_delivery`, as the gate holds them.
+HeldMessage = tuple[NewMessage, DeliveryCallback | None]
+
+
+class Spill:
+    """The way into the outbox: key backlog, hold-back, writer.
+
+    Args:
+        store: the outbox (the key backlog reads which keys have rows).
+        writer: commits what is queued here.
+        link: the librdkafka producer (the hold-back ends once it has handed back its messages).
+        circuit: keys are checked only while it is not open (nothing drains then).
+        fates: where a stored message's `on_delivery` waits.
+        send_held: fallback mode: sends a key's messages that the gate held, once the key is
+            handed back (`KeyBacklog`'s `send`); None in write-ahead mode (every message is stored).
+    """
+
+    def __init__(
+        self,
+        store: Outbox,
+        writer: GroupCommitWriter,
+        link: KafkaLink,
+        circuit: CircuitBreaker,
+        fates: Fates,
+        *,
+        send_held: Callable[[Key, Held], None] | None,
+    ) -> None:
+        self._writer = writer
+        self._link = link
+        self._circuit = circuit
+        self._waiting = fates.waiting
+        self.outboxed = 0  # messages this process queued for the outbox (or handed to the drain)
+        self.hold: Holdback[NewMessage] = Holdback(
+            _sequence, limit=writer.max_pending, on_full=link.purge_in_flight_soon, clock=time.monotonic
+        )
+        # Not checked while the circuit is open: nothing drains then. Half-open counts as not
+        # open: when every key has a backlog, no message is left to probe the circuit, and only
+        # a released key lets one through.
+        self.backlog = KeyBacklog(
+            store,
+            flush=lambda: writer.flush(),
+            holding=lambda: self.hold.active,
+            may_check=lambda: circuit.state is not CircuitState.OPEN,
+            send=send_held,
+            store_held=self.store_held if send_held is not None else None,
+        )
+
+    def held(self) -> int:
+        """Messages bound for the outbox but in memory here (hold-back and gate), not queued."""
+        return len(self.hold) + self.backlog.held
+
+    # -- paths in ----------------------------------------------------------------------------
+
+    def key_waits(
+        self, topic: str, key: Any, value: Any, hdrs: Headers, partition: int, msg_id: str,
+        cb: DeliveryCallback | None,
+    ) -> bool:
+        """If this key has a message in the outbox, store this one behind it and return True.
+
+        After an outage this is the path of nearly every message until the backlog is drained,
+        and the drain shares this process's interpreter lock: so it marks and queues the row
+        under the one lock it already holds (`queue`), not through `store`.
+        """
+        k = key if key.__class__ is bytes else as_bytes(key)
+        assert k is not None  # the caller checked key
+        backlog = self.backlog
+        if (topic, k) not in backlog.pending:
+            return False
+        self.wait_for_room()  # outside the lock: the writer's hooks may need it
+        with backlog.lock:
+            if (topic, k) not in backlog.pending:
+                return False
+            msg = unsent(topic, value, k, hdrs, partition, msg_id, NOT_SENT_KEY_WAITS)
+            if not backlog.hold((topic, k), (msg, cb)):  # held while the key is handed back
+                self.queue(msg, cb)
+            return True
+
+    def unsent(
+        self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
+        cb: DeliveryCallback | None, why: str, *, wait: bool = False,
+    ) -> None:
+        """Store a message that was not sent (`why`: a `NOT_SENT_*`): due at once."""
+        self.store(unsent(topic, value, key, hdrs, partition, msg_id, why), cb, wait=wait)
+
+    def store(self, msg: NewMessage, cb: DeliveryCallback | None, *, wait: bool = False) -> None:
+        """Queue a message for the outbox (held back while the circuit has just opened).
+
+        `wait=True` only from the application's produce() call: it may block for backpressure.
+        The delivery thread never waits here (the writer's sends need it to poll).
+        """
+        if wait:
+            self.wait_for_room()  # outside the lock, which the delivery thread needs
+        if msg.key is None:
+            self.queue(msg, cb)
+            return
+        # Marking the key and queueing the message are one step (KeyBacklog.lock).
+        with self.backlog.lock:
+            self.queue(msg, cb)
+
+    def store_held(self, key: Key, held: list[HeldMessage]) -> None:
+        """Under the backlog's lock: messages the gate held, queued for the outbox in order."""
+        for msg, cb in held:
+            self.queue(msg, cb)
+
+    def note(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
+        """Count a message bound for the outbox; its key's later messages queue behind it.
+        A keyed message: under the backlog's lock."""
+        if msg.key is not None:
+            self.backlog.mark((msg.topic, msg.key))
+        if cb is not None:
+            self._waiting[msg.msg_id] = cb
+        self.outboxed += 1
+
+    def queue(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
+        """Count `msg` as bound for the outbox and queue it for the writer (or the hold-back).
+        A keyed message: under the backlog's lock (marking its key and queueing it are one step)."""
+        self.note(msg, cb)
+        if not (self.hold.active and self.hold.offer(msg)):
+            self._writer.add_new(msg)
+
+    def wait_for_room(self) -> None:
+        """Application threads: block while the hold-back or the writer is full (backpressure)."""
+        self.hold.wait_for_room()
+        self._writer.wait_for_room()
+
+    # -- the hold-back -----------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Delivery thread, after each poll: end a hold-back whose time has come."""
+        if self.hold.active:
+            self.release_held()
+
+    def release_held(self, *, force: bool = False) -> None:
+        """Delivery thread: store held messages in produce order once librdkafka returned the rest."""
+        closed = self._circuit.closed
+        if not force and not closed:
+            # Purge again: a produce() that saw the circuit closed just before it opened may have
+            # queued a message after the first purge; without this it would hold everything
+            # back until message.timeout.ms.
+            self._link.purge_again()
+        # Closed again (a drain delivery proved the cluster back): new sends fill librdkafka, so
+        # "empty" may never come; what is still on the wire from before is the README's window.
+        with self.backlog.lock:  # a backlog check must see these either held or in the writer
+            for msg in self.hold.release(source_empty=force or closed or len(self._link) == 0):
+                self._writer.add_new(msg)
+
+
+def unsent(topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str, why: str) -> NewMessage:
+    """The row of a message that was not sent: due at once, `why` (a `NOT_SENT_*`) as its last error."""
+    now = time.time()
+    # Built as the tuple it is: NamedTuple's generated __new__ is a Python call (0.5 µs of a
+    # key-waits path that every message of a recovering key takes); bytes skip as_bytes().
+    return _new_tuple(NewMessage, (
+        topic, value if value.__class__ is bytes else as_bytes(value),
+        key if key.__class__ is bytes else as_bytes(key), hdrs, partition, msg_id, 0, None, why, now, None, None,
+    ))
+
+
+def _sequence(msg: NewMessage) -> str:
+    # Ids are one generator's fixed-width prefix + hex counter: string order is produce order.
+    return msg.msg_id
