@@ -91,7 +91,7 @@ class FirstSend:
                     raise
             link.handed.add()
         except BufferError:
-            self._spill.unsent(topic, value, key, hdrs, partition, msg_id, cb, NOT_SENT_QUEUE_FULL, wait=True)
+            self._spill.store_unsent(topic, value, key, hdrs, partition, msg_id, cb, NOT_SENT_QUEUE_FULL, wait=True)
         except KafkaException as exc:
             self.failed_send(exc.args[0], topic, value, key, hdrs, partition, msg_id, cb, None)
 

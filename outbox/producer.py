@@ -322,7 +322,7 @@ class ResilientProducer:
         ):
             return msg_id
         if not self.circuit.closed and not self._may_probe(key):
-            self._spill.unsent(
+            self._spill.store_unsent(
                 topic, value, key, hdrs, partition, msg_id, on_delivery, NOT_SENT_CIRCUIT_OPEN, wait=True
             )
             return msg_id

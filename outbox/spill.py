@@ -108,17 +108,17 @@ class Spill:
         with backlog.lock:
             if (topic, k) not in backlog.pending:
                 return False
-            msg = unsent(topic, value, k, hdrs, partition, msg_id, NOT_SENT_KEY_WAITS)
+            msg = unsent_row(topic, value, k, hdrs, partition, msg_id, NOT_SENT_KEY_WAITS)
             if not backlog.hold((topic, k), (msg, cb)):  # held while the key is handed back
                 self.queue(msg, cb)
             return True
 
-    def unsent(
+    def store_unsent(
         self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
         cb: DeliveryCallback | None, why: str, *, wait: bool = False,
     ) -> None:
         """Store a message that was not sent (`why`: a `NOT_SENT_*`): due at once."""
-        self.store(unsent(topic, value, key, hdrs, partition, msg_id, why), cb, wait=wait)
+        self.store(unsent_row(topic, value, key, hdrs, partition, msg_id, why), cb, wait=wait)
 
     def store(self, msg: NewMessage, cb: DeliveryCallback | None, *, wait: bool = False) -> None:
         """Queue a message for the outbox (held back while the circuit has just opened).
@@ -183,7 +183,7 @@ class Spill:
                 self._writer.add_new(msg)
 
 
-def unsent(topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str, why: str) -> NewMessage:
+def unsent_row(topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str, why: str) -> NewMessage:
     """The row of a message that was not sent: due at once, `why` (a `NOT_SENT_*`) as its last error."""
     now = time.time()
     # Built as the tuple it is: NamedTuple's generated __new__ is a Python call (0.5 µs of a
