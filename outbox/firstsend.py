@@ -25,6 +25,7 @@ from .records import Headers, NewMessage
 from .retry import RetryPolicy
 from .settle import Verdict, settle
 from .spill import NOT_SENT_QUEUE_FULL, HeldMessage, Spill
+from .tally import Tally
 from .writer import GroupCommitWriter
 
 # `# type: ignore[arg-type]` on produce(): confluent-kafka's stubs type headers as
@@ -67,7 +68,7 @@ class FirstSend:
         self._wake_drain = wake_drain
         self._id_header = id_header
         self._report_successes = report_successes
-        self.failed = 0  # enable_retry=False messages that failed (delivery thread, or the caller's)
+        self.failed = Tally()  # enable_retry=False messages that failed (delivery thread, or the caller's)
 
     def send(
         self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
@@ -113,11 +114,11 @@ class FirstSend:
                     raise
             link.handed.add()
         except BufferError:
-            self.failed += 1
+            self.failed.add()
             if cb is not None:
                 cb(KafkaError(KafkaError._QUEUE_FULL, "local queue full; enable_retry=False: dropped"), None)
         except KafkaException as exc:
-            self.failed += 1
+            self.failed.add()
             if cb is not None:
                 cb(exc.args[0], None)
 
@@ -152,7 +153,7 @@ class FirstSend:
             if r.cb is not None:
                 r.cb(None, msg)
             return
-        self._link.send_failures += 1
+        self._link.send_failures.add()
         if r.headers is not None:
             hdrs = r.headers
         else:
@@ -192,8 +193,8 @@ class FirstSend:
 
     def _on_unprotected_report(self, cb: DeliveryCallback | None, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
-            self._link.send_failures += 1
-            self.failed += 1
+            self._link.send_failures.add()
+            self.failed.add()
         if cb is not None and (err is not None or self._report_successes):
             cb(err, msg)
 

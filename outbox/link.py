@@ -51,10 +51,11 @@ class KafkaLink:
         self._circuit = circuit
         self._user_error_cb = user_error_cb
         self.kafka = Producer(self._config)
-        # Each counter is written by one thread, except `handed`, bumped by every thread that
-        # hands librdkafka a message.
-        self.handed = Tally()  # messages librdkafka took (first sends, write-ahead sends)
-        self.send_failures = 0  # failure reports of those
+        # Tallies: several threads count into each (see Tally).
+        self.handed = Tally()  # messages librdkafka took (first sends, write-ahead sends): any producing thread
+        # Failures of those: their reports (delivery thread), and write-ahead sends produce() refused
+        # (writer thread).
+        self.send_failures = Tally()
         self._done_seen = 0
         self._queue_full_timeout = queue_full_timeout
         self.queue_full_waits = Tally()  # produce() calls that waited for room in librdkafka's queue
@@ -105,7 +106,7 @@ class KafkaLink:
         show a delivery that did not happen (librdkafka's count includes unserved reports).
         """
         handed = self.handed.value
-        return handed - len(self.kafka) - self.send_failures
+        return handed - len(self.kafka) - self.send_failures.value
 
     def note_progress(self) -> None:
         """Deliveries since the last look close a half-open circuit and end a run of failures."""

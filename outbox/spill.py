@@ -27,6 +27,7 @@ from .link import KafkaLink
 from .payload import as_bytes
 from .records import Headers, NewMessage
 from .stores import Outbox
+from .tally import Tally
 from .writer import GroupCommitWriter
 
 #: The last error of a message stored without a send attempt, by why it was not sent.
@@ -67,7 +68,9 @@ class Spill:
         self._link = link
         self._circuit = circuit
         self._waiting = fates.waiting
-        self.outboxed = 0  # messages this process queued for the outbox (or handed to the drain)
+        # Messages this process queued for the outbox or handed to the drain: counted by the
+        # application's threads, the delivery thread (failed first sends) and the writer thread.
+        self.outboxed = Tally()
         self.hold: Holdback[NewMessage] = Holdback(
             _sequence, limit=writer.max_pending, on_full=link.purge_in_flight_soon, clock=time.monotonic
         )
@@ -147,7 +150,7 @@ class Spill:
             self.backlog.mark((msg.topic, msg.key))
         if cb is not None:
             self._waiting[msg.msg_id] = cb
-        self.outboxed += 1
+        self.outboxed.add()
 
     def queue(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
         """Count `msg` as bound for the outbox and queue it for the writer (or the hold-back).

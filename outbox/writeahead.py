@@ -152,7 +152,7 @@ class WriteAhead:
     def _failed(self, m: NewMessage, cb: DeliveryCallback | None, err: KafkaError) -> tuple[Decision, float]:
         """A send failed: its decision, and when. Counted as one failed send per row (two alike
         rows of a shared-report batch taken as failed for one report count two)."""
-        self._link.send_failures += 1
+        self._link.send_failures.add()
         now = time.time()
         d = settle(m, err, self._retry, now)
         if d.recreate_producer:
@@ -164,7 +164,7 @@ class WriteAhead:
             self._link.note_transport_failure(err.code())
             if m.key is not None:
                 self._backlog.add((m.topic, m.key))
-            self._spill.outboxed += 1
+            self._spill.outboxed.add()
         if cb is not None:
             self._waiting[m.msg_id] = cb  # popped when the row is delivered or dead-lettered
         return d, now
