@@ -30,7 +30,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from .circuit import CircuitBreaker
+from .circuit import CircuitBreaker, CircuitState
 from .fates import DeliveryCallback, Fates
 from .link import KafkaLink
 from .payload import as_bytes
@@ -138,6 +138,10 @@ class WriteAhead:
                     handed()  # counted as taken and failed: _failed counts the failure
                     batch.refused(i, *self._failed(msg, cbs[i], exc.args[0]))
                     break
+        if self._circuit.state is CircuitState.OPEN:
+            # Committed while Kafka was up, sent after the circuit opened and purged the queue:
+            # hand these back to the drain now, not at `message.timeout.ms`.
+            self._link.purge_queue_soon()
 
     def _on_report(self, batch: SentBatch, i: int, err: KafkaError | None, msg: Message | None) -> None:
         """Delivery thread: a send finished: the row is deleted with its batch, or handed to the drain."""

@@ -1,10 +1,12 @@
 """Write-ahead deliveries are handed on per committed batch (`outbox.writeahead`): pure logic,
-no Kafka."""
+no Kafka, except the two tests at the end, whose broker never answers."""
 
 from __future__ import annotations
 
+import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -13,7 +15,10 @@ from confluent_kafka import KafkaError, Message
 from outbox import ResilientProducer, SQLiteOutbox
 from outbox.records import NewMessage
 from outbox.settle import Decision, Verdict
+from outbox.stores.base import Settlement
 from outbox.writeahead import SentBatch, SentReport
+
+from ..waiting import wait_until
 
 RETRY = Decision(Verdict.RESCHEDULE, 1e9 + 30, -192, "_MSG_TIMED_OUT", "_MSG_TIMED_OUT (-192): slow", attempts=1)
 Handed = list[tuple[list[int], list[tuple[int, Decision, float]]]]
@@ -183,5 +188,40 @@ def test_a_write_ahead_burst_is_stored_as_groups_and_given_back_whole(tmp_path: 
         assert all(m.attempts == 0 for m in store.messages())  # never sent: no attempt counted
         rows = store._read("SELECT COUNT(*) FROM outbox")[0][0]
         assert rows <= 2000 // 16, rows  # one row per message would be 2,000
+    finally:
+        store.close()
+
+
+class TripsTheCircuitAtCommit(SQLiteOutbox):
+    """Kafka is found down between a write and its commit: write-ahead rows are born leased
+    (the circuit was closed at write time) and sent after the circuit has opened and purged."""
+
+    trip: Callable[[str], None] = staticmethod(lambda why: None)
+
+    def apply(self, settlement: Settlement, *, now: float, new: Sequence[NewMessage] = (), **kw: object) -> object:
+        if new:
+            self.trip("all brokers down (test)")
+            time.sleep(0.5)  # the delivery thread's purge (every 50 ms) runs before these are sent
+        return super().apply(settlement, now=now, new=new, **kw)  # type: ignore[arg-type]
+
+
+def test_rows_sent_after_the_circuit_opened_are_handed_back_at_once(tmp_path: Path) -> None:
+    """Not at message.timeout.ms (5 minutes here): the drain has them while Kafka is down."""
+    store = TripsTheCircuitAtCommit(str(tmp_path / "wal.db"))
+    with socket.socket() as silent:  # accepts and never answers: Kafka is neither up nor known down
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        p = ResilientProducer(
+            {"bootstrap.servers": f"127.0.0.1:{silent.getsockname()[1]}", "message.timeout.ms": 300_000,
+             "log_level": 0},
+            outbox=store, mode="write-ahead", drain_workers=0,
+        )
+        store.trip = p.circuit.trip
+        ids = [p.produce("orders", b"v%d" % i, key=b"k%d" % (i % 5)) for i in range(100)]
+        wait_until(lambda: len(p) == 0, 30, "the sends to be handed back from librdkafka's queue", every=0.05)
+        assert p.close(30.0) == 0
+    try:
+        assert [m.msg_id for m in store.messages()] == ids
+        assert all(m.attempts == 0 for m in store.messages())  # purged unsent: no attempt counted
     finally:
         store.close()
