@@ -21,6 +21,7 @@ attempt.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -199,7 +200,7 @@ class SentBatch:
     """
 
     __slots__ = ("ids", "messages", "callbacks", "on_report", "successes_heard", "_on_settled", "_delivered",
-                 "_decided", "_decided_rows", "_left", "_lock", "_by_content")
+                 "_decided", "_decided_rows", "_next_outcome", "_lock", "_by_content")
 
     def __init__(
         self, ids: Sequence[int], messages: Sequence[NewMessage], callbacks: Sequence[Any],
@@ -215,21 +216,20 @@ class SentBatch:
         self._delivered: list[int] = []  # per row
         self._decided: list[tuple[int, Decision, float]] = []
         self._decided_rows: set[int] = set()
-        # Per row: outcomes still to come. Shared: reports still to come, and rows refused by
-        # produce() (which get no report).
-        self._left = len(ids)
+        # Numbers the outcomes (per row: each row's; shared: each report, and each row refused by
+        # produce(), which gets no report); the one numbered len(ids) settles the batch. Each
+        # outcome is recorded before it takes its number, so that one sees them all. A count's
+        # next() is one call that the interpreter lock makes atomic: a lock taken per success
+        # cost the delivery thread 0.45 µs more per message.
+        self._next_outcome = itertools.count(1).__next__
         self._by_content: dict[tuple[str, bytes | None, bytes | None], list[int]] | None = None
-        # Reports come on the delivery thread, a refused produce() on the writer thread.
+        # Failure reports come on the delivery thread, a refused produce() on the writer thread.
         self._lock = threading.Lock()
 
     def delivered(self, i: int) -> None:
         """Per row: row `i` was delivered."""
-        with self._lock:
-            self._delivered.append(self.ids[i])
-            self._left -= 1
-            if self._left:
-                return
-        self._settle()
+        self._delivered.append(self.ids[i])  # list.append is atomic
+        self._count_down()
 
     def decided(self, i: int, decision: Decision, now: float) -> None:
         """Row `i` failed; `decision` is its `settle()` verdict at `now` (once per row)."""
@@ -238,13 +238,8 @@ class SentBatch:
                 return
             self._decided_rows.add(i)
             self._decided.append((self.ids[i], decision, now))
-            if self.successes_heard:
-                self._left -= 1
-                if self._left:
-                    return
-            else:
-                return  # shared: the report that found this row counts down
-        self._settle()
+        if self.successes_heard:  # shared: the report that found this row counts down
+            self._count_down()
 
     def refused(self, i: int, decision: Decision, now: float) -> None:
         """produce() refused row `i` (no report will come); `decision` as in `decided`."""
@@ -260,11 +255,8 @@ class SentBatch:
         self._count_down()
 
     def _count_down(self) -> None:
-        with self._lock:
-            self._left -= 1
-            if self._left:
-                return
-        self._settle()
+        if self._next_outcome() == len(self.ids):
+            self._settle()
 
     def _rows_like(self, msg: Message) -> list[int]:
         """The undecided rows with the content of a failure report (all undecided rows, should none
