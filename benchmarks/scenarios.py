@@ -139,6 +139,16 @@ def start_clock(*, by_thread: bool = False, brokers: bool = True, topic: str | N
     return time.perf_counter()
 
 
+def warm_up(send: Callable[[int], Any], flush: Callable[[float], Any], partitions: int) -> None:
+    """One message to each partition and a flush, before the clock starts: a fresh producer's
+    connections to every leader and its idempotent producer id then exist. Without it, a third
+    of the 100,000-message raw runs (0.3 s when warm) stalled 0.4-0.9 s on them: R0's three
+    repetitions spread 117k-247k msgs/s in session 16's run (`docs/PERFORMANCE-HISTORY.md`)."""
+    for k in range(partitions):
+        send(k)
+    flush(30)
+
+
 def result(
     p: Params, n: int, seconds: float, lat: list[int] | None = None, *, main_stage: str = "application",
     **extra: Any,
@@ -200,7 +210,8 @@ def raw(p: Params) -> Result:
     header = bool(p["header"])
     lat: list[int] = []
     pc = time.perf_counter_ns
-    prod.list_topics(topic, timeout=10)  # metadata + connections up front, as the wrapper's are
+    partitions = len(prod.list_topics(topic, timeout=10).topics[topic].partitions)
+    warm_up(lambda k: produce(topic, value, partition=k), prod.flush, partitions)
     t0 = start_clock(by_thread=True, topic=topic)
     for i in range(n):
         hdrs: list[tuple[str, str | bytes | None]] | None = [(ID_HEADER, next_id().encode())] if header else None
@@ -261,7 +272,9 @@ def resilient(p: Params) -> Result:
         durability=p.get("durability", "batch"),
         **waits,
     )
-    Producer(kafka_config(p)).list_topics(topic, timeout=10)  # the topic's metadata exists
+    partitions = len(Producer(kafka_config(p)).list_topics(topic, timeout=10).topics[topic].partitions)
+    warm_up(lambda k: rp.produce(topic, value, partition=k), rp.flush, partitions)
+    warmed = int(rp.stats()["delivered"])  # counted apart: the timed part's deliveries follow
     flush_early = 0
     lats: list[list[int]] = [[] for _ in range(threads)]
 
@@ -290,9 +303,9 @@ def resilient(p: Params) -> Result:
             t.join()
     left = rp.flush(300)
     st = rp.stats()
-    if st["delivered"] < n - st["outboxed"]:
-        flush_early = n - st["outboxed"] - st["delivered"]
-    delivered = _wait_delivered(rp, n - st["outboxed"])
+    if st["delivered"] - warmed < n - st["outboxed"]:
+        flush_early = n - st["outboxed"] - (st["delivered"] - warmed)
+    delivered = _wait_delivered(rp, warmed + n - st["outboxed"]) - warmed
     seconds = time.perf_counter() - t0
     st = rp.stats()
     return result(
@@ -337,7 +350,8 @@ def naive(p: Params) -> Result:
     SQLiteOutbox(path, synchronous="FULL").close()  # the outbox schema
     conn = _sqlite(path)
     prod = Producer(kafka_config(p))
-    prod.list_topics(topic, timeout=10)
+    partitions = len(prod.list_topics(topic, timeout=10).topics[topic].partitions)
+    warm_up(lambda k: prod.produce(topic, value, partition=k), prod.flush, partitions)
     done: list[int] = []
 
     def report(row_id: int, err: KafkaError | None, msg: Message) -> None:
