@@ -139,12 +139,14 @@ def start_clock(*, by_thread: bool = False, brokers: bool = True, topic: str | N
     return time.perf_counter()
 
 
-def warm_up(send: Callable[[int], Any], flush: Callable[[float], Any], partitions: int) -> None:
+def warm_up(meta: Producer, topic: str, send: Callable[[int], Any], flush: Callable[[float], Any]) -> None:
     """One message to each partition and a flush, before the clock starts: a fresh producer's
     connections to every leader and its idempotent producer id then exist. Without it, a third
     of the 100,000-message raw runs (0.3 s when warm) stalled 0.4-0.9 s on them: R0's three
-    repetitions spread 117k-247k msgs/s in session 16's run (`docs/PERFORMANCE-HISTORY.md`)."""
-    for k in range(partitions):
+    repetitions spread 117k-247k msgs/s in session 16's run (`docs/PERFORMANCE-HISTORY.md`).
+
+    `meta` reads the topic's partitions (and loads its metadata); `send(k)` sends to partition k."""
+    for k in range(len(meta.list_topics(topic, timeout=10).topics[topic].partitions)):
         send(k)
     flush(30)
 
@@ -210,8 +212,7 @@ def raw(p: Params) -> Result:
     header = bool(p["header"])
     lat: list[int] = []
     pc = time.perf_counter_ns
-    partitions = len(prod.list_topics(topic, timeout=10).topics[topic].partitions)
-    warm_up(lambda k: produce(topic, value, partition=k), prod.flush, partitions)
+    warm_up(prod, topic, lambda k: produce(topic, value, partition=k), prod.flush)
     t0 = start_clock(by_thread=True, topic=topic)
     for i in range(n):
         hdrs: list[tuple[str, str | bytes | None]] | None = [(ID_HEADER, next_id().encode())] if header else None
@@ -272,8 +273,7 @@ def resilient(p: Params) -> Result:
         durability=p.get("durability", "batch"),
         **waits,
     )
-    partitions = len(Producer(kafka_config(p)).list_topics(topic, timeout=10).topics[topic].partitions)
-    warm_up(lambda k: rp.produce(topic, value, partition=k), rp.flush, partitions)
+    warm_up(Producer(kafka_config(p)), topic, lambda k: rp.produce(topic, value, partition=k), rp.flush)
     warmed = int(rp.stats()["delivered"])  # counted apart: the timed part's deliveries follow
     flush_early = 0
     lats: list[list[int]] = [[] for _ in range(threads)]
@@ -350,8 +350,7 @@ def naive(p: Params) -> Result:
     SQLiteOutbox(path, synchronous="FULL").close()  # the outbox schema
     conn = _sqlite(path)
     prod = Producer(kafka_config(p))
-    partitions = len(prod.list_topics(topic, timeout=10).topics[topic].partitions)
-    warm_up(lambda k: prod.produce(topic, value, partition=k), prod.flush, partitions)
+    warm_up(prod, topic, lambda k: prod.produce(topic, value, partition=k), prod.flush)
     done: list[int] = []
 
     def report(row_id: int, err: KafkaError | None, msg: Message) -> None:
