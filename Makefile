@@ -10,7 +10,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: prereqs test-prereqs venv kafka fetch services test test-unit demo bench lint clean distclean
+.PHONY: prereqs test-prereqs venv kafka fetch services test test-unit demo bench lint docs docs-serve clean distclean
 
 # Each missing prerequisite stops make at once with one line naming it ($(error) prints just
 # that line); expanded only when a target that needs the prerequisites runs.
@@ -41,7 +41,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml | prereqs
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[dev]'
+	$(VPY) -m pip install -q -e . --group dev
 	@touch $(STAMP)
 
 # Download Apache Kafka's jars and the JDBC drivers once (cached in ~/.cache/kafka-outbox).
@@ -69,8 +69,16 @@ lint: venv
 	$(VPY) -m ruff check .
 	$(VPY) -m mypy outbox cli spark_drain benchmarks
 
+# The documentation site (mkdocs-material + mkdocstrings) into site/; warnings and broken links fail.
+docs: venv
+	$(VPY) -m mkdocs build --strict
+
+# The same site served on http://127.0.0.1:8000/, rebuilt on every change.
+docs-serve: venv
+	$(VPY) -m mkdocs serve -a 127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis spark-warehouse metastore_db derby.log
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis spark-warehouse metastore_db derby.log
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # Also forget the downloaded Kafka jars.
