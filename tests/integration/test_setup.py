@@ -1,4 +1,4 @@
-"""Set-up from a fresh machine: prerequisites, the PostgreSQL harness, the built packages."""
+"""Set-up from a fresh machine: prerequisites and the PostgreSQL harness (the built packages: tests/packaging)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -96,53 +94,3 @@ def test_test_bed_plugin_loads_without_posix_only_modules() -> None:
     out = subprocess.run([sys.executable, "-c", _IMPORT_WITHOUT_FCNTL.format("outbox.testing.plugin")],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
-
-
-# -- packaging: the wheel and the sdist install and run in a clean venv ---------------------
-
-
-def test_wheel_and_sdist_install_into_a_clean_venv(tmp_path: Path) -> None:
-    dist = tmp_path / "dist"
-    build = subprocess.run([sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)],
-                           capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    wheel = next(dist.glob("kafka_outbox-*.whl"))
-    sdist = next(dist.glob("kafka_outbox-*.tar.gz"))
-
-    with zipfile.ZipFile(wheel) as zf:
-        wheel_files = set(zf.namelist())
-        entry_points = zf.read(next(n for n in wheel_files if n.endswith("entry_points.txt"))).decode()
-    # Every package of the source tree is in the wheel (a sub-package missing from pyproject's list
-    # installs an `outbox` that cannot be imported).
-    source_packages = {str(p.parent.relative_to(ROOT)) for p in ROOT.glob("*/**/__init__.py") if ".venv" not in p.parts}
-    source_packages = {p.replace("cli", "outbox_cli", 1) if p == "cli" else p for p in source_packages}
-    wheel_packages = {n.rsplit("/", 1)[0] for n in wheel_files if n.endswith("/__init__.py")}
-    assert {p for p in source_packages if p.split("/")[0] in ("outbox", "outbox_cli", "spark_drain")} <= wheel_packages
-    for f in ("outbox/__init__.py", "outbox/py.typed", "outbox/testing/pom.xml", "outbox/testing/jdbc-pom.xml",
-              "outbox_cli/main.py", "spark_drain/job.py", "outbox/ui/templates/base.html",
-              "outbox/ui/templates/list.html", "outbox/ui/static/console.css"):  # fmt: skip
-        assert f in wheel_files, f
-    assert "pytest11" not in entry_points  # the plugin is opt-in
-    with tarfile.open(sdist) as tf:
-        sdist_files = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
-    assert {"pyproject.toml", "outbox/testing/jdbc-pom.xml", "cli/main.py"} <= sdist_files
-
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    py, pip = venv / "bin" / "python", [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, str(wheel)], check=True, timeout=600)
-    cli = subprocess.run([str(venv / "bin" / "outbox"), "--help"], capture_output=True, text=True, timeout=60)
-    assert cli.returncode == 0 and "drain" in cli.stdout and "dlq" in cli.stdout and "ui" in cli.stdout
-    db = tmp_path / "o.db"
-    subprocess.run([str(py), "-c", f"from outbox.stores import SQLiteOutbox; SQLiteOutbox({str(db)!r}).close()"],
-                   check=True, timeout=60)  # fmt: skip
-    no_ui = subprocess.run([str(venv / "bin" / "outbox"), "ui", "--outbox", str(db)], capture_output=True, text=True,
-                           timeout=60)  # fmt: skip
-    assert no_ui.returncode == 1 and "pip install 'kafka-outbox[ui]'" in no_ui.stderr  # the extra brings it
-    imports = subprocess.run([str(py), "-c", _IMPORT_WITHOUT_FCNTL.format("outbox, spark_drain, outbox.testing")],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert imports.returncode == 0 and imports.stdout.strip() == "ok", imports.stderr
-    no_pg = subprocess.run([str(py), "-c", "import psycopg"], capture_output=True, timeout=60)
-    assert no_pg.returncode != 0  # the extra is what brings it
-    subprocess.run([*pip, f"{wheel}[postgres]"], check=True, timeout=600)
-    subprocess.run([str(py), "-c", "import psycopg, psycopg_pool"], check=True, timeout=60)
