@@ -1,4 +1,4 @@
-"""``python -m benchmarks``: run the issue-7 scenarios side by side and print one table.
+"""``python -m benchmarks``: run the scenarios side by side and print one table.
 
 The parent process owns the Kafka cluster (a local 3-broker outbox.testing.KafkaCluster, or
 KAFKA_BOOTSTRAP_SERVERS), runs every scenario in a fresh child process, interleaves the

@@ -1,4 +1,4 @@
-"""Cost of the ecosystem integrations on the happy path (issue 15), against a real broker.
+"""Cost of the ecosystem integrations on the happy path, against a real broker.
 
 Standalone (not collected by pytest):
 

@@ -1,4 +1,4 @@
-"""The console's latency with a million dead letters (issue 14): list page and JSON API, SQLite and
+"""The console's latency with a million dead letters: list page and JSON API, SQLite and
 PostgreSQL, several filters, deep keyset pages. Target: median under 300 ms.
 
     .venv/bin/python -m benchmarks.bench_ui              # 1,000,000 dead letters per store

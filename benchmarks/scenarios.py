@@ -76,7 +76,7 @@ def percentile(samples: list[int], q: float) -> float | None:
 
 
 def kafka_config(p: Params, *, batch_stats: bool = False, **extra: Any) -> dict[str, Any]:
-    """The happy-path producer settings of issue 7: acks=all, idempotent, linger.ms=5, plus a
+    """The happy-path producer settings: acks=all, idempotent, linger.ms=5, plus a
     run's own `kafka` settings (the burst runs' small local queue).
 
     batch_stats: librdkafka's statistics every 250 ms, from which `result()` gives the messages
@@ -142,8 +142,8 @@ def start_clock(*, by_thread: bool = False, brokers: bool = True, topic: str | N
 def warm_up(meta: Producer, topic: str, send: Callable[[int], Any], flush: Callable[[float], Any]) -> None:
     """One message to each partition and a flush, before the clock starts: a fresh producer's
     connections to every leader and its idempotent producer id then exist. Without it, a third
-    of the 100,000-message raw runs (0.3 s when warm) stalled 0.4-0.9 s on them: R0's three
-    repetitions spread 117k-247k msgs/s in session 16's run (`docs/PERFORMANCE-HISTORY.md`).
+    of the 100,000-message raw runs (0.3 s when warm) stall 0.4-0.9 s on them, and R0's
+    repetitions spread by a factor of two.
 
     `meta` reads the topic's partitions (and loads its metadata); `send(k)` sends to partition k."""
     for k in range(len(meta.list_topics(topic, timeout=10).topics[topic].partitions)):
@@ -266,7 +266,7 @@ def resilient(p: Params) -> Result:
     # only_errors: successes go unreported, as librdkafka's delivery.report.only.error
     reports = {"delivery.report.only.error": True} if p.get("only_errors") else {}
     # queue_full_timeout: the burst runs compare the default wait for room with none (0: a full
-    # local queue stores the message at once, as before session 13).
+    # local queue stores the message at once).
     waits: dict[str, Any] = {"queue_full_timeout": float(p["queue_full_timeout"])} if "queue_full_timeout" in p else {}
     rp = ResilientProducer(
         kafka_config(p, batch_stats=True, **reports), outbox=f"sqlite:///{path}", mode=p["mode"],

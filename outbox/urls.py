@@ -178,7 +178,7 @@ def _postgres(url: str, *, jdbc: bool) -> StoreURL:
 def _check_host(host: str, url: str) -> None:
     """A host name the resolver can take: the name lookup IDNA-encodes it, and a name it cannot
     encode (a control character, an empty or over-long label) raised UnicodeError out of the
-    first connection (found by the CLI fuzz test). A Unix-socket directory is not a name."""
+    first connection. A Unix-socket directory is not a name."""
     if host.startswith(("/", "%2f")):
         return
     try:

@@ -1,4 +1,4 @@
-"""Chaos at fleet scale (issue 12, point 7): 2 producer processes and 1 drainer process on one
+"""Chaos at fleet scale: 2 producer processes and 1 drainer process on one
 PostgreSQL outbox, while brokers are stopped, killed -9 and restarted at random and the
 PostgreSQL server restarts once.
 

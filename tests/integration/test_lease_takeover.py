@@ -1,4 +1,4 @@
-"""Dead lease owners lose their leases at once; live owners never do (issue 12, point 1).
+"""Dead lease owners lose their leases at once; live owners never do.
 
 Leases here are long (10 minutes, or the producer's default 120 s) so that nothing in these
 tests can pass by a lease expiring: a takeover happens because the owner is known to be gone.
@@ -142,7 +142,7 @@ def test_a_live_sqlite_producer_keeps_its_write_ahead_leases(tmp_path: Path) -> 
     assert claimer.stats(now=time.time()).leased == 1
 
 
-# The issue's reproduction: a write-ahead sync producer killed -9 while its sends are still in
+# A write-ahead sync producer killed -9 while its sends are still in
 # flight (within message.timeout.ms), so its rows stay leased (lease_seconds 120 s by default).
 # Two of three brokers are down under min.insync.replicas=2: librdkafka retries
 # NOT_ENOUGH_REPLICAS by itself, the circuit stays closed and the rows stay leased to the

@@ -1,4 +1,4 @@
-"""No secret reaches any text the product prints or returns (issue 12, point 6).
+"""No secret reaches any text the product prints or returns.
 
 Secrets: `sasl.password`, `ssl.key.password`, and the password of a PostgreSQL URL (a private
 server of our own, whose superuser really has it). Every path that produces text is driven and

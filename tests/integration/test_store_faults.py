@@ -1,5 +1,5 @@
 """When the outbox itself fails: SQLite full, locked, read-only or deleted; PostgreSQL restarted,
-killed, or its pool's connections all terminated (issue 12, point 4).
+killed, or its pool's connections all terminated.
 
 Each test runs a produce() stream during an outage (every broker stopped, so every message must
 go to the outbox) while the store fails, then brings the store and the brokers back, and checks:

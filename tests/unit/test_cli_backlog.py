@@ -1,4 +1,4 @@
-"""`outbox status` says what is left and why, and lists leases by owner (issue 12, point 2).
+"""`outbox status` says what is left and why, and lists leases by owner.
 
 A real SQLite outbox holds one row in each state, with fixed times in 2100 so that the output
 is exact; the gone owner is a real process of this host that has exited.
@@ -108,7 +108,7 @@ def test_status_json_says_what_is_left(outbox: tuple[str, str, str]) -> None:
 
 
 def test_status_next_due_is_not_now_when_every_due_row_waits_behind_a_live_lease(tmp_path: Path) -> None:
-    """The issue's "(next due: now)" while nothing could move: no longer said."""
+    """No "(next due: now)" while nothing can move."""
     path = str(tmp_path / "o.db")
     store = SQLiteOutbox(path)
     alive = new_owner("producer")
