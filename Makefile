@@ -71,11 +71,11 @@ lint: venv
 
 # The documentation site (mkdocs-material + mkdocstrings) into site/; warnings and broken links fail.
 docs: venv
-	$(VPY) -m mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict
 
 # The same site served on http://127.0.0.1:8000/, rebuilt on every change.
 docs-serve: venv
-	$(VPY) -m mkdocs serve -a 127.0.0.1:8000
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs serve -a 127.0.0.1:8000
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis spark-warehouse metastore_db derby.log
