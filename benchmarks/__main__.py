@@ -394,7 +394,7 @@ def plot_recovery(runs: dict[str, list[Result]], outage: float, quick: bool) -> 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log("matplotlib is not installed (pip install 'kafka-outbox[bench]'): no recovery PNG")
+        log("matplotlib is not installed (make venv, or pip install matplotlib): no recovery PNG")
         return None
     fig, ax = plt.subplots(figsize=(9, 4.5))
     colors: dict[str, str] = {}

@@ -145,7 +145,7 @@ def postgres_server() -> Iterator[str]:
     try:
         import psycopg  # noqa: F401
     except ImportError:
-        pytest.fail("psycopg (3) is not installed: pip install -e '.[dev]'", pytrace=False)
+        pytest.fail("psycopg (3) is not installed: pip install 'kafka-outbox[postgres]'", pytrace=False)
     try:
         url = ensure_server()
     except PostgresSetupError as exc:
@@ -208,7 +208,7 @@ def spark() -> Iterator[Any]:
     try:
         from pyspark.sql import SparkSession
     except ImportError:
-        pytest.fail("pyspark is not installed: pip install -e '.[dev]'", pytrace=False)
+        pytest.fail("pyspark is not installed: pip install 'kafka-outbox[spark]'", pytrace=False)
     if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
         pytest.fail("Spark needs Java 17: apt-get install openjdk-17-jdk-headless", pytrace=False)
     from outbox.testing.maven import MavenFetchError

