@@ -9,32 +9,29 @@ one-line `click.ClickException` with the documented exit code, with any secret s
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
 from confluent_kafka import KafkaError, KafkaException
 
+from outbox import exitcodes
 from outbox.errors import ConfigError, KafkaUnavailableError, OutboxError
 from outbox.filters import parse_time
 from outbox.stores import Outbox, open_outbox
 from outbox.urls import StoreURL, parse_url
 
-EXIT_OK = 0
-EXIT_ERROR = 1  # the command could not do its work: missing/corrupt outbox, unknown id, Kafka error
-EXIT_USAGE = 2  # the command line is wrong: unknown option, bad URL, malformed -X, bad TIME
-EXIT_PENDING = 3  # drain: messages are still pending (cluster unreachable, retries scheduled, limit)
-EXIT_INTERRUPTED = 130  # drain --until-empty stopped by Ctrl-C (128 + SIGINT, as shells do)
+from .format import dumps
 
-EXIT_CODES_HELP = """\b
-Exit codes:
-  0    success
-  1    error: missing or unreadable outbox, unknown id, store or Kafka failure
-  2    bad command line: unknown option, bad URL scheme, malformed -X, bad TIME
-  3    drain: messages are still pending (cluster unreachable, retries
-       scheduled for later, --max-messages reached)
-  130  drain --until-empty interrupted by Ctrl-C (leases released)"""
+EXIT_OK = exitcodes.OK
+EXIT_ERROR = exitcodes.ERROR  # the command could not do its work
+EXIT_USAGE = exitcodes.USAGE  # the command line is wrong
+EXIT_PENDING = exitcodes.PENDING  # drain: messages are still pending
+EXIT_KAFKA_UNAVAILABLE = exitcodes.KAFKA_UNAVAILABLE  # no broker answered
+EXIT_INTERRUPTED = exitcodes.INTERRUPTED  # drain --until-empty stopped by Ctrl-C (128 + SIGINT)
+
+EXIT_CODES_HELP = exitcodes.help_text()
 
 TIME_HELP = """\b
 TIME is ISO-8601 (2024-05-01, 2024-05-01T12:00, 2024-05-01T12:00:00+02:00;
@@ -93,7 +90,7 @@ class OutboxCommand(click.Command):
         except ConfigError as exc:
             raise CliError(scrub(ctx, str(exc)), EXIT_USAGE) from exc
         except KafkaUnavailableError as exc:
-            raise CliError(scrub(ctx, str(exc)), EXIT_PENDING) from exc
+            raise CliError(scrub(ctx, str(exc)), EXIT_KAFKA_UNAVAILABLE) from exc
         except OutboxError as exc:
             raise CliError(scrub(ctx, str(exc)), EXIT_ERROR) from exc
         except KafkaException as exc:
@@ -121,10 +118,50 @@ def _check_text(ctx: click.Context) -> None:
 
 
 class OutboxGroup(click.Group):
-    """A click group whose commands (and sub-groups) all handle errors like `OutboxCommand`."""
+    """A click group whose commands (and sub-groups) all handle errors like `OutboxCommand`.
+
+    With `--json` on the command line, an error is a JSON document on stdout too (see
+    `json_error`), whether the command line or the command failed, so a script reading stdout
+    always gets one document; the exit code is the same as without `--json`.
+    """
 
     command_class = OutboxCommand
     group_class = type  # sub-groups are OutboxGroups too
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode or not _wants_json(argv):
+            return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(argv, prog_name, complete_var, False, **extra)
+        except click.ClickException as exc:
+            click.echo(json_error(exc.format_message(), exc.exit_code))
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo(json_error("aborted", EXIT_ERROR))
+            sys.exit(EXIT_ERROR)
+        sys.exit(rv if isinstance(rv, int) else EXIT_OK)
+
+
+def _wants_json(argv: list[str]) -> bool:
+    """Whether `--json` is among the options (not after `--`, where it would be an argument)."""
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in options
+
+
+def json_error(message: str, exit_code: int) -> str:
+    """The `--json` form of an error: ``{"error": {"type", "message", "exit_code"}}``.
+
+    `type` is the exit code's name in `outbox.exitcodes` (usage, error, pending, ...).
+    """
+    return dumps({"error": {"type": exitcodes.name(exit_code), "message": message, "exit_code": exit_code}})
 
 
 # -- options ---------------------------------------------------------------------------------

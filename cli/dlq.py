@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
+from confluent_kafka import KafkaError
 
 from outbox.consumer.headers import ConsumerFailure, consumer_failure
 from outbox.consumer.redrive import redrive_topic
@@ -43,6 +44,19 @@ def _check_to_topic(to_topic: str | None) -> None:
         raise CliError(f"--to-topic: {problem}", EXIT_USAGE)
 
 
+def _check_error(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """`--error` as the store matches it; a name that can match nothing is a usage error, not 'none found'."""
+    matched = error_filter(value)
+    if matched is None or matched.lstrip("+-").isdigit() or hasattr(KafkaError, matched) or "." in matched:
+        return matched
+    raise CliError(
+        f"--error: {value!r} is not a librdkafka error code or name (e.g. -192, _MSG_TIMED_OUT, "
+        "MSG_SIZE_TOO_LARGE) nor a consumer exception class (module.Class, e.g. builtins.ValueError); "
+        "`outbox status` lists the errors of this outbox's dead letters",
+        EXIT_USAGE,
+    )
+
+
 def filter_options(f: F) -> F:
     """--topic, --error, --since, --until (shared by list, purge and replay)."""
     f = click.option(
@@ -54,8 +68,10 @@ def filter_options(f: F) -> F:
     f = click.option(
         "--error",
         metavar="CODE|NAME",
+        callback=_check_error,
         help="Only dead letters that failed with this librdkafka error: a code (-192) or a name "
-        "(_MSG_TIMED_OUT, MSG_SIZE_TOO_LARGE; case-insensitive).",
+        "(_MSG_TIMED_OUT, MSG_SIZE_TOO_LARGE; case-insensitive), or a consumer's exception class "
+        "(builtins.ValueError). `outbox status` lists the errors of an outbox's dead letters.",
     )(f)
     f = click.option("--topic", metavar="TOPIC", help="Only dead letters of this topic.")(f)
     return f
@@ -83,7 +99,7 @@ def _filter(
     group: str | None = None,
 ) -> DeadLetterFilter:
     return DeadLetterFilter(
-        ids=tuple(ids), topic=topic, error=error_filter(error), since=since, until=until, limit=limit, group=group
+        ids=tuple(ids), topic=topic, error=error, since=since, until=until, limit=limit, group=group
     )
 
 
@@ -234,13 +250,18 @@ Examples:
 )
 @json_option
 def show(message_id: int, outbox_url: str, encoding: str, as_json: bool) -> None:
-    """Everything about one message: metadata, error, headers and the value, printed safely.
+    """Everything about one dead letter: metadata, error, headers and the value, printed safely.
 
     Binary data is never written raw to the terminal: keys, values and headers that are not
     printable UTF-8 text are shown as hex or base64, labelled.
     """
     with open_store(outbox_url) as (store, _url):
         row = store.get(message_id)
+    if row.status is not Status.DEAD:
+        raise CliError(
+            f"message {message_id} is {row.status.name.lower()}, not a dead letter "
+            "(`outbox status` shows what is pending)"
+        )
     doc = _message_json(row, encoding)
     if as_json:
         click.echo(fmt.dumps(doc))
@@ -256,9 +277,6 @@ def show(message_id: int, outbox_url: str, encoding: str, as_json: bool) -> None
         ("first failed", fmt.when(row.first_failed_at)),
         ("last failed", fmt.when(row.last_failed_at)),
     ]
-    if row.status is Status.PENDING:
-        due_now = row.next_attempt_at <= time.time()
-        fields.append(("next attempt", "now" if due_now else fmt.when(row.next_attempt_at)))
     fields.append(("last error", " ".join((row.last_error or "-").split())))
     origin = consumer_failure(row.headers)
     if origin is not None:

@@ -39,10 +39,17 @@ Examples:
   outbox dlq purge --topic orders --until 7d --yes
 
 \b
-Every command takes --outbox URL (or $OUTBOX_URL) and --json. URLs:
-sqlite:///relative.db, sqlite:////abs/path.db, a plain path, jdbc:sqlite:/path.db,
+Every command but `dlq replay-topic` (which reads a Kafka topic, not an outbox)
+takes --outbox URL (or $OUTBOX_URL). URLs: sqlite:///relative.db,
+sqlite:////abs/path.db, a plain path, jdbc:sqlite:/path.db,
 postgresql://user:pass@host/db, jdbc:postgresql://host/db. An outbox that does
 not exist is an error: the CLI never creates one.
+
+\b
+Every command that prints data takes --json (all but `ui`, which serves): one
+JSON document on stdout. With --json an error is a document on stdout too,
+{{"error": {{"type": "usage", "message": "...", "exit_code": 2}}}}, where type
+names the exit code (below); the exit code is the same as without --json.
 
 {TIME_HELP}
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from .common import EXIT_CODES_HELP, CliError, OutboxCommand, open_store, outbox_option
+from . import format as fmt
+from .common import EXIT_CODES_HELP, CliError, OutboxCommand, json_option, open_store, outbox_option
 
 
 def _prometheus() -> Any:
@@ -40,6 +41,7 @@ Examples:
   outbox metrics --host 0.0.0.0 --label outbox=orders      # scraped from other hosts
   outbox metrics --textfile /var/lib/node_exporter/outbox.prom   # from cron
   outbox metrics --once                                     # print once and exit
+  outbox metrics --json                                     # print once as JSON and exit
 
 \b
 Served: outbox_store_up, outbox_pending_messages(_by_topic), outbox_dead_letters(_by_topic),
@@ -55,7 +57,10 @@ application.
 @click.option("--label", "labels", multiple=True, metavar="NAME=VALUE", help="Constant label on every sample.")
 @click.option("--once", is_flag=True, help="Print the metrics once in Prometheus text format and exit.")
 @click.option("--textfile", type=click.Path(dir_okay=False), help="Write the metrics to this file once and exit.")
-def metrics(outbox_url: str, port: int, host: str, labels: tuple[str, ...], once: bool, textfile: str | None) -> None:
+@json_option
+def metrics(
+    outbox_url: str, port: int, host: str, labels: tuple[str, ...], once: bool, textfile: str | None, as_json: bool
+) -> None:
     """Serve the outbox's gauges over HTTP for Prometheus until Ctrl-C or SIGTERM."""
     prom = _prometheus()
     from outbox.metrics import StoreCollector
@@ -64,6 +69,9 @@ def metrics(outbox_url: str, port: int, host: str, labels: tuple[str, ...], once
     with open_store(outbox_url) as (store, url):
         registry = prom.CollectorRegistry(auto_describe=False)
         registry.register(StoreCollector(store, label_map))
+        if as_json:  # once, like --once: a document is printed, not served
+            click.echo(fmt.dumps(_samples(registry)))
+            return
         if once:
             click.echo(prom.generate_latest(registry).decode(), nl=False)
             return
@@ -81,6 +89,15 @@ def metrics(outbox_url: str, port: int, host: str, labels: tuple[str, ...], once
         stop.wait()
         server.shutdown()
         thread.join(5)
+
+
+def _samples(registry: Any) -> list[dict[str, Any]]:
+    """Every sample of the registry: name, labels and value."""
+    return [
+        {"name": s.name, "labels": dict(s.labels), "value": s.value}
+        for family in registry.collect()
+        for s in family.samples
+    ]
 
 
 def _write_atomically(path: str, data: bytes) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 #: Seconds between two summary lines while connection failures go on.
@@ -92,8 +92,18 @@ class LibrdkafkaLog:
             )
 
 
-#: The `logger` of every producer the SDK creates (on the ``outbox.librdkafka`` logger).
+#: The `logger` of every librdkafka client the package creates (on the ``outbox.librdkafka`` logger).
 LIBRDKAFKA_LOG = LibrdkafkaLog(logging.getLogger("outbox.librdkafka"))
+
+
+def with_librdkafka_log(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A client's `config` with `LIBRDKAFKA_LOG` as its ``logger``, unless it names its own.
+
+    Every confluent_kafka client the package creates (producers, consumers, admin clients) goes
+    through here: without a ``logger`` librdkafka writes its lines straight to fd 2, around the
+    application's logging configuration and many times a second while no broker answers.
+    """
+    return {"logger": LIBRDKAFKA_LOG, **config}
 
 
 class Redact(logging.Filter):

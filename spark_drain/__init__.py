@@ -57,8 +57,12 @@ Guarantees:
       `outbox drain` holds are left to it. `--include-not-due` also sends leased and backing-off
       rows (a concurrent drainer may then send some of them too: duplicates, never losses).
 
-Exit status of the command-line entry points: 0 all selected rows delivered (or dead-lettered),
-1 error, 2 some rows were left pending (failed or held back): run the job again later.
+Exit status of the command-line entry points (the table of `outbox.exitcodes`, shared with the
+`outbox` command; docs/exit-codes.md): 0 all selected rows delivered (or dead-lettered), 1 error,
+2 bad command line, 3 some rows were left pending (the cluster did not answer, or rows failed or
+were held back): run the job again later.
+
+PySpark is an optional dependency: ``pip install 'kafka-outbox[spark]'``.
 """
 
 from __future__ import annotations

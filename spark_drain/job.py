@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING  # noqa: E402
 from confluent_kafka import KafkaException  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
+from outbox import exitcodes  # noqa: E402
 from outbox.errors import ConfigError, KafkaUnavailableError, OutboxError  # noqa: E402
+from outbox.logs import with_librdkafka_log  # noqa: E402
 from outbox.records import DeadLetterFilter  # noqa: E402
 from outbox.stores import open_outbox  # noqa: E402
 from outbox.stores.sqlite import SQLiteOutbox  # noqa: E402
@@ -65,7 +67,7 @@ def check_cluster(options: JobOptions) -> None:
         k: v for k, v in options.producer_config().items() if k.startswith(_ADMIN_PREFIXES)
     }
     conf["bootstrap.servers"] = options.bootstrap_servers
-    admin = AdminClient(conf)
+    admin = AdminClient(with_librdkafka_log(conf))
     try:
         md = admin.list_topics(timeout=options.check_timeout)
     except KafkaException as exc:
@@ -99,6 +101,7 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     Raises:
         OutboxError: the outbox or the cluster is unreachable, or an option is invalid.
     """
+    _require_pyspark()
     from spark_drain.read import Reader, keep_key_order, only_ids, selection
     from spark_drain.send import SendConfig, send_partition
 
@@ -230,12 +233,29 @@ def _jdbc_error(exc: Exception, options: JobOptions) -> Exception:
     return OutboxError(f"reading outbox {url.where()} with Spark JDBC failed: {_cause(exc, options)}")
 
 
+#: What to do when PySpark is missing (it is an optional dependency of kafka-outbox).
+PYSPARK_HINT = "PySpark is not installed: pip install 'kafka-outbox[spark]'"
+
+
+def _require_pyspark() -> None:
+    """Fail with the install hint, not a ModuleNotFoundError traceback, when PySpark is missing.
+
+    Raises:
+        OutboxError: PySpark cannot be imported.
+    """
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise OutboxError(PYSPARK_HINT) from None
+
+
 def build_session(options: JobOptions) -> SparkSession:
     """A SparkSession for the command-line entry points, with the JDBC driver jar configured.
 
     Under spark-submit the master and jars come from spark-submit; `python -m spark_drain` runs
     `local[*]` unless `--master` says otherwise.
     """
+    _require_pyspark()
     from pyspark.sql import SparkSession
 
     from spark_drain.read import default_jars, jar_exists
@@ -257,26 +277,39 @@ def build_session(options: JobOptions) -> SparkSession:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status (0 ok, 1 error, 2 rows left behind)."""
+    """Command-line entry point; returns an exit status of `outbox.exitcodes` (as `outbox drain`).
+
+    0: every selected row was delivered (or dead-lettered); 1: error; 2: bad command line;
+    3: rows are still pending (the cluster did not answer, or rows failed or were held back):
+    run the job again later.
+    """
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         options = parse_args(argv)
+    except ConfigError as exc:
+        return _fail(exc, exitcodes.USAGE)
+    try:
         preflight(options)
         spark = build_session(options)
+    except KafkaUnavailableError as exc:
+        return _fail(exc, exitcodes.PENDING)  # nothing was sent: every selected row is still pending
     except OutboxError as exc:
-        print(f"spark_drain: error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(exc, exitcodes.ERROR)
     try:
         report = run_job(spark, options, check=False)
     except OutboxError as exc:
-        print(f"spark_drain: error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(exc, exitcodes.ERROR)
     finally:
         spark.stop()
     print(report.format_table())
     if options.report_path:
         report.write_json(options.report_path)
-    return 0 if report.ok else 2
+    return exitcodes.OK if report.ok else exitcodes.PENDING
+
+
+def _fail(exc: OutboxError, code: int) -> int:
+    print(f"spark_drain: error: {exc}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

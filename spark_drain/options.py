@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from outbox.errors import ConfigError
+from outbox.jars import JDBC
 from outbox.urls import StoreURL, parse_url
 
 #: Producer settings the job uses unless `-X` overrides them; the same as the SDK's drain
@@ -45,8 +46,8 @@ class JobOptions:
         backoff: "fixed" or "exponential".
         check_timeout: seconds the pre-flight checks wait for the outbox and the cluster.
         master: Spark master when the job builds its own session (`python -m spark_drain`).
-        jars: JDBC driver jar(s) when the job builds its own session; default: Debian's jar for the
-            URL's database.
+        jars: JDBC driver jar(s) when the job builds its own session; default: the URL's pinned
+            driver (`outbox.jars.cached_jdbc_jar`: the Maven-fetched copy, else Debian's).
     """
 
     outbox: str
@@ -153,7 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backoff", choices=("fixed", "exponential"), default="fixed")
     p.add_argument("--check-timeout", type=float, default=10.0, help="pre-flight check timeout, seconds")
     p.add_argument("--master", help="Spark master when not run by spark-submit (default local[*])")
-    p.add_argument("--jars", help="JDBC driver jar(s), comma-separated (default: Debian's jar for the URL)")
+    p.add_argument(
+        "--jars",
+        help=f"JDBC driver jar(s), comma-separated (default: the URL's driver in {JDBC.libs}, fetched by "
+        "`python -m outbox.testing fetch`, else Debian's in /usr/share/java)",
+    )
     return p
 
 

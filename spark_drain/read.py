@@ -45,7 +45,7 @@ def default_jars(url: StoreURL) -> str:
     Raises:
         ConfigError: Neither is there.
     """
-    from outbox.testing.maven import cached_jdbc_jar
+    from outbox.jars import cached_jdbc_jar
 
     jar = cached_jdbc_jar(url.kind)
     if jar is None:

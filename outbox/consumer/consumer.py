@@ -34,6 +34,7 @@ from confluent_kafka import (
 
 from ..errors import ConfigError, KafkaDeliveryError
 from ..headers import IdGenerator
+from ..logs import with_librdkafka_log
 from ..producer import ResilientProducer
 from ..records import DeadLetter, Headers
 from ..retry import RetryPolicy
@@ -179,7 +180,7 @@ class ResilientConsumer:
             p = self.strategy.policy
             self._in_place = dataclasses.replace(p, stop=tenacity.stop_never) if self.strategy.forever else p
 
-        admin_conf = client_config(config)
+        admin_conf = with_librdkafka_log(client_config(config))  # tiers, hop producer, ladder scans
         self._admin_conf = admin_conf
         # Only retry tiers can reorder; RetryInPlace and Ignore keep a partition's order already.
         self._order = KeyOrder() if ordering == "key" and self._delays else None
@@ -223,7 +224,7 @@ class ResilientConsumer:
         if self._order is not None:
             conf["partition.assignment.strategy"] = "range"  # main p and tier p on the same member
         try:
-            self._consumer = Consumer(conf)
+            self._consumer = Consumer(with_librdkafka_log(conf))
             self._consumer.subscribe(
                 list(self._places), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
             )

@@ -23,6 +23,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from ..logs import with_librdkafka_log
 from .headers import ladder_position
 from .tiers import Place
 
@@ -136,7 +137,7 @@ def scan_ladder(
     """
     reader = Consumer(
         {
-            **config,
+            **with_librdkafka_log(config),
             "group.id": "outbox-ladder-scan",  # never joins or commits: partitions are assigned
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

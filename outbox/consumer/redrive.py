@@ -25,6 +25,7 @@ from confluent_kafka import (
 )
 
 from ..errors import ConfigError, KafkaDeliveryError, KafkaUnavailableError
+from ..logs import with_librdkafka_log
 from .headers import DUE_AT, consumer_failure, headers_of
 from .tiers import client_config, retry_tier_name
 
@@ -64,7 +65,7 @@ def redrive_topic(
         KafkaUnavailableError: the cluster did not answer.
         KafkaDeliveryError: a republish failed; no progress was committed.
     """
-    base = client_config(config)
+    base = with_librdkafka_log(client_config(config))  # the reader and the republishing producer
     consumer = Consumer(
         {
             **base,

@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from ..errors import ConfigError, KafkaUnavailableError
+from ..logs import with_librdkafka_log
 from ..payload import MAX_TOPIC_LENGTH, topic_chars_ok
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def ensure_tiers(
         ConfigError: a main topic is missing, or tiers are missing and `create` is False.
         KafkaUnavailableError: the cluster did not answer within `timeout`.
     """
-    admin = AdminClient(dict(admin_config))
+    admin = AdminClient(with_librdkafka_log(admin_config))
     deadline = time.monotonic() + timeout
     try:
         md = admin.list_topics(timeout=timeout)

@@ -17,8 +17,9 @@ import logging
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
+
+from outbox.jars import JDBC, JDBC_DRIVER_JARS, MARKER, ArtifactSet, cached_jdbc_jar
 
 __all__ = [
     "JDBC",
@@ -36,50 +37,13 @@ KAFKA_VERSION = "4.1.1"
 """The Apache Kafka version the test cluster runs (pinned in ``pom.xml``)."""
 
 _log = logging.getLogger(__name__)
-_MARKER = ".complete"
 
 
 class MavenFetchError(RuntimeError):
     """An artifact set could not be fetched (no ``mvn``, no ``java``, or Maven failed)."""
 
 
-@dataclass(frozen=True)
-class ArtifactSet:
-    """A pinned set of jars: the pom that names them and where they are cached."""
-
-    name: str
-    version: str
-    pom: str
-    #: A glob that only a complete copy matches (checks the fetch really brought the jars).
-    probe: str
-
-    @property
-    def root(self) -> Path:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        return Path(base) / "kafka-outbox" / f"{self.name}-{self.version}"
-
-    @property
-    def libs(self) -> Path:
-        return self.root / "libs"
-
-    def is_cached(self) -> bool:
-        return (self.root / _MARKER).is_file() and self.libs.is_dir()
-
-
 KAFKA = ArtifactSet("kafka", KAFKA_VERSION, "pom.xml", "kafka_*.jar")
-JDBC = ArtifactSet("jdbc", "1", "jdbc-pom.xml", "postgresql-*.jar")
-
-#: The driver jar of each outbox kind inside the ``jdbc`` set (versions pinned in ``jdbc-pom.xml``).
-JDBC_DRIVER_JARS: dict[str, str] = {
-    "postgresql": "postgresql-42.7.14.jar",
-    "sqlite": "sqlite-jdbc-3.54.1.0.jar",
-}
-
-#: Debian's copies (libpostgresql-jdbc-java, libxerial-sqlite-jdbc-java), used when present.
-_DEBIAN_JARS: dict[str, tuple[str, ...]] = {
-    "postgresql": ("/usr/share/java/postgresql.jar",),
-    "sqlite": ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/xerial-sqlite-jdbc.jar"),
-}
 
 
 def fetch(artifacts: ArtifactSet, *, force: bool = False) -> Path:
@@ -110,7 +74,7 @@ def fetch(artifacts: ArtifactSet, *, force: bool = False) -> Path:
             raise MavenFetchError(
                 "Java was not found on PATH; Maven needs a JDK 17 (`apt-get install openjdk-17-jdk-headless`)."
             )
-        (root / _MARKER).unlink(missing_ok=True)
+        (root / MARKER).unlink(missing_ok=True)
         work = root / "fetch"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
@@ -138,21 +102,8 @@ def fetch(artifacts: ArtifactSet, *, force: bool = False) -> Path:
         shutil.rmtree(artifacts.libs, ignore_errors=True)
         tmp_libs.rename(artifacts.libs)
         shutil.rmtree(work, ignore_errors=True)
-        (root / _MARKER).write_text(f"{artifacts.name} {artifacts.version}\n")
+        (root / MARKER).write_text(f"{artifacts.name} {artifacts.version}\n")
         return artifacts.libs
-
-
-def cached_jdbc_jar(kind: str) -> str | None:
-    """The JDBC driver jar for an outbox ``kind`` (``postgresql`` or ``sqlite``) on this machine.
-
-    The Maven-fetched copy wins; Debian's package is used when that is all there is. None when
-    neither exists (nothing is downloaded here).
-    """
-    if JDBC.is_cached():
-        jar = JDBC.libs / JDBC_DRIVER_JARS[kind]
-        if jar.is_file():
-            return str(jar)
-    return next((p for p in _DEBIAN_JARS[kind] if Path(p).is_file()), None)
 
 
 def jdbc_jar(kind: str) -> str:

@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from ..consumer.tiers import client_config
 from ..errors import KafkaUnavailableError
+from ..logs import with_librdkafka_log
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,7 @@ def tier_lags(config: Mapping[str, Any], *, timeout: float = 10.0) -> list[TierL
     Raises:
         KafkaUnavailableError: the cluster did not answer within `timeout`.
     """
-    admin = AdminClient(client_config(config))
+    admin = AdminClient(with_librdkafka_log(client_config(config)))
     try:
         md = admin.list_topics(timeout=timeout).topics
         topics = set(md)
