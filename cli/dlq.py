@@ -44,7 +44,7 @@ def _check_to_topic(to_topic: str | None) -> None:
         raise CliError(f"--to-topic: {problem}", EXIT_USAGE)
 
 
-def _check_error(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def _check_error(value: str | None) -> str | None:
     """`--error` as the store matches it; a name that can match nothing is a usage error, not 'none found'."""
     matched = error_filter(value)
     if matched is None or matched.lstrip("+-").isdigit() or hasattr(KafkaError, matched) or "." in matched:
@@ -68,7 +68,6 @@ def filter_options(f: F) -> F:
     f = click.option(
         "--error",
         metavar="CODE|NAME",
-        callback=_check_error,
         help="Only dead letters that failed with this librdkafka error: a code (-192) or a name "
         "(_MSG_TIMED_OUT, MSG_SIZE_TOO_LARGE; case-insensitive), or a consumer's exception class "
         "(builtins.ValueError). `outbox status` lists the errors of an outbox's dead letters.",
@@ -99,7 +98,7 @@ def _filter(
     group: str | None = None,
 ) -> DeadLetterFilter:
     return DeadLetterFilter(
-        ids=tuple(ids), topic=topic, error=error, since=since, until=until, limit=limit, group=group
+        ids=tuple(ids), topic=topic, error=_check_error(error), since=since, until=until, limit=limit, group=group
     )
 
 

@@ -147,7 +147,7 @@ def test_every_command_has_help_with_examples(args: list[str]) -> None:
     assert "outbox " in result.output
     if args != ["dlq"]:
         assert "Exit codes:" in result.output
-        for code in ("0 ", "1 ", "2 ", "3 "):
+        for code in ("0 ", "1 ", "2 ", "3 ", "4 ", "130"):
             assert f"\n    {code}" in result.output
 
 
@@ -362,11 +362,13 @@ def test_dlq_show_forced_encoding_and_json(db: tuple[str, SQLiteOutbox]) -> None
     assert doc["first_failed_at"].endswith("Z") and doc["last_error"] == TIMED_OUT
 
 
-def test_dlq_show_pending_message(db: tuple[str, SQLiteOutbox]) -> None:
-    path, _ = db
-    out = run("dlq", "show", "1", "--outbox", path).stdout
-    assert "status        pending\n" in out and "next attempt  now\n" in out
-    assert out.endswith("value (utf-8, 7 bytes):\norder-1\n")
+def test_dlq_show_refuses_a_pending_message(db: tuple[str, SQLiteOutbox]) -> None:
+    path, store = db
+    result = run("dlq", "show", "1", "--outbox", path)
+    assert result.exit_code == 1
+    assert one_error_line(result) == "message 1 is pending, not a dead letter (`outbox status` shows what is pending)"
+    assert result.stdout == ""
+    assert store.get(1).status is Status.PENDING
 
 
 def test_dlq_show_unknown_id(db: tuple[str, SQLiteOutbox]) -> None:
@@ -618,12 +620,14 @@ def test_drain_unreachable_cluster_leaves_everything_pending(db: tuple[str, SQLi
         env={"KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"},
     )
     assert result.exit_code == 3
-    line = one_error_line(result)
-    assert line.startswith(f"cannot reach Kafka: no Kafka broker answered at 127.0.0.1:{port} within 1s (")
-    assert line.endswith(f"nothing was sent, 3 message(s) stay pending in sqlite:///{path}")
     assert "TopSecret99" not in result.output
     assert "%3|" not in result.output  # librdkafka's connection-refused log lines are not shown
-    assert result.stdout == ""
+    assert result.stderr == ""  # with --json the error is the document on stdout
+    error = json.loads(result.stdout)["error"]
+    assert error["type"] == "pending" and error["exit_code"] == 3
+    assert error["message"].startswith(f"cannot reach Kafka: no Kafka broker answered at 127.0.0.1:{port} within 1s (")
+    assert error["message"].endswith(f"nothing was sent, 3 message(s) stay pending in sqlite:///{path}")
+    assert "TopSecret99" not in result.stdout
     st = store.stats(now=time.time())
     assert (st.pending, st.dead, st.leased) == (3, 3, 0)
     assert [m.attempts for m in (store.get(1), store.get(2), store.get(3))] == [0, 0, 0]

@@ -8,6 +8,7 @@ outbox; drain points at a closed port, so it stops at its cluster check.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import time
@@ -170,7 +171,10 @@ def test_cli_never_shows_a_traceback(template: Path, work: Path, data: st.DataOb
     assert exc is None or isinstance(exc, SystemExit), (argv, repr(exc), result.output)
     assert result.exit_code in EXIT_CODES, (argv, result.exit_code, result.output)
     assert "Traceback" not in result.output, (argv, result.output)
-    if result.exit_code not in (0, 3):
+    if result.exit_code not in (0, 3) and "--json" in (argv[: argv.index("--")] if "--" in argv else argv):
+        # With --json the error is the JSON document on stdout.
+        assert json.loads(result.stdout)["error"]["exit_code"] == result.exit_code, (argv, result.output)
+    elif result.exit_code not in (0, 3):
         # click's usage errors and ours both end with "Error: <one line>" (which may itself hold
         # a generated line-break character, so no line splitting here).
         assert "Error: " in result.stderr or "Aborted" in result.stderr, (argv, result.stderr)

@@ -1,0 +1,88 @@
+"""`python -m spark_drain`'s command line: the shared exit codes, its hints, its --help.
+
+No Spark session is started: every case here ends in the pre-flight checks or before them.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from outbox import exitcodes
+from outbox.jars import JDBC, cached_jdbc_jar
+from outbox.stores import SQLiteOutbox
+from outbox.urls import parse_url
+from spark_drain import main
+from spark_drain.options import build_parser
+
+
+@pytest.fixture
+def outbox(tmp_path: Path) -> str:
+    path = tmp_path / "outbox.db"
+    SQLiteOutbox(str(path)).close()
+    return f"sqlite:///{path}"
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_bad_value_is_a_usage_error(outbox: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--outbox", outbox, "-b", "k:9092", "--partitions", "0"]) == exitcodes.USAGE
+    assert capsys.readouterr().err == "spark_drain: error: --partitions must be at least 1, got 0\n"
+
+
+def test_an_unknown_flag_is_a_usage_error(outbox: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--outbox", outbox, "-b", "k:9092", "--no-such-flag"])
+    assert exc.value.code == exitcodes.USAGE
+
+
+def test_a_missing_outbox_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.db"
+    assert main(["--outbox", f"sqlite:///{missing}", "-b", "k:9092"]) == exitcodes.ERROR
+    assert capsys.readouterr().err == f"spark_drain: error: outbox file {missing} does not exist\n"
+    assert not missing.exists()
+
+
+def test_an_unreachable_cluster_leaves_the_rows_pending(outbox: str) -> None:
+    """Exit 3, as `outbox drain`: nothing was sent; and librdkafka's lines stay off stderr."""
+    port = closed_port()
+    proc = subprocess.run(
+        [sys.executable, "-m", "spark_drain", "--outbox", outbox, "-b", f"127.0.0.1:{port}", "--check-timeout", "1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == exitcodes.PENDING
+    assert proc.stderr.startswith(f"spark_drain: error: no Kafka broker answered at 127.0.0.1:{port} within 1s (")
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stdout == ""
+
+
+def test_without_pyspark_the_error_says_how_to_install_it(outbox: str) -> None:
+    # PySpark made unimportable for this one process (None in sys.modules: `import pyspark` fails).
+    program = "import sys; sys.modules['pyspark'] = None; from spark_drain import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", program, "--outbox", outbox, "-b", "k:9092", "--dry-run"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == exitcodes.ERROR
+    assert proc.stderr == "spark_drain: error: PySpark is not installed: pip install 'kafka-outbox[spark]'\n"
+
+
+def test_help_names_the_default_jar_the_job_really_uses(outbox: str) -> None:
+    from spark_drain.read import default_jars
+
+    text = " ".join(build_parser().format_help().split())
+    assert f"the URL's driver in {JDBC.libs}" in text
+    assert "Debian's" in text and "/usr/share/java" in text
+    found = cached_jdbc_jar("sqlite")
+    assert found is not None, "no SQLite JDBC jar: run `python -m outbox.testing fetch`"
+    assert default_jars(parse_url(outbox)) == found
+    if JDBC.is_cached():
+        assert found.startswith(str(JDBC.libs))
