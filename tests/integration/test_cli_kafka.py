@@ -400,3 +400,34 @@ def test_producer_without_drain_workers_resumes_the_fast_path_after_an_external_
         assert producer.close(timeout=30) == 0
     got = consume(kafka_bootstrap, topic, 4, timeout=30)
     assert [m.value() for m in got] == [b"first", b"stored", b"behind", b"direct"]
+
+
+def test_json_errors_and_exit_codes_of_the_installed_script(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The table of outbox.exitcodes, with --json errors on stdout, from the real console script."""
+    db = str(tmp_path / "app.db")
+    SQLiteOutbox(db).enqueue([NewMessage(topic="orders", value=b"v", msg_id="m1")])
+    port = closed_port()
+
+    def error_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+        assert proc.stderr == "", proc.stderr  # nothing else: no Error: line, no raw librdkafka line
+        error: dict[str, Any] = json.loads(proc.stdout)["error"]
+        assert error["exit_code"] == proc.returncode
+        return error
+
+    drain = outbox_cli("drain", "--outbox", db, "-b", f"127.0.0.1:{port}", "--connect-timeout", "2", "--json")
+    assert drain.returncode == 3 and error_of(drain)["type"] == "pending"
+
+    gone = outbox_cli("dlq", "replay-topic", "orders.g.dlq", "-b", f"127.0.0.1:{port}", "--timeout", "2", "--json")
+    assert gone.returncode == 4 and error_of(gone)["type"] == "kafka_unavailable"
+
+    missing = "no-such-dlq-" + uuid.uuid4().hex[:6]
+    absent = outbox_cli("dlq", "replay-topic", missing, "-b", kafka_bootstrap, "--json")
+    assert absent.returncode == 2
+    assert error_of(absent) == {"type": "usage", "message": f"topic {missing!r} does not exist", "exit_code": 2}
+
+    pending = outbox_cli("dlq", "show", "1", "--outbox", db, "--json")
+    assert pending.returncode == 1
+    assert error_of(pending)["message"].startswith("message 1 is pending, not a dead letter")
+
+    bad = outbox_cli("dlq", "list", "--outbox", db, "--error", "NOT_A_CODE", "--json")
+    assert bad.returncode == 2 and "'NOT_A_CODE' is not a librdkafka error code or name" in error_of(bad)["message"]
