@@ -37,6 +37,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from .headers import ID_HEADER, for_resend, resent_once
+from .logs import with_librdkafka_log
 from .records import Headers
 from .retry import UNREACHABLE_CODES, RetryPolicy
 from .settle import DELIVERED, Decision, Verdict, settle
@@ -145,8 +146,9 @@ class _Reports:
 
 def resend_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """A re-sending producer's settings: `RESEND_DEFAULTS`, then `config`, then what the loop
-    needs (only-error reports, no `on_delivery`, a linger of at least `RESEND_MIN_LINGER_MS`)."""
-    out = {**RESEND_DEFAULTS, **config}
+    needs (only-error reports, no `on_delivery`, a linger of at least `RESEND_MIN_LINGER_MS`) and,
+    unless `config` names one, `LIBRDKAFKA_LOG` as its logger."""
+    out = {**RESEND_DEFAULTS, **with_librdkafka_log(config)}
     out.pop("on_delivery", None)
     out["delivery.report.only.error"] = True  # see the module doc
     lingers = [out.pop(k) for k in ("queue.buffering.max.ms", "linger.ms") if k in out]

@@ -130,6 +130,15 @@ CLIENTS: dict[str, str] = {
         time.sleep(6)
         p.close(timeout=3)
     """,
+    "re-sender (spark_drain's executors)": """
+        from outbox.retry import RetryPolicy
+        from outbox.sendloop import SendLoop
+        loop = SendLoop({"bootstrap.servers": BOOTSTRAP}, RetryPolicy())
+        loop.producer.produce("orders", b"v")
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            loop.producer.poll(0.5)
+    """,
     "drain process": """
         from outbox import ResilientProducer
         p = ResilientProducer({"bootstrap.servers": BOOTSTRAP, "message.timeout.ms": 2000},
@@ -188,6 +197,7 @@ CLIENTS: dict[str, str] = {
 #: What each program ends with: its exit code and a line it prints (the outage was really met).
 EXPECTED: dict[str, tuple[int, str]] = {
     "producer and drain workers": (0, ""),
+    "re-sender (spark_drain's executors)": (0, ""),
     "drain process": (0, ""),
     "consumer tier admin client": (0, "unavailable: could not read the cluster's topics"),
     "ladder reader": (0, "unavailable:"),
