@@ -5,6 +5,12 @@ A message goes to librdkafka with the id header and one small object its failure
 call on the delivery thread. A failure is settled (`outbox.settle`) and the message is stored
 for the drain, stored to be re-sent alone, or dead-lettered. `enable_retry=False` messages are
 sent here too, and their failures only reported.
+
+Record timestamps: a message goes to librdkafka with the one given to produce(), or 0, which
+librdkafka stamps with the time of the call. A failure report does not say what it stamped
+(`Message.timestamp()` is "not available" for a failed message), but it does say how long ago
+the message was produced (`Message.latency()`), so a failed message is stored with report time
+less latency: the time of its produce() call, with no clock read per message on the way out.
 """
 
 from __future__ import annotations
@@ -72,39 +78,45 @@ class FirstSend:
 
     def send(
         self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
-        cb: DeliveryCallback | None, app_headers: bool,
+        cb: DeliveryCallback | None, app_headers: bool, timestamp: int,
     ) -> None:
         """Send a message for the first time (`app_headers`: `hdrs` holds the application's
-        headers, not only the id). Stored instead if librdkafka's queue stays full."""
-        report = _Report(self, msg_id, hdrs if app_headers else None, cb, partition)
+        headers, not only the id; `timestamp`: produce()'s, 0 for now). Stored instead if
+        librdkafka's queue stays full."""
+        report = _Report(self, msg_id, hdrs if app_headers else None, cb, partition, timestamp)
         link = self._link
         try:
             try:
-                link.kafka.produce(topic, value, key, partition, report, None, 0, hdrs)  # type: ignore[arg-type]
+                link.kafka.produce(topic, value, key, partition, report, None, timestamp, hdrs)  # type: ignore[arg-type]
             except BufferError:
+                # The produce() call's time, before a wait for room that may be long.
+                timestamp = timestamp or int(time.time() * 1000)
                 # The same call again, as a closure made only when the queue is full: the common
                 # path makes no closure per message.
                 if not link.when_queue_has_room(
                     lambda: link.kafka.produce(
-                        topic, value, key, partition, report, None, 0, hdrs  # type: ignore[arg-type]
+                        topic, value, key, partition, report, None, timestamp, hdrs  # type: ignore[arg-type]
                     )
                 ):
                     raise
             link.handed.add()
         except BufferError:
-            self._spill.store_unsent(topic, value, key, hdrs, partition, msg_id, cb, NOT_SENT_QUEUE_FULL, wait=True)
+            self._spill.store_unsent(
+                topic, value, key, hdrs, partition, msg_id, cb, NOT_SENT_QUEUE_FULL, timestamp, wait=True
+            )
         except KafkaException as exc:
-            self.failed_send(exc.args[0], topic, value, key, hdrs, partition, msg_id, cb, None)
+            self.failed_send(exc.args[0], topic, value, key, hdrs, partition, msg_id, cb, None, timestamp)
 
     def send_unprotected(
-        self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, cb: DeliveryCallback | None
+        self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, cb: DeliveryCallback | None,
+        timestamp: int,
     ) -> None:
         """enable_retry=False: Kafka or nothing; failures go to `cb` only."""
         report = functools.partial(self._on_unprotected_report, cb)
         link = self._link
 
         def send() -> None:
-            link.kafka.produce(topic, value, key, partition, report, None, 0, hdrs)  # type: ignore[arg-type]
+            link.kafka.produce(topic, value, key, partition, report, None, timestamp, hdrs)  # type: ignore[arg-type]
 
         try:
             try:
@@ -131,10 +143,11 @@ class FirstSend:
             return
         produce = self._link.kafka.produce
         for i, (msg, cb) in enumerate(held):
-            report = _Report(self, msg.msg_id, msg.headers, cb, msg.partition)
+            report = _Report(self, msg.msg_id, msg.headers, cb, msg.partition, msg.timestamp)
             try:
                 produce(
-                    msg.topic, msg.value, msg.key, msg.partition, report, None, 0, msg.headers  # type: ignore[arg-type]
+                    msg.topic, msg.value, msg.key, msg.partition, report, None, msg.timestamp,
+                    msg.headers,  # type: ignore[arg-type]
                 )
                 self._link.handed.add()
             except BufferError:  # no waiting under the lock: the delivery thread may need it
@@ -142,7 +155,8 @@ class FirstSend:
                 return
             except KafkaException as exc:
                 self.failed_send(
-                    exc.args[0], msg.topic, msg.value, msg.key, msg.headers or [], msg.partition, msg.msg_id, cb, None
+                    exc.args[0], msg.topic, msg.value, msg.key, msg.headers or [], msg.partition, msg.msg_id, cb, None,
+                    msg.timestamp,
                 )
                 self._spill.store_held(key, held[i + 1 :])
                 return
@@ -158,14 +172,20 @@ class FirstSend:
             hdrs = r.headers
         else:
             hdrs = [(self._id_header, r.msg_id.encode())] if self._id_header is not None else []
-        self.failed_send(err, msg.topic() or "", msg.value(), msg.key(), hdrs, r.partition, r.msg_id, r.cb, msg)
+        self.failed_send(
+            err, msg.topic() or "", msg.value(), msg.key(), hdrs, r.partition, r.msg_id, r.cb, msg, r.timestamp
+        )
 
     def failed_send(
         self, err: KafkaError, topic: str, value: Any, key: Any, hdrs: Headers, partition: int,
-        msg_id: str, cb: DeliveryCallback | None, msg: Message | None,
+        msg_id: str, cb: DeliveryCallback | None, msg: Message | None, timestamp: int,
     ) -> None:
-        """A first send failed: outbox it (retriable) or dead-letter it (permanent)."""
+        """A first send failed: outbox it (retriable) or dead-letter it (permanent). `timestamp`:
+        the one produce() was given, 0 if none (then the time of the produce() call, module doc)."""
         now = time.time()
+        if not timestamp:
+            latency = msg.latency() if msg is not None else None  # seconds since produce(); -1: unknown
+            timestamp = int((now - latency if latency is not None and latency >= 0 else now) * 1000)
         # msg None: refused by produce() itself, so the message alone is at fault.
         d = settle(_FIRST_SEND, err, self._retry, now, alone=msg is None)
         if d.recreate_producer:
@@ -173,18 +193,20 @@ class FirstSend:
         k, v = as_bytes(key), as_bytes(value)
         if d.verdict is Verdict.RELEASE:  # never sent: stored due now, no attempt counted
             self._spill.store(
-                NewMessage(topic, v, k, hdrs, partition, msg_id, 0, None, d.error, now, d.code, d.name), cb
+                NewMessage(topic, v, k, hdrs, partition, msg_id, 0, None, d.error, now, d.code, d.name, timestamp), cb
             )
             return
         if d.verdict is Verdict.RESEND_ALONE:
             # The broker refused the record batch it was in: maybe another message's fault.
             # Stored due now; a drain worker re-sends it alone and dead-letters it only if it
             # fails on its own.
-            alone = NewMessage(topic, v, k, hdrs, partition, msg_id, 1, now, d.error, now, d.code, d.name)
+            alone = NewMessage(topic, v, k, hdrs, partition, msg_id, 1, now, d.error, now, d.code, d.name, timestamp)
             self._spill.store(alone, cb)
             self._wake_drain()
             return
-        failed = NewMessage(topic, v, k, hdrs, partition, msg_id, d.attempts, now, d.error, d.at or now, d.code, d.name)
+        failed = NewMessage(
+            topic, v, k, hdrs, partition, msg_id, d.attempts, now, d.error, d.at or now, d.code, d.name, timestamp
+        )
         if d.verdict is Verdict.DEAD_LETTER:
             self._writer.add_dead(failed, cb)
             return
@@ -209,16 +231,18 @@ class _Report:
     where a functools.partial holding the list and its tuple cost 2.9 µs.
     """
 
-    __slots__ = ("first", "msg_id", "headers", "cb", "partition")
+    __slots__ = ("first", "msg_id", "headers", "cb", "partition", "timestamp")
 
     def __init__(
         self, first: FirstSend, msg_id: str, headers: Headers | None, cb: DeliveryCallback | None, partition: int,
+        timestamp: int,
     ) -> None:
         self.first = first
         self.msg_id = msg_id
         self.headers = headers  # None: the id header alone (rebuilt on failure)
         self.cb = cb
         self.partition = partition
+        self.timestamp = timestamp  # given to produce(); 0: librdkafka's (a failure: its latency)
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
         self.first.on_report(self, err, msg)

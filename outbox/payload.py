@@ -65,6 +65,15 @@ def check_partition(partition: Any) -> int:
     return int(partition)
 
 
+def check_timestamp(timestamp: Any) -> int:
+    """A record timestamp given to produce(): ms since the epoch, 0 for none (librdkafka's now)."""
+    if timestamp.__class__ is not int or not 0 <= timestamp <= 0x7FFFFFFFFFFFFFFF:  # Kafka: int64
+        raise ConfigError(
+            f"timestamp must be an int of milliseconds since the epoch (0: none), got {timestamp!r}"
+        )
+    return int(timestamp)
+
+
 def as_bytes(v: Any) -> bytes | None:
     """A checked payload as the bytes sent and stored (str as UTF-8)."""
     if v is None or isinstance(v, bytes):

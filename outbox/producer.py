@@ -33,7 +33,16 @@ from .headers import ID_HEADER, IdGenerator
 from .link import KafkaLink
 from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
-from .payload import BYTES_LIKE, KNOWN_TOPICS, as_bytes, check_partition, check_payload, check_topic, normalize_headers
+from .payload import (
+    BYTES_LIKE,
+    KNOWN_TOPICS,
+    as_bytes,
+    check_partition,
+    check_payload,
+    check_timestamp,
+    check_topic,
+    normalize_headers,
+)
 from .records import Headers, NewMessage, StoreStats
 from .retry import RetryPolicy
 from .serialization import Serializer, Serializers
@@ -260,6 +269,7 @@ class ResilientProducer:
         enable_retry: bool = True,
         *,
         transaction: Any = None,
+        timestamp: int = 0,
     ) -> str:
         """Send a message to Kafka, or store it in the outbox if Kafka cannot take it now.
 
@@ -283,6 +293,8 @@ class ResilientProducer:
             transaction: a psycopg connection with an open transaction (PostgreSQL outbox
                 only): the message is written to the outbox inside it, so it exists if and only
                 if the caller's transaction commits; drain workers deliver it.
+            timestamp: the record timestamp, ms since the epoch; 0 (default): the time of this
+                call. Every send of the message, from the outbox too, carries it.
 
         Returns:
             The message id (the `outbox-id` header value).
@@ -302,31 +314,33 @@ class ResilientProducer:
         if key is not None and not isinstance(key, BYTES_LIKE):
             check_payload("key", key)
         partition = -1 if partition is None else check_partition(partition)
+        if timestamp:
+            check_timestamp(timestamp)
         hdrs: Headers = normalize_headers(headers) if headers is not None else []
         msg_id = self._next_id()
         if self._id_header is not None:
             hdrs.append((self._id_header, msg_id.encode()))
 
         if transaction is not None:
-            self._enqueue_in_transaction(transaction, topic, value, key, hdrs, partition, msg_id)
+            self._enqueue_in_transaction(transaction, topic, value, key, hdrs, partition, msg_id, timestamp)
             return msg_id
         if self.mode == "write-ahead" and enable_retry:
-            self._write_ahead.write(topic, value, key, hdrs, partition, msg_id, on_delivery)
+            self._write_ahead.write(topic, value, key, hdrs, partition, msg_id, on_delivery, timestamp)
             return msg_id
         if not enable_retry:
-            self._first.send_unprotected(topic, value, key, hdrs, partition, on_delivery)
+            self._first.send_unprotected(topic, value, key, hdrs, partition, on_delivery, timestamp)
             return msg_id
         # Key first: a message that must queue behind its key is no use as the circuit's probe.
         if self._backlog.pending and key is not None and self._spill.key_waits(
-            topic, key, value, hdrs, partition, msg_id, on_delivery
+            topic, key, value, hdrs, partition, msg_id, on_delivery, timestamp
         ):
             return msg_id
         if not self.circuit.closed and not self._may_probe(key):
             self._spill.store_unsent(
-                topic, value, key, hdrs, partition, msg_id, on_delivery, NOT_SENT_CIRCUIT_OPEN, wait=True
+                topic, value, key, hdrs, partition, msg_id, on_delivery, NOT_SENT_CIRCUIT_OPEN, timestamp, wait=True
             )
             return msg_id
-        self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, headers is not None)
+        self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, headers is not None, timestamp)
         return msg_id
 
     def poll(self, timeout: float = 0) -> int:
@@ -446,12 +460,17 @@ class ResilientProducer:
         return self.circuit.allow_probe()
 
     def _enqueue_in_transaction(
-        self, conn: Any, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str
+        self, conn: Any, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
+        timestamp: int,
     ) -> None:
         enqueue = getattr(self.store, "enqueue_in_transaction", None)
         if enqueue is None:
             raise ConfigError("transaction= needs a PostgreSQL outbox (postgresql:// or jdbc:postgresql:// URL)")
-        msg = NewMessage(topic, as_bytes(value), as_bytes(key), hdrs, partition, msg_id, 0, None, None, time.time())
+        now = time.time()
+        msg = NewMessage(
+            topic, as_bytes(value), as_bytes(key), hdrs, partition, msg_id, 0, None, None, now, None, None,
+            timestamp or int(now * 1000),
+        )
         enqueue(conn, [msg])
         # Not counted as "outboxed": the row exists only if the caller commits, which we cannot see.
         self._in_transaction += 1

@@ -34,6 +34,9 @@ class NewMessage(NamedTuple):
     next_attempt_at: float = 0.0
     error_code: int | None = None  # librdkafka code of last_error (None: no failure yet)
     error_name: str | None = None  # librdkafka name of that code, e.g. "_MSG_TIMED_OUT"
+    #: The record timestamp, ms since the epoch: the one given to produce(), else the time of the
+    #: first produce() call; every re-send sends it. 0: unknown (sent as librdkafka's now).
+    timestamp: int = 0
 
 
 class OutboxMessage(NamedTuple):
@@ -59,6 +62,7 @@ class OutboxMessage(NamedTuple):
     last_error: str | None
     error_code: int | None = None
     error_name: str | None = None
+    timestamp: int = 0  # the record timestamp, ms since the epoch (0: unknown), as `NewMessage`'s
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,7 @@ class DeadLetter:
         first_failed_at, last_failed_at: epoch seconds.
         last_error: the error that ended it, as "NAME (code): reason" (for people).
         error_code, error_name: that error's librdkafka code and name (for programs).
+        timestamp: the record timestamp, ms since the epoch (0: unknown).
     """
 
     id: int
@@ -88,6 +93,7 @@ class DeadLetter:
     msg_id: str = ""
     error_code: int | None = None
     error_name: str | None = None
+    timestamp: int = 0
 
     @classmethod
     def from_row(cls, row: OutboxMessage) -> DeadLetter:
@@ -105,6 +111,7 @@ class DeadLetter:
             msg_id=row.msg_id,
             error_code=row.error_code,
             error_name=row.error_name,
+            timestamp=row.timestamp,
         )
 
 

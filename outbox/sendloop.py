@@ -89,6 +89,8 @@ class Stored(Protocol):
     def first_failed_at(self) -> float | None: ...
     @property
     def last_error(self) -> str | None: ...
+    @property
+    def timestamp(self) -> int: ...
 
 
 R = TypeVar("R", bound=Stored)
@@ -281,9 +283,11 @@ class SendLoop:
             while True:
                 try:
                     # Positional (see the module doc): (topic, value, key, partition, on_delivery,
-                    # callback, timestamp, headers); partition -1 and timestamp 0 are the defaults.
+                    # callback, timestamp, headers); partition -1 is the default. The row's record
+                    # timestamp is its first produce()'s (0 for rows stored without one: now).
                     produce(
-                        row.topic, row.value, row.key, row.partition, cb, None, 0, resend_headers(row)  # type: ignore[arg-type]
+                        row.topic, row.value, row.key, row.partition, cb, None, row.timestamp,
+                        resend_headers(row),  # type: ignore[arg-type]
                     )
                     break
                 except BufferError:

@@ -94,7 +94,7 @@ class Spill:
 
     def key_waits(
         self, topic: str, key: Any, value: Any, hdrs: Headers, partition: int, msg_id: str,
-        cb: DeliveryCallback | None,
+        cb: DeliveryCallback | None, timestamp: int,
     ) -> bool:
         """If this key has a message in the outbox, store this one behind it and return True.
 
@@ -111,17 +111,18 @@ class Spill:
         with backlog.lock:
             if (topic, k) not in backlog.pending:
                 return False
-            msg = unsent_row(topic, value, k, hdrs, partition, msg_id, NOT_SENT_KEY_WAITS)
+            msg = unsent_row(topic, value, k, hdrs, partition, msg_id, NOT_SENT_KEY_WAITS, timestamp)
             if not backlog.hold((topic, k), (msg, cb)):  # held while the key is handed back
                 self.queue(msg, cb)
             return True
 
     def store_unsent(
         self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
-        cb: DeliveryCallback | None, why: str, *, wait: bool = False,
+        cb: DeliveryCallback | None, why: str, timestamp: int, *, wait: bool = False,
     ) -> None:
-        """Store a message that was not sent (`why`: a `NOT_SENT_*`): due at once."""
-        self.store(unsent_row(topic, value, key, hdrs, partition, msg_id, why), cb, wait=wait)
+        """Store a message that was not sent (`why`: a `NOT_SENT_*`): due at once. `timestamp`: the
+        one given to produce(), or 0 for now."""
+        self.store(unsent_row(topic, value, key, hdrs, partition, msg_id, why, timestamp), cb, wait=wait)
 
     def store(self, msg: NewMessage, cb: DeliveryCallback | None, *, wait: bool = False) -> None:
         """Queue a message for the outbox (held back while the circuit has just opened).
@@ -186,14 +187,18 @@ class Spill:
                 self._writer.add_new(msg)
 
 
-def unsent_row(topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str, why: str) -> NewMessage:
-    """The row of a message that was not sent: due at once, `why` (a `NOT_SENT_*`) as its last error."""
+def unsent_row(
+    topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str, why: str, timestamp: int
+) -> NewMessage:
+    """The row of a message that was not sent: due at once, `why` (a `NOT_SENT_*`) as its last error,
+    stamped `timestamp`, or now (the produce() call's time) if that is 0."""
     now = time.time()
     # Built as the tuple it is: NamedTuple's generated __new__ is a Python call (0.5 µs of a
     # key-waits path that every message of a recovering key takes); bytes skip as_bytes().
     return _new_tuple(NewMessage, (
         topic, value if value.__class__ is bytes else as_bytes(value),
         key if key.__class__ is bytes else as_bytes(key), hdrs, partition, msg_id, 0, None, why, now, None, None,
+        timestamp or int(now * 1000),
     ))
 
 

@@ -88,16 +88,19 @@ class WriteAhead:
 
     def write(
         self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
-        cb: DeliveryCallback | None,
+        cb: DeliveryCallback | None, timestamp: int,
     ) -> None:
-        """Queue a message for the outbox; raises the commit's StoreError with durability "sync"."""
+        """Queue a message for the outbox; raises the commit's StoreError with durability "sync".
+        `timestamp`: the one given to produce(), or 0 for now."""
         now = time.time()
         kb = as_bytes(key)
         # Sent by us after the commit unless Kafka is known down or the key must wait.
         send_now = self._circuit.closed and not (kb is not None and (topic, kb) in self._backlog.pending)
         # Built as the tuple it is: NamedTuple's generated __new__ is a Python call (0.2 µs).
         msg = _new_tuple(
-            NewMessage, (topic, as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now, None, None)
+            NewMessage,
+            (topic, as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now, None, None,
+             timestamp or int(now * 1000)),
         )
         if send_now:
             batch = self._writer.add_new(msg, cb, leased=True, wait=True)
@@ -129,7 +132,8 @@ class WriteAhead:
             while True:
                 try:
                     produce(
-                        msg.topic, msg.value, msg.key, msg.partition, report, None, 0, msg.headers  # type: ignore[arg-type]
+                        msg.topic, msg.value, msg.key, msg.partition, report, None, msg.timestamp,
+                        msg.headers,  # type: ignore[arg-type]
                     )
                     handed()
                     break

@@ -33,6 +33,7 @@ COLUMNS = (
     "attempts",
     "first_failed_at",
     "last_error",
+    "timestamp",
 )
 
 

@@ -74,6 +74,7 @@ class _Row(NamedTuple):
     attempts: int
     first_failed_at: float | None
     last_error: str | None
+    timestamp: int  # the record timestamp, ms (0: unknown)
 
 
 class PartitionSender:
@@ -126,13 +127,13 @@ class PartitionSender:
         try:
             chunk: list[_Row] = []
             for r in rows:
-                (id_, msg_id, topic, key, value, headers, part, attempts, first_failed_at, last_error) = r
+                (id_, msg_id, topic, key, value, headers, part, attempts, first_failed_at, last_error, stamp) = r
                 self._count(topic, 0)
                 if key is not None and (topic, key) in self.failed_keys:
                     continue  # stays pending, untouched: its key must wait for the failed row
                 chunk.append(
                     _Row(id_, msg_id, topic, key, value, decode_headers(headers),
-                         -1 if part is None else part, attempts, first_failed_at, last_error)
+                         -1 if part is None else part, attempts, first_failed_at, last_error, stamp or 0)
                 )
                 if len(chunk) >= self.cfg.mark_batch:
                     self._send(loop, chunk)

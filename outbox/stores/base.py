@@ -25,14 +25,14 @@ from ..records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, S
 #: The row columns every backend selects, in the order `row_from_columns` reads them.
 COLUMNS = (
     "id, msg_id, topic, key, value, headers, partition, status, attempts, created_at, "
-    "first_failed_at, last_failed_at, next_attempt_at, last_error, error_code, error_name"
+    "first_failed_at, last_failed_at, next_attempt_at, last_error, error_code, error_name, timestamp"
 )
 
 #: The columns `insert_values` fills, in its order (both backends insert exactly these).
 INSERT_COLUMNS = (
     "msg_id", "topic", "key", "value", "headers", "partition", "status", "attempts", "created_at",
     "first_failed_at", "last_failed_at", "next_attempt_at", "last_error", "error_code", "error_name",
-    "lease_owner",
+    "lease_owner", "timestamp",
 )
 
 
@@ -44,7 +44,7 @@ def row_from_columns(r: Sequence[Any]) -> OutboxMessage:
         None if key is None else bytes(key),
         None if value is None else bytes(value),
         decode_headers(None if headers is None else bytes(headers)),
-        r[6], _STATUS[r[7]], r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15],
+        r[6], _STATUS[r[7]], r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15], r[16],
     )
 
 
@@ -63,6 +63,7 @@ def insert_values(
       first failure for a pending row that failed once, None for a row never sent.
     * next_attempt_at: when it is due; a row born leased is due when its lease ends.
     * error_code / error_name: the librdkafka code and name of `last_error`.
+    * timestamp: the record timestamp every send of the row carries (ms; 0: unknown).
     """
     dead = status is Status.DEAD
     first = m.first_failed_at if m.first_failed_at is not None or not dead else now
@@ -74,7 +75,7 @@ def insert_values(
     return (
         m.msg_id, m.topic, m.key, m.value, encode_headers(m.headers), m.partition, int(status), m.attempts,
         now, first, last, due, m.last_error, m.error_code, m.error_name,
-        lease_owner if lease_owner is not None and lease_until is not None else None,
+        lease_owner if lease_owner is not None and lease_until is not None else None, m.timestamp,
     )
 
 

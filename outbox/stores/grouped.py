@@ -18,7 +18,9 @@ and `keys` (its distinct keys: `k` and the key in hex, each between NUL bytes, s
 substring search finds exactly one key and never part of another). `key`, `value` and `headers` are NULL.
 
 Body, per message: a fixed head (`_HEAD`) then key, value, encoded headers, msg_id, last_error
-and error_name, each as long as its head says (-1: None). A headers length of -2 stands for
+and error_name, each as long as its head says (-1: None). The head ends with the record
+timestamp (ms); bodies written at schema version 5 have none, and the store's migration to
+version 6 rewrites them (`upgrade_v5`), with timestamp 0. A headers length of -2 stands for
 "the `outbox-id` header alone, its value the msg_id": what the producer stores for a message
 sent without headers of its own, so neither encoded nor decoded per message.
 """
@@ -39,8 +41,9 @@ GROUP_MAX = 1000
 
 # key, value, headers, last_error lengths (-1: None); msg_id, error_name lengths (error_name -1:
 # None); partition; attempts; error_code; whether there is an error code; first_failed_at (NaN:
-# None); next_attempt_at.
-_HEAD = struct.Struct(">iiiiHhiiiBdd")
+# None); next_attempt_at; timestamp (ms, 0: unknown).
+_HEAD = struct.Struct(">iiiiHhiiiBddq")
+_HEAD_V5 = struct.Struct(">iiiiHhiiiBdd")  # the head without the timestamp (schema version 5)
 _NAN = float("nan")
 _ID_ALONE = -2  # headers length: [(ID_HEADER, msg_id)]
 
@@ -69,7 +72,7 @@ def encode(messages: Sequence[NewMessage]) -> tuple[bytes, bytes | None]:
                 -1 if k is None else len(k), -1 if v is None else len(v), lh,
                 -1 if e is None else len(e), len(i), -1 if n is None else len(n),
                 m.partition, m.attempts, code or 0, code is not None,
-                _NAN if first is None else first, m.next_attempt_at,
+                _NAN if first is None else first, m.next_attempt_at, m.timestamp,
             )
         )
         if k:
@@ -101,7 +104,7 @@ def decode(body: bytes, group_id: int, topic: str, created_at: float) -> list[Ou
     # call per message (a drain decodes every message it sends).
     new, cls = tuple.__new__, OutboxMessage
     while pos < end:
-        lk, lv, lh, le, li, ln, part, attempts, code, has_code, first, due = unpack(body, pos)
+        lk, lv, lh, le, li, ln, part, attempts, code, has_code, first, due, ts = unpack(body, pos)
         pos += size
         key = value = None
         if lk >= 0:
@@ -133,7 +136,7 @@ def decode(body: bytes, group_id: int, topic: str, created_at: float) -> list[Ou
         add(
             new(cls, (
                 mid, msg_id, topic, key, value, headers, part, pending, attempts, created_at, first_failed,
-                first_failed if attempts else None, due, error, code if has_code else None, name,
+                first_failed if attempts else None, due, error, code if has_code else None, name, ts,
             ))
         )
     return out
@@ -143,8 +146,27 @@ def as_new(m: OutboxMessage) -> NewMessage:
     """A decoded message as the one-message row it becomes when its group is exploded."""
     return NewMessage(
         m.topic, m.value, m.key, m.headers, m.partition, m.msg_id, m.attempts, m.first_failed_at,
-        m.last_error, m.next_attempt_at, m.error_code, m.error_name,
+        m.last_error, m.next_attempt_at, m.error_code, m.error_name, m.timestamp,
     )
+
+
+def upgrade_v5(body: bytes) -> bytes:
+    """A body written at schema version 5 in today's format: each head gains timestamp 0 (unknown),
+    the bytes after it are copied as they are."""
+    parts: list[bytes] = []
+    add = parts.append
+    pos, end, size, unpack, pack = 0, len(body), _HEAD_V5.size, _HEAD_V5.unpack_from, _HEAD.pack
+    while pos < end:
+        head = unpack(body, pos)
+        pos += size
+        lk, lv, lh, le, li, ln = head[:6]
+        tail = max(lk, 0) + max(lv, 0) + max(lh, 0) + max(le, 0) + li + max(ln, 0)
+        if pos + tail > end:
+            raise ValueError(f"group body ends inside a message ({end - pos} of {tail} bytes left)")
+        add(pack(*head, 0))
+        add(body[pos : pos + tail])
+        pos += tail
+    return b"".join(parts)
 
 
 def key_entry(key: bytes) -> bytes:

@@ -78,7 +78,7 @@ if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily a
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _COLUMNS = COLUMNS
 _TYPES = {
@@ -86,6 +86,7 @@ _TYPES = {
     "partition": "int", "status": "smallint", "attempts": "int", "created_at": "float8",
     "first_failed_at": "float8", "last_failed_at": "float8", "next_attempt_at": "float8",
     "last_error": "text", "error_code": "int", "error_name": "text", "lease_owner": "text",
+    "timestamp": "bigint",
 }
 _INSERT = (
     "INSERT INTO {t} (" + ", ".join(INSERT_COLUMNS) + ") SELECT * FROM unnest("
@@ -163,6 +164,9 @@ def _migrations(schema: str, table: str) -> dict[int, list[str]]:
                 count BIGINT NOT NULL
             )""",
         ],
+        # The record timestamp every send of a row carries (ms since the epoch); rows stored
+        # before it read 0, "unknown", and are sent as they always were (librdkafka's now).
+        4: [f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS timestamp BIGINT NOT NULL DEFAULT 0"],
     }
 
 #: How the dead-letter filter compares keys: through the md5 index, then exactly.

@@ -41,7 +41,7 @@ from .base import (
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 _T = TypeVar("_T")
 _CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
 #: The write connection's page cache (negative: KiB). SQLite's default, 2 MiB, holds a small part
@@ -132,14 +132,38 @@ _MIGRATIONS[5] = [
     """CREATE TRIGGER IF NOT EXISTS outbox_body_gone AFTER DELETE ON outbox WHEN OLD.n > 1
     BEGIN DELETE FROM outbox_body WHERE id = OLD.id; END""",
 ]
+
+
+def _migrate_to_6(conn: sqlite3.Connection) -> None:
+    """Version 6: the record timestamp (ms; 0: unknown, what every row stored before has) as a
+    column, and in each message of a group body (`grouped.upgrade_v5` rewrites the bodies)."""
+    # BIGINT (INTEGER affinity all the same): JDBC readers (the Spark job) then read a long, not an int.
+    conn.execute("ALTER TABLE outbox ADD COLUMN timestamp BIGINT NOT NULL DEFAULT 0")
+    last = 0
+    while True:  # a few bodies at a time: a backlog's bodies need not fit in memory at once
+        bodies = conn.execute(
+            "SELECT id, body FROM outbox_body WHERE id > ? ORDER BY id LIMIT 64", (last,)
+        ).fetchall()
+        if not bodies:
+            return
+        conn.executemany(
+            "UPDATE outbox_body SET body = ? WHERE id = ?", [(grouped.upgrade_v5(body), gid) for gid, body in bodies]
+        )
+        last = bodies[-1][0]
+
+
 #: A group's columns as `_group_messages` reads them (`outbox` as o, `outbox_body` as b).
 _GROUP = "o.id, o.topic, o.created_at, o.next_attempt_at, o.n, b.body"
 #: A claim's candidate: the row's columns, then n, body and keys (NULL for a one-message row).
 _CANDIDATE = ", ".join(f"o.{c.strip()}" for c in _COLUMNS.split(",")) + ", o.n, b.body, b.keys"
+#: Where a candidate holds n, body and keys.
+_N = len(_COLUMNS.split(","))
+_BODY, _KEYS = _N + 1, _N + 2
 #: A group row with its body and keys.
 _GROUPS = "outbox AS o INDEXED BY outbox_group JOIN outbox_body AS b ON b.id = o.id"
 #: Every column a row has, in the order `_recreate` copies them.
 _ALL_COLUMNS = f"{_COLUMNS}, lease_owner, n"
+_ALL_PLACES = ",".join("?" * len(_ALL_COLUMNS.split(",")))
 
 #: Version 2: the error as code and name columns (filters and stats read them, never the text).
 _ERROR_COLUMNS = ("error_code", "error_name")
@@ -472,7 +496,7 @@ class SQLiteOutbox(Outbox):
             conn.execute("BEGIN IMMEDIATE")
             self._migrate_in(conn, 0)
             conn.executemany(
-                f"INSERT OR IGNORE INTO outbox ({_ALL_COLUMNS}) VALUES ({','.join('?' * 18)})", rows
+                f"INSERT OR IGNORE INTO outbox ({_ALL_COLUMNS}) VALUES ({_ALL_PLACES})", rows
             )
             conn.executemany("INSERT OR IGNORE INTO outbox_body (id, body, keys) VALUES (?, ?, ?)", bodies)
             if seq is not None:
@@ -557,6 +581,9 @@ class SQLiteOutbox(Outbox):
         for v in range(version + 1, SCHEMA_VERSION + 1):
             if v == 2:
                 _migrate_to_2(c)
+                continue
+            if v == 6:
+                _migrate_to_6(c)
                 continue
             for stmt in _MIGRATIONS[v]:
                 c.execute(stmt)
@@ -832,10 +859,10 @@ class SQLiteOutbox(Outbox):
         rows = self._lease(rows, owner, now, now + lease_seconds)
         out: list[OutboxMessage] = []
         for r in rows:
-            if r[17] is None:
+            if r[_BODY] is None:
                 out.append(row_from_columns(r))
             else:
-                out += grouped.decode(r[17], r[0], r[2], r[9])
+                out += grouped.decode(r[_BODY], r[0], r[2], r[9])
         return out
 
     def _lease(
@@ -919,10 +946,10 @@ class SQLiteOutbox(Outbox):
         rows: list[tuple[Any, ...]] = []
         count = 0
         for r in cur:
-            if rows and count + r[16] > limit:
+            if rows and count + r[_N] > limit:
                 break
             rows.append(r)
-            count += r[16]
+            count += r[_N]
             if count >= limit:
                 break
         cur.close()
@@ -985,11 +1012,11 @@ class SQLiteOutbox(Outbox):
             rid, of_topic = r[0], blocked.get(r[2], {})
             if not of_topic:
                 kept.append(r)
-            elif r[17] is None:
+            elif r[_BODY] is None:
                 if r[3] is None or rid < of_topic.get(grouped.key_entry(r[3]), rid + 1):
                     kept.append(r)
             else:
-                entries = grouped.key_entries(r[18]) if r[18] is not None else []
+                entries = grouped.key_entries(r[_KEYS]) if r[_KEYS] is not None else []
                 if not of_topic.keys().isdisjoint(entries):
                     waits = [e for e in entries if of_topic.get(e, rid + 1) < rid]
                     if waits:

@@ -4,6 +4,8 @@ order as with one row per message. Real SQLite files; no Kafka needed."""
 
 from __future__ import annotations
 
+import sqlite3
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,16 +21,33 @@ NOW = 1_000_000.0
 G = grouped.GROUP_MIN
 
 
+STAMP = 1_795_634_888_790  # a record timestamp, ms
+
+
 def batch(n: int, *, topic: str = "t", keys: tuple[bytes | None, ...] = (b"k0", b"k1", b"k2", None), tag: str = "m",
           due: float = 0.0) -> list[NewMessage]:
     return [
         NewMessage(
             topic, b"%s-%d" % (tag.encode(), i), keys[i % len(keys)], [("outbox-id", b"%s-%d" % (tag.encode(), i))],
             i % 3 - 1, f"{tag}-{i}", i % 2, NOW - 5 if i % 2 else None, "_TRANSPORT (-195): down" if i % 2 else None,
-            due, -195 if i % 2 else None, "_TRANSPORT" if i % 2 else None,
+            due, -195 if i % 2 else None, "_TRANSPORT" if i % 2 else None, 0 if i % 4 == 3 else STAMP + i,
         )
         for i in range(n)
     ]
+
+
+def v5_body(messages: list[NewMessage]) -> bytes:
+    """A group body as schema version 5 wrote it: each message head without the timestamp."""
+    body, _ = grouped.encode(messages)
+    old, new = struct.Struct(">iiiiHhiiiBdd"), struct.Struct(">iiiiHhiiiBddq")
+    out, pos = [], 0
+    while pos < len(body):
+        head = new.unpack_from(body, pos)
+        pos += new.size
+        tail = sum(max(n, 0) for n in head[:6])
+        out += [old.pack(*head[:-1]), body[pos : pos + tail]]
+        pos += tail
+    return b"".join(out)
 
 
 def one(key: bytes | None, tag: str) -> list[NewMessage]:
@@ -64,8 +83,8 @@ def test_a_batch_is_one_row_and_reads_back_message_by_message(store: SQLiteOutbo
         assert (r.id, r.msg_id, r.topic, r.key, r.value, r.headers, r.partition, r.status, r.attempts) == (
             i, m.msg_id, "t", m.key, m.value, m.headers, m.partition, Status.PENDING, m.attempts,
         )
-        assert (r.first_failed_at, r.last_error, r.error_code, r.error_name) == (
-            m.first_failed_at, m.last_error, m.error_code, m.error_name,
+        assert (r.first_failed_at, r.last_error, r.error_code, r.error_name, r.timestamp) == (
+            m.first_failed_at, m.last_error, m.error_code, m.error_name, m.timestamp,
         )
         assert r.last_failed_at == (m.first_failed_at if m.attempts else None)
     with pytest.raises(UnknownMessageError):
@@ -187,9 +206,10 @@ def test_explode_groups_keeps_every_message_and_id(store: SQLiteOutbox) -> None:
     assert store.explode_groups() == 30
     assert rows_in_table(store) == 30
     after = store.messages()
-    assert [(r.id, r.msg_id, r.key, r.value, r.attempts, r.first_failed_at) for r in after] == [
-        (r.id, r.msg_id, r.key, r.value, r.attempts, r.first_failed_at) for r in before
+    assert [(r.id, r.msg_id, r.key, r.value, r.attempts, r.first_failed_at, r.timestamp) for r in after] == [
+        (r.id, r.msg_id, r.key, r.value, r.attempts, r.first_failed_at, r.timestamp) for r in before
     ]
+    assert [r.timestamp for r in after] == [m.timestamp for m in new]
     assert ids(after) == got and store.explode_groups() == 0
 
 
@@ -219,8 +239,6 @@ def test_a_deleted_file_is_recreated_with_its_groups(tmp_path: Path) -> None:
 
 def test_a_version_4_file_keeps_its_groups_when_migrated(tmp_path: Path) -> None:
     """Version 4 kept a group's body in its outbox row; version 5 moves it to outbox_body."""
-    import sqlite3
-
     from outbox.stores import sqlite as sqlite_store
 
     path = str(tmp_path / "v4.db")
@@ -232,7 +250,7 @@ def test_a_version_4_file_keeps_its_groups_when_migrated(tmp_path: Path) -> None
             for stmt in sqlite_store._MIGRATIONS[v]:
                 raw.execute(stmt)
     new = batch(G, keys=(b"a", b"b"))
-    body, keys = grouped.encode(new)
+    body, keys = v5_body(new), grouped.encode(new)[1]
     raw.execute(
         "INSERT INTO outbox (id, msg_id, topic, created_at, next_attempt_at, n, body, keys) "
         "VALUES (1, '', 't', ?, 0, ?, ?, ?)",
@@ -244,6 +262,7 @@ def test_a_version_4_file_keeps_its_groups_when_migrated(tmp_path: Path) -> None
     store = SQLiteOutbox(path)
     try:
         assert [m.msg_id for m in store.messages()] == [m.msg_id for m in new]
+        assert {m.timestamp for m in store.messages()} == {0}  # stored before timestamps: unknown
         assert store.has_pending("t", b"a") and not store.has_pending("t", b"c")
         claimed = store.claim("me", 100, 30, now=NOW)
         assert ids(claimed) == list(range(2, 2 + G))
@@ -308,3 +327,66 @@ def test_a_failure_in_a_batch_born_leased_splits_it_and_keeps_the_rest_leased(st
     assert all(left[i].next_attempt_at == NOW + 30 for i in got[6:])  # still in flight: still ours
     assert store.apply(Settlement(delivered=got[6:]), now=NOW + 2).deleted == 14
     assert ids(store.claim("drain", 100, 60, now=NOW + 10)) == [got[5]]
+
+
+def test_a_group_body_round_trips_each_messages_timestamp() -> None:
+    new = batch(G)
+    new[0] = new[0]._replace(timestamp=2**63 - 1)  # the largest a record timestamp can be
+    body, _ = grouped.encode(new)
+    got = grouped.decode(body, 100, "t", NOW)
+    assert [m.timestamp for m in got] == [m.timestamp for m in new]
+    assert [m.timestamp for m in got][1:4] == [STAMP + 1, STAMP + 2, 0]
+    assert [grouped.as_new(m).timestamp for m in got] == [m.timestamp for m in new]
+    # A version-5 body upgraded reads back the same messages, each with timestamp 0.
+    upgraded = grouped.decode(grouped.upgrade_v5(v5_body(new)), 100, "t", NOW)
+    assert upgraded == [m._replace(timestamp=0) for m in got]
+
+
+def test_a_truncated_version_5_body_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="group body ends inside a message"):
+        grouped.upgrade_v5(v5_body(batch(G))[:-3])
+
+
+def test_a_version_5_file_is_migrated_and_its_rows_and_groups_read_timestamp_0(tmp_path: Path) -> None:
+    """Version 6 adds the timestamp: rows and group bodies written before it read as 0 (unknown)."""
+    from outbox.stores import sqlite as sqlite_store
+
+    path = str(tmp_path / "v5.db")
+    raw = sqlite3.connect(path, isolation_level=None)
+    for v in range(1, 6):
+        if v == 2:
+            sqlite_store._migrate_to_2(raw)
+        else:
+            for stmt in sqlite_store._MIGRATIONS[v]:
+                raw.execute(stmt)
+    raw.execute(
+        "INSERT INTO outbox (id, msg_id, topic, key, value, created_at, next_attempt_at) "
+        "VALUES (1, 'single', 't', x'6b', x'76', ?, 0)",
+        (NOW,),
+    )
+    groups = [batch(G, tag="g"), batch(grouped.GROUP_MAX, tag="h")]
+    gid = 2
+    for new in groups:
+        raw.execute(
+            "INSERT INTO outbox (id, msg_id, topic, created_at, next_attempt_at, n) VALUES (?, '', 't', ?, 0, ?)",
+            (gid, NOW, len(new)),
+        )
+        raw.execute("INSERT INTO outbox_body (id, body, keys) VALUES (?, ?, ?)", (gid, v5_body(new), None))
+        gid += len(new) + 1
+    raw.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'outbox'", (gid - 1,))
+    raw.execute("PRAGMA user_version = 5")
+    raw.close()
+    store = SQLiteOutbox(path)
+    try:
+        assert store._read("PRAGMA user_version")[0][0] == sqlite_store.SCHEMA_VERSION == 6
+        got = store.messages()
+        assert [m.msg_id for m in got] == ["single"] + [m.msg_id for new in groups for m in new]
+        assert {m.timestamp for m in got} == {0}
+        assert [(m.key, m.value, m.headers, m.attempts, m.error_name) for m in got[1:]] == [
+            (m.key, m.value, m.headers, m.attempts, m.error_name) for new in groups for m in new
+        ]
+        assert store.enqueue(one(None, "next")) == [gid]
+        assert store.get(gid).timestamp == 0 and store.enqueue(batch(G, tag="n"))
+        assert {m.timestamp for m in store.messages() if m.msg_id.startswith("n-")} > {0}
+    finally:
+        store.close()
