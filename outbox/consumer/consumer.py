@@ -41,7 +41,7 @@ from ..retry import RetryPolicy
 from ..stores import Outbox, open_outbox
 from .circuit import CircuitBreaker, CircuitState, MainTopicCircuit
 from .deadletters import DeadLetters, check_mode
-from .headers import due_at, failure_headers, ladder_position
+from .headers import due_at, failure_headers, ladder_position, record_timestamp
 from .inplace import InPlace, decode
 from .offsets import OffsetTracker
 from .ordering import KeyOrder, scan_ladder
@@ -578,7 +578,8 @@ class ResilientConsumer:
         self._tokens += 1
         token = self._tokens
         self._producer.produce(
-            topic, m.value(), m.key(), headers, partition, on_delivery=functools.partial(self._hop_settled, token)
+            topic, m.value(), m.key(), headers, partition, on_delivery=functools.partial(self._hop_settled, token),
+            timestamp=record_timestamp(m),
         )
         return token
 

@@ -11,7 +11,7 @@ from confluent_kafka import Message
 from ..errors import ConfigError
 from ..records import DeadLetter, Headers, NewMessage
 from ..stores import Outbox
-from .headers import Origin, cap_utf8, error_class
+from .headers import Origin, cap_utf8, error_class, record_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class DeadLetters:
                 last_error=last_error(exc),
                 # No librdkafka code: the handler's exception class is the name `dlq list --error` matches.
                 error_name=error_class(exc),
+                timestamp=record_timestamp(msg),
             )
             row_id = self._store.add_dead([row], failed_at=now)[0]
         self.count += 1
@@ -113,6 +114,7 @@ class DeadLetters:
                 last_error=last_error(exc),
                 msg_id=msg_id,
                 error_name=error_class(exc),
+                timestamp=record_timestamp(msg),
             )
             try:
                 self._on_dead_letter(dl)

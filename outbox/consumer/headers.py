@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from ..headers import ATTEMPT_HEADER, FIRST_FAILED_HEADER, ID_HEADER, LAST_ERROR_HEADER, IdGenerator
 from ..records import Headers
@@ -79,6 +79,14 @@ class Origin:
 def headers_of(msg: Message) -> Headers:
     """A consumed message's headers as (name, bytes | None) pairs (confluent_kafka's stubs are looser)."""
     return cast(Headers, msg.headers() or [])
+
+
+def record_timestamp(msg: Message) -> int:
+    """The record timestamp a copy of `msg` keeps (a hop, a DLQ record, a dead letter, a redrive):
+    its own, in ms since the epoch; 0 (librdkafka's now) when it has none. Windowed readers of
+    the copy then see the event time of the original, whatever the tier it went through."""
+    kind, ms = msg.timestamp()
+    return ms if kind != TIMESTAMP_NOT_AVAILABLE and ms > 0 else 0
 
 
 def find_text(headers: Headers | None, name: str) -> str | None:

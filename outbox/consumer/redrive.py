@@ -26,7 +26,7 @@ from confluent_kafka import (
 
 from ..errors import ConfigError, KafkaDeliveryError, KafkaUnavailableError
 from ..logs import with_librdkafka_log
-from .headers import DUE_AT, consumer_failure, headers_of
+from .headers import DUE_AT, consumer_failure, headers_of, record_timestamp
 from .tiers import client_config, retry_tier_name
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,10 @@ def _publish(config: Mapping[str, Any], plan: list[tuple[str, Message]], timeout
 
     for target, m in plan:
         headers = [(h, v) for h, v in headers_of(m) if h != DUE_AT]  # due at once
-        producer.produce(target, m.value(), m.key(), headers=headers, on_delivery=report)  # type: ignore[arg-type]
+        producer.produce(
+            target, m.value(), m.key(), headers=headers, on_delivery=report,  # type: ignore[arg-type]
+            timestamp=record_timestamp(m),  # the original's: a redriven record keeps its event time
+        )
         producer.poll(0)
     left = producer.flush(timeout + 5)
     if failures or left:

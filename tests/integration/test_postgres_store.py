@@ -205,7 +205,7 @@ def test_schema_and_table_from_the_jdbc_url_and_versioned(postgres_url: str) -> 
             assert conn.execute(f"SELECT count(*) FROM {schema}.events_outbox").fetchone() == (1,)
             assert conn.execute(
                 f"SELECT max(version) FROM {schema}.events_outbox_schema_version"
-            ).fetchone() == (3,)
+            ).fetchone() == (4,)
             indexes = {
                 r[0]
                 for r in conn.execute(
@@ -359,6 +359,7 @@ def test_version_1_outbox_is_migrated_with_error_columns(postgres_url: str) -> N
         [a, b, c] = [store.get(i) for i in (1, 2, 3)]
         assert (a.error_code, a.error_name) == (-192, "_MSG_TIMED_OUT")
         assert (b.error_code, b.error_name, c.error_code, c.error_name) == (None, None, None, None)
+        assert (a.timestamp, b.timestamp, c.timestamp) == (0, 0, 0)  # stored before timestamps: unknown
         assert [r.id for r in store.list_dead(DeadLetterFilter(error="-192"))] == [1]
     finally:
         store.close()

@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 
 from outbox.errors import UnknownMessageError
 from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
-from outbox.stores.base import Failure, Outbox
+from outbox.stores.base import Failure, Outbox, Settlement
 from outbox.stores.sqlite import SQLiteOutbox
 from outbox.urls import parse_url
 
@@ -396,6 +396,38 @@ def test_replay_resets_attempts_keeps_bytes_and_can_retarget(store: Outbox) -> N
     assert store.replay_dead(now=NOW) == 1
     assert store.get(b).topic == "b"
     assert store.replay_dead(now=NOW) == 0
+
+
+STAMP = 1_795_634_888_790  # a record timestamp, ms since the epoch
+
+
+def test_the_timestamp_column_keeps_each_messages_record_timestamp_through_every_change(store: Outbox) -> None:
+    """`timestamp`: what every send of the row carries; 0 (unknown) unless given; nothing but the
+    insert writes it: a claim, a failure, a dead letter, a replay, an edit or a release keep it."""
+    batch = [msg(msg_id=f"g-{i}", key=b"k%d" % (i % 3), timestamp=STAMP + i) for i in range(40)]  # SQLite: a group
+    [plain, stamped] = store.enqueue([msg(msg_id="plain"), msg(msg_id="stamped", timestamp=STAMP)])
+    group = store.enqueue(batch)
+    assert (store.get(plain).timestamp, store.get(stamped).timestamp) == (0, STAMP)
+    assert [store.get(i).timestamp for i in group] == [STAMP + i for i in range(40)]
+    claimed = store.claim("w", 100, 30, now=NOW)
+    assert {r.msg_id: r.timestamp for r in claimed} == {
+        "plain": 0, "stamped": STAMP, **{f"g-{i}": STAMP + i for i in range(40)}
+    }
+    # Part of the group fails, part is delivered, part dead-lettered: each row keeps its own.
+    store.record_failures([fail(group[0], NOW + 1), fail(group[1], None)])
+    store.mark_delivered(group[2:20])
+    store.release([stamped, *group[20:]], now=NOW)
+    assert store.get(group[0]).timestamp == STAMP and store.get(group[1]).status == Status.DEAD
+    assert [d.timestamp for d in store.list_dead()] == [STAMP + 1]
+    assert store.replay_dead(DeadLetterFilter(ids=(group[1],)), now=NOW, to_topic="elsewhere") == 1
+    assert store.get(group[1]).timestamp == STAMP + 1
+    [dead] = store.add_dead([msg(msg_id="dead", timestamp=STAMP - 5)], failed_at=NOW)
+    assert store.redrive_edited(dead, value=b"edited", headers=[], now=NOW)
+    assert store.get(dead).timestamp == STAMP - 5
+    [again] = store.apply(Settlement(), now=NOW, new=[msg(msg_id="new", timestamp=STAMP + 99)]).new_ids
+    assert store.get(again).timestamp == STAMP + 99
+    assert {r.msg_id: r.timestamp for r in store.trace("stamped")} == {"stamped": STAMP}
+    assert [r.timestamp for r in store.claim("w", 100, 30, now=NOW + 2) if r.msg_id == "g-0"] == [STAMP]
 
 
 def test_purge_dead_with_filter(store: Outbox) -> None:

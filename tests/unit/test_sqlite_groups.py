@@ -4,8 +4,6 @@ order as with one row per message. Real SQLite files; no Kafka needed."""
 
 from __future__ import annotations
 
-import sqlite3
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +14,8 @@ from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
 from outbox.stores import grouped
 from outbox.stores.base import Failure, Settlement
 from outbox.stores.sqlite import SQLiteOutbox
+
+from ..old_schema import sqlite_v5, v5_body
 
 NOW = 1_000_000.0
 G = grouped.GROUP_MIN
@@ -34,20 +34,6 @@ def batch(n: int, *, topic: str = "t", keys: tuple[bytes | None, ...] = (b"k0", 
         )
         for i in range(n)
     ]
-
-
-def v5_body(messages: list[NewMessage]) -> bytes:
-    """A group body as schema version 5 wrote it: each message head without the timestamp."""
-    body, _ = grouped.encode(messages)
-    old, new = struct.Struct(">iiiiHhiiiBdd"), struct.Struct(">iiiiHhiiiBddq")
-    out, pos = [], 0
-    while pos < len(body):
-        head = new.unpack_from(body, pos)
-        pos += new.size
-        tail = sum(max(n, 0) for n in head[:6])
-        out += [old.pack(*head[:-1]), body[pos : pos + tail]]
-        pos += tail
-    return b"".join(out)
 
 
 def one(key: bytes | None, tag: str) -> list[NewMessage]:
@@ -239,6 +225,8 @@ def test_a_deleted_file_is_recreated_with_its_groups(tmp_path: Path) -> None:
 
 def test_a_version_4_file_keeps_its_groups_when_migrated(tmp_path: Path) -> None:
     """Version 4 kept a group's body in its outbox row; version 5 moves it to outbox_body."""
+    import sqlite3
+
     from outbox.stores import sqlite as sqlite_store
 
     path = str(tmp_path / "v4.db")
@@ -352,30 +340,9 @@ def test_a_version_5_file_is_migrated_and_its_rows_and_groups_read_timestamp_0(t
     from outbox.stores import sqlite as sqlite_store
 
     path = str(tmp_path / "v5.db")
-    raw = sqlite3.connect(path, isolation_level=None)
-    for v in range(1, 6):
-        if v == 2:
-            sqlite_store._migrate_to_2(raw)
-        else:
-            for stmt in sqlite_store._MIGRATIONS[v]:
-                raw.execute(stmt)
-    raw.execute(
-        "INSERT INTO outbox (id, msg_id, topic, key, value, created_at, next_attempt_at) "
-        "VALUES (1, 'single', 't', x'6b', x'76', ?, 0)",
-        (NOW,),
-    )
+    singles = [m._replace(msg_id="single") for m in one(b"k", "single")]
     groups = [batch(G, tag="g"), batch(grouped.GROUP_MAX, tag="h")]
-    gid = 2
-    for new in groups:
-        raw.execute(
-            "INSERT INTO outbox (id, msg_id, topic, created_at, next_attempt_at, n) VALUES (?, '', 't', ?, 0, ?)",
-            (gid, NOW, len(new)),
-        )
-        raw.execute("INSERT INTO outbox_body (id, body, keys) VALUES (?, ?, ?)", (gid, v5_body(new), None))
-        gid += len(new) + 1
-    raw.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'outbox'", (gid - 1,))
-    raw.execute("PRAGMA user_version = 5")
-    raw.close()
+    sqlite_v5(path, singles, groups, now=NOW)
     store = SQLiteOutbox(path)
     try:
         assert store._read("PRAGMA user_version")[0][0] == sqlite_store.SCHEMA_VERSION == 6
@@ -385,8 +352,10 @@ def test_a_version_5_file_is_migrated_and_its_rows_and_groups_read_timestamp_0(t
         assert [(m.key, m.value, m.headers, m.attempts, m.error_name) for m in got[1:]] == [
             (m.key, m.value, m.headers, m.attempts, m.error_name) for new in groups for m in new
         ]
-        assert store.enqueue(one(None, "next")) == [gid]
-        assert store.get(gid).timestamp == 0 and store.enqueue(batch(G, tag="n"))
-        assert {m.timestamp for m in store.messages() if m.msg_id.startswith("n-")} > {0}
+        claimed = store.claim("w", 5000, 30, now=NOW)
+        assert [m.msg_id for m in claimed] == [m.msg_id for m in got] and {m.timestamp for m in claimed} == {0}
+        store.release([m.id for m in claimed], now=NOW)
+        [later] = store.enqueue([NewMessage("t", b"later", timestamp=STAMP)])
+        assert later > got[-1].id and store.get(later).timestamp == STAMP
     finally:
         store.close()
