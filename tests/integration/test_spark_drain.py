@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME
 
 from outbox.codec import decode_headers
 from outbox.errors import KafkaUnavailableError, StoreNotFoundError
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 N_ROWS = int(os.environ.get("SPARK_DRAIN_TEST_ROWS", "50000"))
 N_KEYS = 64
 BATCH = 5000
+STAMP = 1_795_634_888_790  # a record timestamp (ms), past what a 32-bit JDBC column could hold
 
 
 def header(msg: Any, name: str) -> bytes | None:
@@ -144,7 +146,7 @@ def test_dead_letter_replay_sends_only_the_selected_dead_letters(
         dead_ids = store.add_dead(
             [NewMessage(topic=t1, value=f"k1:{i}".encode(), key=b"k1", msg_id=f"d-{i}", attempts=3,
                         first_failed_at=now - 60, last_error=timed_out, error_code=-192,
-                        error_name="_MSG_TIMED_OUT") for i in range(1, 301)]
+                        error_name="_MSG_TIMED_OUT", timestamp=STAMP + i) for i in range(1, 301)]
             + [NewMessage(topic=t2, value=b"k2:1", key=b"k2", msg_id="other-topic", attempts=3,
                           first_failed_at=now - 60, last_error=timed_out, error_code=-192,
                           error_name="_MSG_TIMED_OUT")]
@@ -174,6 +176,8 @@ def test_dead_letter_replay_sends_only_the_selected_dead_letters(
     assert {header(m, "outbox-attempt") for m in messages} == {b"1"}
     assert {header(m, "outbox-first-failed-at") for m in messages} == {str(int((now - 60) * 1000)).encode()}
     assert [int(m.value().split(b":")[1]) for m in messages] == list(range(1, 301))
+    # Each with the record timestamp it was stored with, read through JDBC as a long.
+    assert [m.timestamp() for m in messages] == [(TIMESTAMP_CREATE_TIME, STAMP + i) for i in range(1, 301)]
 
 
 def test_a_row_kafka_rejects_for_good_is_dead_lettered_not_retried(
