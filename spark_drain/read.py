@@ -176,6 +176,8 @@ class Reader:
         """The selected rows, read in `partitions` slices of the id range [lo, hi]."""
         sql = f"SELECT {', '.join(COLUMNS)} FROM {self.table} WHERE {where} AND id BETWEEN {lo} AND {hi}"
         n = max(1, min(partitions, hi - lo + 1))
+        # sqlite-jdbc reports a BIGINT column as DECIMAL, which reaches the executors as Decimal.
+        props = {**self._props, "customSchema": "timestamp LONG"}
         return self.spark.read.jdbc(
             self._jdbc_url(),
             f"({sql}) AS q",
@@ -183,7 +185,7 @@ class Reader:
             lowerBound=lo,
             upperBound=hi + 1,
             numPartitions=n,
-            properties=self._props,
+            properties=props,
         )
 
     def blockers(self, blocked_where: str) -> DataFrame:

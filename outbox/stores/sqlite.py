@@ -137,7 +137,7 @@ _MIGRATIONS[5] = [
 def _migrate_to_6(conn: sqlite3.Connection) -> None:
     """Version 6: the record timestamp (ms; 0: unknown, what every row stored before has) as a
     column, and in each message of a group body (`grouped.upgrade_v5` rewrites the bodies)."""
-    # BIGINT (INTEGER affinity all the same): JDBC readers (the Spark job) then read a long, not an int.
+    # BIGINT, INTEGER affinity: a 64-bit integer (the Spark job reads it through JDBC as a long).
     conn.execute("ALTER TABLE outbox ADD COLUMN timestamp BIGINT NOT NULL DEFAULT 0")
     last = 0
     while True:  # a few bodies at a time: a backlog's bodies need not fit in memory at once
