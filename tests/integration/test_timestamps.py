@@ -62,9 +62,9 @@ class Recorder:
         self.p, self.topic = p, topic
         self.calls: dict[str, tuple[int, int, int]] = {}  # id -> (before ms, after ms, explicit or 0)
 
-    def produce(self, value: bytes, key: bytes | None = None, timestamp: int = 0) -> str:
+    def produce(self, value: bytes, key: bytes | None = None, timestamp: int = 0, **kw: Any) -> str:
         before = time.time()
-        msg_id = self.p.produce(self.topic, value, key=key, timestamp=timestamp)
+        msg_id = self.p.produce(self.topic, value, key=key, timestamp=timestamp, **kw)
         self.calls[msg_id] = (ms(before), ms(time.time()), timestamp)
         return msg_id
 
@@ -251,3 +251,24 @@ def test_consumer_hops_dlq_records_dead_letters_and_their_redrives_keep_the_orig
     for m in copies:
         assert m.timestamp() == want[m.value()], (header(m, "outbox-id"), m.timestamp())
 
+
+
+def test_a_message_enqueued_in_a_database_transaction_keeps_its_produce_time(
+    kafka_bootstrap: str, topic: str, fresh_postgres_url: str
+) -> None:
+    """`produce(..., transaction=conn)`: stored, never sent by produce(); sent seconds later by
+    `outbox drain` with the time of the produce() call, or the timestamp given."""
+    with ResilientProducer(
+        {"bootstrap.servers": kafka_bootstrap, "acks": "all"}, outbox=fresh_postgres_url, drain_workers=0
+    ) as p:
+        r = Recorder(p, topic)
+        with psycopg.connect(fresh_postgres_url) as conn, conn.transaction():
+            plain_id = r.produce(b"plain", b"k", transaction=conn)
+            r.produce(b"given", b"k", EXPLICIT, transaction=conn)
+    time.sleep(3)  # a re-send stamped at sending would be seconds off
+    drained_at = time.time()
+    result = run("drain", "--outbox", fresh_postgres_url, "-b", kafka_bootstrap, "--json")
+    assert result.exit_code == 0, result.output
+    got = read_topic(kafka_bootstrap, topic, 2)
+    r.check(got)
+    assert got.by_id[plain_id][0].timestamp()[1] < ms(drained_at) - 1000
