@@ -314,8 +314,7 @@ class ResilientProducer:
         if key is not None and not isinstance(key, BYTES_LIKE):
             check_payload("key", key)
         partition = -1 if partition is None else check_partition(partition)
-        if timestamp:
-            check_timestamp(timestamp)
+        timestamp = check_timestamp(timestamp) if timestamp else 0  # None (or any false value): none given
         hdrs: Headers = normalize_headers(headers) if headers is not None else []
         msg_id = self._next_id()
         if self._id_header is not None:

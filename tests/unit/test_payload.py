@@ -8,6 +8,7 @@ from outbox.errors import ConfigError
 from outbox.payload import (
     as_bytes,
     check_partition,
+    check_timestamp,
     check_topic,
     normalize_headers,
     topic_chars_ok,
@@ -49,6 +50,14 @@ def test_a_topic_that_is_not_a_str_is_a_type_error() -> None:
 
 def test_characters_of_a_name_part() -> None:
     assert topic_chars_ok("my-group.v2") and not topic_chars_ok("my group") and not topic_chars_ok("")
+
+
+def test_timestamp() -> None:
+    assert check_timestamp(0) == 0 and check_timestamp(1_795_634_888_790) == 1_795_634_888_790
+    assert check_timestamp(2**63 - 1) == 2**63 - 1
+    for bad in (-1, 2**63, 1.5e12, True, "1", None):
+        with pytest.raises(ConfigError, match="^timestamp must be an int of milliseconds since the epoch"):
+            check_timestamp(bad)
 
 
 def test_partition() -> None:
