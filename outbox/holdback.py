@@ -9,8 +9,10 @@ held (or until `message.timeout.ms` has passed, by which time it has reported ev
 them); then the held messages are stored sorted by their producer sequence (the `outbox-id`
 counter), which is the order the application produced them in.
 
-Memory stays bounded: past `limit` held messages the application's produce() waits (it is
-spilling anyway) and the owner is asked to purge what is in flight, which ends the hold.
+Memory stays bounded: the held messages count against the producer's memory budget
+(`outbox.budget`, bytes). Once it is full the owner is asked to purge what is in flight, which
+ends the hold at librdkafka's next poll, and the application's produce() waits for room (it is
+spilling anyway) until the released messages are committed.
 Pure logic (no Kafka, no store): unit-tested with a fake clock.
 """
 
@@ -20,6 +22,8 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from .budget import MemoryBudget
+
 T = TypeVar("T")
 
 
@@ -28,8 +32,8 @@ class Holdback(Generic[T]):
 
     Args:
         seq: the sort key of an item (its producer sequence).
-        limit: held items above which `wait_for_room()` blocks.
-        on_full: called (once per hold) when `limit` is reached, e.g. to purge in-flight sends.
+        budget: the memory budget the held items count against (this is one of its parts).
+        on_full: called (once per hold) when the budget is full, e.g. to purge in-flight sends.
         clock: monotonic seconds.
     """
 
@@ -37,48 +41,46 @@ class Holdback(Generic[T]):
         self,
         seq: Callable[[T], str],
         *,
-        limit: int,
+        budget: MemoryBudget,
         on_full: Callable[[], None] | None = None,
         clock: Callable[[], float],
     ) -> None:
         self._seq = seq
-        self.limit = limit
+        self._budget = budget
         self._on_full = on_full
         self._clock = clock
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._items: list[T] = []
+        self.held_bytes = 0  # what the held items cost (under the lock; outbox.budget)
         self._until = 0.0
         self._asked_purge = False
         self.active = False  # a plain attribute: produce()'s check is one attribute read
         self.holds = 0  # how many holds began (stats, tests)
+        budget.add_part(self)
 
     def start(self, longest: float) -> None:
         """Begin holding (or extend a hold) for at most `longest` seconds."""
-        with self._cond:
+        with self._lock:
             if not self.active:
                 self.holds += 1
                 self._asked_purge = False
             self._until = max(self._until, self._clock() + longest)
             self.active = True
 
-    def offer(self, item: T) -> bool:
-        """Hold `item` and return True, or return False when no hold is active."""
-        with self._cond:
+    def offer(self, item: T, cost: int) -> bool:
+        """Hold `item` (costing `cost` bytes) and return True, or return False when no hold is active.
+
+        Never waits (the delivery thread offers what librdkafka hands back).
+        """
+        with self._lock:
             if not self.active:
                 return False
             self._items.append(item)
-            if len(self._items) >= self.limit and not self._asked_purge and self._on_full is not None:
+            self.held_bytes += cost
+            if not self._asked_purge and self._on_full is not None and self._budget.full():
                 self._asked_purge = True
                 self._on_full()
             return True
-
-    def wait_for_room(self) -> None:
-        """Block while a hold has `limit` items (application threads only, never under a lock)."""
-        if not self.active or len(self._items) < self.limit:
-            return
-        with self._cond:
-            while self.active and len(self._items) >= self.limit:
-                self._cond.wait(0.05)
 
     def release(self, *, source_empty: bool) -> list[T]:
         """End the hold if the source holds nothing older or the hold ran out; items in seq order.
@@ -87,12 +89,13 @@ class Holdback(Generic[T]):
         """
         if not self.active:
             return []
-        with self._cond:
+        with self._lock:
             if not (source_empty or self._clock() >= self._until):
                 return []
+            self._budget.sample()  # the most held is reached just before a decrease
             items, self._items = self._items, []
+            self.held_bytes = 0  # the caller hands them to the writer, which counts them again
             self.active = False
-            self._cond.notify_all()
         items.sort(key=self._seq)
         return items
 

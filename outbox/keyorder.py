@@ -15,6 +15,9 @@ for at most `GATE_SECONDS` it holds their new messages in memory (the gate) whil
 their stored rows to be delivered; a key whose rows are all gone is released and its held
 messages are sent, in order, ahead of anything produced later; a key whose rows outlast the gate
 gets its held messages queued for the outbox behind them, as they would have been anyway.
+The gate's messages count against the producer's memory budget (`outbox.budget`): once it is
+full, a key's next message ends that key's gate, and the producer ends every gate
+(`store_gated`) rather than wait for them, so a gate never makes `produce()` wait.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .budget import MemoryBudget
 from .errors import StoreError
 from .stores import Outbox
 
@@ -35,7 +39,6 @@ Key = tuple[str, bytes]
 RELEASE_EVERY = 0.25  # least seconds between two checks for keys whose outbox backlog is gone
 WATCH_EVERY = 1.0  # most seconds between two checks (rows drained by another process)
 GATE_SECONDS = 1.0  # longest a gate holds a key's new messages in memory
-GATE_LIMIT = 50_000  # most messages held by the gate (a produce() past it ends its key's gate)
 # After a gate that released no key (the drain is far from the keys' last rows), the next one
 # waits this long, doubled each time up to GATE_PAUSE_MAX, so a deep backlog is not gated in vain.
 GATE_PAUSE = 1.0
@@ -58,6 +61,8 @@ class KeyBacklog:
             the key's later messages. None: no gate (write-ahead mode: every message is stored).
         store_held: called under `lock` with held messages of a key that stays pending: queue
             them for the outbox (marking the key again).
+        budget: the memory budget the held messages count against (the gate is one of its
+            parts); None: the gate holds without a bound (tests of its logic).
 
     `lock` makes "mark the key and queue its message" one step for the producer: a check must
     never see a key marked while its message is in neither the writer nor the hold. Under it,
@@ -73,8 +78,10 @@ class KeyBacklog:
         may_check: Callable[[], bool],
         send: Callable[[Key, Held], None] | None = None,
         store_held: Callable[[Key, Held], None] | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self.lock = threading.RLock()
+        self._budget = budget
         self._store = store
         self._flush = flush
         self._holding = holding
@@ -86,6 +93,8 @@ class KeyBacklog:
         #: Keys being handed back to the fast path, with the messages held meanwhile.
         self.gated: dict[Key, Held] = {}
         self.held = 0  # messages in `gated`
+        self.held_bytes = 0  # what they cost (under `lock`; outbox.budget)
+        self._gated_bytes: dict[Key, int] = {}  # the same, per gated key
         self._gate_pause = 0.0
         self._next_gate = 0.0
         # Mark number of each key's latest message bound for the outbox: a check looks at the
@@ -96,6 +105,8 @@ class KeyBacklog:
         self._stop = threading.Event()
         self._drained = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="outbox-keys", daemon=True)
+        if budget is not None:
+            budget.add_part(self)
 
     def start(self) -> None:
         """Start the `outbox-keys` thread (once `send` and `store_held` can be called)."""
@@ -111,21 +122,31 @@ class KeyBacklog:
         """`key` has a row in the store already (a write-ahead row that failed)."""
         self.pending.add(key)
 
-    def hold(self, key: Key, message: Any) -> bool:
-        """Under `lock`: keep `message` in memory if its key is gated (True), else False.
+    def hold(self, key: Key, message: Any, cost: int) -> bool:
+        """Under `lock`: keep `message` (costing `cost` bytes) in memory if its key is gated
+        (True), else False.
 
-        Past `GATE_LIMIT` held messages the key's gate ends here: its held messages go to the
+        With the memory budget full the key's gate ends here: its held messages go to the
         outbox first and False tells the caller to queue this one behind them.
         """
         held = self.gated.get(key)
         if held is None:
             return False
-        if self.held < GATE_LIMIT:
+        if self._budget is None or not self._budget.full(cost):
             held.append(message)
             self.held += 1
+            self.held_bytes += cost
+            self._gated_bytes[key] = self._gated_bytes.get(key, 0) + cost
             return True
         self._end_gate(key, released=False)
         return False
+
+    def store_gated(self) -> None:
+        """End every gate, queueing what it held for the outbox: the memory budget is full, and
+        the writer can make room by committing, where a gate would keep it until it ends."""
+        with self.lock:
+            for k in list(self.gated):
+                self._end_gate(k, released=False)
 
     def drained(self, keys: Iterable[Key]) -> None:
         """A drain delivered or dead-lettered rows of these keys: check soon if one is pending."""
@@ -176,7 +197,7 @@ class KeyBacklog:
         try:
             self._flush()  # every message of these keys marked so far is in the store
             deadline = clock() + GATE_SECONDS
-            with self.lock:  # produce() may end a gate (GATE_LIMIT) meanwhile
+            with self.lock:  # produce() may end a gate (memory budget) meanwhile
                 left = set(self.gated)
             while left:
                 still = self._store.keys_with_pending(sorted(left))
@@ -200,7 +221,11 @@ class KeyBacklog:
         """Under `lock`: end `key`'s gate, releasing the key and sending its held messages, or
         keeping it pending and queueing them for the outbox behind its rows. True: released."""
         held = self.gated.pop(key)
+        if self._budget is not None:
+            self._budget.sample()  # the most held is reached just before a decrease
         self.held -= len(held)
+        # From here they count in the writer (queued for the outbox below) or are librdkafka's.
+        self.held_bytes -= self._gated_bytes.pop(key, 0)
         if released:
             # Sent while the key is still pending: a produce() of it on another thread waits for
             # this lock and so comes after them.

@@ -18,6 +18,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
+from .budget import MESSAGE_OVERHEAD
 from .circuit import CircuitBreaker
 from .retry import UNREACHABLE_CODES, describe
 from .tally import Tally
@@ -26,6 +27,33 @@ log = logging.getLogger("outbox")
 
 #: How often a produce() waiting for room in librdkafka's full queue tries again (seconds).
 ROOM_CHECK_INTERVAL = 0.001
+#: librdkafka's own limit on queued messages (`queue.buffering.max.messages`'s default).
+LIBRDKAFKA_MAX_MESSAGES = 100_000
+
+
+def queue_limits(config: Mapping[str, Any], memory_budget: int) -> tuple[dict[str, Any], int]:
+    """librdkafka's queue bounds for a producer with this memory budget, and what they let back.
+
+    Returns the settings to add (each only if `config` does not set it) and the bytes the
+    messages librdkafka may hold would cost once handed back and stored (the delivery thread
+    stores them without waiting: the budget keeps that much free for them).
+
+    librdkafka's defaults hold up to 1 GB (`queue.buffering.max.kbytes` 1048576) or 100,000
+    messages, whichever comes first: 400 MB at 4 KiB a message, all of it handed back to the
+    wrapper at once when the circuit opens. A quarter of the budget goes to its payload
+    (value and key, which is what librdkafka counts) and as many messages as a quarter pays
+    the wrapper's overhead for: together at most half the budget once handed back.
+    """
+    share = max(1, memory_budget // 4)
+    add: dict[str, Any] = {}
+    if "queue.buffering.max.kbytes" not in config:
+        add["queue.buffering.max.kbytes"] = max(1, share // 1024)
+    if "queue.buffering.max.messages" not in config:
+        add["queue.buffering.max.messages"] = max(1, min(LIBRDKAFKA_MAX_MESSAGES, share // MESSAGE_OVERHEAD))
+    merged = {**config, **add}
+    kbytes = int(merged.get("queue.buffering.max.kbytes", 1_048_576))
+    messages = int(merged.get("queue.buffering.max.messages", LIBRDKAFKA_MAX_MESSAGES))
+    return add, kbytes * 1024 + messages * MESSAGE_OVERHEAD
 
 
 class KafkaLink:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from .circuit import CircuitBreaker
 from .drain import DEFAULT_BATCH_SIZE, Drainer
 from .drainproc import DrainProcess
@@ -30,7 +31,7 @@ from .errors import ConfigError, ProducerClosedError, StoreError
 from .fates import DeadLetterCallback, DeliveryCallback, Fates
 from .firstsend import FirstSend
 from .headers import ID_HEADER, IdGenerator
-from .link import KafkaLink
+from .link import KafkaLink, queue_limits
 from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
 from .payload import (
@@ -111,6 +112,13 @@ class ResilientProducer:
         key_serializer, value_serializer: ``serializer(obj, ctx) -> bytes | None``, e.g.
             confluent_kafka.serialization's or the Schema Registry serializers; called once in
             produce(), before anything is sent or stored (see outbox.serialization).
+        memory_budget: bytes of messages the producer may hold in memory on their way to the
+            outbox (hold-back, key gate, group-commit writer; each message counts its value,
+            key and headers plus a fixed overhead, `outbox.budget`). Past it, produce() waits
+            for the outbox to commit, as when the store is slow. Default 64 MiB. librdkafka's
+            queue gets a quarter of it (`queue.buffering.max.kbytes` and
+            `queue.buffering.max.messages`, unless the config sets them), so what librdkafka
+            hands back when the circuit opens fits in the rest.
     """
 
     def __init__(
@@ -135,6 +143,7 @@ class ResilientProducer:
         on_store_error: Callable[[StoreError], None] | None = None,
         key_serializer: Serializer | None = None,
         value_serializer: Serializer | None = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
     ) -> None:
         if not isinstance(config, Mapping):
             raise ConfigError("config must be a dict of confluent_kafka settings")
@@ -148,6 +157,8 @@ class ResilientProducer:
             raise ConfigError(f"queue_full_timeout must be >= 0 seconds, got {queue_full_timeout!r}")
         if drain_in not in _DRAIN_IN:
             raise ConfigError(f"drain_in must be one of {_DRAIN_IN}, got {drain_in!r}")
+        if memory_budget.__class__ is not int or memory_budget < 1:
+            raise ConfigError(f"memory_budget must be a positive number of bytes (int), got {memory_budget!r}")
         if drain_in == "process" and isinstance(outbox, Outbox):
             raise ConfigError("drain_in='process' needs the outbox as a URL: the drain process opens it itself")
         self._serializers = Serializers.of(key_serializer, value_serializer)
@@ -162,6 +173,9 @@ class ResilientProducer:
         self._config = {**PRODUCER_DEFAULTS, **config}
         self._config.setdefault("logger", LIBRDKAFKA_LOG)  # librdkafka's lines to logging, summarised
         self._config.pop("on_delivery", None)  # every message carries its own callback
+        rdkafka_queue, rdkafka_reserve = queue_limits(self._config, memory_budget)
+        self._config.update(rdkafka_queue)
+        self.memory = MemoryBudget(memory_budget, reserve=rdkafka_reserve)
         # Successes are reported to on_delivery unless the application opts out, as in librdkafka.
         # Write-ahead rows are deleted on their success report, so that mode always asks for them.
         report_successes = not _is_true(self._config.pop("delivery.report.only.error", False))
@@ -220,6 +234,7 @@ class ResilientProducer:
             owner=new_owner("producer"),
             lease_seconds=lease_seconds,
             max_delay=commit_interval,
+            budget=self.memory,
             after_commit=self._after_commit,
         )
         fallback = mode == "fallback"
@@ -402,6 +417,9 @@ class ResilientProducer:
             "in_memory": len(self._link),
             "keys_waiting": len(self._backlog.pending),
             "unsaved": self.writer.pending() + self._spill.held(),
+            "memory_held_bytes": self.memory.held(),
+            "memory_held_peak": self.memory.peak_now(),
+            "memory_budget": self.memory.limit,
             "circuit": self.circuit.state.value,
             "oldest_pending_age": (
                 None if store is None or store.oldest_pending_at is None else now - store.oldest_pending_at

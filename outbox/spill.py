@@ -11,6 +11,9 @@ messages in produce order on that way (README, "Order per key"):
 
 `KeyBacklog.lock` makes "mark the key and queue its message" one step: a check of the store must
 never see a key marked while its message is in neither the writer nor the hold-back.
+
+All three hold messages in memory against one budget in bytes (`outbox.budget`): an application
+thread waits for room before it queues a message (`wait_for_room`), the delivery thread never does.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .budget import message_cost
 from .circuit import CircuitBreaker, CircuitState
 from .fates import DeliveryCallback, Fates
 from .holdback import Holdback
@@ -46,7 +50,8 @@ class Spill:
 
     Args:
         store: the outbox (the key backlog reads which keys have rows).
-        writer: commits what is queued here.
+        writer: commits what is queued here; its memory budget is shared by the hold-back and
+            the gate.
         link: the librdkafka producer (the hold-back ends once it has handed back its messages).
         circuit: keys are checked only while it is not open (nothing drains then).
         fates: where a stored message's `on_delivery` waits.
@@ -71,8 +76,9 @@ class Spill:
         # Messages this process queued for the outbox or handed to the drain: counted by the
         # application's threads, the delivery thread (failed first sends) and the writer thread.
         self.outboxed = Tally()
+        self.budget = writer.budget
         self.hold: Holdback[NewMessage] = Holdback(
-            _sequence, limit=writer.max_pending, on_full=link.purge_in_flight_soon, clock=time.monotonic
+            _sequence, budget=self.budget, on_full=link.purge_in_flight_soon, clock=time.monotonic
         )
         # Not checked while the circuit is open: nothing drains then. Half-open counts as not
         # open: when every key has a backlog, no message is left to probe the circuit, and only
@@ -84,6 +90,7 @@ class Spill:
             may_check=lambda: circuit.state is not CircuitState.OPEN,
             send=send_held,
             store_held=self.store_held if send_held is not None else None,
+            budget=self.budget,
         )
 
     def held(self) -> int:
@@ -107,13 +114,14 @@ class Spill:
         backlog = self.backlog
         if (topic, k) not in backlog.pending:
             return False
-        self.wait_for_room()  # outside the lock: the writer's hooks may need it
+        msg = unsent_row(topic, value, k, hdrs, partition, msg_id, NOT_SENT_KEY_WAITS, timestamp)
+        cost = message_cost(msg)
+        self.wait_for_room(cost)  # outside the lock: the writer's hooks may need it
         with backlog.lock:
             if (topic, k) not in backlog.pending:
                 return False
-            msg = unsent_row(topic, value, k, hdrs, partition, msg_id, NOT_SENT_KEY_WAITS, timestamp)
-            if not backlog.hold((topic, k), (msg, cb)):  # held while the key is handed back
-                self.queue(msg, cb)
+            if not backlog.hold((topic, k), (msg, cb), cost):  # held while the key is handed back
+                self.queue(msg, cb, cost)
             return True
 
     def store_unsent(
@@ -130,14 +138,15 @@ class Spill:
         `wait=True` only from the application's produce() call: it may block for backpressure.
         The delivery thread never waits here (the writer's sends need it to poll).
         """
+        cost = message_cost(msg)
         if wait:
-            self.wait_for_room()  # outside the lock, which the delivery thread needs
+            self.wait_for_room(cost)  # outside the lock, which the delivery thread needs
         if msg.key is None:
-            self.queue(msg, cb)
+            self.queue(msg, cb, cost)
             return
         # Marking the key and queueing the message are one step (KeyBacklog.lock).
         with self.backlog.lock:
-            self.queue(msg, cb)
+            self.queue(msg, cb, cost)
 
     def store_held(self, key: Key, held: list[HeldMessage]) -> None:
         """Under the backlog's lock: messages the gate held, queued for the outbox in order."""
@@ -153,17 +162,27 @@ class Spill:
             self._waiting[msg.msg_id] = cb
         self.outboxed.add()
 
-    def queue(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
+    def queue(self, msg: NewMessage, cb: DeliveryCallback | None, cost: int = 0) -> None:
         """Count `msg` as bound for the outbox and queue it for the writer (or the hold-back).
-        A keyed message: under the backlog's lock (marking its key and queueing it are one step)."""
+        A keyed message: under the backlog's lock (marking its key and queueing it are one step).
+        `cost`: its `message_cost`, if the caller has it (0: computed here)."""
         self.note(msg, cb)
-        if not (self.hold.active and self.hold.offer(msg)):
-            self._writer.add_new(msg)
+        if not cost:
+            cost = message_cost(msg)
+        if not (self.hold.active and self.hold.offer(msg, cost)):
+            self._writer.add_new(msg, cost=cost)
 
-    def wait_for_room(self) -> None:
-        """Application threads: block while the hold-back or the writer is full (backpressure)."""
-        self.hold.wait_for_room()
-        self._writer.wait_for_room()
+    def wait_for_room(self, cost: int) -> None:
+        """Application threads: block while the memory budget has no room for `cost` more bytes.
+
+        The gate's messages go to the writer first: a gate keeps them up to a second, the
+        writer's commits free the room sooner (a gate never makes produce() wait).
+        """
+        if not self.budget.full(cost):
+            return
+        if self.backlog.held_bytes:
+            self.backlog.store_gated()
+        self._writer.wait_for_room(cost)
 
     # -- the hold-back -----------------------------------------------------------------------
 

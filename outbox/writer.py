@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget, message_cost
 from .errors import StoreError
 from .latency import LatencyHistogram
 from .records import NewMessage, OutboxMessage
@@ -36,6 +37,7 @@ class Batch:
     settled: Settlement = field(default_factory=Settlement)  # decisions about sent rows
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    bytes: int = 0  # what its new rows and dead letters cost in memory (outbox.budget)
 
     def size(self) -> int:
         st = self.settled
@@ -66,8 +68,10 @@ class GroupCommitWriter:
         max_delay: how long the writer waits for more work after the first item before it
             commits (the "batch" durability window's floor; the commit itself adds its fsync).
         max_batch: commit at once when this many items are queued.
-        max_pending: callers that pass `wait=True` block while this many new messages wait
-            for a commit, so a long outage keeps memory flat instead of queueing in RAM.
+        budget: the producer's memory budget (`outbox.budget`), shared with its other parts:
+            callers that pass `wait=True` block while it is full, so a long outage keeps memory
+            flat instead of queueing in RAM; and a quarter of it queued starts a commit at once.
+            None: a budget of its own, `DEFAULT_MEMORY_BUDGET`.
         after_commit: called on the writer thread with each committed batch.
     """
 
@@ -79,7 +83,7 @@ class GroupCommitWriter:
         lease_seconds: float,
         max_delay: float = 0.002,
         max_batch: int = 5000,
-        max_pending: int = 50_000,
+        budget: MemoryBudget | None = None,
         after_commit: Callable[[Committed], None] | None = None,
     ) -> None:
         self.store = store
@@ -87,7 +91,12 @@ class GroupCommitWriter:
         self.lease_seconds = lease_seconds
         self.max_delay = max_delay
         self.max_batch = max_batch
-        self.max_pending = max_pending
+        self.budget = MemoryBudget(DEFAULT_MEMORY_BUDGET) if budget is None else budget
+        # Commit without waiting for `max_delay` once this much is queued: while the previous
+        # commit runs, the next batch fills the rest of the budget.
+        self.max_batch_bytes = max(1, self.budget.admit // 4)
+        #: Bytes of the rows queued or being committed (under `_lock`; `outbox.budget`).
+        self.held_bytes = 0
         self.after_commit = after_commit
         # `with self._lock` is one C call; `with self._cond` is two Python-level calls
         # (Condition.__enter__/__exit__), paid by every produce() in write-ahead mode.
@@ -99,40 +108,55 @@ class GroupCommitWriter:
         self._failing_since: float | None = None
         self.committed_rows = 0
         self.commit_seconds = LatencyHistogram()  # per commit, not per message: no hot-path cost
+        self.budget.add_part(self)
         self._thread = threading.Thread(target=self._run, name="outbox-writer", daemon=True)
         self._thread.start()
 
     # -- producers of work (any thread) ------------------------------------------------------
 
-    def add_new(self, msg: NewMessage, meta: Any = None, *, leased: bool = False, wait: bool = False) -> Batch:
-        """Queue a new row. `wait=True` (application threads only) applies backpressure."""
-        if wait and len(self._batch.new) >= self.max_pending:
-            self.wait_for_room()
+    def add_new(
+        self, msg: NewMessage, meta: Any = None, *, leased: bool = False, wait: bool = False, cost: int = 0
+    ) -> Batch:
+        """Queue a new row. `wait=True` (application threads only) applies backpressure.
+
+        `cost`: the message's `message_cost` if the caller has it already (0: computed here).
+        """
+        if not cost:
+            cost = message_cost(msg)
+        if wait:
+            self.wait_for_room(cost)
         with self._lock:
             b = self._batch
             b.new.append(msg)
             b.new_meta.append(meta)
             b.leased.append(leased)
-            if len(b.new) == 1 or len(b.new) >= self.max_batch:
+            b.bytes += cost
+            self.held_bytes += cost
+            if len(b.new) == 1 or len(b.new) >= self.max_batch or b.bytes >= self.max_batch_bytes:
                 self._cond.notify()
             return b
 
-    def wait_for_room(self) -> None:
-        """Block while `max_pending` new messages wait for a commit (backpressure).
+    def wait_for_room(self, cost: int = 0) -> None:
+        """Block while the memory budget has no room for `cost` more bytes (backpressure).
 
-        Only for application threads, never while holding a lock the writer's hooks need.
+        Only for application threads, never while holding a lock the writer's hooks need. The
+        commits make the room; messages held elsewhere (hold-back, gate) move here first.
         """
-        if len(self._batch.new) < self.max_pending:  # unlocked peek: the common case is free
+        budget = self.budget
+        if not budget.full(cost):  # no lock: the common case is free
             return
         with self._cond:
-            while len(self._batch.new) >= self.max_pending and not self._closed:
+            while budget.full(cost) and not self._closed:
                 self._cond.notify()
-                self._cond.wait(0.1)
+                self._cond.wait(0.05)
 
     def add_dead(self, msg: NewMessage, meta: Any = None) -> Batch:
+        cost = message_cost(msg)
         with self._cond:
             self._batch.dead.append(msg)
             self._batch.dead_meta.append(meta)
+            self._batch.bytes += cost
+            self.held_bytes += cost
             self._cond.notify()
             return self._batch
 
@@ -197,7 +221,11 @@ class GroupCommitWriter:
                 # Let a burst accumulate: one commit for the whole burst.
                 deadline = time.monotonic() + self.max_delay
                 with self._cond:
-                    while self._batch.size() < self.max_batch and not self._closed:
+                    while (
+                        self._batch.size() < self.max_batch
+                        and self._batch.bytes < self.max_batch_bytes
+                        and not self._closed
+                    ):
                         left = deadline - time.monotonic()
                         if left <= 0:
                             break
@@ -244,8 +272,7 @@ class GroupCommitWriter:
                 delay = min(delay * 2, 2.0)
                 if self._closed and time.monotonic() - self._failing_since > 5:
                     batch.error = exc
-                    with self._cond:
-                        self._committing = None
+                    self._forget(batch)
                     batch.done.set()
                     return
         self._failing_since = None
@@ -266,7 +293,13 @@ class GroupCommitWriter:
                 )
             except Exception:
                 log.exception("outbox writer: after-commit hook failed")
+        self._forget(batch)
+        batch.done.set()
+
+    def _forget(self, batch: Batch) -> None:
+        """The batch is committed (or given up at close): its memory is free again."""
+        self.budget.sample()  # the most held is reached just before a decrease
         with self._cond:
             self._committing = None
-            self._cond.notify_all()  # room again for producers held back by max_pending
-        batch.done.set()
+            self.held_bytes -= batch.bytes
+            self._cond.notify_all()  # room again for producers held back by the budget

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-
+from outbox.budget import MemoryBudget
 from outbox.holdback import Holdback
 
 
@@ -16,13 +15,14 @@ class Clock:
 
 
 def make(limit: int = 10, on_full=None) -> tuple[Holdback[str], Clock]:  # type: ignore[no-untyped-def]
+    """A hold-back alone in a budget of `limit` bytes; items cost 1 byte unless offered otherwise."""
     clock = Clock()
-    return Holdback(lambda s: s, limit=limit, on_full=on_full, clock=clock), clock
+    return Holdback(lambda s: s, budget=MemoryBudget(limit), on_full=on_full, clock=clock), clock
 
 
 def test_nothing_is_held_without_a_hold() -> None:
     h, _ = make()
-    assert h.offer("a") is False
+    assert h.offer("a", 1) is False
     assert len(h) == 0
     assert h.release(source_empty=True) == []
 
@@ -32,19 +32,19 @@ def test_held_items_come_back_in_sequence_order_once_the_source_is_empty() -> No
     h.start(30)
     # A spill produced later (…0003) is offered before the purged older messages come back.
     for seq in ["p-0003", "p-0001", "p-0004", "p-0002"]:
-        assert h.offer(seq)
+        assert h.offer(seq, 1)
     assert h.release(source_empty=False) == []  # librdkafka still holds older messages
     assert h.active and len(h) == 4
     assert h.release(source_empty=True) == ["p-0001", "p-0002", "p-0003", "p-0004"]
     assert not h.active and len(h) == 0
-    assert h.offer("p-0005") is False  # the hold is over: straight to the writer
+    assert h.offer("p-0005", 1) is False  # the hold is over: straight to the writer
 
 
 def test_a_hold_ends_when_its_time_runs_out_even_if_the_source_is_not_empty() -> None:
     h, clock = make()
     h.start(31)
-    h.offer("b")
-    h.offer("a")
+    h.offer("b", 1)
+    h.offer("a", 1)
     clock.now += 30.9
     assert h.release(source_empty=False) == []
     clock.now += 0.2
@@ -65,33 +65,38 @@ def test_starting_again_extends_the_hold_and_counts_one_hold() -> None:
     assert h.holds == 2
 
 
-def test_a_full_hold_asks_once_for_a_purge_and_blocks_waiters_until_released() -> None:
+def test_held_bytes_count_what_is_held_until_the_release() -> None:
+    h, _ = make(limit=1000)
+    h.start(30)
+    h.offer("b", 300)
+    h.offer("a", 200)
+    assert h.held_bytes == 500
+    assert h.release(source_empty=True) == ["a", "b"]
+    assert h.held_bytes == 0
+
+
+def test_a_full_budget_asks_once_for_a_purge_and_the_delivery_thread_never_waits() -> None:
     asked: list[int] = []
-    h, _ = make(limit=3, on_full=lambda: asked.append(1))
+    h, _ = make(limit=100, on_full=lambda: asked.append(1))
     h.start(30)
-    for s in "cba":
-        h.offer(s)
-    h.offer("d")  # the delivery thread may go past the limit; it never waits
+    h.offer("c", 40)
+    h.offer("b", 40)
+    assert asked == []  # 80 of 100 bytes
+    h.offer("a", 40)  # past the budget: purge what is in flight, which ends the hold soon
+    h.offer("d", 40)  # the delivery thread may go past it; it never waits (offer returns)
     assert asked == [1]
-    waited = threading.Event()
-
-    def app() -> None:
-        h.wait_for_room()
-        waited.set()
-
-    t = threading.Thread(target=app)
-    t.start()
-    assert not waited.wait(0.2), "produce() must wait while the hold is full"
+    assert h.held_bytes == 160
     assert h.release(source_empty=True) == ["a", "b", "c", "d"]
-    t.join(5)
-    assert waited.is_set()
-
-
-def test_wait_for_room_returns_at_once_below_the_limit() -> None:
-    h, _ = make(limit=3)
     h.start(30)
-    h.offer("a")
-    t = threading.Thread(target=h.wait_for_room)
-    t.start()
-    t.join(10)
-    assert not t.is_alive(), "wait_for_room() blocked below the limit"
+    h.offer("e", 200)
+    assert asked == [1, 1]  # once per hold
+
+
+def test_a_release_records_the_most_held_as_the_budgets_peak() -> None:
+    budget = MemoryBudget(10_000)
+    h = Holdback(lambda s: s, budget=budget, clock=Clock())
+    h.start(30)
+    for s in "abc":
+        h.offer(s, 700)
+    assert h.release(source_empty=True) == ["a", "b", "c"]
+    assert budget.held() == 0 and budget.peak == 2100

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from outbox import NewMessage, SQLiteOutbox, keyorder
+from outbox import NewMessage, SQLiteOutbox
+from outbox.budget import MemoryBudget
 from outbox.errors import StoreError
 from outbox.keyorder import KeyBacklog
 
@@ -132,9 +133,9 @@ class Outcomes:
                 "store_held": lambda k, held: self.stored.append((k, list(held)))}
 
 
-def hold(b: KeyBacklog, key: tuple[str, bytes], message: object) -> bool:
+def hold(b: KeyBacklog, key: tuple[str, bytes], message: object, cost: int = 1) -> bool:
     with b.lock:
-        return b.hold(key, message)
+        return b.hold(key, message, cost)
 
 
 def test_a_gate_releases_a_key_once_its_rows_are_delivered_and_sends_what_it_held_in_order(
@@ -149,14 +150,14 @@ def test_a_gate_releases_a_key_once_its_rows_are_delivered_and_sends_what_it_hel
         gate = threading.Thread(target=lambda: released.append(b.hand_back({key})))
         gate.start()
         wait_until(lambda: key in b.gated, 10, "the gate to begin", every=0.01)
-        assert hold(b, key, "m1") and hold(b, key, "m2")
-        assert b.held == 2
+        assert hold(b, key, "m1", 100) and hold(b, key, "m2", 100)
+        assert b.held == 2 and b.held_bytes == 200
         store.mark_delivered([a])
         b.drained([key])
         gate.join(10)
         assert released == [1]
         assert out.sent == [(key, ["m1", "m2"])] and out.stored == []
-        assert b.pending == set() and b.gated == {} and b.held == 0
+        assert b.pending == set() and b.gated == {} and b.held == 0 and b.held_bytes == 0
 
 
 def test_a_gate_that_runs_out_of_time_stores_what_it_held_behind_the_rows(store: SQLiteOutbox) -> None:
@@ -197,18 +198,35 @@ def test_a_key_stored_again_during_its_gate_is_not_released(store: SQLiteOutbox)
         assert b.pending == {key}
 
 
-def test_past_the_gate_limit_a_produce_ends_its_keys_gate(store: SQLiteOutbox, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(keyorder, "GATE_LIMIT", 2)
+def test_with_the_memory_budget_full_a_produce_ends_its_keys_gate(store: SQLiteOutbox) -> None:
+    budget = MemoryBudget(1000)
     out = Outcomes()
     key = ("t", b"a")
-    with backlog(store, **out.opts()) as b:
+    with backlog(store, budget=budget, **out.opts()) as b:
         with b.lock:
             b.mark(key)
             b.gated[key] = []
-        assert hold(b, key, "m1") and hold(b, key, "m2")
-        assert not hold(b, key, "m3")  # the producer queues it for the outbox, behind m1 and m2
+        assert hold(b, key, "m1", 400) and hold(b, key, "m2", 400)
+        assert b.held_bytes == 800 and budget.held() == 800
+        assert not hold(b, key, "m3", 400)  # the producer queues it for the outbox, behind m1 and m2
         assert out.stored == [(key, ["m1", "m2"])]
-        assert b.gated == {} and b.held == 0 and b.pending == {key}
+        assert b.gated == {} and b.held == 0 and b.held_bytes == 0 and b.pending == {key}
+        assert budget.peak == 800
+
+
+def test_store_gated_hands_every_gates_messages_to_the_outbox(store: SQLiteOutbox) -> None:
+    """The producer's way out when the budget is full: gates never make produce() wait."""
+    out = Outcomes()
+    a, c = ("t", b"a"), ("t", b"c")
+    with backlog(store, budget=MemoryBudget(10_000), **out.opts()) as b:
+        with b.lock:
+            for k in (a, c):
+                b.mark(k)
+                b.gated[k] = []
+        assert hold(b, a, "a1", 100) and hold(b, c, "c1", 100) and hold(b, a, "a2", 100)
+        b.store_gated()
+        assert sorted(out.stored) == [(a, ["a1", "a2"]), (c, ["c1"])]
+        assert b.gated == {} and b.held_bytes == 0 and b.pending == {a, c}
 
 
 def test_a_key_whose_held_message_the_send_stored_stays_pending(store: SQLiteOutbox) -> None:

@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from outbox.budget import MemoryBudget, message_cost
 from outbox.errors import StoreError, UnknownMessageError
 from outbox.records import NewMessage, Status
 from outbox.settle import Decision, Verdict
 from outbox.stores import SQLiteOutbox
 from outbox.stores.base import Applied, Settlement
 from outbox.writer import Committed, GroupCommitWriter
+
+from ..waiting import wait_until
 
 OWNER = "test-producer"
 ERR = "_MSG_TIMED_OUT (-192): Local: Message timed out"
@@ -397,3 +400,68 @@ def test_retry_after_a_partial_commit_counts_a_failure_once(tmp_path: Path) -> N
         assert store.get(row_id).attempts == 1
     finally:
         store.close()
+
+
+# -- the memory budget ---------------------------------------------------------------------------
+
+
+def test_held_bytes_count_queued_and_committing_rows_until_their_commit(tmp_path: Path) -> None:
+    store = GatedOutbox(str(tmp_path / "outbox.db"))
+    budget = MemoryBudget(1 << 30)
+    try:
+        w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=0, budget=budget)
+        first = [msg(i) for i in range(3)]
+        for m in first:
+            w.add_new(m)
+        assert store.entered.wait(30)  # the three are being committed
+        w.add_new(msg(3))  # queued behind that commit
+        w.add_dead(msg(4))
+        costs = [message_cost(msg(i)) for i in range(5)]
+        assert w.held_bytes == budget.held() == sum(costs)
+        store.gate.set()
+        assert w.flush() == 0
+        assert w.held_bytes == 0 and budget.held() == 0
+        assert budget.peak == sum(costs)  # sampled before each commit handed its bytes back
+        assert w.close() == 0
+    finally:
+        store.gate.set()
+        store.close()
+
+
+def test_a_full_budget_makes_application_threads_wait_for_a_commit(tmp_path: Path) -> None:
+    store = GatedOutbox(str(tmp_path / "outbox.db"))
+    cost = message_cost(msg(0))
+    budget = MemoryBudget(3 * cost)  # room for three messages
+    try:
+        w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=0, budget=budget)
+        for i in range(3):
+            w.add_new(msg(i), wait=True)
+        assert store.entered.wait(30)
+        added = threading.Event()
+        t = threading.Thread(target=lambda: (w.add_new(msg(3), wait=True), added.set()))
+        t.start()
+        assert not added.wait(0.3), "add_new(wait=True) must wait while the budget is full"
+        w.add_new(msg(4))  # wait=False (the delivery thread) never waits, even past the budget
+        assert w.held_bytes == 4 * cost
+        store.gate.set()  # the commit frees the room
+        assert added.wait(30)
+        t.join(30)
+        assert w.close() == 0
+        assert sorted(r[0] for r in all_rows(store)) == [f"id-{i}" for i in range(5)]
+        assert budget.peak <= 5 * cost
+    finally:
+        store.gate.set()
+        store.close()
+
+
+def test_a_quarter_of_the_budget_queued_is_committed_without_waiting_for_max_delay(store: CountingOutbox) -> None:
+    cost = message_cost(msg(0))
+    w = GroupCommitWriter(
+        store, owner=OWNER, lease_seconds=60, max_delay=600, max_batch=10_000, budget=MemoryBudget(40 * cost)
+    )
+    assert w.max_batch_bytes == 10 * cost
+    for i in range(10):
+        w.add_new(msg(i))
+    # max_delay is ten minutes and max_batch 10,000: only the bytes can start this commit.
+    wait_until(lambda: w.committed_rows == 10, 30, "a commit of the ten queued rows")
+    assert w.close() == 0
