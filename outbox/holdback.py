@@ -75,12 +75,23 @@ class Holdback(Generic[T]):
         with self._lock:
             if not self.active:
                 return False
+            if self._budget.full(cost):
+                self._budget_full()
             self._items.append(item)
             self.held_bytes += cost
-            if not self._asked_purge and self._on_full is not None and self._budget.full():
-                self._asked_purge = True
-                self._on_full()
             return True
+
+    def budget_full(self) -> None:
+        """The memory budget has no room: end the hold sooner (an application thread about to wait)."""
+        if self.active:
+            with self._lock:
+                self._budget_full()
+
+    def _budget_full(self) -> None:
+        """Under the lock: ask the owner, once per hold, to purge what is in flight."""
+        if self.active and not self._asked_purge and self._on_full is not None:
+            self._asked_purge = True
+            self._on_full()
 
     def release(self, *, source_empty: bool) -> list[T]:
         """End the hold if the source holds nothing older or the hold ran out; items in seq order.

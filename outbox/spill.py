@@ -176,10 +176,12 @@ class Spill:
         """Application threads: block while the memory budget has no room for `cost` more bytes.
 
         The gate's messages go to the writer first: a gate keeps them up to a second, the
-        writer's commits free the room sooner (a gate never makes produce() wait).
+        writer's commits free the room sooner (a gate never makes produce() wait). A hold-back
+        asks librdkafka for what is in flight, which ends it at the next poll.
         """
         if not self.budget.full(cost):
             return
+        self.hold.budget_full()
         if self.backlog.held_bytes:
             self.backlog.store_gated()
         self._writer.wait_for_room(cost)

@@ -82,13 +82,14 @@ def test_a_full_budget_asks_once_for_a_purge_and_the_delivery_thread_never_waits
     h.offer("c", 40)
     h.offer("b", 40)
     assert asked == []  # 80 of 100 bytes
-    h.offer("a", 40)  # past the budget: purge what is in flight, which ends the hold soon
-    h.offer("d", 40)  # the delivery thread may go past it; it never waits (offer returns)
+    h.offer("a", 40)  # no room for it: purge what is in flight, which ends the hold soon
+    h.offer("d", 40)  # the delivery thread may go past the budget; it never waits (offer returns)
+    h.budget_full()  # an application thread found no room either
     assert asked == [1]
     assert h.held_bytes == 160
     assert h.release(source_empty=True) == ["a", "b", "c", "d"]
     h.start(30)
-    h.offer("e", 200)
+    h.budget_full()  # an application thread about to wait for room
     assert asked == [1, 1]  # once per hold
 
 
