@@ -400,13 +400,22 @@ def naive(p: Params) -> Result:
 
 @scenario("spill")
 def spill(p: Params) -> Result:
-    """Brokers down, circuit open: produce N into the outbox; done when flush() returns 0."""
+    """Brokers down, circuit open: produce N into the outbox; done when flush() returns 0.
+
+    `distinct`: every message gets a value of its own (as an application's are), so what the
+    producer holds costs what it would; otherwise all share one value object (the spill-rate
+    runs: the time, not the memory, is measured there). `memory_budget`: the producer's.
+    """
     from outbox import ResilientProducer
 
     n, topic, every = int(p["n"]), p["topic"], int(p["sample"])
-    value = os.urandom(int(p["size"]))
+    size = int(p["size"])
+    value = os.urandom(size)
+    distinct = bool(p.get("distinct"))
+    stem = value[: max(0, size - 8)]  # + the message number: a value of its own, `size` bytes
     path = os.path.join(p["workdir"], f"spill-{os.getpid()}.db")
-    rp = ResilientProducer(kafka_config(p), outbox=f"sqlite:///{path}", mode="fallback")
+    budget: dict[str, Any] = {"memory_budget": int(p["memory_budget"])} if p.get("memory_budget") else {}
+    rp = ResilientProducer(kafka_config(p), outbox=f"sqlite:///{path}", mode="fallback", **budget)
     rp.circuit.trip("benchmark: brokers are down")
     marks = {n * q // 4 - 1: q * 25 for q in (1, 2, 3, 4)}
     rss: dict[str, float] = {"0": rss_mb()}
@@ -416,6 +425,8 @@ def spill(p: Params) -> Result:
     pc = time.perf_counter_ns
     t0 = start_clock()
     for i in range(n):
+        if distinct:
+            value = stem + i.to_bytes(8, "big")
         if i % every:
             produce(topic, value)
         else:
@@ -425,7 +436,7 @@ def spill(p: Params) -> Result:
         if i in marks:
             rss[str(marks[i])] = rss_mb()
             backlog[str(marks[i])] = rp.writer.pending()
-    left = rp.flush(600)
+    left = rp.flush(3600)
     seconds = time.perf_counter() - t0
     rss["after_flush"] = rss_mb()
     st = rp.stats()
@@ -444,6 +455,8 @@ def spill(p: Params) -> Result:
         circuit=st["circuit"],
         rss_mb_at_pct=rss,
         uncommitted_at_pct=backlog,
+        memory_held_peak=st["memory_held_peak"],
+        memory_budget=st["memory_budget"],
         db_path=path,
         db_mb=db_mb,
     )

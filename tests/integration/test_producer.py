@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
-from outbox import ID_HEADER, DeadLetter, NewMessage, ResilientProducer, RetryPolicy, SQLiteOutbox
+from outbox import ID_HEADER, DeadLetter, Drainer, NewMessage, ResilientProducer, RetryPolicy, SQLiteOutbox
 from outbox.records import Status
 from outbox.testing import KafkaCluster
 
@@ -654,3 +654,66 @@ def test_messages_librdkafka_holds_when_the_circuit_opens_keep_their_place_per_k
         by_key.setdefault(key, []).append(msg_id)
     out_of_order = {k.decode(): sum(a > b for a, b in zip(ids, ids[1:], strict=False)) for k, ids in by_key.items()}
     assert all(n == 0 for n in out_of_order.values()), f"rows stored out of produce order per key: {out_of_order}"
+
+
+def test_an_outage_of_large_messages_far_past_the_memory_budget_stores_each_once_in_key_order(
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """4 KiB messages, ten times the producer's memory budget, while every broker is down: every
+    one is in the outbox (rows counted), the producer's own count of the bytes it held never
+    went past the budget, and after the restart each key's messages arrive in produce order."""
+    topic = make_topic(config={"min.insync.replicas": "2"})
+    bs = chaos_cluster.bootstrap_servers
+    budget = 4 * 1024 * 1024
+    total, keys, size = 10_000, 10, 4096  # 40 MB of values: ten budgets
+    seq = [0] * keys
+    held: list[int] = []  # stats()["memory_held_bytes"], sampled through the outage
+    path = tmp_path / "o.db"
+    # No drain workers: the outbox is counted before anything leaves it.
+    with make_producer(bs, path, message_timeout_ms=ORDER_TIMEOUT_MS, memory_budget=budget, drain_workers=0) as p:
+        p.produce(make_topic(partitions=1), b"warm-up")
+        wait_until(lambda: p.stats()["delivered"] == 1, 60, "the warm-up message is delivered")
+        assert p.flush(30) == 0
+        chaos_cluster.stop_all()
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.1):
+                held.append(p.stats()["memory_held_bytes"])
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            for i in range(total):
+                k = i % keys
+                key, tail = keyed_value(k, seq[k])
+                seq[k] += 1
+                p.produce(topic, b"x" * (size - len(tail)) + tail, key=key)
+            assert p.flush(120) == 0
+        finally:
+            done.set()
+            sampler.join(30)
+        st = p.stats()
+    assert st["memory_budget"] == budget
+    assert st["memory_held_bytes"] == 0
+    assert budget // 4 < st["memory_held_peak"] <= budget, "the budget was filled, never exceeded"
+    assert held and max(held) <= budget
+    assert st["produced"] == total + 1 and st["outboxed"] == total and st["delivered"] == 1
+    with SQLiteOutbox(str(path), create=False) as store:
+        rows = [m for m in store.messages() if m.status is Status.PENDING]
+        assert len(rows) == total
+        assert {len(m.value or b"") for m in rows} == {size}
+        chaos_cluster.start_all()
+        chaos_cluster.wait_until_healthy()
+        drainer = Drainer(
+            store, {"bootstrap.servers": bs, **FAST, "message.timeout.ms": ORDER_TIMEOUT_MS},
+            retry=RetryPolicy(max_attempts=100, initial_delay=0.5),
+        )
+        # A run ends when no row is due: one the just-restarted cluster timed out waits its back-off.
+        wait_until(
+            lambda: drainer.run(until_empty=True).remaining == 0 and store.stats(now=time.time()).pending == 0,
+            180, "the outbox is drained",
+        )
+    got = read_topic(bs, topic, total)
+    assert got.unique == total, f"lost {total - got.unique} messages"
+    assert got.order_violations() == []
