@@ -23,6 +23,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
+from .budget import MESSAGE_OVERHEAD
 from .errors import KafkaUnavailableError, StoreError
 from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
@@ -84,6 +85,19 @@ class DrainHealth:
     last_error: str | None = None
 
 
+#: What a claimed row is assumed to cost before one was claimed (`Drainer.batch_bytes`).
+_FIRST_ROW_BYTES = 4096 + MESSAGE_OVERHEAD
+#: Rows of a claim whose size stands for the next claim's rows (sampling keeps it O(1)).
+_ROW_SAMPLE = 64
+
+
+def _row_bytes(rows: list[OutboxMessage]) -> int:
+    """A claimed row's cost in memory: value and key of the first rows, plus the overhead."""
+    sample = rows[:_ROW_SAMPLE]
+    payload = sum(len(r.value or b"") + len(r.key or b"") for r in sample)
+    return max(1, payload // len(sample) + MESSAGE_OVERHEAD)
+
+
 class Drainer:
     """Sends the outbox's due messages to Kafka under a retry policy.
 
@@ -94,6 +108,12 @@ class Drainer:
         retry: decides the next attempt or the dead letter after each failed send.
         workers: threads, each with its own producer.
         batch_size: rows claimed per transaction.
+        batch_bytes: fewer rows per claim when `batch_size` of them would cost more memory than
+            this (their value and key plus `outbox.budget.MESSAGE_OVERHEAD`, sized from the rows
+            claimed before; 4 KiB each until then), but never less than one stored group of rows
+            (`Outbox.claim` takes a group whole). A producer's drain threads get a quarter of
+            its `memory_budget`: a worker holds a batch on the wire and the next one claimed,
+            each in Python and the first once more in librdkafka. None: `batch_size` alone.
         lease_seconds: how long a claimed row stays with this worker; must exceed the time to
             send a batch (message.timeout.ms). A crashed worker's rows are due again after it.
         poll_interval: longest sleep when nothing is due.
@@ -116,6 +136,7 @@ class Drainer:
         retry: RetryPolicy | None = None,
         workers: int = 1,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_bytes: int | None = None,
         lease_seconds: float = 120.0,
         poll_interval: float = 0.5,
         topic: str | None = None,
@@ -134,6 +155,8 @@ class Drainer:
         self.retry = retry or RetryPolicy()
         self.workers = workers
         self.batch_size = batch_size
+        self.batch_bytes = batch_bytes
+        self._row_bytes = _FIRST_ROW_BYTES  # a claimed row's cost in memory, as last sampled
         self.lease_seconds = lease_seconds
         self.poll_interval = poll_interval
         self.topic = topic
@@ -382,15 +405,17 @@ class Drainer:
             with self._lock:
                 if limit[0] <= 0:
                     return []
-                take = min(self.batch_size, limit[0])
+                take = min(self._batch_rows(), limit[0])
                 limit[0] -= take
         else:
-            take = self.batch_size
+            take = self._batch_rows()
         try:
             rows = self.store.claim(
                 self.owner, take, self.lease_seconds, now=time.time(), topic=self.topic, in_flight=in_flight
             )
             self._store_ok()
+            if rows and self.batch_bytes is not None:
+                self._row_bytes = _row_bytes(rows)
         except StoreError as exc:
             if not background:
                 raise
@@ -400,6 +425,12 @@ class Drainer:
             with self._lock:
                 limit[0] += take - len(rows)
         return rows
+
+    def _batch_rows(self) -> int:
+        """Rows to claim: `batch_size`, or fewer to stay within `batch_bytes`."""
+        if self.batch_bytes is None:
+            return self.batch_size
+        return max(1, min(self.batch_size, self.batch_bytes // self._row_bytes))
 
     def _give_back(self, rows: list[OutboxMessage], limit: list[int | None] | None, background: bool) -> None:
         """Release claimed rows that were not sent: due now, no attempt counted."""

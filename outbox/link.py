@@ -32,28 +32,30 @@ LIBRDKAFKA_MAX_MESSAGES = 100_000
 
 
 def queue_limits(config: Mapping[str, Any], memory_budget: int) -> tuple[dict[str, Any], int]:
-    """librdkafka's queue bounds for a producer with this memory budget, and what they let back.
+    """librdkafka's queue bound for a producer with this memory budget, and what it lets back.
 
-    Returns the settings to add (each only if `config` does not set it) and the bytes the
-    messages librdkafka may hold would cost once handed back and stored (the delivery thread
-    stores them without waiting: the budget keeps that much free for them).
+    Returns the settings to add (only what `config` does not set) and the bytes the messages
+    librdkafka may hold would cost once handed back and stored (the delivery thread stores
+    them without waiting: the budget keeps that much free for them, at most half).
 
-    librdkafka's defaults hold up to 1 GB (`queue.buffering.max.kbytes` 1048576) or 100,000
-    messages, whichever comes first: 400 MB at 4 KiB a message, all of it handed back to the
-    wrapper at once when the circuit opens. A quarter of the budget goes to its payload
-    (value and key, which is what librdkafka counts) and as many messages as a quarter pays
-    the wrapper's overhead for: together at most half the budget once handed back.
+    librdkafka's default holds up to 1 GB of payload (`queue.buffering.max.kbytes` 1048576):
+    400 MB at 4 KiB a message, all of it handed back to the wrapper when the circuit opens.
+    It gets a quarter of the budget. `queue.buffering.max.messages` keeps librdkafka's default
+    (100,000): a bound low enough for the budget to cover the overhead of 200-byte messages
+    (6,000 of them in a 16 MiB budget) halved the messages per produce batch and cost the
+    happy path more than half its rate. For messages of 1 KiB and more the payload bound is
+    the one that binds, and what comes back fits in the reserve; smaller messages can come back
+    costing more than it (the hand-back is the one place the budget can be passed).
     """
-    share = max(1, memory_budget // 4)
     add: dict[str, Any] = {}
     if "queue.buffering.max.kbytes" not in config:
-        add["queue.buffering.max.kbytes"] = max(1, share // 1024)
-    if "queue.buffering.max.messages" not in config:
-        add["queue.buffering.max.messages"] = max(1, min(LIBRDKAFKA_MAX_MESSAGES, share // MESSAGE_OVERHEAD))
+        add["queue.buffering.max.kbytes"] = max(1, memory_budget // 4 // 1024)
     merged = {**config, **add}
-    kbytes = int(merged.get("queue.buffering.max.kbytes", 1_048_576))
+    kbytes = int(merged["queue.buffering.max.kbytes"])
     messages = int(merged.get("queue.buffering.max.messages", LIBRDKAFKA_MAX_MESSAGES))
-    return add, kbytes * 1024 + messages * MESSAGE_OVERHEAD
+    # What comes back: its payload, and the overhead of a message per KiB of it (messages of
+    # 1 KiB or more; smaller ones come back costing more than the reserve, up to `messages`).
+    return add, kbytes * 1024 + min(messages, kbytes) * MESSAGE_OVERHEAD
 
 
 class KafkaLink:

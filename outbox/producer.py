@@ -115,10 +115,10 @@ class ResilientProducer:
         memory_budget: bytes of messages the producer may hold in memory on their way to the
             outbox (hold-back, key gate, group-commit writer; each message counts its value,
             key and headers plus a fixed overhead, `outbox.budget`). Past it, produce() waits
-            for the outbox to commit, as when the store is slow. Default 64 MiB. librdkafka's
-            queue gets a quarter of it (`queue.buffering.max.kbytes` and
-            `queue.buffering.max.messages`, unless the config sets them), so what librdkafka
-            hands back when the circuit opens fits in the rest.
+            for the outbox to commit, as when the store is slow. Default 16 MiB. librdkafka's
+            queue gets a quarter of it in payload (`queue.buffering.max.kbytes`, unless the
+            config sets it), and what it may hand back when the circuit opens is kept free; the
+            drain threads claim at most a quarter of it per batch.
     """
 
     def __init__(
@@ -225,7 +225,9 @@ class ResilientProducer:
                 self.store.close()
                 raise
         else:
-            self.drainer = Drainer(self.store, drain_config, **drain_settings)
+            # Claims bounded in bytes too: a drain thread's batches share this process's memory
+            # (a drain process has its own).
+            self.drainer = Drainer(self.store, drain_config, batch_bytes=memory_budget // 4, **drain_settings)
         self._link = KafkaLink(
             self._config, self.circuit, queue_full_timeout=queue_full_timeout, user_error_cb=user_error_cb
         )
