@@ -38,15 +38,16 @@ HEADER_OVERHEAD = 96
 
 
 def message_cost(msg: NewMessage) -> int:
-    """Bytes `msg` costs while the producer holds it."""
+    """Bytes `msg` costs while the producer holds it (once per message on the way to the outbox)."""
+    _, value, key, headers = msg[:4]  # one slice: faster than three attribute reads
     n = MESSAGE_OVERHEAD
-    if msg.value is not None:
-        n += len(msg.value)
-    if msg.key is not None:
-        n += len(msg.key)
-    if msg.headers:
-        for name, value in msg.headers:
-            n += HEADER_OVERHEAD + len(name) + (0 if value is None else len(value))
+    if value is not None:
+        n += len(value)
+    if key is not None:
+        n += len(key)
+    if headers:
+        for name, hv in headers:
+            n += HEADER_OVERHEAD + len(name) + (0 if hv is None else len(hv))
     return n
 
 
