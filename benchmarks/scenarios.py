@@ -455,8 +455,8 @@ def spill(p: Params) -> Result:
         circuit=st["circuit"],
         rss_mb_at_pct=rss,
         uncommitted_at_pct=backlog,
-        memory_held_peak=st["memory_held_peak"],
-        memory_budget=st["memory_budget"],
+        memory_held_peak=st.get("memory_held_peak"),
+        memory_budget=st.get("memory_budget"),
         db_path=path,
         db_mb=db_mb,
     )
