@@ -438,7 +438,12 @@ def test_a_full_budget_makes_application_threads_wait_for_a_commit(tmp_path: Pat
             w.add_new(msg(i), wait=True)
         assert store.entered.wait(30)
         added = threading.Event()
-        t = threading.Thread(target=lambda: (w.add_new(msg(3), wait=True), added.set()))
+
+        def app() -> None:
+            w.add_new(msg(3), wait=True)
+            added.set()
+
+        t = threading.Thread(target=app)
         t.start()
         assert not added.wait(0.3), "add_new(wait=True) must wait while the budget is full"
         w.add_new(msg(4))  # wait=False (the delivery thread) never waits, even past the budget
