@@ -1,0 +1,112 @@
+"""A script that produces and returns without close(): nothing it was told is accepted is lost."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from outbox import Drainer, RetryPolicy, SQLiteOutbox
+from outbox.records import Status
+
+from .delivery import read_topic
+from .test_producer import FAST
+
+# The child: 2,000 messages while the circuit is closed (librdkafka queues them: the listener
+# accepts connections and never answers), then every broker goes away (the listener closes: all
+# brokers down, the circuit opens), 2,000 more, and a plain return. It prints each id it was given.
+UNREACHABLE = textwrap.dedent(
+    """
+    import socket, sys, threading, time
+    from outbox import ResilientProducer
+    path, topic = sys.argv[1:3]
+    server = socket.create_server(("127.0.0.1", 0))
+    conns = []
+    def accept():
+        while True:
+            try:
+                conns.append(server.accept()[0])
+            except OSError:
+                return
+    threading.Thread(target=accept, daemon=True).start()
+    p = ResilientProducer(
+        {"bootstrap.servers": "127.0.0.1:%d" % server.getsockname()[1], "message.timeout.ms": 30000},
+        outbox=f"sqlite:///{path}", circuit_reset_timeout=60,
+    )
+    for i in range(2000):
+        print(p.produce(topic, b"before:%d" % i, key=b"k%d" % (i % 10)))
+    assert p.circuit.closed and len(p) == 2000, (p.circuit.state, len(p))
+    server.shutdown(socket.SHUT_RDWR)
+    server.close()
+    for c in conns:
+        c.close()
+    deadline = time.monotonic() + 30
+    while p.circuit.closed:
+        assert time.monotonic() < deadline, "the circuit did not open"
+        time.sleep(0.01)
+    for i in range(2000):
+        print(p.produce(topic, b"after:%d" % i, key=b"k%d" % (i % 10)))
+    print("in memory at exit:", len(p), file=sys.stderr)
+    """
+)
+
+HEALTHY = textwrap.dedent(
+    """
+    import sys
+    from outbox import ResilientProducer
+    bootstrap, path, topic = sys.argv[1:4]
+    p = ResilientProducer(
+        {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5}, outbox=f"sqlite:///{path}"
+    )
+    for i in range(4000):
+        print(p.produce(topic, b"m:%d" % i, key=b"k%d" % (i % 10)))
+    print("in memory at exit:", len(p), file=sys.stderr)
+    """
+)
+
+
+def _run(script: str, *args: str) -> tuple[list[str], str]:
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split(), done.stderr
+
+
+def _pending_ids(path: Path) -> list[str]:
+    with SQLiteOutbox(str(path), create=False) as store:
+        return [m.msg_id for m in store.messages() if m.status is Status.PENDING]
+
+
+def test_a_plain_exit_with_every_broker_gone_commits_all_4000_accepted_messages(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "exit.db"
+    ids, stderr = _run(UNREACHABLE, str(path), topic)
+    assert len(ids) == 4000
+    assert "4000 messages were still in memory: 0 delivered, 4000 committed to the outbox" in stderr, stderr
+    stored = _pending_ids(path)
+    assert len(stored) == 4000 and set(stored) == set(ids)
+    # They are real messages: the drain delivers every one of them once a cluster is there.
+    store = SQLiteOutbox(str(path))
+    drainer = Drainer(store, {"bootstrap.servers": kafka_bootstrap, **FAST}, retry=RetryPolicy(max_attempts=20))
+    deadline = time.monotonic() + 120
+    while store.stats(now=time.time()).pending:
+        assert time.monotonic() < deadline, "the outbox was not drained"
+        drainer.run(until_empty=True)
+    store.close()
+    got = read_topic(kafka_bootstrap, topic, 4000)
+    assert got.unique == 4000 and set(got.by_id) == set(ids)
+
+
+def test_a_plain_exit_with_the_cluster_up_delivers_all_4000(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
+    path = tmp_path / "exit.db"
+    ids, stderr = _run(HEALTHY, kafka_bootstrap, str(path), topic)
+    assert len(ids) == 4000
+    got = read_topic(kafka_bootstrap, topic, 4000)
+    stored = _pending_ids(path)
+    # Delivered, or (a slow machine's exit_timeout ran out) committed for the next drain: never lost.
+    assert set(got.by_id) | set(stored) == set(ids), stderr
+    assert got.unique == 4000, f"{4000 - got.unique} not delivered ({len(stored)} in the outbox): {stderr}"
