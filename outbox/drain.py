@@ -9,7 +9,10 @@ never sleep per message and a crashed worker's rows come back when their lease e
 A worker thread never dies of a store failure (PostgreSQL restarted, SQLite locked past its busy
 timeout): the error is logged once, counted in `Drainer.health`, passed to `on_store_error`, and
 the worker backs off and tries again; a settlement that could not be written is kept and retried,
-so what Kafka acknowledged is not sent twice because of it.
+so what Kafka acknowledged is not sent twice because of it. A worker that fails for any other
+reason (a bug, a producer librdkafka refused, an `oauth_cb` that raised) is logged at ERROR,
+counted in `restarts`, and started again after a back-off; the rows it held come back when
+their lease ends. The application's client callbacks cannot end a worker (`outbox.callbacks`).
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 from .budget import MESSAGE_OVERHEAD
+from .callbacks import CallbackErrors, guarded
 from .errors import KafkaUnavailableError, StoreError
 from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
 from .records import DeadLetter, OutboxMessage
 from .retry import RetryPolicy
-from .sendloop import RESEND_DEFAULTS, InFlight, SendLoop
+from .sendloop import RESEND_DEFAULTS, InFlight, SendLoop, check_resend_config
 from .settle import Verdict, add_to
 from .stores.base import Outbox, Settlement
 
@@ -47,6 +51,8 @@ DRAIN_DEFAULTS: Mapping[str, Any] = RESEND_DEFAULTS
 DEFAULT_BATCH_SIZE = 10_000
 _BACKOFF_MAX = 5.0  # longest pause between tries while the store fails (seconds)
 _CLUSTER_RETRY = 2.0  # pause between "is a broker up?" probes while the cluster is down (seconds)
+_RESTART_FIRST = 0.5  # pause before a failed worker's first restart (seconds), doubling to:
+_RESTART_MAX = 30.0
 
 
 @dataclass
@@ -104,7 +110,9 @@ class Drainer:
     Args:
         store: the outbox.
         producer_config: confluent_kafka settings (bootstrap.servers, security, ...); passed
-            through, on top of `DRAIN_DEFAULTS`.
+            through, on top of `DRAIN_DEFAULTS`. Its `error_cb`, `throttle_cb`, `stats_cb` and
+            `oauth_cb` serve each worker's producer; one that raises is logged and counted in
+            `callback_errors` (`outbox.callbacks`).
         retry: decides the next attempt or the dead letter after each failed send.
         workers: threads, each with its own producer.
         batch_size: rows claimed per transaction.
@@ -167,8 +175,13 @@ class Drainer:
         self.owner = owner or new_owner("drain")
         self.on_store_error = on_store_error
         self.health = DrainHealth()
-        self.restarts = 0  # always 0 here: threads recover in place (DrainProcess counts dead children)
-        self._config = {**DRAIN_DEFAULTS, "logger": LIBRDKAFKA_LOG, **producer_config}
+        self.restarts = 0  # background workers that failed and were started again
+        self.callback_errors = CallbackErrors()
+        self._config = guarded(
+            {**DRAIN_DEFAULTS, "logger": LIBRDKAFKA_LOG, **producer_config},
+            self.callback_errors,
+            client="a drain worker's producer",
+        )
         self._config.pop("on_delivery", None)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -189,14 +202,37 @@ class Drainer:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Run the workers in background threads until `stop()`."""
+        """Run the workers in background threads until `stop()`.
+
+        Raises:
+            ConfigError: settings the workers' producers cannot use (`check_resend_config`).
+        """
+        check_resend_config(self._config)
         self._stop.clear()
         for i in range(self.workers):
-            t = threading.Thread(
-                target=self._worker, args=(False, None), name=f"outbox-drain-{i}", daemon=True
-            )
+            t = threading.Thread(target=self._supervise, name=f"outbox-drain-{i}", daemon=True)
             t.start()
             self._threads.append(t)
+
+    def _supervise(self) -> None:
+        """A background worker's thread: run the worker, and start it again if it fails."""
+        pause = _RESTART_FIRST
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self._worker(False, None)
+                return  # stopped
+            except Exception:
+                pass  # logged by the worker, with its traceback
+            if self._stop.is_set():
+                return
+            with self._lock:
+                self.restarts += 1
+            if time.monotonic() - started > _RESTART_MAX:  # it had run well: a new spell of failures
+                pause = _RESTART_FIRST
+            log.error("outbox drain worker restarts in %.1f s (restart %d)", pause, self.restarts)
+            self._stop.wait(pause)
+            pause = min(pause * 2, _RESTART_MAX)
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the workers: the batch in flight is settled, unsent leases are released."""
@@ -301,7 +337,11 @@ class Drainer:
         limit: list[int | None] | None,
         progress: Callable[[DrainResult], None] | None = None,
     ) -> None:
-        loop = SendLoop(self._config, self.retry)
+        try:
+            loop = SendLoop(self._config, self.retry)
+        except Exception:
+            log.exception("outbox drain worker %s could not create its producer", self.owner)
+            raise
         # Background workers (start()) and follow mode (`outbox drain --follow`, a long-running
         # sidecar) survive store failures, which a database restart causes; a run until empty
         # reports them to its caller.
@@ -347,7 +387,9 @@ class Drainer:
                     continue
                 self._sleep_until_due(time.time())
         except Exception:
-            log.exception("outbox drain worker %s failed; its leases expire and others take over", self.owner)
+            log.exception(
+                "outbox drain worker %s failed; the rows it holds come back when their lease ends", self.owner
+            )
             raise
         finally:
             try:  # stopping: settle what is in flight (the rest is purged, released)

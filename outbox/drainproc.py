@@ -14,7 +14,8 @@ application's ``__main__``). Two pipes, passed as extra file descriptors, carry 
   the child stops as on ``"stop"``, so it never outlives the application.
 * child to parent: ``"ready"`` or ``"failed"`` after start-up, then one event per settled batch
   (the delivered rows' ids, keys and headers, the running counts), each dead letter, each store
-  error it survived, its WARNING-and-above log lines, and ``"stopped"``.
+  error it survived, its WARNING-and-above log lines, its counts of worker restarts and of
+  client callbacks that raised (``"health"``, when they change), and ``"stopped"``.
 
 The parent's `outbox-drain-events` thread runs the producer's callbacks for those events, as the
 drain threads would (`on_delivery`, `on_dead_letter`, the circuit, the key backlog). A child
@@ -39,11 +40,13 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
+from .callbacks import CallbackErrors
 from .drain import Drainer, DrainHealth, DrainResult
 from .errors import ConfigError, StoreError
 from .headers import ID_HEADER, id_alone
 from .records import DeadLetter, Headers, OutboxMessage
 from .retry import RetryPolicy
+from .sendloop import check_resend_config
 from .stores import open_outbox
 from .urls import StoreURL
 
@@ -127,7 +130,10 @@ class DrainProcess:
         self.lease_seconds = lease_seconds
         self.result = DrainResult()
         self.health = DrainHealth()
-        self.restarts = 0  # children that died and were started again
+        self.restarts = 0  # children that died and were started again, and their workers' restarts
+        self.callback_errors = CallbackErrors()  # client callbacks that raised in the children
+        self._child_health = (0, 0)  # the running child's (worker restarts, callback errors)
+        self._producer_config = dict(producer_config)
         settings = {
             "outbox": outbox,
             "config": dict(producer_config),
@@ -156,6 +162,7 @@ class DrainProcess:
 
     def start(self) -> None:
         """Start the child and wait until it drains; ConfigError if it cannot start."""
+        check_resend_config(self._producer_config)
         first = self._spawn()
         if first[0] != "ready":
             self._reap()
@@ -279,6 +286,12 @@ class DrainProcess:
                 self.on_store_error(StoreError(event[1]))
         elif kind == "store_ok":
             self.health.failing_since = None
+        elif kind == "health":
+            restarts, errors = event[1:]
+            seen_restarts, seen_errors = self._child_health
+            self._child_health = (restarts, errors)
+            self.restarts += restarts - seen_restarts
+            self.callback_errors.add(errors - seen_errors)
         elif kind == "log":
             level, name, text = event[1:]
             logging.getLogger(name).log(level, "[drain process] %s", text)
@@ -291,6 +304,7 @@ class DrainProcess:
     def _restart(self) -> bool:
         code = self._proc.wait() if self._proc is not None else None
         self.restarts += 1
+        self._child_health = (0, 0)
         self._base = (self.result.delivered, self.result.retried, self.result.dead, self.result.released)
         log.error("outbox: the drain process exited with code %s; starting a new one in %gs", code, _RESTART_PAUSE)
         self._reap()
@@ -412,7 +426,11 @@ def child_main(cmd_fd: int, evt_fd: int) -> int:
     events.send("ready", os.getpid())
     drainer.start()
     failing = False
+    health = (0, 0)
     while True:
+        if (drainer.restarts, drainer.callback_errors.count) != health:
+            health = (drainer.restarts, drainer.callback_errors.count)
+            events.send("health", *health)
         if commands.poll(1.0):
             try:
                 cmd = commands.recv()

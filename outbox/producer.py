@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
+from . import exithook
 from .circuit import CircuitBreaker
 from .drain import DEFAULT_BATCH_SIZE, Drainer
 from .drainproc import DrainProcess
-from . import exithook
 from .errors import ConfigError, ProducerClosedError, StoreError
 from .fates import DeadLetterCallback, DeliveryCallback, Fates
 from .firstsend import FirstSend
@@ -47,6 +47,7 @@ from .payload import (
 )
 from .records import Headers, NewMessage, StoreStats
 from .retry import RetryPolicy
+from .sendloop import check_resend_config
 from .serialization import Serializer, Serializers
 from .spill import NOT_SENT_CIRCUIT_OPEN, Spill
 from .stores import Outbox, open_outbox
@@ -83,8 +84,14 @@ class ResilientProducer:
 
     Args:
         config: confluent_kafka.Producer settings, passed through unchanged except that
-            `message.timeout.ms` defaults to 30000 (librdkafka: 300000). An `error_cb` in it is
-            still called. `delivery.report.only.error: True` means what it means in librdkafka:
+            `message.timeout.ms` defaults to 30000 (librdkafka: 300000). Its `error_cb`,
+            `throttle_cb`, `stats_cb` and `oauth_cb` serve every librdkafka client the producer
+            runs: its own and each drain worker's (in the drain process with
+            `drain_in="process"`); `stats_cb` tells them apart by the statistics' `name`. On a
+            drain worker a callback that raises is logged and counted in
+            `stats()["callback_errors"]` and never ends the worker. Settings the drain workers'
+            producers cannot use (see `outbox.sendloop.check_resend_config`) raise ConfigError.
+            `delivery.report.only.error: True` means what it means in librdkafka:
             `on_delivery` hears failures only (and in fallback mode librdkafka reports no
             success, which makes each send cheaper).
         outbox: an outbox URL (``sqlite:///path.db``, ``jdbc:sqlite:/path.db``,
@@ -186,6 +193,8 @@ class ResilientProducer:
         self._ids = IdGenerator()
         self._next_id = self._ids.next
         config = dict(config)
+        if drain_workers > 0:  # before anything starts: a worker whose producer is refused never runs
+            check_resend_config(config)
         user_error_cb = config.pop("error_cb", None)
         self._config = {**PRODUCER_DEFAULTS, **config}
         self._config.setdefault("logger", LIBRDKAFKA_LOG)  # librdkafka's lines to logging, summarised
@@ -223,6 +232,8 @@ class ResilientProducer:
             keys_drained=lambda keys: self._spill.backlog.drained(keys),
         )
         drain_config = {k: v for k, v in config.items() if k != "on_delivery"}
+        if user_error_cb is not None:
+            drain_config["error_cb"] = user_error_cb
         drain_settings: dict[str, Any] = dict(
             retry=self.retry,
             workers=max(drain_workers, 1),
@@ -433,6 +444,7 @@ class ResilientProducer:
             "queue_full_waits": self._link.queue_full_waits.value,
             "store_errors": self.drainer.health.store_errors,
             "drain_restarts": self.drainer.restarts,
+            "callback_errors": self.drainer.callback_errors.count,
             "store_failing_since": self.drainer.health.failing_since,
             "enqueued_in_transaction": self._in_transaction,
             "in_memory": len(self._link),

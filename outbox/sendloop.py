@@ -36,6 +36,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from .errors import ConfigError
 from .headers import ID_HEADER, for_resend, resent_once
 from .logs import with_librdkafka_log
 from .records import Headers
@@ -159,6 +160,53 @@ def resend_config(config: Mapping[str, Any]) -> dict[str, Any]:
     except (TypeError, ValueError):  # not a number: librdkafka's own error names the setting
         out["linger.ms"] = lingers[-1]
     return out
+
+
+def check_resend_config(config: Mapping[str, Any]) -> None:
+    """Raise ConfigError naming each of the caller's settings a re-sender cannot use.
+
+    A re-sender's producer gets what `resend_config` forces on top of the caller's config: a
+    linger of at least `RESEND_MIN_LINGER_MS`, and idempotence (`RESEND_DEFAULTS`) unless the
+    caller turned it off. Settings valid for the application's producer can be refused by
+    librdkafka on a re-sender's, where they would end each drain worker at its start.
+    """
+    out = resend_config(config)
+    bad: list[str] = []
+    timeouts = [(k, v) for k, v in out.items() if k in ("message.timeout.ms", "delivery.timeout.ms")]
+    linger = out["linger.ms"]
+    if timeouts and _number(timeouts[-1][1]) is not None and _number(linger) is not None:
+        name, value = timeouts[-1]  # librdkafka applies settings in order: the last alias wins
+        if 0 < float(value) <= float(linger):  # 0: no time-out
+            bad.append(
+                f"{name}={value} (a re-sender lingers {linger:g} ms, and librdkafka needs the time-out "
+                f"longer than that: set it above {linger:g})"
+            )
+    if _is_set(out.get("enable.idempotence")):
+        why = "the re-senders are idempotent (enable.idempotence) so that a batch keeps each key's order"
+        acks = out.get("acks", out.get("request.required.acks"))
+        if acks is not None and str(acks) not in ("all", "-1"):
+            bad.append(f"acks={acks} ({why}, which needs acks=all; or set enable.idempotence=False)")
+        for name in ("max.in.flight.requests.per.connection", "max.in.flight"):
+            n = _number(out.get(name))
+            if n is not None and n > 5:
+                bad.append(f"{name}={out[name]} ({why}, which needs at most 5)")
+        for name in ("retries", "message.send.max.retries"):
+            n = _number(out.get(name))
+            if n is not None and n < 1:
+                bad.append(f"{name}={out[name]} ({why}, which needs at least 1)")
+    if bad:
+        raise ConfigError("settings the drain workers' producers cannot use: " + "; ".join(bad))
+
+
+def _number(value: object) -> float | None:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _is_set(value: object) -> bool:
+    return value is True or str(value).lower() == "true"
 
 
 class SendLoop:
