@@ -65,8 +65,13 @@ DRAIN_PLACES = {
 LINE_STYLES = {"threads": "-", "process": "--", "sidecar": ":"}
 ALL = (
     "raw", "fallback", "burst", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark",
-    "consumer",
+    "consumer", "loop-lag",
 )
+#: The loop-lag scenario's traffic (msgs/s over 100 keys, four producing tasks): a service, not a
+#: throughput run; what is measured is how late its event loop wakes.
+LOOP_LAG_RATE = 2000.0
+#: The event-loop delay the producer may cause, at most (milliseconds, on an idle machine).
+LOOP_LAG_TARGET_MS = 20.0
 Result = dict[str, Any]
 #: What the CPU table's columns are (printed with it).
 STAGE_NOTE = (
@@ -375,6 +380,31 @@ def spark_variant(bootstrap: str, variant: str, rows: int, workdir: str) -> Resu
     # the whole child, so it is an upper bound per row.
     return {"n": rows, "msgs_per_s": statistics.median(rates[key]), "cpu_us_per_msg": cpu / rows * 1e6,
             "seconds": time.monotonic() - t0}
+
+
+def _loop_lag_row(runs: list[Result], outage: float) -> tuple[str, Result, dict[str, Any]]:
+    """The table row of the loop-lag runs: the event loop's worst lateness through the outage and
+    recovery (median over the repetitions), against the probe alone in a process of its own."""
+    worst = statistics.median(r["lag"]["whole"]["max_ms"] for r in runs)
+    alone = statistics.median(r["lag_alone"]["whole"]["max_ms"] for r in runs)
+
+    def phases(key: str) -> str:
+        return ", ".join(
+            f"{ph} {statistics.median(r[key][ph]['max_ms'] for r in runs if ph in r[key]):.1f}"
+            f"/{statistics.median(r[key][ph]['p99_ms'] for r in runs if ph in r[key]):.1f}"
+            for ph in ("before", "outage", "recovery")
+            if all(ph in r[key] for r in runs)
+        )
+
+    loads = "/".join(f"{r['loadavg'][0]:.1f}" for r in runs)
+    label = f"loop lag: AsyncResilientProducer, all brokers down {outage:.0f}s, recovery (1 ms probe)"
+    return label, summarize(runs), {
+        "ratio": worst / alone if alone else None,
+        "target": f"max < {LOOP_LAG_TARGET_MS:.0f} ms",
+        "met": worst < LOOP_LAG_TARGET_MS,
+        "notes": f"max {worst:.1f} ms (probe alone {alone:.1f} ms); max/p99 ms this loop: {phases('lag')}; "
+        f"probe alone: {phases('lag_alone')}; load average {loads}",
+    }
 
 
 def fmt_s(v: float | None) -> str:
@@ -781,6 +811,24 @@ def main(argv: list[str] | None = None) -> int:
                     c.send("UP")
                     record(f"recovery/{round(frac * 100)}{suffix}", c.result(wait + 300))
 
+        # -- phase 4b: an asyncio service's event loop through a full outage ----------------
+        if "loop-lag" in sel and cluster is None:
+            log("loop-lag needs a local cluster to stop and restart: skipped")
+        elif "loop-lag" in sel:
+            assert cluster is not None
+            for rep in range(reps):
+                log(f"loop lag {rep + 1}/{reps}: AsyncResilientProducer at {LOOP_LAG_RATE:,.0f} msgs/s, "
+                    f"all brokers down {outage:.0f}s")
+                c = runner.start("loop_lag", {**common, "rate": LOOP_LAG_RATE, "keys": 100, "max_wait": 120})
+                c.expect("READY", 120)
+                c.send("STOP")
+                cluster.stop_all()
+                c.send("DOWN")
+                time.sleep(outage)
+                cluster.start_all()
+                c.send("UP")
+                record("loop-lag", c.result(300))
+
         # -- phase 5: Spark bulk drain at 1 / 2 / 4 partitions and the CLI drain, same outbox ---
         if "spark" in sel:
             spark_rows = 20_000 if quick else 100_000
@@ -1028,6 +1076,9 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
             notes="; ".join(f"{tier} p50 {v['p50_ms']:.0f} ms / p99 {v['p99_ms']:.0f} ms (min {v['min_ms']:.0f})"
                             for tier, v in prec.items()),
         )
+    if "loop-lag" in runs:
+        label, row, how = _loop_lag_row(runs["loop-lag"], outage)
+        table.add(label, row, **how)
     png = None if args.no_write else plot_recovery(runs, outage, quick)
     if png is not None:
         print(f"recovery curves: {png.relative_to(ROOT)}")

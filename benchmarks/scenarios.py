@@ -717,6 +717,157 @@ def recovery(p: Params) -> Result:
     )
 
 
+# -- 8b. the event loop of an asyncio application through a full outage ---------------------
+
+#: The probe: a task that sleeps `LAG_PERIOD` seconds at a time and records how late it wakes.
+LAG_PERIOD = 0.001
+# The same probe alone in a process of its own, run beside the application: how late this
+# machine wakes a sleeping task anyway (the baseline; time.monotonic() is system-wide).
+_PROBE_ALONE = """
+import asyncio, sys, time
+async def main():
+    loop = asyncio.get_running_loop()
+    period = float(sys.argv[2])
+    with open(sys.argv[1], "w") as out:
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(period)
+            out.write(f"{time.monotonic()} {loop.time() - t0 - period}\\n")
+asyncio.run(main())
+"""
+
+
+def _lag_summary(lags: list[tuple[float, float]], spans: dict[str, tuple[float, float]]) -> Result:
+    """Max / p99 / p99.9 lateness (ms) of the wake-ups in each span, and how many were late by 20 ms+."""
+    out: Result = {}
+    for name, (a, b) in spans.items():
+        ds = sorted(d for t, d in lags if a <= t <= b)
+        if not ds:
+            continue
+        out[name] = {
+            "max_ms": ds[-1] * 1000,
+            "p99_ms": ds[int(0.99 * (len(ds) - 1))] * 1000,
+            "p999_ms": ds[int(0.999 * (len(ds) - 1))] * 1000,
+            "over_20ms": sum(d >= 0.020 for d in ds),
+            "wakeups": len(ds),
+        }
+    return out
+
+
+@scenario("loop_lag")
+def loop_lag(p: Params) -> Result:
+    """An asyncio service on AsyncResilientProducer through a full outage: how late its loop wakes.
+
+    Tasks produce 200 B messages over `keys` keys at `rate` msgs/s (each awaits its produce()),
+    and a probe task sleeps 1 ms at a time and records how late it wakes. The parent stops every
+    broker mid-stream (``STOP`` before, ``DOWN`` once stopped) and starts them after the outage
+    (``UP`` once they are up); the service runs until
+    the outbox is empty again (plus a tail). The probe alone in a second process, at the same
+    time, is the baseline: how late this machine wakes a task that has nothing else to do.
+    """
+    import asyncio
+
+    from outbox.aio import AsyncResilientProducer
+
+    topic, rate, nkeys = p["topic"], float(p["rate"]), int(p.get("keys", 100))
+    max_wait, tail = float(p["max_wait"]), float(p.get("tail", 2.0))
+    value = os.urandom(int(p.get("size", 200)))
+    keys = [f"key-{i:03d}".encode() for i in range(nkeys)]
+    path = os.path.join(p["workdir"], f"loop-lag-{os.getpid()}.db")
+    alone_log = os.path.join(p["workdir"], f"loop-lag-alone-{os.getpid()}.txt")
+    alone = subprocess.Popen([sys.executable, "-c", _PROBE_ALONE, alone_log, str(LAG_PERIOD)])
+    atexit.register(alone.kill)
+    events: dict[str, float] = {}
+
+    def listen() -> None:
+        for line in sys.stdin:
+            events.setdefault(line.strip(), time.monotonic())
+
+    threading.Thread(target=listen, daemon=True).start()
+    lags: list[tuple[float, float]] = []
+    state: dict[str, float] = {}
+
+    async def service() -> int:
+        loop = asyncio.get_running_loop()
+        ap = await AsyncResilientProducer.create(kafka_config(p), outbox=f"sqlite:///{path}")
+        done = asyncio.Event()
+
+        async def probe() -> None:
+            while not done.is_set():
+                t0 = loop.time()
+                await asyncio.sleep(LAG_PERIOD)
+                lags.append((time.monotonic(), loop.time() - t0 - LAG_PERIOD))
+
+        sent = [0]
+
+        async def writer(k0: int, step: int) -> None:
+            m0 = time.monotonic()
+            mine = 0
+            while not done.is_set():
+                due = int((time.monotonic() - m0) * rate / step)
+                while mine < due:
+                    await ap.produce(topic, value, keys[(k0 + mine * step) % nkeys])
+                    mine += 1
+                    sent[0] += 1
+                await asyncio.sleep(0.005)
+
+        async def watch() -> None:
+            ready = False
+            while True:
+                await asyncio.sleep(0.5)
+                now = time.monotonic()
+                if not ready and now - state["m0"] >= 3:
+                    ready = True
+                    _say("READY")
+                up = events.get("UP")
+                if up is None:
+                    continue
+                if "empty" not in state:
+                    st = await ap.stats()
+                    if st["pending"] == 0 and st["unsaved"] == 0 and st["in_memory"] == 0:
+                        state["empty"] = time.monotonic()
+                if "empty" in state and now - state["empty"] >= tail or now - up >= max_wait:
+                    done.set()
+                    return
+
+        state["m0"] = time.monotonic()
+        tasks = [probe(), watch(), *(writer(k, 4) for k in range(4))]
+        await asyncio.gather(*tasks)
+        state["end"] = time.monotonic()
+        await ap.close(30)
+        return sent[0]
+
+    t_start = start_clock()
+    sent = asyncio.run(service())
+    seconds = time.perf_counter() - t_start
+    alone.kill()
+    alone.wait()
+    alone_lags = []
+    with open(alone_log) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 2:
+                alone_lags.append((float(parts[0]), float(parts[1])))
+    m0, end = state["m0"], state["end"]
+    stop, up = events.get("STOP", end), events.get("UP", end)
+    empty = state.get("empty", end)
+    spans = {  # the outage from the first broker's stop (STOP) to the last one's start (UP)
+        "before": (m0 + 3, stop),
+        "outage": (stop, up),
+        "recovery": (up, empty),
+        "whole": (stop, empty),
+    }
+    return result(
+        p, sent, seconds, None,
+        rate_wanted=rate,
+        rate_achieved=sent / (end - m0),
+        empty_after_up_s=None if "empty" not in state else empty - up,
+        lag=_lag_summary(lags, spans),
+        lag_alone=_lag_summary(alone_lags, spans),
+        loadavg=os.getloadavg(),
+    )
+
+
 # -- 9. simple retry vs ResilientProducer during an outage -----------------------------------
 
 
