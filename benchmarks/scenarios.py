@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import json
 import logging
 import os
@@ -786,10 +787,27 @@ def loop_lag(p: Params) -> Result:
     threading.Thread(target=listen, daemon=True).start()
     lags: list[tuple[float, float]] = []
     state: dict[str, float] = {}
+    # The garbage collector's passes that took 5 ms or more: (monotonic end, generation, seconds).
+    # A collection holds the interpreter lock throughout, whichever thread triggered it.
+    gc_pauses: list[tuple[float, int, float]] = []
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            gc_started[0] = now
+        elif now - gc_started[0] >= 0.005:
+            gc_pauses.append((time.monotonic(), info["generation"], now - gc_started[0]))
+
+    gc.callbacks.append(on_gc)
 
     async def service() -> int:
         loop = asyncio.get_running_loop()
-        ap = await AsyncResilientProducer.create(kafka_config(p), outbox=f"sqlite:///{path}")
+        if p.get("debug"):  # asyncio's debug mode: each callback that holds the loop 5 ms+ is logged
+            loop.set_debug(True)
+            loop.slow_callback_duration = 0.005
+            logging.getLogger("asyncio").setLevel(logging.WARNING)
+        ap = await AsyncResilientProducer.create(kafka_config(p), outbox=f"sqlite:///{path}", **p.get("options", {}))
         done = asyncio.Event()
 
         async def probe() -> None:
@@ -824,7 +842,7 @@ def loop_lag(p: Params) -> Result:
                     continue
                 if "empty" not in state:
                     st = await ap.stats()
-                    if st["pending"] == 0 and st["unsaved"] == 0 and st["in_memory"] == 0:
+                    if st["pending"] == 0 and st["unsaved"] == 0:  # (librdkafka always holds some: live traffic)
                         state["empty"] = time.monotonic()
                 if "empty" in state and now - state["empty"] >= tail or now - up >= max_wait:
                     done.set()
@@ -863,6 +881,11 @@ def loop_lag(p: Params) -> Result:
         rate_achieved=sent / (end - m0),
         empty_after_up_s=None if "empty" not in state else empty - up,
         lag=_lag_summary(lags, spans),
+        # The ten latest wake-ups: (seconds after STOP, ms late), to see what they coincide with.
+        gc_pauses=[(round(t - stop, 3), g, round(d * 1000, 1)) for t, g, d in gc_pauses],
+        phases_s={k: round(events[k] - stop, 1) for k in ("DOWN", "UP") if k in events} | (
+            {"empty": round(empty - stop, 1)} if "empty" in state else {}),
+        lag_worst=sorted(((round(t - stop, 3), round(d * 1000, 1)) for t, d in lags), key=lambda x: -x[1])[:10],
         lag_alone=_lag_summary(alone_lags, spans),
         loadavg=os.getloadavg(),
     )

@@ -15,8 +15,10 @@ Built on ResilientProducer's public API. Nothing that can block runs on the even
   in a thread pool instead, so that many of them share one group commit.
 * ``flush()``, ``close()`` and ``stats()`` (a store query) run in the loop's default executor.
 
-Why not confluent-kafka's own ``AIOProducer``: it raises on headers, and the outbox needs the
-``outbox-id`` header on every first send.
+What else can hold up the loop is the interpreter lock: the producer's threads take it too.
+The longest holds measured through an outage and its recovery were the garbage collector's
+passes over every object of the process (`benchmarks`, ``--scenarios loop-lag``): see
+`DEFAULT_DRAIN_IN` for what this front does about it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message
 
 from .errors import ProducerClosedError
-from .producer import DeliveryCallback, ResilientProducer
+from .producer import ResilientProducer
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,17 @@ _Result = tuple["asyncio.Future[str]", str | None, BaseException | None]
 _BARRIER = object()
 
 
+#: Where this front's drain workers run unless `drain_in` is given: "process" when the outbox is
+#: a URL. Measured with ``python -m benchmarks --scenarios loop-lag`` (a 1 ms probe task through
+#: a full outage and recovery): the event loop's longest stalls were the garbage collector's full
+#: passes, which hold the interpreter lock for the whole process, and each drain worker keeps two
+#: claimed batches of 10,000 rows alive in it (~80,000 tracked objects: a full pass over them
+#: took 20-50 ms on the 2-core test machine, against ~3 ms without). In a process of their own
+#: the drain's rows and CPU leave the loop's interpreter lock alone. `drain_in="threads"` keeps
+#: them here (needed for an `Outbox` instance, or settings that cannot be pickled).
+DEFAULT_DRAIN_IN = "process"
+
+
 class AsyncResilientProducer:
     """An asyncio front for :class:`~outbox.ResilientProducer` with the same guarantees.
 
@@ -58,9 +71,39 @@ class AsyncResilientProducer:
         sync_workers: threads for write-ahead ``durability="sync"`` calls (each waits for a
             commit; concurrent calls share one).
         **options: ResilientProducer's keyword arguments (outbox, retry, mode, durability, ...).
+            `drain_in` defaults to `DEFAULT_DRAIN_IN` when `outbox` is a URL (see there why).
 
     Building the producer opens the outbox (a file or a connection pool): do it at start-up,
     or with ``await AsyncResilientProducer.create(...)``, which builds it in a thread.
+
+    Follows confluent-kafka's ``confluent_kafka.aio.AIOProducer`` where it can: ``await
+    produce(topic, value, key, partition, on_delivery, timestamp, headers, ...)`` in its
+    positional order (``callback`` is ``on_delivery``'s alias), ``await flush(timeout)``,
+    ``await poll(timeout)``, ``len()``, ``await close()``, ``async with``. Where it differs, and why:
+
+    * ``await produce()`` returns the message id once the message is accepted (in librdkafka's
+      queue or handed to the outbox; committed, with write-ahead ``sync``), not a future of
+      its delivery: with an outbox, acceptance is the promise (the message will be delivered or
+      dead-lettered, by this process or whichever drains the outbox later, possibly after this
+      process is gone, when a delivery future could never complete). The delivery is heard
+      through ``on_delivery``, which runs on this event loop.
+    * Headers are accepted (AIOProducer's batching raises on them): every first send carries
+      the ``outbox-id`` header.
+    * No ``purge()``: nothing accepted is dropped. ``close(timeout)`` gives what is not
+      delivered in time to the outbox instead.
+    * ``close(timeout)`` takes a timeout and returns how many messages were neither delivered
+      nor stored (0 on a clean close).
+    * The client callbacks in ``config`` (``error_cb``, ``throttle_cb``, ``stats_cb``,
+      ``oauth_cb``) are plain functions run on the producer's threads, as for
+      ResilientProducer; AIOProducer takes coroutine functions and blocks librdkafka's polling
+      thread until the loop has run them, which here would let a busy loop slow the outbox
+      (its delivery thread and drain workers).
+    * No transactions (``init_transactions`` ...): an outbox cannot hold part of a Kafka
+      transaction; ``produce(..., transaction=conn)`` writes to the outbox inside a database
+      transaction instead. No ``list_topics`` / ``cluster_id`` / ``set_sasl_credentials``.
+    * Built by ``AsyncResilientProducer(config, **options)`` or ``await create(...)``, not
+      ``AIOProducer(conf, max_workers, executor, batch_size, buffer_timeout)``: no batching
+      buffer to size, one submit thread keeps per-key order.
     """
 
     def __init__(
@@ -77,6 +120,8 @@ class AsyncResilientProducer:
             raise TypeError(f"options {sorted(options)} apply only when building a producer from config")
         if producer is None:
             assert config is not None
+            if isinstance(options.get("outbox", "sqlite:///outbox.db"), str):
+                options.setdefault("drain_in", DEFAULT_DRAIN_IN)
             producer = ResilientProducer(config, **options)
         self.producer: ResilientProducer = producer
         self._sync = self.producer.mode == "write-ahead" and self.producer.durability == "sync"
@@ -103,19 +148,22 @@ class AsyncResilientProducer:
         topic: str,
         value: Any = None,
         key: Any = None,
-        headers: Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None = None,
-        partition: int | None = None,
+        partition: int = -1,
         on_delivery: AsyncDeliveryCallback | None = None,
-        enable_retry: bool = True,
+        timestamp: int = 0,
+        headers: Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None = None,
         *,
+        callback: AsyncDeliveryCallback | None = None,
+        enable_retry: bool = True,
         transaction: Any = None,
     ) -> str:
         """Send a message, or store it in the outbox if Kafka cannot take it now.
 
-        Same arguments, errors and return value as :meth:`ResilientProducer.produce` (value and
-        key are any object when the producer has serializers). Returns
-        once the message is in librdkafka's queue or handed to the outbox writer (fallback, and
-        write-ahead "batch"), or committed (write-ahead "sync").
+        Same arguments, in confluent-kafka's positional order, errors and return value as
+        :meth:`ResilientProducer.produce` (value and key are any object when the producer has
+        serializers; ``callback`` is ``on_delivery``'s alias). Returns once the message is in
+        librdkafka's queue or handed to the outbox writer (fallback, and write-ahead "batch"),
+        or committed (write-ahead "sync").
 
         ``on_delivery(err, msg)`` runs on this event loop (not on a producer thread), so it may
         touch asyncio objects. Cancelling the await does not withdraw the message: once
@@ -127,16 +175,31 @@ class AsyncResilientProducer:
         if self._closed:
             raise ProducerClosedError("produce() called after close()")
         loop = asyncio.get_running_loop()
-        cb: DeliveryCallback | None = None
-        if on_delivery is not None:
-            cb = functools.partial(_on_loop, loop, on_delivery)
-        args = (topic, value, key, headers, partition, cb, enable_retry)
+        report = on_delivery if on_delivery is not None else callback
+        kw: dict[str, Any] = {
+            "key": key, "headers": headers, "partition": partition,
+            "on_delivery": None if report is None else functools.partial(_on_loop, loop, report),
+            "enable_retry": enable_retry, "transaction": transaction,
+        }
+        if timestamp:
+            kw["timestamp"] = timestamp
         if self._pool is not None:
-            call = functools.partial(self.producer.produce, *args, transaction=transaction)
-            return await loop.run_in_executor(self._pool, call)
+            return await loop.run_in_executor(self._pool, functools.partial(self.producer.produce, topic, value, **kw))
         fut: asyncio.Future[str] = loop.create_future()
-        self._queue.put((fut, args, transaction))
+        self._queue.put((fut, topic, value, kw))
         return await fut
+
+    async def poll(self, timeout: float = 0) -> int:
+        """Compatibility with AIOProducer: callbacks already run (``on_delivery`` on this loop).
+
+        Like :meth:`ResilientProducer.poll`, in a thread when it may wait."""
+        if not timeout:
+            return self.producer.poll(0)
+        return await asyncio.get_running_loop().run_in_executor(None, self.producer.poll, timeout)
+
+    def __len__(self) -> int:
+        """Messages not yet delivered nor committed, including produce() calls not yet handed over."""
+        return len(self.producer) + self._queue.qsize()
 
     async def flush(self, timeout: float | None = None) -> int:
         """Wait until every message produced so far is delivered or safely in the outbox.
@@ -183,7 +246,7 @@ class AsyncResilientProducer:
         if self._closed:
             return
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._queue.put((fut, _BARRIER, None))
+        self._queue.put((fut, _BARRIER, None, None))
         await fut
 
     def _submit_loop(self) -> None:
@@ -215,12 +278,12 @@ class AsyncResilientProducer:
             if item is _STOP:
                 stop = True
                 continue
-            fut, args, transaction = item
-            if args is _BARRIER:
+            fut, topic, value, kw = item
+            if topic is _BARRIER:
                 done.append((fut, "", None))
                 continue
             try:
-                done.append((fut, produce(*args, transaction=transaction), None))
+                done.append((fut, produce(topic, value, **kw), None))
             except BaseException as exc:  # noqa: BLE001 - every error belongs to its caller
                 done.append((fut, None, exc))
         self._resolve(done)

@@ -215,18 +215,21 @@ def _wrap_async_produce(ap: AsyncResilientProducer, tracer: Tracer) -> None:
         topic: str,
         value: Any = None,
         key: Any = None,
-        headers: Any = None,
-        partition: int | None = None,
+        partition: int = -1,
         on_delivery: Any = None,
-        enable_retry: bool = True,
+        timestamp: int = 0,
+        headers: Any = None,
         *,
+        callback: Any = None,
+        enable_retry: bool = True,
         transaction: Any = None,
     ) -> str:
         # Opened here, on the loop, so the span's parent is the awaiting task's context.
         with _send_span(tracer, topic) as span:
             hdrs = _linked_headers(span, headers)
             msg_id = await produce(
-                topic, value, key, hdrs, partition, on_delivery, enable_retry, transaction=transaction
+                topic, value, key, partition, on_delivery, timestamp, hdrs,
+                callback=callback, enable_retry=enable_retry, transaction=transaction,
             )
             span.set_attribute("messaging.message.id", msg_id)
             return msg_id
