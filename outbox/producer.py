@@ -484,10 +484,11 @@ class ResilientProducer:
 
         self.flush(None if timeout is None else timeout * _DELIVERY_SHARE)
         kafka = self._link.kafka
-        if len(kafka):
-            # Undelivered: librdkafka hands them back (_PURGE_QUEUE, _PURGE_INFLIGHT) for the outbox.
-            kafka.purge(in_queue=True, in_flight=True)
-            kafka.flush(min(left() or 5.0, 5.0))
+        # Undelivered: librdkafka hands them back (_PURGE_QUEUE, _PURGE_INFLIGHT) for the outbox.
+        # What flush() returns is counted now: once the delivery thread stops, len() grows with
+        # the events librdkafka keeps queueing (a log line per failed connection), not messages.
+        kafka.purge(in_queue=True, in_flight=True)
+        in_librdkafka = kafka.flush(min(left() or 5.0, 5.0))
         self._backlog.close()
         self._link.stop()
         self._spill.release_held(force=True)
@@ -495,7 +496,7 @@ class ResilientProducer:
         # and what is only in memory matters more than what is already stored.
         self.writer.flush(left())
         self.drainer.stop(left())
-        unsaved = self.writer.close(left()) + len(self._link)
+        unsaved = self.writer.close(left()) + in_librdkafka
         if self._owns_store:
             self.store.close()
         if unsaved:
@@ -504,22 +505,18 @@ class ResilientProducer:
 
     def close_at_exit(self) -> None:
         """`outbox.exithook`: close within `exit_timeout` at interpreter exit, and log the counts."""
-        in_memory = len(self)
-        delivered_before = self._link.first_sends_delivered()
+        committed = self.writer.committed_rows
         unsaved = self.close(self._exit_timeout)
-        delivered = max(0, min(in_memory, self._link.first_sends_delivered() - delivered_before))
-        stored = max(0, in_memory - delivered - unsaved)
+        stored = self.writer.committed_rows - committed
         if unsaved:
             log.error(
-                "outbox: at exit, %d of %d messages in memory were lost: not committed within "
-                "exit_timeout=%gs (%d delivered, %d committed to the outbox)",
-                unsaved, in_memory, self._exit_timeout, delivered, stored,
+                "outbox: at exit, %d accepted messages were lost: not committed to the outbox within "
+                "exit_timeout=%gs (%d were)", unsaved, self._exit_timeout, stored,
             )
-        elif in_memory:
+        elif stored:
             log.warning(
-                "outbox: at exit, %d messages were still in memory: %d delivered, %d committed to the "
-                "outbox (%s; the next producer on it, or `outbox drain`, delivers them)",
-                in_memory, delivered, stored, self.store.location,
+                "outbox: at exit, %d undelivered messages were committed to the outbox (%s); the next "
+                "producer on it, or `outbox drain`, delivers them", stored, self.store.location,
             )
 
     def __enter__(self) -> ResilientProducer:
