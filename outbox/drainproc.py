@@ -390,6 +390,8 @@ class _ForwardLogs(logging.Handler):
             if record.exc_info:
                 text += "\n" + logging.Formatter().formatException(record.exc_info)
             self._events.send("log", record.levelno, record.name, text)
+        except OSError:
+            pass  # the parent is gone (the pipe is closed): nobody is left to tell, and the child stops
         except Exception:
             self.handleError(record)
 

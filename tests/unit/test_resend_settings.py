@@ -1,0 +1,46 @@
+"""Settings the re-senders' producers cannot use are refused by name (they would end each drain
+worker at its start); librdkafka's own checks, run here, say the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaException, Producer
+
+from outbox import ConfigError
+from outbox.sendloop import check_resend_config, resend_config
+
+REFUSED = [
+    ({"message.timeout.ms": 20}, "message.timeout.ms=20"),
+    ({"message.timeout.ms": 50, "linger.ms": 60}, "message.timeout.ms=50"),
+    ({"linger.ms": 5, "delivery.timeout.ms": "15"}, "delivery.timeout.ms=15"),
+    ({"acks": 1}, "acks=1"),
+    ({"acks": "0"}, "acks=0"),
+    ({"max.in.flight.requests.per.connection": 6}, "max.in.flight.requests.per.connection=6"),
+    ({"max.in.flight": 10}, "max.in.flight=10"),
+    ({"retries": 0}, "retries=0"),
+    ({"message.send.max.retries": 0}, "message.send.max.retries=0"),
+]
+ACCEPTED: list[dict[str, Any]] = [
+    {},
+    {"message.timeout.ms": 21},
+    {"message.timeout.ms": 0},  # no time-out
+    {"acks": -1},
+    {"acks": "all", "max.in.flight": 5, "retries": 1},
+    {"acks": 1, "enable.idempotence": False, "max.in.flight": 10},
+]
+
+
+@pytest.mark.parametrize(("config", "named"), REFUSED)
+def test_refused_by_name_and_by_librdkafka(config: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=rf"cannot use: {named} "):
+        check_resend_config(config)
+    with pytest.raises(KafkaException):
+        Producer({"bootstrap.servers": "127.0.0.1:1", **resend_config(config)})
+
+
+@pytest.mark.parametrize("config", ACCEPTED)
+def test_accepted_here_and_by_librdkafka(config: dict[str, Any]) -> None:
+    check_resend_config(config)
+    Producer({"bootstrap.servers": "127.0.0.1:1", **resend_config(config)}).flush(0)
