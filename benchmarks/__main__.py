@@ -397,13 +397,20 @@ def _loop_lag_row(runs: list[Result], outage: float) -> tuple[str, Result, dict[
         )
 
     loads = "/".join(f"{r['loadavg'][0]:.1f}" for r in runs)
+    passes = [len(r.get("gc_pauses", [])) for r in runs]
+    longest = max((g[2] for r in runs for g in r.get("gc_pauses", [])), default=0.0)
+    empty = [r["empty_after_up_s"] for r in runs if r.get("empty_after_up_s") is not None]
+    emptied = f"empty {statistics.median(empty):.1f} s after the restart" if empty else "never empty"
+    if len(empty) not in (0, len(runs)):
+        emptied += f" ({len(empty)} of {len(runs)} runs)"
     label = f"loop lag: AsyncResilientProducer, all brokers down {outage:.0f}s, recovery (1 ms probe)"
     return label, summarize(runs), {
         "ratio": worst / alone if alone else None,
         "target": f"max < {LOOP_LAG_TARGET_MS:.0f} ms",
         "met": worst < LOOP_LAG_TARGET_MS,
         "notes": f"max {worst:.1f} ms (probe alone {alone:.1f} ms); max/p99 ms this loop: {phases('lag')}; "
-        f"probe alone: {phases('lag_alone')}; load average {loads}",
+        f"probe alone: {phases('lag_alone')}; garbage-collector passes of 5 ms+ per run "
+        f"{'/'.join(map(str, passes))} (longest {longest:.0f} ms); {emptied}; load average {loads}",
     }
 
 

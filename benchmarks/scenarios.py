@@ -858,6 +858,8 @@ def loop_lag(p: Params) -> Result:
     t_start = start_clock()
     sent = asyncio.run(service())
     seconds = time.perf_counter() - t_start
+    with open(f"/proc/{alone.pid}/stat") as f:  # the probe alone's CPU is not the service's
+        alone_cpu = sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:13]) / os.sysconf("SC_CLK_TCK")
     alone.kill()
     alone.wait()
     alone_lags = []
@@ -877,6 +879,7 @@ def loop_lag(p: Params) -> Result:
     }
     return result(
         p, sent, seconds, None,
+        cpu_us_per_msg=(sum(os.times()[:4]) - _CPU0[0] - alone_cpu) / sent * 1e6 if _CPU0 and sent else None,
         rate_wanted=rate,
         rate_achieved=sent / (end - m0),
         empty_after_up_s=None if "empty" not in state else empty - up,
