@@ -114,6 +114,32 @@ def test_async_happy_path_round_trips_and_callbacks_run_on_the_loop(
     assert msg.key() == b"text" and msg.headers() == [("a", b"x"), (ID_HEADER, special.encode())]
 
 
+def test_async_produce_takes_confluents_positional_order_and_drains_in_a_process(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    """AIOProducer's order: (topic, value, key, partition, on_delivery, timestamp, headers);
+    `callback` is on_delivery's alias; poll() and len() answer; the drain runs in a child."""
+
+    async def app() -> tuple[str, list[Any], int, int, bool]:
+        reports: list[Any] = []
+        async with make_async(kafka_bootstrap, tmp_path / "o.db") as p:
+            in_process = p.producer.drainer.__class__.__name__ == "DrainProcess"
+            msg_id = await p.produce(
+                topic, b"pos", b"key", 2, None, 0, [("h", b"1")], callback=lambda e, m: reports.append((e, m))
+            )
+            polled = await p.poll(0)
+            assert await p.flush(30) == 0
+            return msg_id, reports, polled, len(p), in_process
+
+    msg_id, reports, polled, left, in_process = asyncio.run(app())
+    assert in_process, "the asyncio front drains in a process of its own by default"
+    assert polled == 0 and left == 0
+    assert len(reports) == 1 and reports[0][0] is None and reports[0][1].partition() == 2
+    msg = read_topic(kafka_bootstrap, topic, 1).by_id[msg_id][0]
+    assert (msg.key(), msg.value(), msg.partition()) == (b"key", b"pos", 2)
+    assert msg.headers() == [("h", b"1"), (ID_HEADER, msg_id.encode())]
+
+
 def test_async_bad_input_raises_at_await_and_stores_nothing(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
     async def app() -> list[str]:
         errors = []
