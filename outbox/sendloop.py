@@ -194,6 +194,11 @@ def check_resend_config(config: Mapping[str, Any]) -> None:
             n = _number(out.get(name))
             if n is not None and n < 1:
                 bad.append(f"{name}={out[name]} ({why}, which needs at least 1)")
+    if out.get("transactional.id") is not None:
+        bad.append(
+            f"transactional.id={out['transactional.id']} (an outbox cannot hold part of a Kafka transaction, "
+            "and re-senders sharing one id would fence each other)"
+        )
     if bad:
         raise ConfigError("settings the drain workers' producers cannot use: " + "; ".join(bad))
 

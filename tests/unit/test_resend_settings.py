@@ -32,6 +32,11 @@ ACCEPTED: list[dict[str, Any]] = [
 ]
 
 
+def test_a_transactional_id_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"cannot use: transactional.id=tx "):
+        check_resend_config({"transactional.id": "tx"})
+
+
 @pytest.mark.parametrize(("config", "named"), REFUSED)
 def test_refused_by_name_and_by_librdkafka(config: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=rf"cannot use: {named} "):
