@@ -482,13 +482,18 @@ class ResilientProducer:
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        self.flush(None if timeout is None else timeout * _DELIVERY_SHARE)
+        raised: Exception | None = None
+        try:
+            self.flush(None if timeout is None else timeout * _DELIVERY_SHARE)
+        except Exception as exc:  # an application callback's error: raised once all is stored
+            raised = exc
         kafka = self._link.kafka
         # Undelivered: librdkafka hands them back (_PURGE_QUEUE, _PURGE_INFLIGHT) for the outbox.
         # What flush() returns is counted now: once the delivery thread stops, len() grows with
         # the events librdkafka keeps queueing (a log line per failed connection), not messages.
         kafka.purge(in_queue=True, in_flight=True)
-        in_librdkafka = kafka.flush(min(left() or 5.0, 5.0))
+        budget = left()  # (a spent budget still serves the purge's reports that are ready)
+        in_librdkafka = kafka.flush(5.0 if budget is None else min(budget, 5.0))
         self._backlog.close()
         self._link.stop()
         self._spill.release_held(force=True)
@@ -501,6 +506,8 @@ class ResilientProducer:
             self.store.close()
         if unsaved:
             log.error("outbox: %d messages were neither delivered nor stored at close()", unsaved)
+        if raised is not None:
+            raise raised
         return unsaved
 
     def close_at_exit(self) -> None:
