@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -10,6 +13,7 @@ from pathlib import Path
 
 from outbox import Drainer, RetryPolicy, SQLiteOutbox
 from outbox.records import Status
+from outbox.testing import KafkaCluster
 
 from .delivery import read_topic
 from .test_producer import FAST
@@ -53,6 +57,37 @@ UNREACHABLE = textwrap.dedent(
     """
 )
 
+# The same with the real cluster: connected, then every broker frozen (SIGSTOP: the 2,000 wait in
+# librdkafka with the circuit closed), then killed (SIGKILL: all brokers down, the circuit opens).
+FROZEN_THEN_KILLED = textwrap.dedent(
+    """
+    import logging, sys, time
+    from outbox import ResilientProducer
+    logging.basicConfig(level=logging.WARNING)
+    bootstrap, path, topic = sys.argv[1:4]
+    p = ResilientProducer(
+        {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5},
+        outbox=f"sqlite:///{path}", circuit_reset_timeout=60, drain_workers=0,
+    )
+    warm = p.produce(topic, b"warm-up")
+    assert p.flush(60) == 0  # connected to every leader, idempotence id granted
+    print("READY", warm, flush=True)
+    assert sys.stdin.readline().strip() == "FROZEN"
+    for i in range(2000):
+        print(p.produce(topic, b"before:%d" % i, key=b"k%d" % (i % 10)))
+    assert p.circuit.closed and len(p) >= 2000, (p.circuit.state, len(p))
+    print("QUEUED", flush=True)
+    assert sys.stdin.readline().strip() == "KILLED"
+    deadline = time.monotonic() + 60
+    while p.circuit.closed:
+        assert time.monotonic() < deadline, "the circuit did not open"
+        time.sleep(0.01)
+    for i in range(2000):
+        print(p.produce(topic, b"after:%d" % i, key=b"k%d" % (i % 10)))
+    print("committed before exit:", p.stats()["pending"], file=sys.stderr)
+    """
+)
+
 HEALTHY = textwrap.dedent(
     """
     import logging, sys
@@ -76,6 +111,16 @@ def _run(script: str, *args: str) -> tuple[list[str], str]:
     return done.stdout.split(), done.stderr
 
 
+def _drain(path: Path, bootstrap: str) -> None:
+    store = SQLiteOutbox(str(path))
+    drainer = Drainer(store, {"bootstrap.servers": bootstrap, **FAST}, retry=RetryPolicy(max_attempts=20))
+    deadline = time.monotonic() + 120
+    while store.stats(now=time.time()).pending:
+        assert time.monotonic() < deadline, "the outbox was not drained"
+        drainer.run(until_empty=True)
+    store.close()
+
+
 def _pending_ids(path: Path) -> list[str]:
     with SQLiteOutbox(str(path), create=False) as store:
         return [m.msg_id for m in store.messages() if m.status is Status.PENDING]
@@ -95,15 +140,51 @@ def test_a_plain_exit_with_every_broker_gone_commits_all_4000_accepted_messages(
     stored = _pending_ids(path)
     assert len(stored) == 4000 and set(stored) == set(ids)
     # They are real messages: the drain delivers every one of them once a cluster is there.
-    store = SQLiteOutbox(str(path))
-    drainer = Drainer(store, {"bootstrap.servers": kafka_bootstrap, **FAST}, retry=RetryPolicy(max_attempts=20))
-    deadline = time.monotonic() + 120
-    while store.stats(now=time.time()).pending:
-        assert time.monotonic() < deadline, "the outbox was not drained"
-        drainer.run(until_empty=True)
-    store.close()
+    _drain(path, kafka_bootstrap)
     got = read_topic(kafka_bootstrap, topic, 4000)
     assert got.unique == 4000 and set(got.by_id) == set(ids)
+
+
+def test_a_plain_exit_after_every_broker_died_mid_stream_commits_all_4000(
+    chaos_cluster: KafkaCluster, topic: str, tmp_path: Path
+) -> None:
+    bs = chaos_cluster.bootstrap_servers
+    path = tmp_path / "exit.db"
+    child = subprocess.Popen(
+        [sys.executable, "-c", FROZEN_THEN_KILLED, bs, str(path), topic],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    brokers = chaos_cluster.pids()[1:]  # the controller first
+    try:
+        ready, warm = child.stdout.readline().split()
+        assert ready == "READY"
+        for pid in brokers:
+            os.kill(pid, signal.SIGSTOP)
+        child.stdin.write("FROZEN\n")
+        child.stdin.flush()
+        ids = [child.stdout.readline().strip() for _ in range(2000)]
+        assert child.stdout.readline().strip() == "QUEUED"
+        for i in chaos_cluster.running_brokers():
+            chaos_cluster.kill_broker(i)  # SIGKILL ends a stopped process too
+        child.stdin.write("KILLED\n")
+        child.stdin.flush()
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for pid in brokers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert child.returncode == 0, err
+    ids += out.split()
+    assert len(ids) == 4000 and "lost" not in err, err
+    stored = _pending_ids(path)
+    assert len(stored) == 4000 and set(stored) == set(ids)
+    chaos_cluster.start_all()
+    _drain(path, bs)
+    got = read_topic(bs, topic, 4001)
+    assert got.unique == 4001 and set(got.by_id) == set(ids) | {warm}  # the warm-up was delivered before
 
 
 def test_a_plain_exit_with_the_cluster_up_delivers_all_4000(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
