@@ -399,6 +399,7 @@ def _loop_lag_row(runs: list[Result], outage: float) -> tuple[str, Result, dict[
     loads = "/".join(f"{r['loadavg'][0]:.1f}" for r in runs)
     passes = [len(r.get("gc_pauses", [])) for r in runs]
     longest = max((g[2] for r in runs for g in r.get("gc_pauses", [])), default=0.0)
+    longest_cpu = max((g[3] for r in runs for g in r.get("gc_pauses", []) if len(g) > 3), default=0.0)
     empty = [r["empty_after_up_s"] for r in runs if r.get("empty_after_up_s") is not None]
     emptied = f"empty {statistics.median(empty):.1f} s after the restart" if empty else "never empty"
     if len(empty) not in (0, len(runs)):
@@ -410,7 +411,8 @@ def _loop_lag_row(runs: list[Result], outage: float) -> tuple[str, Result, dict[
         "met": worst < LOOP_LAG_TARGET_MS,
         "notes": f"max {worst:.1f} ms (probe alone {alone:.1f} ms); max/p99 ms this loop: {phases('lag')}; "
         f"probe alone: {phases('lag_alone')}; garbage-collector passes of 5 ms+ per run "
-        f"{'/'.join(map(str, passes))} (longest {longest:.0f} ms); {emptied}; load average {loads}",
+        f"{'/'.join(map(str, passes))} (longest {longest:.0f} ms, {longest_cpu:.0f} ms of CPU); {emptied}; "
+        f"load average {loads}",
     }
 
 

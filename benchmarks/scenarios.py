@@ -787,17 +787,19 @@ def loop_lag(p: Params) -> Result:
     threading.Thread(target=listen, daemon=True).start()
     lags: list[tuple[float, float]] = []
     state: dict[str, float] = {}
-    # The garbage collector's passes that took 5 ms or more: (monotonic end, generation, seconds).
-    # A collection holds the interpreter lock throughout, whichever thread triggered it.
-    gc_pauses: list[tuple[float, int, float]] = []
-    gc_started = [0.0]
+    # The garbage collector's passes that took 5 ms or more: (monotonic end, generation, seconds,
+    # CPU seconds of the collecting thread). A collection holds the interpreter lock throughout,
+    # whichever thread triggered it; its CPU time is what it costs on an idle machine (on a loaded
+    # one the wall time also counts the thread's waits for a core).
+    gc_pauses: list[tuple[float, int, float, float]] = []
+    gc_started = [0.0, 0.0]
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         if phase == "start":
-            gc_started[0] = now
+            gc_started[:] = [now, cpu]
         elif now - gc_started[0] >= 0.005:
-            gc_pauses.append((time.monotonic(), info["generation"], now - gc_started[0]))
+            gc_pauses.append((time.monotonic(), info["generation"], now - gc_started[0], cpu - gc_started[1]))
 
     gc.callbacks.append(on_gc)
 
@@ -885,7 +887,7 @@ def loop_lag(p: Params) -> Result:
         empty_after_up_s=None if "empty" not in state else empty - up,
         lag=_lag_summary(lags, spans),
         # The ten latest wake-ups: (seconds after STOP, ms late), to see what they coincide with.
-        gc_pauses=[(round(t - stop, 3), g, round(d * 1000, 1)) for t, g, d in gc_pauses],
+        gc_pauses=[(round(t - stop, 3), g, round(d * 1000, 1), round(c * 1000, 1)) for t, g, d, c in gc_pauses],
         phases_s={k: round(events[k] - stop, 1) for k in ("DOWN", "UP") if k in events} | (
             {"empty": round(empty - stop, 1)} if "empty" in state else {}),
         lag_worst=sorted(((round(t - stop, 3), round(d * 1000, 1)) for t, d in lags), key=lambda x: -x[1])[:10],
