@@ -69,10 +69,11 @@ _MODES = ("fallback", "write-ahead")
 _DURABILITY = ("batch", "sync")
 _DRAIN_IN = ("threads", "process")
 
-#: The default `exit_timeout` (seconds). Long enough to deliver what a healthy cluster still has
-#: on the wire and to commit the writer's largest backlog (`max_pending`, 50,000 messages, about
-#: a second of SQLite inserts on a 2-core machine); short enough to leave most of an orchestrator's
-#: stop grace period (Kubernetes' 30 s by default) to the rest of the application's shutdown.
+#: The default `exit_timeout` (seconds). Half of it (`_DELIVERY_SHARE`) lets a healthy cluster
+#: acknowledge what is on the wire; the other half commits the largest backlog the writer holds
+#: (`max_pending`, 50,000 messages: 1-3 s of SQLite inserts on the 2-core test machine). Short
+#: enough to leave most of an orchestrator's stop grace period (Kubernetes' 30 s by default) to
+#: the rest of the application's shutdown.
 DEFAULT_EXIT_TIMEOUT = 10.0
 #: The share of a bounded close() spent waiting for deliveries; the rest is kept for moving what
 #: is still undelivered to the outbox (committing it is what must not be cut short).
