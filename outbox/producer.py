@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from . import exithook
+from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from .circuit import CircuitBreaker
 from .drain import DEFAULT_BATCH_SIZE, Drainer
 from .drainproc import DrainProcess
@@ -71,7 +71,8 @@ _DRAIN_IN = ("threads", "process")
 
 #: The default `exit_timeout` (seconds). Half of it (`_DELIVERY_SHARE`) lets a healthy cluster
 #: acknowledge what is on the wire; the other half commits the largest backlog the writer holds
-#: (`max_pending`, 50,000 messages: 1-3 s of SQLite inserts on the 2-core test machine). Short
+#: (`memory_budget`, 16 MiB by default: at most ~20,000 small messages, well under a second of
+#: SQLite inserts on a 2-core machine). Short
 #: enough to leave most of an orchestrator's stop grace period (Kubernetes' 30 s by default) to
 #: the rest of the application's shutdown.
 DEFAULT_EXIT_TIMEOUT = 10.0
