@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from outbox.codec import encode_headers
 from outbox.records import NewMessage
 from outbox.stores import grouped
-from outbox.stores import sqlite as sqlite_store
+from outbox.stores import sqlite_schema as sqlite_store
 
 #: The head of a message in a group body at version 5, and today's (timestamp last).
 _V5_HEAD = struct.Struct(">iiiiHhiiiBdd")
@@ -36,9 +36,9 @@ def sqlite_v5(path: str, singles: Sequence[NewMessage], groups: Sequence[Sequenc
     raw = sqlite3.connect(path, isolation_level=None)
     for v in range(1, 6):
         if v == 2:
-            sqlite_store._migrate_to_2(raw)
+            sqlite_store.migrate_to_2(raw)
         else:
-            for stmt in sqlite_store._MIGRATIONS[v]:
+            for stmt in sqlite_store.MIGRATIONS[v]:
                 raw.execute(stmt)
     for m in singles:
         raw.execute(

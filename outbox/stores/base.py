@@ -192,15 +192,44 @@ class Applied:
     dead: list[OutboxMessage]
 
 
-class Outbox(abc.ABC):
-    """A durable store of messages waiting for Kafka, and of dead letters.
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a store can do beyond the contract every store keeps, declared by its class (read
+    `store.capabilities`, never probe for methods).
 
-    Implementations are safe to share between threads of one process, and several processes
-    may use one store at once (leases keep each row with one sender at a time).
+    Attributes:
+        transactional_enqueue: `enqueue_in_transaction(conn, messages)` writes rows with the
+            caller's own database connection, inside the caller's transaction
+            (`produce(..., transaction=conn)`).
+        owner_liveness: the store can tell whether a lease owner is alive (`owner_liveness`,
+            `release_gone_owners` do something); otherwise leases run until they expire.
+        grouped_rows: one stored row may hold several messages (`outbox.stores.grouped`); a bulk
+            reader explodes them (`outbox.stores.bulk`).
+        bulk_read: `bulk_read()` describes the table to a JDBC reader (the Spark job).
+        durable: what is stored survives the process (False: the memory store).
+        shared: several processes can use the store at once.
+    """
+
+    transactional_enqueue: bool = False
+    owner_liveness: bool = False
+    grouped_rows: bool = False
+    bulk_read: bool = False
+    durable: bool = True
+    shared: bool = True
+
+
+class MessageStore(abc.ABC):
+    """The hot path of a store: messages in, claims, settlements, and the key queries of the
+    producer's per-key order.
+
+    Several processes may use one store at once when its `capabilities.shared` says so (leases
+    keep each row with one sender at a time).
     """
 
     #: Where the store lives, for messages (never with credentials).
     location: str
+    #: What this store can do beyond the contract (`Capabilities`); each backend declares its own.
+    capabilities: Capabilities = Capabilities()
 
     @abc.abstractmethod
     def migrate(self) -> None:
@@ -312,6 +341,46 @@ class Outbox(abc.ABC):
         return done.new_ids, done.dead
 
     @abc.abstractmethod
+    def has_pending(self, topic: str, key: bytes) -> bool:
+        """Whether any PENDING row of this topic and key exists."""
+
+    def keys_with_pending(self, keys: Sequence[tuple[str, bytes]]) -> set[tuple[str, bytes]]:
+        """Which of these (topic, key) pairs still have a PENDING row. Backends answer in one query."""
+        return {k for k in keys if self.has_pending(*k)}
+
+    @abc.abstractmethod
+    def pending_keys(self) -> set[tuple[str, bytes]]:
+        """Every (topic, key) with a PENDING row: one pass over the pending rows (a producer's
+        start-up, so that it queues a key's new messages behind what an earlier process left)."""
+
+    @abc.abstractmethod
+    def next_due_at(self) -> float | None:
+        """Earliest `next_attempt_at` of a PENDING row (None: nothing pending): one indexed
+        query, so that idle drain workers sleep exactly until work is due."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+
+    # -- lease owners (see outbox.owners for the rule) -----------------------------------------
+
+    def release_gone_owners(self, *, now: float) -> int:
+        """Give back, due now, the leases of owners known to be gone; return how many rows.
+
+        A backend that cannot tell releases nothing: leases then run until they expire.
+        """
+        return 0
+
+
+class StoreAdmin(abc.ABC):
+    """Dead-letter administration and reads for people (the CLI, the console): not on the hot
+    path, and each call may read much of the store."""
+
+    def owner_liveness(self, owners: Sequence[str]) -> dict[str, Liveness]:
+        """Alive, gone or unknown, for each lease owner. A backend that cannot tell: unknown."""
+        return {o: Liveness.UNKNOWN for o in owners}
+
+    @abc.abstractmethod
     def get(self, id: int) -> OutboxMessage:
         """One row by id. Raises UnknownMessageError."""
 
@@ -356,55 +425,26 @@ class Outbox(abc.ABC):
         """The latest audit entries, newest first (ids below `before_id` when given)."""
 
     @abc.abstractmethod
-    def has_pending(self, topic: str, key: bytes) -> bool:
-        """Whether any PENDING row of this topic and key exists."""
-
-    def keys_with_pending(self, keys: Sequence[tuple[str, bytes]]) -> set[tuple[str, bytes]]:
-        """Which of these (topic, key) pairs still have a PENDING row. Backends answer in one query."""
-        return {k for k in keys if self.has_pending(*k)}
-
-    @abc.abstractmethod
-    def pending_keys(self) -> set[tuple[str, bytes]]:
-        """Every (topic, key) with a PENDING row: one pass over the pending rows (a producer's
-        start-up, so that it queues a key's new messages behind what an earlier process left)."""
-
-    def next_due_at(self) -> float | None:
-        """Earliest `next_attempt_at` of a PENDING row (None: nothing pending).
-
-        Idle drain workers call this to sleep exactly until work is due; backends override it
-        with one indexed query instead of the full `stats()`.
-        """
-        return self.stats(now=time.time()).next_due_at
-
-    @abc.abstractmethod
     def stats(self, *, now: float) -> StoreStats:
         """Counts by state, topic and error; oldest pending; next due time."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Release connections. Idempotent."""
-
-    def __enter__(self) -> Outbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- lease owners (see outbox.owners for the rule) -----------------------------------------
-
-    def owner_liveness(self, owners: Sequence[str]) -> dict[str, Liveness]:
-        """Alive, gone or unknown, for each lease owner. A backend that cannot tell: unknown."""
-        return {o: Liveness.UNKNOWN for o in owners}
-
-    def release_gone_owners(self, *, now: float) -> int:
-        """Give back, due now, the leases of owners known to be gone; return how many rows.
-
-        A backend that cannot tell releases nothing: leases then run until they expire.
-        """
-        return 0
 
     @abc.abstractmethod
     def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
         """What is left (of one topic, or all) and why: due now, backing off, leased by whom (alive or gone), waiting
         behind which owner's rows, dead-lettered (`outbox.backlog`). One full read of the table:
         for operators and the CLI, not for hot paths."""
+
+
+class Outbox(MessageStore, StoreAdmin):
+    """A durable store of messages waiting for Kafka, and of dead letters: the contract every
+    backend keeps (`SQLiteOutbox`, `PostgresOutbox`, `MemoryOutbox`), tested by one suite.
+
+    Implementations are safe to share between threads of one process; what else a backend can
+    do is in its `capabilities`.
+    """
+
+    def __enter__(self) -> Outbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -179,8 +179,6 @@ def _lock_key(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
 
 
-
-
 def _configure(conn: psycopg.Connection[Any]) -> None:
     """Session settings of every pooled connection."""
     # JIT compiling costs ~1 s on a 2-core host and is triggered by the cost *estimate* of the

@@ -5,217 +5,55 @@ instead of failing, BEGIN IMMEDIATE for every write so lock upgrades cannot dead
 batched statements: the caller group-commits, so one transaction carries many rows.
 """
 
+
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import logging
-import os
 import sqlite3
-import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import quote
 
-from ..backlog import Backlog, backlog_from_rows, backlog_sql
-from ..codec import encode_headers
-from ..errors import StoreError, StoreNotFoundError, UnknownMessageError
-from ..owners import Liveness, SweepSchedule, describe_owner, local_liveness
-from ..records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from ..owners import Liveness, describe_owner, local_liveness
+from ..records import NewMessage, OutboxMessage, Status
 from . import grouped
 from .base import (
     COLUMNS,
     INSERT_COLUMNS,
     Applied,
+    Capabilities,
     Failure,
     Outbox,
     Settlement,
-    dead_letter_where,
     insert_values,
     row_from_columns,
 )
+from .sqlite_admin import SQLiteAdmin
+from .sqlite_schema import (
+    BODY,
+    CANDIDATE,
+    GROUP,
+    GROUPS,
+    INSERT_SQL,
+    KEYS,
+    SCHEMA_VERSION,
+    N,
+)
+
+__all__ = ["INSERT_SQL", "SCHEMA_VERSION", "SQLiteOutbox"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
 _T = TypeVar("_T")
 _CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
-#: The write connection's page cache (negative: KiB). SQLite's default, 2 MiB, holds a small part
-#: of the indexes a backlog's inserts and deletes walk at random (by key): spill + drain cost 109
-#: us of store CPU per message with it, 84 with 16 MiB, 86 with 64 MiB (profile_store_rows.py,
-#: one run each on a busy machine). Reads keep the default.
-_CACHE_KIB = -16384
-
-_COLUMNS = COLUMNS
-#: The statement that writes one row (`insert_values` order); benchmarks time it as their baseline.
-INSERT_SQL = f"INSERT INTO outbox ({', '.join(INSERT_COLUMNS)}) VALUES ({','.join('?' * len(INSERT_COLUMNS))})"
-
-_MIGRATIONS: dict[int, list[str]] = {
-    1: [
-        """CREATE TABLE IF NOT EXISTS outbox (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: ids order a key's messages
-            msg_id TEXT NOT NULL,
-            topic TEXT NOT NULL,
-            key BLOB,
-            value BLOB,
-            headers BLOB,
-            partition INTEGER NOT NULL DEFAULT -1,
-            status INTEGER NOT NULL DEFAULT 0,
-            attempts INTEGER NOT NULL DEFAULT 0,
-            created_at REAL NOT NULL,
-            first_failed_at REAL,
-            last_failed_at REAL,
-            next_attempt_at REAL NOT NULL DEFAULT 0,
-            last_error TEXT,
-            lease_owner TEXT
-        )""",
-        "CREATE INDEX IF NOT EXISTS outbox_due ON outbox (status, next_attempt_at)",
-        "CREATE INDEX IF NOT EXISTS outbox_key ON outbox (topic, key, id)",
-    ]
-}
-
-# Version 3 (the console): dead-letter filters walk small partial indexes in id order (keyset
-# pages), a trace finds a message's rows by its outbox-id, and operator actions are audited here,
-# in the store itself (same file permissions and backups as the dead letters they describe).
-# Partial indexes (WHERE status = 2) cost the producer nothing: pending rows are not in them.
-_MIGRATIONS[3] = [
-    # Dead rows only: a full msg_id index cost every spilled message ~9 us of CPU (enqueue 25 ->
-    # 34 us, bench_msg_id_index), on the path recovery speed depends on. Pending rows are the
-    # backlog, gone once drained; trace() scans those.
-    "CREATE INDEX IF NOT EXISTS outbox_dead_msg_id ON outbox (msg_id) WHERE status = 2",
-    "CREATE INDEX IF NOT EXISTS outbox_dead ON outbox (id) WHERE status = 2",
-    "CREATE INDEX IF NOT EXISTS outbox_dead_topic ON outbox (topic, id) WHERE status = 2",
-    "CREATE INDEX IF NOT EXISTS outbox_dead_error_name ON outbox (error_name, id) WHERE status = 2",
-    "CREATE INDEX IF NOT EXISTS outbox_dead_error_code ON outbox (error_code, id) WHERE status = 2",
-    "CREATE INDEX IF NOT EXISTS outbox_dead_key ON outbox (key, id) WHERE status = 2",
-    "CREATE INDEX IF NOT EXISTS outbox_dead_failed ON outbox (last_failed_at) WHERE status = 2",
-    """CREATE TABLE IF NOT EXISTS outbox_audit (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        at REAL NOT NULL,
-        who TEXT NOT NULL,
-        action TEXT NOT NULL,
-        filter TEXT NOT NULL,
-        count INTEGER NOT NULL
-    )""",
-]
-
-# Version 4: several messages to a row (`outbox.stores.grouped`). A one-message row has n = 1 and
-# no body; the partial index lists the groups (few: one per writer batch), with what stats() and
-# the id lookups need, so neither reads a body.
-_MIGRATIONS[4] = [
-    "ALTER TABLE outbox ADD COLUMN n INTEGER NOT NULL DEFAULT 1",
-    "ALTER TABLE outbox ADD COLUMN body BLOB",
-    "ALTER TABLE outbox ADD COLUMN keys BLOB",
-    "CREATE INDEX IF NOT EXISTS outbox_group ON outbox (id, topic, n) WHERE body IS NOT NULL",
-]
-
-# Version 5: a group's body and keys live in a table of their own, one row per group. A lease
-# changes the size of the `outbox` row (lease_owner NULL -> text), and SQLite then rewrites the
-# whole record, overflow pages included: every claim and release of a 1,000-message group wrote
-# its ~270 KB again (3.7 ms of a 5,000-message claim per group; a same-size update writes one
-# page). Groups are the `outbox` rows with n > 1; a trigger deletes a group's body with its row.
-_MIGRATIONS[5] = [
-    """CREATE TABLE IF NOT EXISTS outbox_body (
-        id INTEGER PRIMARY KEY,  -- the group's id in outbox
-        body BLOB NOT NULL,  -- its messages (outbox.stores.grouped)
-        keys BLOB  -- its distinct keys, NULL without any
-    )""",
-    "INSERT INTO outbox_body (id, body, keys) SELECT id, body, keys FROM outbox WHERE body IS NOT NULL",
-    "DROP INDEX IF EXISTS outbox_group",
-    "ALTER TABLE outbox DROP COLUMN body",
-    "ALTER TABLE outbox DROP COLUMN keys",
-    "CREATE INDEX IF NOT EXISTS outbox_group ON outbox (id, topic, n) WHERE n > 1",
-    """CREATE TRIGGER IF NOT EXISTS outbox_body_gone AFTER DELETE ON outbox WHEN OLD.n > 1
-    BEGIN DELETE FROM outbox_body WHERE id = OLD.id; END""",
-]
-
-
-def _migrate_to_6(conn: sqlite3.Connection) -> None:
-    """Version 6: the record timestamp (ms; 0: unknown, what every row stored before has) as a
-    column, and in each message of a group body (`grouped.upgrade_v5` rewrites the bodies)."""
-    # BIGINT, INTEGER affinity: a 64-bit integer (the Spark job reads it through JDBC as a long).
-    conn.execute("ALTER TABLE outbox ADD COLUMN timestamp BIGINT NOT NULL DEFAULT 0")
-    last = 0
-    while True:  # a few bodies at a time: a backlog's bodies need not fit in memory at once
-        bodies = conn.execute(
-            "SELECT id, body FROM outbox_body WHERE id > ? ORDER BY id LIMIT 64", (last,)
-        ).fetchall()
-        if not bodies:
-            return
-        conn.executemany(
-            "UPDATE outbox_body SET body = ? WHERE id = ?", [(grouped.upgrade_v5(body), gid) for gid, body in bodies]
-        )
-        last = bodies[-1][0]
-
-
-#: A group's columns as `_group_messages` reads them (`outbox` as o, `outbox_body` as b).
-_GROUP = "o.id, o.topic, o.created_at, o.next_attempt_at, o.n, b.body"
-#: A claim's candidate: the row's columns, then n, body and keys (NULL for a one-message row).
-_CANDIDATE = ", ".join(f"o.{c.strip()}" for c in _COLUMNS.split(",")) + ", o.n, b.body, b.keys"
-#: Where a candidate holds n, body and keys.
-_N = len(_COLUMNS.split(","))
-_BODY, _KEYS = _N + 1, _N + 2
-#: A group row with its body and keys.
-_GROUPS = "outbox AS o INDEXED BY outbox_group JOIN outbox_body AS b ON b.id = o.id"
-#: Every column a row has, in the order `_recreate` copies them.
-_ALL_COLUMNS = f"{_COLUMNS}, lease_owner, n"
-_ALL_PLACES = ",".join("?" * len(_ALL_COLUMNS.split(",")))
-
-#: Version 2: the error as code and name columns (filters and stats read them, never the text).
-_ERROR_COLUMNS = ("error_code", "error_name")
-
-
-def _migrate_to_2(conn: sqlite3.Connection) -> None:
-    """Add error_code/error_name beside last_error and fill them from the stored text.
-
-    Runs inside the caller's BEGIN IMMEDIATE. sqlite-utils does the schema work: `add_column`
-    (an ALTER TABLE) and `transform()` for the copy-and-swap that puts the new columns beside
-    `last_error`, which ALTER TABLE cannot do; transform keeps AUTOINCREMENT and the indexes,
-    and its savepoint nests in our transaction. The last-issued id is kept so ids are never reused.
-    """
-    import sqlite_utils  # only needed once per outbox file, when it is upgraded
-
-    db = sqlite_utils.Database(conn, execute_plugins=False)
-    table = db.table("outbox")
-    columns = table.columns_dict
-    for name, kind in (("error_code", int), ("error_name", str)):
-        if name not in columns:
-            table.add_column(name, kind)
-    # The one place the old text form is parsed: "NAME (code): reason", written by version 1.
-    conn.execute(
-        "UPDATE outbox SET "
-        "error_name = substr(last_error, 1, instr(last_error, ' (') - 1), "
-        "error_code = CAST(substr(last_error, instr(last_error, ' (') + 2, "
-        "instr(last_error, '):') - instr(last_error, ' (') - 2) AS INTEGER) "
-        "WHERE last_error IS NOT NULL AND error_code IS NULL "
-        "AND instr(last_error, ' (') > 0 AND instr(last_error, '):') > instr(last_error, ' (')"
-    )
-    order = [c for c in table.columns_dict if c not in _ERROR_COLUMNS]
-    at = order.index("last_error") + 1
-    order[at:at] = list(_ERROR_COLUMNS)
-    if list(table.columns_dict) != order:
-        seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
-        table.transform(column_order=order)
-        if seq is not None:
-            conn.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'outbox'", (seq[0],))
-
 
 def _chunks(ids: Sequence[_T]) -> Iterator[Sequence[_T]]:
     for i in range(0, len(ids), _CHUNK):
         yield ids[i : i + _CHUNK]
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    """(device, inode) of the file at `path`, None if there is none."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def _ranges(ids: Sequence[int]) -> list[tuple[int, int]]:
@@ -227,8 +65,6 @@ def _ranges(ids: Sequence[int]) -> list[tuple[int, int]]:
         elif not out or i > out[-1][1]:
             out.append((i, i))
     return out
-
-
 
 
 @contextmanager
@@ -248,22 +84,6 @@ def _zeroing_only_written_pages(c: sqlite3.Connection) -> Iterator[None]:
         c.execute("PRAGMA secure_delete = ON")
 
 
-def _dead_index(flt: DeadLetterFilter) -> str:
-    """Which index a dead-letter list walks when no selective column (ids, topic, error, key) is named.
-
-    Without statistics SQLite takes the (status, next_attempt_at) index for `status = 2` and sorts
-    every dead letter to find the first page (seconds at a million rows). Walking the dead rows
-    in id order stops after one page when matches are common (group, text, no filter); a time
-    filter reads only its window of failure times and sorts that (recent windows are small).
-    The selective columns have their own (column, id) partial indexes, which SQLite picks by itself.
-    """
-    if flt.ids or flt.topic is not None or flt.error is not None or flt.key is not None:
-        return ""
-    if flt.since is not None:
-        return "INDEXED BY outbox_dead_failed"
-    return "INDEXED BY outbox_dead"
-
-
 @dataclass(frozen=True, slots=True)
 class _Group:
     """A group row ready to insert (`outbox.stores.grouped`)."""
@@ -280,7 +100,7 @@ class _Group:
 _Part = list[tuple[Any, ...]] | _Group
 
 
-class SQLiteOutbox(Outbox):
+class SQLiteOutbox(SQLiteAdmin, Outbox):
     """The default outbox store, in one SQLite file.
 
     Args:
@@ -293,301 +113,7 @@ class SQLiteOutbox(Outbox):
         busy_timeout: seconds to wait for another process's write lock.
     """
 
-    def __init__(
-        self,
-        path: str,
-        *,
-        create: bool = True,
-        synchronous: str = "FULL",
-        busy_timeout: float = 30.0,
-    ) -> None:
-        self.path = os.path.abspath(path)
-        self.location = self.path
-        self._synchronous = synchronous.upper()
-        if self._synchronous not in ("FULL", "NORMAL", "EXTRA", "OFF"):
-            raise StoreError(f"outbox {self.path}: synchronous must be FULL or NORMAL")
-        self._busy_ms = int(busy_timeout * 1000)
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
-        self._write_lock = threading.Lock()
-        self._closed = False
-        self._create = create
-        self._sweeps = SweepSchedule()
-        self._gen = 0  # bumped when the file is re-created: every thread then opens a new connection
-        self._writer_conn: sqlite3.Connection | None = None
-        self._writer_gen = -1
-        self._writer_sync = self._synchronous
-        self._ident: tuple[int, int] | None = None  # (device, inode) of the file our connections use
-        if not os.path.exists(self.path):
-            if not create:
-                raise StoreNotFoundError(f"outbox file {self.path} does not exist")
-            self._create_file()
-        elif not os.access(self.path, os.R_OK):
-            raise StoreError(f"outbox file {self.path} is not readable")
-        self.migrate()
-
-    # -- connections -------------------------------------------------------------------------
-
-    def _create_file(self) -> None:
-        parent = os.path.dirname(self.path)
-        try:
-            os.makedirs(parent, exist_ok=True)
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-            os.close(fd)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise StoreError(f"cannot create outbox file {self.path}: {exc.strerror}") from exc
-
-    def _conn(self) -> sqlite3.Connection:
-        """This thread's connection, for reads."""
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None and self._local.gen == self._gen:
-            return conn
-        conn = self._local.conn = self._open()
-        self._local.gen = self._gen
-        return conn
-
-    def _writer(self) -> sqlite3.Connection:
-        """The connection every write of this process goes through (called under the write lock).
-
-        One connection, not one per thread: in WAL mode a connection drops its whole page cache
-        when another one committed since its last transaction, so writers taking turns on their
-        own connections (the spill writer, two drain workers) each began with a cold cache and
-        re-read the index pages they were about to change.
-        """
-        if self._writer_conn is None or self._writer_gen != self._gen:
-            self._writer_conn = self._open(cache_kib=_CACHE_KIB)
-            self._writer_gen = self._gen
-            self._writer_sync = self._synchronous
-        return self._writer_conn
-
-    def _open(self, *, cache_kib: int | None = None) -> sqlite3.Connection:
-        """A new connection to the file; `cache_kib`: its page cache, else SQLite's default."""
-        if self._closed:
-            raise StoreError(f"outbox {self.path} is closed")
-        try:
-            # isolation_level=None: we issue BEGIN ourselves, so transactions are explicit.
-            # mode=rw: never create the file here (a deleted outbox must not come back empty).
-            conn = sqlite3.connect(
-                f"file:{quote(self.path)}?mode=rw", uri=True, isolation_level=None, check_same_thread=False
-            )
-            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-            # Deleted bytes are overwritten with zeros (a purged dead letter leaves nothing in
-            # the file), whatever the build's default; delivered messages: see below.
-            conn.execute("PRAGMA secure_delete = ON")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if mode.lower() != "wal" and os.access(self.path, os.W_OK):
-                log.warning("outbox %s: journal_mode is %s, not WAL", self.path, mode)
-            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-            if cache_kib is not None:
-                conn.execute(f"PRAGMA cache_size = {cache_kib}")
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
-        if self._ident is None:
-            self._ident = _identity(self.path)
-        with self._lock:
-            self._all.append(conn)
-        return conn
-
-    def _error(self, exc: BaseException) -> StoreError:
-        text = str(exc)
-        name = getattr(exc, "sqlite_errorname", None)
-        if name and name.startswith("SQLITE_IOERR"):  # "disk I/O error" alone does not say which I/O failed
-            text = f"{text} ({name})"
-        if "not a database" in text or "malformed" in text:
-            text = f"file is not a valid SQLite outbox (corrupt?): {text}"
-        elif "readonly" in text:
-            text = f"outbox is read-only: {text}"
-        elif "full" in text:
-            text = f"disk is full: {text}"
-        elif "locked" in text:
-            text = f"locked by another process for longer than the busy timeout: {text}"
-        return StoreError(f"outbox {self.path}: {text}")
-
-    @contextmanager
-    def _write(self, *, stores_messages: bool = True) -> Iterator[sqlite3.Connection]:
-        """One short write transaction; any SQLite error becomes a StoreError naming the file.
-
-        `stores_messages=False` (claims, deletes of delivered rows, releases): the commit need
-        not reach the disk before we go on. Losing it to a power cut can only bring rows back
-        (a lease, an acknowledgement undone: the row is sent again, at-least-once), never lose
-        one; and the next commit that does store messages syncs the WAL, these frames included.
-        So such commits skip the fsync of synchronous=FULL (the drain's profile: two fsyncs per
-        batch were a third of its wall time).
-        """
-        # Threads of this process queue here, on a lock that hands over at once, instead of in
-        # SQLite's busy handler, which sleeps 1..100 ms between tries: the writer and two drain
-        # workers spent most of a recovery asleep there (py-spy). Other processes still meet
-        # the busy handler.
-        with self._write_lock:
-            self._check_file()
-            conn = self._writer()
-            self._sync(conn, full=stores_messages)
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise self._error(exc) from exc
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise self._error(exc) from exc
-                raise
-
-    def _check_file(self) -> None:
-        """Before each write: is the path still the file our connections write to?
-
-        SQLite goes on writing to a file deleted underneath it, and what it writes there dies with
-        the process. So a deleted outbox is re-created at once, with every row of the deleted
-        file copied in (`_recreate`); a file put in its place by someone else is refused.
-        One stat() per write transaction, not per message.
-        """
-        if self._ident is None:
-            return
-        now = _identity(self.path)
-        if now == self._ident:
-            return
-        if now is not None:
-            raise StoreError(
-                f"outbox {self.path}: the file was replaced by another one while in use; not writing to "
-                "either (its write-ahead log belongs to the new file): restart to use the new file"
-            )
-        self._recreate()
-
-    def _recreate(self) -> None:
-        """The file was deleted: copy its rows (still readable through our open connection) into
-        a new file at the same path, keeping ids, leases and attempts, then switch every thread to it.
-
-        Called under the write lock. The old connections are closed before the new file exists:
-        closing the last one checkpoints and deletes "<path>-wal" by name, which must not be the
-        new file's log; a stale log or shm file left at the path would be taken for the new
-        file's, so they go too. Not handled: another process with the deleted file open finds a
-        replaced file at its next write and refuses to write until restarted (it must not close its
-        connections either: that would delete the new file's log); what it wrote to the deleted
-        file after this copy dies with it.
-        """
-        # Any connection opened before the deletion still reads the old file; a new one could not.
-        writer = self._writer_conn if self._writer_gen == self._gen else None
-        old = writer or self._all[0]
-        try:
-            rows = old.execute(f"SELECT {_ALL_COLUMNS} FROM outbox ORDER BY id").fetchall()
-            bodies = old.execute("SELECT id, body, keys FROM outbox_body").fetchall()
-            seq = old.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
-        with self._lock:
-            conns, self._all = self._all, []
-            self._gen += 1
-            self._ident = None
-        for conn in conns:
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
-        for suffix in ("-wal", "-shm", "-journal"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path + suffix)
-        self._create_file()
-        conn = self._writer()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            self._migrate_in(conn, 0)
-            conn.executemany(
-                f"INSERT OR IGNORE INTO outbox ({_ALL_COLUMNS}) VALUES ({_ALL_PLACES})", rows
-            )
-            conn.executemany("INSERT OR IGNORE INTO outbox_body (id, body, keys) VALUES (?, ?, ?)", bodies)
-            if seq is not None:
-                conn.execute("DELETE FROM sqlite_sequence WHERE name = 'outbox'")
-                conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('outbox', ?)", (seq[0],))
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise self._error(exc) from exc
-        log.error(
-            "outbox %s: the file was deleted while in use; re-created it with its %d row(s)", self.path, len(rows)
-        )
-
-    def _sync(self, conn: sqlite3.Connection, *, full: bool) -> None:
-        if self._synchronous != "FULL" and self._synchronous != "EXTRA":
-            return
-        want = self._synchronous if full else "NORMAL"
-        if self._writer_sync != want:
-            try:
-                conn.execute(f"PRAGMA synchronous = {want}")
-            except sqlite3.Error as exc:
-                raise self._error(exc) from exc
-            self._writer_sync = want
-
-    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        try:
-            return self._conn().execute(sql, args).fetchall()
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
-
-    @contextlib.contextmanager
-    def _snapshot(self) -> Iterator[sqlite3.Connection]:
-        """One read transaction on this thread's connection: the `_read`s (and the statements
-        on the connection it yields) inside see one state of the store. SQLite errors raised
-        inside become a StoreError naming the file."""
-        conn = self._conn()
-        try:
-            conn.execute("BEGIN")
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
-        try:
-            yield conn
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
-        finally:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("COMMIT")
-
-    # -- schema ------------------------------------------------------------------------------
-
-    def migrate(self) -> None:
-        conn = self._conn()
-        try:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"outbox {self.path}: schema version {version} is newer than this kafka-outbox "
-                f"({SCHEMA_VERSION}); upgrade the library"
-            )
-        if version == SCHEMA_VERSION:
-            return
-        if version == 0 and not self._create:
-            others = conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-            ).fetchall()
-            if others:
-                # An existing database that is not an outbox: never add our tables to it.
-                raise StoreError(
-                    f"{self.path} is a SQLite database but not a kafka-outbox outbox "
-                    f"(tables: {', '.join(r[0] for r in others[:5])})"
-                )
-        with self._write() as c:
-            # Another process may have migrated while we waited for the write lock.
-            self._migrate_in(c, c.execute("PRAGMA user_version").fetchone()[0])
-
-    @staticmethod
-    def _migrate_in(c: sqlite3.Connection, version: int) -> None:
-        """From `version` to SCHEMA_VERSION, inside the caller's write transaction."""
-        for v in range(version + 1, SCHEMA_VERSION + 1):
-            if v == 2:
-                _migrate_to_2(c)
-                continue
-            if v == 6:
-                _migrate_to_6(c)
-                continue
-            for stmt in _MIGRATIONS[v]:
-                c.execute(stmt)
-        c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    capabilities = Capabilities(owner_liveness=True, grouped_rows=True, bulk_read=True)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -725,7 +251,7 @@ class SQLiteOutbox(Outbox):
             out += [
                 row_from_columns(r)
                 for r in c.execute(
-                    f"SELECT {_COLUMNS} FROM outbox WHERE status = 2 AND id IN ({','.join('?' * len(chunk))})",
+                    f"SELECT {COLUMNS} FROM outbox WHERE status = 2 AND id IN ({','.join('?' * len(chunk))})",
                     list(chunk),
                 )
             ]
@@ -767,7 +293,7 @@ class SQLiteOutbox(Outbox):
         """Replace a group row with one row per message (their own ids; lease and created_at kept),
         leaving out the ids in `skip`. Returns how many rows it wrote."""
         row = c.execute(
-            f"SELECT {_GROUP}, o.lease_owner FROM {_GROUPS} WHERE o.n > 1 AND o.id = ?", (gid,)
+            f"SELECT {GROUP}, o.lease_owner FROM {GROUPS} WHERE o.n > 1 AND o.id = ?", (gid,)
         ).fetchone()
         if row is None:
             return 0
@@ -859,10 +385,10 @@ class SQLiteOutbox(Outbox):
         rows = self._lease(rows, owner, now, now + lease_seconds)
         out: list[OutboxMessage] = []
         for r in rows:
-            if r[_BODY] is None:
+            if r[BODY] is None:
                 out.append(row_from_columns(r))
             else:
-                out += grouped.decode(r[_BODY], r[0], r[2], r[9])
+                out += grouped.decode(r[BODY], r[0], r[2], r[9])
         return out
 
     def _lease(
@@ -939,17 +465,17 @@ class SQLiteOutbox(Outbox):
         messages: a group counts its n, and one larger than what is left of the limit is taken
         whole only as the first row."""
         cur = c.execute(
-            f"SELECT {_CANDIDATE} FROM outbox AS o NOT INDEXED LEFT JOIN outbox_body AS b ON o.n > 1 AND b.id = o.id "
+            f"SELECT {CANDIDATE} FROM outbox AS o NOT INDEXED LEFT JOIN outbox_body AS b ON o.n > 1 AND b.id = o.id "
             f"WHERE {where} ORDER BY o.id LIMIT ?",
             [*args, limit],
         )
         rows: list[tuple[Any, ...]] = []
         count = 0
         for r in cur:
-            if rows and count + r[_N] > limit:
+            if rows and count + r[N] > limit:
                 break
             rows.append(r)
-            count += r[_N]
+            count += r[N]
             if count >= limit:
                 break
         cur.close()
@@ -1012,11 +538,11 @@ class SQLiteOutbox(Outbox):
             rid, of_topic = r[0], blocked.get(r[2], {})
             if not of_topic:
                 kept.append(r)
-            elif r[_BODY] is None:
+            elif r[BODY] is None:
                 if r[3] is None or rid < of_topic.get(grouped.key_entry(r[3]), rid + 1):
                     kept.append(r)
             else:
-                entries = grouped.key_entries(r[_KEYS]) if r[_KEYS] is not None else []
+                entries = grouped.key_entries(r[KEYS]) if r[KEYS] is not None else []
                 if not of_topic.keys().isdisjoint(entries):
                     waits = [e for e in entries if of_topic.get(e, rid + 1) < rid]
                     if waits:
@@ -1027,108 +553,11 @@ class SQLiteOutbox(Outbox):
                 kept.append(r)
         return kept, None
 
-    # -- dead letters and reads --------------------------------------------------------------
-
-    def get(self, id: int) -> OutboxMessage:
-        rows = self._read(f"SELECT {_COLUMNS} FROM outbox WHERE id = ? AND n = 1", (id,))
-        if rows:
-            return row_from_columns(rows[0])
-        # A message of a group: the group with the largest id below it, if its ids reach it.
-        for m in self._group_messages(
-            "o.id < ? AND o.id >= ? ORDER BY o.id DESC LIMIT 1", (id, id - grouped.GROUP_MAX)
-        ):
-            if m.id == id:
-                return m
-        raise UnknownMessageError(f"no message with id {id} in outbox {self.path}")
-
-    def messages(self) -> list[OutboxMessage]:
-        """Every message in the store, pending and dead, in id order (groups read message by
-        message): for inspection and tests, not for hot paths."""
-        with self._snapshot():
-            out = [row_from_columns(r) for r in self._read(f"SELECT {_COLUMNS} FROM outbox WHERE n = 1")]
-            out += self._group_messages("1", ())
-        return sorted(out, key=lambda m: m.id)
-
-    def _group_messages(self, where: str, args: Sequence[Any]) -> list[OutboxMessage]:
-        """The messages of the groups matching `where`, each due when its group is (its lease)."""
-        out: list[OutboxMessage] = []
-        for gid, topic, created_at, due, _, body in self._read(
-            f"SELECT {_GROUP} FROM {_GROUPS} WHERE o.n > 1 AND {where}", args
-        ):
-            out += [m._replace(next_attempt_at=due) for m in grouped.decode(body, gid, topic, created_at)]
-        return out
-
-    def list_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> list[OutboxMessage]:
-        where, args = dead_letter_where(flt, "?")
-        sql = f"SELECT {_COLUMNS} FROM outbox {_dead_index(flt)} WHERE {where} ORDER BY id"
-        if flt.limit is not None:
-            sql += " LIMIT ?"
-            args.append(flt.limit)
-        return [row_from_columns(r) for r in self._read(sql, args)]
-
-    def purge_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> int:
-        where, args = dead_letter_where(flt, "?")
-        with self._write() as c:
-            return c.execute(f"DELETE FROM outbox WHERE {where}", args).rowcount
-
-    def replay_dead(
-        self, flt: DeadLetterFilter = DeadLetterFilter(), *, now: float, to_topic: str | None = None
-    ) -> int:
-        where, args = dead_letter_where(flt, "?")
-        with self._write() as c:
-            return c.execute(
-                "UPDATE outbox SET status = 0, attempts = 0, next_attempt_at = ?, lease_owner = NULL, "
-                f"topic = COALESCE(?, topic) WHERE {where}",
-                [now, to_topic, *args],
-            ).rowcount
-
-    def count_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> int:
-        where, args = dead_letter_where(flt, "?")
-        count: int = self._read(f"SELECT COUNT(*) FROM outbox WHERE {where}", args)[0][0]
-        return count
-
-    def redrive_edited(
-        self, id: int, *, value: bytes | None, headers: list[tuple[str, bytes | None]], now: float
-    ) -> bool:
-        with self._write() as c:
-            return c.execute(
-                "UPDATE outbox SET value = ?, headers = ?, status = 0, attempts = 0, next_attempt_at = ?, "
-                "lease_owner = NULL WHERE id = ? AND status = 2",
-                (value, encode_headers(headers), now, id),
-            ).rowcount == 1
-
-    def trace(self, msg_id: str) -> list[OutboxMessage]:
-        # Dead letters on the partial index, pending rows by a scan of the backlog (see _MIGRATIONS[3]).
-        rows = self._read(
-            f"SELECT {_COLUMNS} FROM outbox WHERE msg_id = ? AND status = 2 UNION ALL "
-            f"SELECT {_COLUMNS} FROM outbox WHERE msg_id = ? AND status = 0 ORDER BY 1",
-            (msg_id, msg_id),
-        )
-        found = [row_from_columns(r) for r in rows]
-        # In a group: only the bodies holding the id's bytes are decoded.
-        found += [m for m in self._group_messages("instr(b.body, ?) > 0", (msg_id.encode(),)) if m.msg_id == msg_id]
-        return sorted(found, key=lambda m: m.id)
-
-    def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:
-        with self._write() as c:
-            cur = c.execute(
-                "INSERT INTO outbox_audit (at, who, action, filter, count) VALUES (?, ?, ?, ?, ?)",
-                (at, who, action, filter, count),
-            )
-            return int(cur.lastrowid or 0)
-
-    def audit_log(self, *, limit: int = 100, before_id: int | None = None) -> list[AuditEntry]:
-        rows = self._read(
-            "SELECT id, at, who, action, filter, count FROM outbox_audit WHERE id < ? ORDER BY id DESC LIMIT ?",
-            (before_id if before_id is not None else 2**63 - 1, limit),
-        )
-        return [AuditEntry(*r) for r in rows]
-
     def has_pending(self, topic: str, key: bytes) -> bool:
         return bool(
             self._read("SELECT 1 FROM outbox WHERE topic = ? AND key = ? AND status = 0 LIMIT 1", (topic, key))
             or self._read(
-                f"SELECT 1 FROM {_GROUPS} WHERE o.n > 1 AND o.topic = ? AND instr(b.keys, ?) > 0 LIMIT 1",
+                f"SELECT 1 FROM {GROUPS} WHERE o.n > 1 AND o.topic = ? AND instr(b.keys, ?) > 0 LIMIT 1",
                 (topic, grouped.key_token(key)),
             )
         )
@@ -1137,7 +566,7 @@ class SQLiteOutbox(Outbox):
         rows = self._read("SELECT DISTINCT topic, key FROM outbox WHERE status = 0 AND key IS NOT NULL")
         keys = {(t, bytes(k)) for t, k in rows}
         for topic, blob in self._read(
-            f"SELECT o.topic, b.keys FROM {_GROUPS} WHERE o.n > 1 AND b.keys IS NOT NULL"
+            f"SELECT o.topic, b.keys FROM {GROUPS} WHERE o.n > 1 AND b.keys IS NOT NULL"
         ):
             keys.update((topic, k) for k in grouped.keys_of(blob))
         return keys
@@ -1176,7 +605,7 @@ class SQLiteOutbox(Outbox):
         left = len(keys)
         try:
             cur = self._conn().execute(
-                f"SELECT o.topic, b.keys FROM {_GROUPS} WHERE o.n > 1 AND b.keys IS NOT NULL ORDER BY o.id DESC"
+                f"SELECT o.topic, b.keys FROM {GROUPS} WHERE o.n > 1 AND b.keys IS NOT NULL ORDER BY o.id DESC"
             )
             for topic, blob in cur:
                 want = wanted.get(topic)
@@ -1196,87 +625,3 @@ class SQLiteOutbox(Outbox):
         due: float | None = self._read("SELECT MIN(next_attempt_at) FROM outbox WHERE status = 0")[0][0]
         return due
 
-    def stats(self, *, now: float) -> StoreStats:
-        # Counted from indexes alone, never from the rows (which carry the message bytes): a
-        # backlog of 300k rows took 365 ms to count by reading them, 90 ms from the indexes; the
-        # recovery benchmark's sampler and a metrics scrape pay this while the backlog drains.
-        # Every row is PENDING or DEAD (`Status`), so the pending rows of a topic are all of its
-        # rows (the `outbox_key` index) less its dead letters (their partial index).
-        with self._snapshot():
-            all_rows = self._read("SELECT topic, COUNT(*) FROM outbox INDEXED BY outbox_key GROUP BY topic")
-            # A group is one row of the key index and n messages (its partial index says how many).
-            more = dict(
-                self._read(
-                    "SELECT topic, SUM(n) - COUNT(*) FROM outbox INDEXED BY outbox_group WHERE n > 1 GROUP BY topic"
-                )
-            )
-            dead_rows = self._read(
-                "SELECT topic, COUNT(*) FROM outbox INDEXED BY outbox_dead_topic WHERE status = 2 GROUP BY topic"
-            )
-            # Rows are leased by moving next_attempt_at past now: only the due index's not-due range.
-            leased = self._read(
-                "SELECT COALESCE(SUM(n), 0) FROM outbox WHERE status = 0 AND next_attempt_at > ? "
-                "AND lease_owner IS NOT NULL",
-                (now,),
-            )[0][0]
-            # The oldest pending message is the first in id order: ids follow insertion, and
-            # created_at is set just before it (a dead letter replayed keeps both).
-            oldest = self._read(
-                "SELECT created_at FROM outbox WHERE id = "
-                "(SELECT MIN(id) FROM outbox INDEXED BY outbox_due WHERE status = 0)"
-            )
-            next_due = self._read("SELECT MIN(next_attempt_at) FROM outbox WHERE status = 0")[0][0]
-        dead_by_topic = {topic: count for topic, count in dead_rows}
-        pending_by_topic = {
-            t: n + more.get(t, 0) - dead_by_topic.get(t, 0) for t, n in all_rows if n > dead_by_topic.get(t, 0)
-        }
-        return StoreStats(
-            pending=sum(pending_by_topic.values()),
-            dead=sum(dead_by_topic.values()),
-            leased=leased,
-            oldest_pending_at=oldest[0][0] if oldest else None,
-            next_due_at=next_due,
-            pending_by_topic=pending_by_topic,
-            dead_by_topic=dead_by_topic,
-            dead_by_error=self._dead_by_error(),
-        )
-
-    def _dead_by_error(self) -> dict[str, int]:
-        """Dead letters by "NAME (code)" (the name alone when there is no code; "?" without either).
-
-        Counted by name on the name's partial index; the code is read from the name's first row:
-        a librdkafka name has exactly one code, a consumer's exception class has none.
-        """
-        out: dict[str, int] = {}
-        by_name = self._read(
-            "SELECT error_name, COUNT(*) FROM outbox INDEXED BY outbox_dead_error_name WHERE status = 2 "
-            "GROUP BY error_name"
-        )
-        for name, count in by_name:
-            if name is None:
-                out["?"] = count
-                continue
-            code = self._read(
-                "SELECT error_code FROM outbox INDEXED BY outbox_dead_error_name "
-                "WHERE status = 2 AND error_name = ? ORDER BY id LIMIT 1",
-                (name,),
-            )[0][0]
-            out[name if code is None else f"{name} ({code})"] = count
-        return out
-
-    def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
-        sql, args = backlog_sql("outbox", "?", now, topic, count="SUM(r.n)")
-        return backlog_from_rows(self._read(sql, args), self.owner_liveness)
-
-    def close(self) -> None:
-        if not self._closed:
-            with self._write_lock, contextlib.suppress(StoreError):
-                self._check_file()  # rows in a deleted file would die with this process
-        with self._lock:
-            self._closed = True
-            conns, self._all = self._all, []
-            self._writer_conn = None
-        for conn in conns:
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
-        self._local = threading.local()

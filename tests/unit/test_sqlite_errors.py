@@ -74,7 +74,7 @@ def test_version_1_outbox_is_migrated_with_error_columns(tmp_path: Path) -> None
     """A file written by schema version 1 gets error_code/error_name (filled from last_error),
     keeps its rows, indexes and AUTOINCREMENT, and never reuses an id it issued."""
     from outbox.records import DeadLetterFilter
-    from outbox.stores.sqlite import _MIGRATIONS
+    from outbox.stores.sqlite_schema import MIGRATIONS as _MIGRATIONS
 
     path = tmp_path / "v1.db"
     conn = sqlite3.connect(path)

@@ -227,15 +227,15 @@ def test_a_version_4_file_keeps_its_groups_when_migrated(tmp_path: Path) -> None
     """Version 4 kept a group's body in its outbox row; version 5 moves it to outbox_body."""
     import sqlite3
 
-    from outbox.stores import sqlite as sqlite_store
+    from outbox.stores import sqlite_schema as sqlite_store
 
     path = str(tmp_path / "v4.db")
     raw = sqlite3.connect(path, isolation_level=None)
     for v in range(1, 5):
         if v == 2:
-            sqlite_store._migrate_to_2(raw)
+            sqlite_store.migrate_to_2(raw)
         else:
-            for stmt in sqlite_store._MIGRATIONS[v]:
+            for stmt in sqlite_store.MIGRATIONS[v]:
                 raw.execute(stmt)
     new = batch(G, keys=(b"a", b"b"))
     body, keys = v5_body(new), grouped.encode(new)[1]
@@ -337,7 +337,7 @@ def test_a_truncated_version_5_body_is_refused_by_name() -> None:
 
 def test_a_version_5_file_is_migrated_and_its_rows_and_groups_read_timestamp_0(tmp_path: Path) -> None:
     """Version 6 adds the timestamp: rows and group bodies written before it read as 0 (unknown)."""
-    from outbox.stores import sqlite as sqlite_store
+    from outbox.stores import sqlite_schema as sqlite_store
 
     path = str(tmp_path / "v5.db")
     singles = [m._replace(msg_id="single") for m in one(b"k", "single")]
