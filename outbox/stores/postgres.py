@@ -43,44 +43,38 @@ Secrets: error messages name ``host:port/database`` (`StoreURL.where()`), never 
 libpq's own text is scrubbed of it too, and psycopg exceptions are not chained (``from None``)
 so a traceback cannot carry connection details further.
 """
-
 from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
-from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..backlog import Backlog, backlog_from_rows, backlog_sql
-from ..codec import encode_headers
-from ..errors import ConfigError, StoreError, StoreNotFoundError, UnknownMessageError
-from ..owners import Liveness, SweepSchedule, describe_owner, local_liveness, parse_owner
-from ..records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
-from ..urls import StoreURL, parse_url
+from ..errors import ConfigError, StoreError
+from ..owners import Liveness, describe_owner, local_liveness, parse_owner
+from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status
 from .base import (
     COLUMNS,
     INSERT_COLUMNS,
     Applied,
+    Capabilities,
     Failure,
     Outbox,
     Settlement,
-    dead_letter_where,
     insert_values,
     row_from_columns,
 )
+from .postgres_schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
     import psycopg
-    from psycopg_pool import ConnectionPool
+from .postgres_admin import PostgresAdmin
+
+__all__ = ["SCHEMA_VERSION", "PostgresOutbox"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
-
-_COLUMNS = COLUMNS
 _TYPES = {
     "msg_id": "text", "topic": "text", "key": "bytea", "value": "bytea", "headers": "bytea",
     "partition": "int", "status": "smallint", "attempts": "int", "created_at": "float8",
@@ -98,104 +92,8 @@ _ALL = DeadLetterFilter()  # the empty filter: every dead letter
 # Up to this many due rows, claim sorts them instead of walking the pending rows in id order.
 _SORT_DUE_UP_TO = 5_000
 
-_DEFAULT_CONNECT_TIMEOUT = "10"  # libpq's default is to wait forever for an unreachable host
 
-
-def _migrations(schema: str, table: str) -> dict[int, list[str]]:
-    """Versioned DDL. Names are validated by `outbox.urls` (letters, digits, _) and quoted."""
-    t = f'"{schema}"."{table}"'
-    return {
-        1: [
-            f"""CREATE TABLE IF NOT EXISTS {t} (
-                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,  -- orders a key's messages
-                msg_id TEXT NOT NULL,
-                topic TEXT NOT NULL,
-                key BYTEA,
-                value BYTEA,
-                headers BYTEA,
-                partition INTEGER NOT NULL DEFAULT -1,
-                status SMALLINT NOT NULL DEFAULT 0,
-                attempts INTEGER NOT NULL DEFAULT 0,
-                created_at DOUBLE PRECISION NOT NULL,
-                first_failed_at DOUBLE PRECISION,
-                last_failed_at DOUBLE PRECISION,
-                next_attempt_at DOUBLE PRECISION NOT NULL DEFAULT 0,
-                last_error TEXT,
-                lease_owner TEXT
-            )""",
-            # Oldest pending first: claim walks this small partial index in id order.
-            f'CREATE INDEX IF NOT EXISTS "{table}_pending_id" ON {t} (id) WHERE status = 0',
-            # "Anything due?" probes, next_due_at, and due-row scans when most rows back off.
-            f'CREATE INDEX IF NOT EXISTS "{table}_due" ON {t} (status, next_attempt_at)',
-            # Per-key order checks and has_pending. md5(key), not key: a btree entry is limited
-            # to ~2.7 kB and Kafka keys are not; queries also compare the key itself.
-            f'CREATE INDEX IF NOT EXISTS "{table}_key" ON {t} (topic, md5(key), id) '
-            "WHERE status = 0 AND key IS NOT NULL",
-            f'CREATE INDEX IF NOT EXISTS "{table}_dead" ON {t} (id) WHERE status = 2',
-        ],
-        # The error as code and name columns: filters and stats read them, never the text.
-        2: [
-            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS error_code INTEGER",
-            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS error_name TEXT",
-            # The one place the old text form "NAME (code): reason" (version 1) is parsed.
-            f"UPDATE {t} SET error_name = m[1], error_code = m[2]::integer "
-            "FROM (SELECT id AS mid, regexp_match(last_error, '^(\\S+) \\((-?\\d+)\\):') AS m "
-            f"FROM {t} WHERE last_error IS NOT NULL AND error_code IS NULL) AS x "
-            "WHERE id = x.mid AND x.m IS NOT NULL",
-        ],
-        # The console: dead-letter filters walk small partial indexes in id order (keyset pages;
-        # pending rows are not in them, so the producer's writes do not pay for them), a trace
-        # finds a message's rows by outbox-id, and operator actions are audited in the store.
-        3: [
-            # Dead rows only, as in SQLite: a full index taxes every spilled message.
-            f'CREATE INDEX IF NOT EXISTS "{table}_dead_msg_id" ON {t} (msg_id) WHERE status = 2',
-            f'CREATE INDEX IF NOT EXISTS "{table}_dead_topic" ON {t} (topic, id) WHERE status = 2',
-            f'CREATE INDEX IF NOT EXISTS "{table}_dead_error_name" ON {t} (error_name, id) WHERE status = 2',
-            f'CREATE INDEX IF NOT EXISTS "{table}_dead_error_code" ON {t} (error_code, id) WHERE status = 2',
-            # md5(key), as for the pending key index: a btree entry is limited to ~2.7 kB.
-            f'CREATE INDEX IF NOT EXISTS "{table}_dead_key" ON {t} (md5(key), id) WHERE status = 2',
-            f'CREATE INDEX IF NOT EXISTS "{table}_dead_failed" ON {t} (last_failed_at) WHERE status = 2',
-            f"""CREATE TABLE IF NOT EXISTS "{schema}"."{table}_audit" (
-                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                at DOUBLE PRECISION NOT NULL,
-                who TEXT NOT NULL,
-                action TEXT NOT NULL,
-                filter TEXT NOT NULL,
-                count BIGINT NOT NULL
-            )""",
-        ],
-        # The record timestamp every send of a row carries (ms since the epoch); rows stored
-        # before it read 0, "unknown", and are sent as they always were (librdkafka's now).
-        4: [f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS timestamp BIGINT NOT NULL DEFAULT 0"],
-    }
-
-#: How the dead-letter filter compares keys: through the md5 index, then exactly.
-_KEY_MATCH = "md5(key) = md5({p}::bytea) AND key = {p}::bytea"
-_HEADERS_CONTAIN = "position({p}::bytea in headers) > 0"
-
-
-def _lock_key(name: str) -> int:
-    """A stable signed 64-bit advisory-lock key (Python's hash() is salted per process)."""
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
-
-
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    """Session settings of every pooled connection."""
-    # JIT compiling costs ~1 s on a 2-core host and is triggered by the cost *estimate* of the
-    # per-key check on a large table, whose real run takes milliseconds. Outbox statements are
-    # short OLTP statements that never gain from JIT.
-    conn.execute("SET jit = off")
-
-
-def _import_psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise ConfigError("a PostgreSQL outbox needs psycopg: pip install 'kafka-outbox[postgres]'") from exc
-    return psycopg
-
-
-class PostgresOutbox(Outbox):
+class PostgresOutbox(PostgresAdmin, Outbox):
     """The fleet outbox store, in one PostgreSQL table.
 
     Args:
@@ -210,171 +108,7 @@ class PostgresOutbox(Outbox):
         StoreNotFoundError: `create` is False and the outbox table does not exist.
     """
 
-    def __init__(self, url: StoreURL | str, *, create: bool = True, pool_size: int = 4) -> None:
-        if isinstance(url, str):
-            url = parse_url(url)
-        if url.kind != "postgresql":
-            raise ConfigError(f"not a PostgreSQL outbox URL: {url.redacted()}")
-        if pool_size < 1:
-            raise ConfigError("pool_size must be at least 1")
-        self.url = url
-        self.location = url.redacted()
-        self._where = url.where()
-        self._schema = url.schema
-        self._table_name = url.table
-        self._t = f'"{url.schema}"."{url.table}"'
-        self._version_t = f'"{url.schema}"."{url.table}_schema_version"'
-        self._audit_t = f'"{url.schema}"."{url.table}_audit"'
-        self._claim_lock = _lock_key(f"kafka-outbox:claim:{url.schema}.{url.table}")
-        self._migrate_lock = _lock_key(f"kafka-outbox:migrate:{url.schema}.{url.table}")
-        self._create = create
-        self._psycopg = _import_psycopg()
-        self._kwargs: dict[str, Any] = dict(url.psycopg_kwargs())
-        self._kwargs.setdefault("connect_timeout", _DEFAULT_CONNECT_TIMEOUT)
-        self._closed = False
-        self._close_lock = threading.Lock()
-        self._sweeps = SweepSchedule()
-        self._owner_lock = threading.Lock()
-        self._owner_conns: dict[str, tuple[psycopg.Connection[Any], float]] = {}
-        # One direct connection first: a pool hides the reason of a failed connect behind a
-        # timeout, and the first connect is where wrong credentials and typos show up.
-        with self._direct() as conn:
-            self._migrate(conn)
-        from psycopg_pool import ConnectionPool
-
-        self._pool: ConnectionPool[Any] = ConnectionPool(
-            kwargs={**self._kwargs, "autocommit": True},
-            min_size=1,
-            max_size=pool_size,
-            open=True,
-            name=f"outbox-{url.table}",
-            timeout=float(self._kwargs["connect_timeout"]) + 5.0,
-            configure=_configure,
-        )
-
-    # -- connections and errors --------------------------------------------------------------
-
-    def _scrub(self, text: str) -> str:
-        if self.url.password:
-            text = text.replace(self.url.password, "***")
-        return text.strip().replace("\n", " ")
-
-    def _error(self, exc: BaseException, doing: str = "") -> StoreError:
-        """A StoreError naming host:port/database, with the server's reason, never the password."""
-        psycopg = self._psycopg
-        reason = self._scrub(str(exc))
-        sqlstate = getattr(exc, "sqlstate", None)
-        if sqlstate == "42501" or "permission denied" in reason:
-            text = f"permission denied ({reason})"
-        elif sqlstate == "3D000" or ("database" in reason and "does not exist" in reason):
-            text = f"database {self.url.database!r} does not exist"
-        elif sqlstate == "28P01" or "password authentication failed" in reason:
-            text = f"authentication failed for user {self.url.user!r} (wrong user or password)"
-        elif isinstance(exc, psycopg.OperationalError) and "connection" in reason.lower():
-            text = f"cannot connect to the PostgreSQL server ({reason})"
-        else:
-            text = reason or type(exc).__name__
-        prefix = f"PostgreSQL outbox {self._where}"
-        if doing:
-            prefix += f" ({doing})"
-        return StoreError(f"{prefix}: {text}")
-
-    @contextmanager
-    def _direct(self) -> Iterator[psycopg.Connection[Any]]:
-        psycopg = self._psycopg
-        try:
-            conn = psycopg.connect(**self._kwargs, autocommit=True)
-        except psycopg.Error as exc:
-            raise self._error(exc) from None
-        try:
-            yield conn
-        except psycopg.Error as exc:
-            raise self._error(exc) from None
-        finally:
-            conn.close()
-
-    @contextmanager
-    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled autocommit connection; psycopg and pool errors become StoreErrors."""
-        from psycopg_pool import PoolTimeout
-
-        if self._closed:
-            raise StoreError(f"PostgreSQL outbox {self._where} is closed")
-        try:
-            with self._pool.connection() as conn:
-                yield conn
-        except PoolTimeout:
-            raise StoreError(
-                f"PostgreSQL outbox {self._where}: no connection to the server within "
-                f"{self._pool.timeout:.0f} s (server down or unreachable?)"
-            ) from None
-        except self._psycopg.Error as exc:
-            raise self._error(exc) from None
-
-    @contextmanager
-    def _tx(self) -> Iterator[psycopg.Connection[Any]]:
-        """One short transaction on a pooled connection."""
-        with self._conn() as conn, conn.transaction():
-            yield conn
-
-    # -- schema ------------------------------------------------------------------------------
-
-    def migrate(self) -> None:
-        with self._conn() as conn:
-            self._migrate(conn)
-
-    def _version(self, conn: psycopg.Connection[Any]) -> int | None:
-        """The stored schema version; None when there is no version table yet."""
-        exists = conn.execute(
-            "SELECT to_regclass(%s)", [f'"{self._schema}"."{self._table_name}_schema_version"']
-        ).fetchone()
-        if exists is None or exists[0] is None:
-            return None
-        row = conn.execute(f"SELECT max(version) FROM {self._version_t}").fetchone()
-        return int(row[0]) if row is not None and row[0] is not None else 0
-
-    def _migrate(self, conn: psycopg.Connection[Any]) -> None:
-        version = self._version(conn)
-        if version == SCHEMA_VERSION:
-            return  # the common case: no lock, no DDL
-        if version is not None and version > SCHEMA_VERSION:
-            raise StoreError(
-                f"PostgreSQL outbox {self._where}: schema version {version} of {self._t} is newer "
-                f"than this kafka-outbox ({SCHEMA_VERSION}); upgrade the library"
-            )
-        if not self._create:
-            table = conn.execute("SELECT to_regclass(%s)", [self._t]).fetchone()
-            if table is None or table[0] is None:
-                raise StoreNotFoundError(
-                    f"PostgreSQL outbox {self._where}: table {self._schema}.{self._table_name} does not exist"
-                )
-        try:
-            with conn.transaction():
-                # Two processes starting at once must not both run the DDL.
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._migrate_lock])
-                has_schema = conn.execute(
-                    "SELECT 1 FROM pg_namespace WHERE nspname = %s", [self._schema]
-                ).fetchone()
-                if not has_schema:
-                    # Only when missing: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege
-                    # first, and a user with rights on an existing schema need not have it.
-                    conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
-                conn.execute(
-                    f"CREATE TABLE IF NOT EXISTS {self._version_t} "
-                    "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
-                )
-                version = self._version(conn) or 0
-                steps = _migrations(self._schema, self._table_name)
-                for v in range(version + 1, SCHEMA_VERSION + 1):
-                    for stmt in steps[v]:
-                        conn.execute(stmt)
-                    conn.execute(
-                        f"INSERT INTO {self._version_t} (version, applied_at) VALUES (%s, %s)",
-                        [v, time.time()],
-                    )
-                    log.info("outbox %s: schema migrated to version %d", self.location, v)
-        except self._psycopg.Error as exc:
-            raise self._error(exc, f"creating {self._schema}.{self._table_name}") from None
+    capabilities = Capabilities(transactional_enqueue=True, owner_liveness=True, bulk_read=True)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -498,7 +232,7 @@ class PostgresOutbox(Outbox):
             )
         if not dead:
             return []
-        cols = ", ".join(f"o.{c.strip()}" for c in _COLUMNS.split(","))
+        cols = ", ".join(f"o.{c.strip()}" for c in COLUMNS.split(","))
         cur = conn.execute(
             f"UPDATE {self._t} AS o SET attempts = o.attempts + 1, last_error = f.e, status = 2, "
             "error_code = f.c, error_name = f.n, "
@@ -568,7 +302,7 @@ class PostgresOutbox(Outbox):
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._claim_lock])
                 rows = conn.execute(
-                    f"SELECT {_COLUMNS} FROM {self._t} WHERE {where} ORDER BY {order} LIMIT %s "
+                    f"SELECT {COLUMNS} FROM {self._t} WHERE {where} ORDER BY {order} LIMIT %s "
                     "FOR UPDATE SKIP LOCKED",
                     [*args, limit],
                 ).fetchall()
@@ -615,96 +349,6 @@ class PostgresOutbox(Outbox):
             return rows
         return [r for r in rows if r[3] is None or r[0] < blocked_from.get((r[2], r[3]), r[0] + 1)]
 
-    # -- dead letters and reads --------------------------------------------------------------
-
-    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._conn() as conn:
-            return conn.execute(sql, args).fetchall()
-
-    def get(self, id: int) -> OutboxMessage:
-        rows = self._read(f"SELECT {_COLUMNS} FROM {self._t} WHERE id = %s", [id])
-        if not rows:
-            raise UnknownMessageError(f"no message with id {id} in outbox {self.location}")
-        return row_from_columns(rows[0])
-
-    def list_dead(self, flt: DeadLetterFilter = _ALL) -> list[OutboxMessage]:
-        where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)
-        # A time filter: read its window on the failure-time index and sort it (`id + 0` keeps the
-        # planner from walking the id index instead: failure times grow with ids, so a recent
-        # window sits at the end of that walk, behind every older dead letter).
-        by_time = flt.since is not None and not (flt.ids or flt.topic is not None or flt.error is not None
-                                                 or flt.key is not None)
-        sql = f"SELECT {_COLUMNS} FROM {self._t} WHERE {where} ORDER BY {'id + 0' if by_time else 'id'}"
-        if flt.limit is not None:
-            sql += " LIMIT %s"
-            args.append(flt.limit)
-        walk = flt.limit is not None and not (
-            flt.ids or flt.topic is not None or flt.error is not None or flt.key is not None or flt.since is not None
-        )
-        if not walk:
-            return [row_from_columns(r) for r in self._read(sql, args)]
-        # No selective column: a page is found fastest by walking the dead rows in id order (the
-        # partial index) until it is full. The planner cannot know that: it estimates a LIKE
-        # '%text%' or a group's topic suffix to match almost nothing, and would read and sort
-        # every dead letter instead (seconds at a million). SQLite gets the same walk by
-        # INDEXED BY (sqlite._dead_index).
-        with self._conn() as conn, conn.transaction():
-            conn.execute("SET LOCAL enable_sort = off")
-            return [row_from_columns(r) for r in conn.execute(sql, args).fetchall()]
-
-    def purge_dead(self, flt: DeadLetterFilter = _ALL) -> int:
-        where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)
-        with self._conn() as conn:
-            return conn.execute(f"DELETE FROM {self._t} WHERE {where}", args).rowcount
-
-    def replay_dead(self, flt: DeadLetterFilter = _ALL, *, now: float, to_topic: str | None = None) -> int:
-        where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)
-        with self._conn() as conn:
-            return conn.execute(
-                f"UPDATE {self._t} SET status = 0, attempts = 0, next_attempt_at = %s, "
-                f"lease_owner = NULL, topic = COALESCE(%s, topic) WHERE {where}",
-                [now, to_topic, *args],
-            ).rowcount
-
-    def count_dead(self, flt: DeadLetterFilter = _ALL) -> int:
-        where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)
-        return int(self._read(f"SELECT count(*) FROM {self._t} WHERE {where}", args)[0][0])
-
-    def redrive_edited(
-        self, id: int, *, value: bytes | None, headers: list[tuple[str, bytes | None]], now: float
-    ) -> bool:
-        with self._conn() as conn:
-            return conn.execute(
-                f"UPDATE {self._t} SET value = %s, headers = %s, status = 0, attempts = 0, "
-                "next_attempt_at = %s, lease_owner = NULL WHERE id = %s AND status = 2",
-                [value, encode_headers(headers), now, id],
-            ).rowcount == 1
-
-    def trace(self, msg_id: str) -> list[OutboxMessage]:
-        rows = self._read(
-            f"SELECT {_COLUMNS} FROM {self._t} WHERE msg_id = %s AND status = 2 UNION ALL "
-            f"SELECT {_COLUMNS} FROM {self._t} WHERE msg_id = %s AND status = 0 ORDER BY 1",
-            [msg_id, msg_id],
-        )
-        return [row_from_columns(r) for r in rows]
-
-    def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:
-        with self._conn() as conn:
-            row = conn.execute(
-                f"INSERT INTO {self._audit_t} (at, who, action, filter, count) VALUES (%s, %s, %s, %s, %s) "
-                "RETURNING id",
-                [at, who, action, filter, count],
-            ).fetchone()
-        return int(row[0]) if row is not None else 0
-
-    def audit_log(self, *, limit: int = 100, before_id: int | None = None) -> list[AuditEntry]:
-        rows = self._read(
-            f"SELECT id, at, who, action, filter, count FROM {self._audit_t} WHERE id < %s "
-            "ORDER BY id DESC LIMIT %s",
-            [before_id if before_id is not None else 2**63 - 1, limit],
-        )
-        return [AuditEntry(int(r[0]), r[1], r[2], r[3], r[4], int(r[5])) for r in rows]
-
     def has_pending(self, topic: str, key: bytes) -> bool:
         return bool(
             self._read(
@@ -732,41 +376,6 @@ class PostgresOutbox(Outbox):
     def next_due_at(self) -> float | None:
         rows = self._read(f"SELECT min(next_attempt_at) FROM {self._t} WHERE status = 0")
         return None if rows[0][0] is None else float(rows[0][0])
-
-    def stats(self, *, now: float) -> StoreStats:
-        with self._conn() as conn:
-            by_state = conn.execute(
-                "SELECT status, topic, count(*), min(created_at), "
-                "count(*) FILTER (WHERE lease_owner IS NOT NULL AND next_attempt_at > %s) "
-                f"FROM {self._t} GROUP BY status, topic",
-                [now],
-            ).fetchall()
-            errors = conn.execute(
-                "SELECT COALESCE(error_name || ' (' || error_code || ')', error_name, '?'), "
-                f"count(*) FROM {self._t} WHERE status = 2 GROUP BY 1"
-            ).fetchall()
-            due = conn.execute(f"SELECT min(next_attempt_at) FROM {self._t} WHERE status = 0").fetchone()
-        pending_by_topic: dict[str, int] = {}
-        dead_by_topic: dict[str, int] = {}
-        oldest: float | None = None
-        leased = 0
-        for status, topic, count, created, leased_n in by_state:
-            if status == Status.PENDING:
-                pending_by_topic[topic] = count
-                oldest = created if oldest is None else min(oldest, created)
-                leased += leased_n or 0
-            else:
-                dead_by_topic[topic] = count
-        return StoreStats(
-            pending=sum(pending_by_topic.values()),
-            dead=sum(dead_by_topic.values()),
-            leased=leased,
-            oldest_pending_at=oldest,
-            next_due_at=due[0] if due is not None else None,
-            pending_by_topic=pending_by_topic,
-            dead_by_topic=dead_by_topic,
-            dead_by_error={e: n for e, n in errors},
-        )
 
     def close(self) -> None:
         with self._close_lock:
@@ -852,10 +461,6 @@ class PostgresOutbox(Outbox):
                 out[o] = Liveness.ALIVE if key in held else Liveness.GONE
         return out
 
-    def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
-        sql, args = backlog_sql(self._t, "%s", now, topic)
-        return backlog_from_rows(self._read(sql, args), self.owner_liveness)
-
     def release_gone_owners(self, *, now: float) -> int:
         """Give back, due now, every lease whose owner is gone (see `owner_liveness`).
 
@@ -888,3 +493,4 @@ class PostgresOutbox(Outbox):
             self._where, released, ", ".join(describe_owner(o) for o in gone),
         )
         return released
+

@@ -1,0 +1,77 @@
+"""The PostgreSQL outbox's tables and their versioned DDL (one row per version applied in
+`<table>_schema_version`)."""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 4
+
+
+def migrations(schema: str, table: str) -> dict[int, list[str]]:
+    """Versioned DDL. Names are validated by `outbox.urls` (letters, digits, _) and quoted."""
+    t = f'"{schema}"."{table}"'
+    return {
+        1: [
+            f"""CREATE TABLE IF NOT EXISTS {t} (
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,  -- orders a key's messages
+                msg_id TEXT NOT NULL,
+                topic TEXT NOT NULL,
+                key BYTEA,
+                value BYTEA,
+                headers BYTEA,
+                partition INTEGER NOT NULL DEFAULT -1,
+                status SMALLINT NOT NULL DEFAULT 0,
+                attempts INTEGER NOT NULL DEFAULT 0,
+                created_at DOUBLE PRECISION NOT NULL,
+                first_failed_at DOUBLE PRECISION,
+                last_failed_at DOUBLE PRECISION,
+                next_attempt_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+                last_error TEXT,
+                lease_owner TEXT
+            )""",
+            # Oldest pending first: claim walks this small partial index in id order.
+            f'CREATE INDEX IF NOT EXISTS "{table}_pending_id" ON {t} (id) WHERE status = 0',
+            # "Anything due?" probes, next_due_at, and due-row scans when most rows back off.
+            f'CREATE INDEX IF NOT EXISTS "{table}_due" ON {t} (status, next_attempt_at)',
+            # Per-key order checks and has_pending. md5(key), not key: a btree entry is limited
+            # to ~2.7 kB and Kafka keys are not; queries also compare the key itself.
+            f'CREATE INDEX IF NOT EXISTS "{table}_key" ON {t} (topic, md5(key), id) '
+            "WHERE status = 0 AND key IS NOT NULL",
+            f'CREATE INDEX IF NOT EXISTS "{table}_dead" ON {t} (id) WHERE status = 2',
+        ],
+        # The error as code and name columns: filters and stats read them, never the text.
+        2: [
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS error_code INTEGER",
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS error_name TEXT",
+            # The one place the old text form "NAME (code): reason" (version 1) is parsed.
+            f"UPDATE {t} SET error_name = m[1], error_code = m[2]::integer "
+            "FROM (SELECT id AS mid, regexp_match(last_error, '^(\\S+) \\((-?\\d+)\\):') AS m "
+            f"FROM {t} WHERE last_error IS NOT NULL AND error_code IS NULL) AS x "
+            "WHERE id = x.mid AND x.m IS NOT NULL",
+        ],
+        # The console: dead-letter filters walk small partial indexes in id order (keyset pages;
+        # pending rows are not in them, so the producer's writes do not pay for them), a trace
+        # finds a message's rows by outbox-id, and operator actions are audited in the store.
+        3: [
+            # Dead rows only, as in SQLite: a full index taxes every spilled message.
+            f'CREATE INDEX IF NOT EXISTS "{table}_dead_msg_id" ON {t} (msg_id) WHERE status = 2',
+            f'CREATE INDEX IF NOT EXISTS "{table}_dead_topic" ON {t} (topic, id) WHERE status = 2',
+            f'CREATE INDEX IF NOT EXISTS "{table}_dead_error_name" ON {t} (error_name, id) WHERE status = 2',
+            f'CREATE INDEX IF NOT EXISTS "{table}_dead_error_code" ON {t} (error_code, id) WHERE status = 2',
+            # md5(key), as for the pending key index: a btree entry is limited to ~2.7 kB.
+            f'CREATE INDEX IF NOT EXISTS "{table}_dead_key" ON {t} (md5(key), id) WHERE status = 2',
+            f'CREATE INDEX IF NOT EXISTS "{table}_dead_failed" ON {t} (last_failed_at) WHERE status = 2',
+            f"""CREATE TABLE IF NOT EXISTS "{schema}"."{table}_audit" (
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                at DOUBLE PRECISION NOT NULL,
+                who TEXT NOT NULL,
+                action TEXT NOT NULL,
+                filter TEXT NOT NULL,
+                count BIGINT NOT NULL
+            )""",
+        ],
+        # The record timestamp every send of a row carries (ms since the epoch); rows stored
+        # before it read 0, "unknown", and are sent as they always were (librdkafka's now).
+        4: [f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS timestamp BIGINT NOT NULL DEFAULT 0"],
+    }
+
+#: How the dead-letter filter compares keys: through the md5 index, then exactly.
