@@ -546,7 +546,7 @@ class ResilientProducer:
         self, conn: Any, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
         timestamp: int,
     ) -> None:
-        enqueue = getattr(self.store, "enqueue_in_transaction", None)
+        enqueue = self.store.enqueue_in_transaction if self.store.capabilities.transactional_enqueue else None
         if enqueue is None:
             raise ConfigError("transaction= needs a PostgreSQL outbox (postgresql:// or jdbc:postgresql:// URL)")
         now = time.time()

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 from ..urls import StoreURL, parse_url
-from .base import Failure, Outbox
+from .base import Capabilities, Failure, Outbox
+from .memory import MemoryOutbox, open_memory
 from .sqlite import SQLiteOutbox
 
-__all__ = ["Failure", "Outbox", "SQLiteOutbox", "open_outbox"]
+__all__ = ["Capabilities", "Failure", "MemoryOutbox", "Outbox", "SQLiteOutbox", "open_outbox"]
+
+#: The URL scheme of the memory store (`MemoryOutbox`): `memory://` or `memory://NAME`.
+MEMORY_SCHEME = "memory:"
 
 
 def open_outbox(target: str | StoreURL | Outbox, *, create: bool = True) -> Outbox:
     """Open the store a URL names (or return an `Outbox` given as is).
 
     Args:
-        target: an outbox URL (see `outbox.urls`), a parsed `StoreURL`, or a store instance.
+        target: an outbox URL (see `outbox.urls`; `memory://NAME` opens this process's memory
+            store of that name, `outbox.stores.memory`), a parsed `StoreURL`, or a store instance.
         create: create a missing SQLite file / missing PostgreSQL schema objects. The CLI passes
             False so that a mistyped path is reported instead of silently creating a new outbox.
     """
     if isinstance(target, Outbox):
         return target
+    if isinstance(target, str) and target[: len(MEMORY_SCHEME)].lower() == MEMORY_SCHEME:
+        return open_memory(target[len(MEMORY_SCHEME) :].lstrip("/"))
     url = target if isinstance(target, StoreURL) else parse_url(target)
     if url.kind == "sqlite":
         return SQLiteOutbox(url.path, create=create)

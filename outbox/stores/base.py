@@ -19,6 +19,7 @@ from typing import Any
 
 from ..backlog import Backlog
 from ..codec import decode_headers, encode_headers
+from ..errors import ConfigError
 from ..owners import Liveness
 from ..records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 
@@ -248,6 +249,12 @@ class MessageStore(abc.ABC):
         With `lease_owner`, the rows are born leased until `lease_until` (write-ahead mode:
         the producer sends them itself and only a crash hands them to drainers).
         """
+
+    def enqueue_in_transaction(self, conn: Any, messages: Sequence[NewMessage]) -> list[int]:
+        """Write PENDING rows with the caller's own open database connection, inside the caller's
+        transaction, and never commit (`produce(..., transaction=conn)`). Only stores whose
+        `capabilities.transactional_enqueue` is set can (PostgreSQL)."""
+        raise ConfigError(f"outbox {self.location} cannot enqueue in the caller's transaction")
 
     @abc.abstractmethod
     def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:

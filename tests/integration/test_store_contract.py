@@ -1,4 +1,5 @@
-"""The `Outbox` contract: one suite, run against every backend (SQLite file, real PostgreSQL).
+"""The `Outbox` contract: one suite, run against every backend (memory, SQLite file, real
+PostgreSQL). Tests about what lasts beyond the store object (reopening it) run on the durable ones.
 
 Each PostgreSQL test gets its own schema in the session database (creating a schema and a table
 is much faster than creating a database); it is dropped afterwards.
@@ -32,10 +33,12 @@ from hypothesis.stateful import (
 from outbox.errors import UnknownMessageError
 from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
 from outbox.stores.base import Failure, Outbox, Settlement
+from outbox.stores.memory import MemoryOutbox
 from outbox.stores.sqlite import SQLiteOutbox
 from outbox.urls import parse_url
 
-BACKENDS = ["sqlite", "postgres"]
+BACKENDS = ["memory", "sqlite", "postgres"]
+DURABLE = ["sqlite", "postgres"]
 NOW = 1_000_000.0
 
 Factory = Callable[[], Outbox]
@@ -50,10 +53,22 @@ def _drop_schema(base: str, schema: str) -> None:
 
 @pytest.fixture(params=BACKENDS)
 def make_store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Factory]:
-    """A factory of fresh, empty stores of one backend (each call: a new file or table)."""
+    """A factory of fresh, empty stores of one backend (each call: a new store, file or table)."""
+    yield from _factory(request, tmp_path)
+
+
+@pytest.fixture(params=DURABLE)
+def make_durable_store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Factory]:
+    """As `make_store`, for the backends whose rows outlive the store object."""
+    yield from _factory(request, tmp_path)
+
+
+def _factory(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Factory]:
     opened: list[Outbox] = []
     counter = itertools.count()
-    if request.param == "sqlite":
+    if request.param == "memory":
+        yield MemoryOutbox
+    elif request.param == "sqlite":
 
         def factory() -> Outbox:
             store = SQLiteOutbox(str(tmp_path / f"outbox-{next(counter)}.db"))
@@ -545,8 +560,8 @@ def test_close_is_idempotent(make_store: Factory) -> None:
     s.close()
 
 
-def test_data_survives_reopen(make_store: Factory, request: pytest.FixtureRequest) -> None:
-    s = make_store()
+def test_data_survives_reopen(make_durable_store: Factory, request: pytest.FixtureRequest) -> None:
+    s = make_durable_store()
     [i] = s.enqueue([msg(value=b"keep")])
     s.close()
     if isinstance(s, SQLiteOutbox):
@@ -756,7 +771,10 @@ class OutboxMachine(RuleBasedStateMachine):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_state_machine(backend: str, request: pytest.FixtureRequest) -> None:
-    if backend == "sqlite":
+    if backend == "memory":
+        factory: Callable[[], Outbox] = MemoryOutbox
+        examples = 60
+    elif backend == "sqlite":
         tmp = tempfile.TemporaryDirectory()
         request.addfinalizer(tmp.cleanup)
         counter = itertools.count()
