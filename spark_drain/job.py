@@ -17,7 +17,6 @@ if __package__ in (None, ""):
     except ImportError:
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import logging  # noqa: E402
 import time  # noqa: E402
@@ -32,7 +31,7 @@ from outbox.errors import ConfigError, KafkaUnavailableError, OutboxError  # noq
 from outbox.logs import with_librdkafka_log  # noqa: E402
 from outbox.records import DeadLetterFilter  # noqa: E402
 from outbox.stores import open_outbox  # noqa: E402
-from outbox.stores.sqlite import SQLiteOutbox  # noqa: E402
+from outbox.stores.bulk import BulkRead  # noqa: E402
 from spark_drain.options import JobOptions, parse_args  # noqa: E402
 from spark_drain.report import JobReport  # noqa: E402
 
@@ -102,8 +101,10 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
         OutboxError: the outbox or the cluster is unreachable, or an option is invalid.
     """
     _require_pyspark()
-    from spark_drain.read import Reader, keep_key_order, only_ids, selection
-    from spark_drain.send import SendConfig, send_partition
+    from outbox.stores.bulk import BulkSelection, explode
+    from outbox.stores.keyrule import waits
+    from spark_drain.read import Reader, only_ids
+    from spark_drain.send import SendConfig, send_partition, sort_key
 
     if check:
         preflight(options)
@@ -115,14 +116,16 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
         outbox=url.redacted(),
         partitions=options.partitions,
     )
-    reader = Reader(spark, url)
-    sel = selection(options, now=started)
-    if url.kind == "sqlite" and not options.dry_run and not options.dead_letters:
-        # Several messages to a row (outbox.stores.grouped) cannot be read row by row: stored as one
-        # row each first, here on the driver; groups a running producer stores meanwhile come after
-        # every selected row, and are left to its drain (`no_groups`).
-        _explode_groups(options)
-        sel = dataclasses.replace(sel, where=f"{sel.where} AND {reader.no_groups()}")
+    bulk = _bulk_read(options)
+    reader = Reader(spark, url, bulk)
+    sel = bulk.selection(
+        BulkSelection(
+            dead_letters=options.dead_letters, topics=tuple(options.topics), error=options.error,
+            since=options.since, until=options.until, include_not_due=options.include_not_due,
+        ),
+        now=started,
+    )
+    blockers: dict[tuple[str, bytes], int] = {}
     try:
         if options.dry_run:
             for topic, n in reader.counts_by_topic(sel.where).items():
@@ -146,12 +149,16 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
                 return report
             rows = reader.rows(sel.where, lo, hi, options.partitions)
             if sel.blocked_where is not None:
-                blockers = reader.blockers(sel.blocked_where)
-                if blockers.take(1):  # usually nothing backs off: no join then
-                    rows = keep_key_order(rows, blockers)
+                blockers = reader.blockers(sel.blocked_where)  # usually none: nothing backs off
     except Exception as exc:
         raise _jdbc_error(exc, options) from exc
 
+    # Rows become messages on the executors (a SQLite group: its messages); the driver never
+    # holds a message's bytes.
+    messages = rows.rdd.flatMap(explode)
+    if blockers:
+        held = spark.sparkContext.broadcast(blockers)
+        messages = messages.filter(lambda m: not waits(m.topic, m.key, m.id, held.value))
     cfg = SendConfig(
         outbox_url=options.outbox,
         producer_config=options.producer_config(),
@@ -160,12 +167,15 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
         retry_delay=options.retry_delay,
         backoff=options.backoff,
     )
-    # One task per (topic, key) hash bucket, rows in id order: each key leaves from one producer
+    # One task per (topic, key) bucket, messages in id order: each key leaves from one producer
     # in its original order.
-    ordered = rows.repartition(options.partitions, "topic", "key").sortWithinPartitions("id")
+    parts = options.partitions
+    ordered = messages.keyBy(functools.partial(sort_key, parts)).repartitionAndSortWithinPartitions(
+        parts, partitionFunc=_bucket_of
+    )
     send_started = time.time()
     try:
-        results = ordered.rdd.mapPartitions(functools.partial(send_partition, cfg)).collect()
+        results = ordered.mapPartitions(functools.partial(send_partition, cfg)).collect()
     except Exception as exc:
         raise OutboxError(
             f"the send stage failed: {_cause(exc, options)}. Rows Kafka acknowledged before are marked; "
@@ -178,13 +188,24 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     return report
 
 
-def _explode_groups(options: JobOptions) -> int:
-    """Store a SQLite outbox's groups as one row per message (see run_job); how many rows."""
+def _bulk_read(options: JobOptions) -> BulkRead:
+    """How the store describes its table to a bulk reader (`Outbox.bulk_read`).
+
+    Raises:
+        ConfigError: the store has no table a JDBC reader can read.
+    """
     store = open_outbox(options.store_url(), create=False)
     try:
-        return store.explode_groups() if isinstance(store, SQLiteOutbox) else 0
+        if not store.capabilities.bulk_read:
+            raise ConfigError(f"outbox {store.location} cannot be read by Spark (no database table)")
+        return store.bulk_read()
     finally:
         store.close()
+
+
+def _bucket_of(key: tuple[int, int]) -> int:
+    """The send task of a `send.sort_key`."""
+    return key[0]
 
 
 def _replay(options: JobOptions, ids: Sequence[int]) -> int:

@@ -2,8 +2,9 @@
 
 Runs inside Spark's Python workers, so it imports nothing from pyspark and takes its settings as
 a small picklable `SendConfig`. One confluent_kafka producer per partition (idempotent,
-acks=all): rows arrive sorted by id and all rows of a (topic, key) are in one partition, so a
-key's messages leave in their original order.
+acks=all): messages (`outbox.stores.bulk.BulkMessage`, exploded from the rows on the executors)
+arrive sorted by id and all messages of a (topic, key) are in one partition, so a key's messages
+leave in their original order.
 
 Safety rules:
     * a row is deleted only after Kafka acknowledged it (`mark_delivered`, idempotent, in batches);
@@ -22,17 +23,17 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-from outbox.codec import decode_headers
-from outbox.records import Headers
 from outbox.retry import RetryPolicy
 from outbox.sendloop import SendLoop
 from outbox.settle import Verdict, add_to
 from outbox.stores import open_outbox
 from outbox.stores.base import Outbox, Settlement
+from outbox.stores.bulk import BulkMessage
 
 log = logging.getLogger(__name__)
 
@@ -61,22 +62,6 @@ class SendConfig:
         )
 
 
-class _Row(NamedTuple):
-    """A row as the SDK's send loop re-sends it (`outbox.sendloop.Stored`)."""
-
-    id: int
-    msg_id: str
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: Headers
-    partition: int
-    attempts: int
-    first_failed_at: float | None
-    last_error: str | None
-    timestamp: int  # the record timestamp, ms (0: unknown)
-
-
 class PartitionSender:
     """Sends one partition's rows; `run()` returns per-topic counts."""
 
@@ -99,7 +84,7 @@ class PartitionSender:
             self._store = open_outbox(self.cfg.outbox_url, create=False)
         return self._store
 
-    def _send(self, loop: SendLoop, chunk: list[_Row]) -> None:
+    def _send(self, loop: SendLoop, chunk: list[BulkMessage]) -> None:
         """Send one chunk with the SDK's send loop; apply its decisions in one transaction."""
         if not chunk:
             return
@@ -121,20 +106,16 @@ class PartitionSender:
         if unknown:
             log.warning("spark_drain: %d messages unacknowledged at the end; they stay pending", unknown)
 
-    def run(self, rows: Iterable[Any]) -> list[tuple[str, int, int, int, int, int]]:
-        """Send the rows (Spark Rows or tuples in `read.COLUMNS` order); return per-topic counts."""
+    def run(self, rows: Iterable[BulkMessage]) -> list[tuple[str, int, int, int, int, int]]:
+        """Send the messages (in id order per key); return per-topic counts."""
         loop = SendLoop(dict(self.cfg.producer_config), self.policy)
         try:
-            chunk: list[_Row] = []
-            for r in rows:
-                (id_, msg_id, topic, key, value, headers, part, attempts, first_failed_at, last_error, stamp) = r
-                self._count(topic, 0)
-                if key is not None and (topic, key) in self.failed_keys:
+            chunk: list[BulkMessage] = []
+            for m in rows:
+                self._count(m.topic, 0)
+                if m.key is not None and (m.topic, m.key) in self.failed_keys:
                     continue  # stays pending, untouched: its key must wait for the failed row
-                chunk.append(
-                    _Row(id_, msg_id, topic, key, value, decode_headers(headers),
-                         -1 if part is None else part, attempts, first_failed_at, last_error, stamp or 0)
-                )
+                chunk.append(m)
                 if len(chunk) >= self.cfg.mark_batch:
                     self._send(loop, chunk)
                     chunk = []
@@ -150,6 +131,17 @@ class PartitionSender:
         return out
 
 
-def send_partition(cfg: SendConfig, rows: Iterator[Any]) -> Iterator[tuple[str, int, int, int, int, int]]:
-    """`mapPartitions` body: send the rows, yield (topic, read, delivered, failed, dead, left)."""
-    yield from PartitionSender(cfg).run(rows)
+def sort_key(partitions: int, m: BulkMessage) -> tuple[int, int]:
+    """(send task, id): a key's messages go to one task (a stable hash of topic and key, the same
+    in every Python worker), in id order; messages without a key are spread by id."""
+    if m.key is None:
+        return m.id % partitions, m.id
+    return zlib.crc32(m.key, zlib.crc32(m.topic.encode())) % partitions, m.id
+
+
+def send_partition(
+    cfg: SendConfig, rows: Iterator[tuple[Any, BulkMessage]]
+) -> Iterator[tuple[str, int, int, int, int, int]]:
+    """`mapPartitions` body over (sort key, message) pairs in id order per key: send the
+    messages, yield (topic, read, delivered, failed, dead, left)."""
+    yield from PartitionSender(cfg).run(m for _, m in rows)

@@ -22,6 +22,7 @@ from ..codec import decode_headers, encode_headers
 from ..errors import ConfigError
 from ..owners import Liveness
 from ..records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from .bulk import BulkRead
 
 #: The row columns every backend selects, in the order `row_from_columns` reads them.
 COLUMNS = (
@@ -255,6 +256,11 @@ class MessageStore(abc.ABC):
         transaction, and never commit (`produce(..., transaction=conn)`). Only stores whose
         `capabilities.transactional_enqueue` is set can (PostgreSQL)."""
         raise ConfigError(f"outbox {self.location} cannot enqueue in the caller's transaction")
+
+    def bulk_read(self) -> BulkRead:
+        """How a bulk reader that is not this store (the Spark job's JDBC reads) reads its table
+        (`outbox.stores.bulk`). Only stores whose `capabilities.bulk_read` is set can."""
+        raise ConfigError(f"outbox {self.location} has no table a bulk reader can read")
 
     @abc.abstractmethod
     def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:

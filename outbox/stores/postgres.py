@@ -69,6 +69,7 @@ from .postgres_schema import SCHEMA_VERSION
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
     import psycopg
+from .bulk import BulkRead
 from .postgres_admin import PostgresAdmin
 
 __all__ = ["SCHEMA_VERSION", "PostgresOutbox"]
@@ -143,6 +144,9 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             return []
         with self._conn() as conn:
             return self._insert(conn, messages, Status.PENDING, lease_owner, lease_until, time.time())
+
+    def bulk_read(self) -> BulkRead:
+        return BulkRead(table=self._t, grouped=False, schema="timestamp LONG")
 
     def enqueue_in_transaction(self, conn: Any, messages: Sequence[NewMessage]) -> list[int]:
         """Write PENDING rows with the caller's own open psycopg connection; never commit.

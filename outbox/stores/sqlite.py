@@ -32,6 +32,7 @@ from .base import (
     insert_values,
     row_from_columns,
 )
+from .bulk import BulkRead
 from .sqlite_admin import SQLiteAdmin
 from .sqlite_schema import (
     BODY,
@@ -309,6 +310,10 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
             rows,
         )
         return len(rows)
+
+    def bulk_read(self) -> BulkRead:
+        # sqlite-jdbc reports a BIGINT as DECIMAL and no type for the body's expression column.
+        return BulkRead(table='"outbox"', grouped=True, schema="timestamp LONG, n LONG, body BINARY")
 
     def explode_groups(self) -> int:
         """Store every pending group as one-message rows; return how many rows that wrote.

@@ -7,6 +7,7 @@ is much faster than creating a database); it is dropped afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -30,9 +31,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from outbox.errors import UnknownMessageError
+from outbox.errors import ConfigError, UnknownMessageError
 from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
 from outbox.stores.base import Failure, Outbox, Settlement
+from outbox.stores.bulk import BulkSelection, explode, explode_keys
+from outbox.stores.keyrule import first_blockers, waits
 from outbox.stores.memory import MemoryOutbox
 from outbox.stores.sqlite import SQLiteOutbox
 from outbox.urls import parse_url
@@ -575,6 +578,66 @@ def test_data_survives_reopen(make_durable_store: Factory, request: pytest.Fixtu
         assert again.get(i).value == b"keep"
         again.migrate()  # idempotent
         assert again.get(i).value == b"keep"
+
+
+# -- capabilities and bulk reads ----------------------------------------------------------------------
+
+
+def test_capabilities_are_declared_by_each_store(store: Outbox) -> None:
+    caps = store.capabilities
+    assert caps.durable is (not isinstance(store, MemoryOutbox))
+    assert caps.shared is caps.durable and caps.bulk_read is caps.durable
+    assert caps.grouped_rows is isinstance(store, SQLiteOutbox)
+    assert caps.transactional_enqueue is (caps.durable and not isinstance(store, SQLiteOutbox))
+    if not caps.transactional_enqueue:
+        with pytest.raises(ConfigError, match="cannot enqueue in the caller's transaction"):
+            store.enqueue_in_transaction(object(), [msg()])
+    if not caps.bulk_read:
+        with pytest.raises(ConfigError, match="no table a bulk reader can read"):
+            store.bulk_read()
+
+
+def _run_sql(store: Outbox, sql: str) -> list[tuple[Any, ...]]:
+    """A bulk read's SQL run as a JDBC reader runs it: as it is, on a connection of its own."""
+    if isinstance(store, SQLiteOutbox):
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(store.path)) as conn:
+            return conn.execute(sql).fetchall()
+    import psycopg
+
+    from outbox.stores.postgres import PostgresOutbox
+
+    assert isinstance(store, PostgresOutbox)
+    with psycopg.connect(**store.url.psycopg_kwargs()) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_a_bulk_read_yields_every_due_message_and_the_blockers_of_the_rest(make_durable_store: Factory) -> None:
+    store = make_durable_store()
+    [early] = store.enqueue([msg(key=b"k1", value=b"early", next_attempt_at=NOW - 9)])
+    batch = store.enqueue([msg(key=f"k{i % 4}".encode(), value=b"%d" % i, next_attempt_at=NOW - 5) for i in range(40)])
+    [alone] = store.enqueue([msg(value=b"alone", next_attempt_at=NOW - 1, headers=[("h", b"x")], timestamp=7)])
+    store.claim("other", 1, 60, now=NOW)  # `early` leased elsewhere: key k1 waits behind it
+    bulk = store.bulk_read()
+    sel = bulk.selection(BulkSelection(), now=NOW)
+    lo, hi, n = _run_sql(store, bulk.bounds(sel.where))[0]
+    assert n == 41 and hi >= lo
+    read = [m for row in _run_sql(store, bulk.rows(sel.where, lo, hi)) for m in explode(row)]
+    assert [m.id for m in read] == [*batch, alone]  # ids in order, groups exploded
+    assert [m.value for m in read] == [b"%d" % i for i in range(40)] + [b"alone"]
+    assert (read[-1].headers, read[-1].timestamp) == ([("h", b"x")], 7)
+    assert sel.blocked_where is not None
+    found = [(t, bytes(k), int(i)) for t, k, i in _run_sql(store, bulk.blockers(sel.blocked_where))]
+    groups_sql = bulk.blocking_groups(sel.blocked_where)
+    if groups_sql is not None:
+        found += [k for row in _run_sql(store, groups_sql) for k in explode_keys(row)]
+    blockers = first_blockers(found)
+    assert blockers == {("t", b"k1"): early}
+    kept = [m.id for m in read if not waits(m.topic, m.key, m.id, blockers)]
+    assert kept == [m.id for m in read if m.key != b"k1"]
+    counts = dict(_run_sql(store, bulk.counts_by_topic(sel.where)))
+    assert {t: int(c) for t, c in counts.items()} == {"t": 41}
 
 
 # -- the state machine --------------------------------------------------------------------------------
