@@ -36,7 +36,10 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import pytest
+try:
+    import pytest
+except ImportError as exc:  # the test bed is an optional extra
+    raise ImportError("the outbox.testing pytest plugin needs pytest: pip install 'kafka-outbox[testing]'") from exc
 
 from outbox.testing.cluster import KafkaCluster, KafkaSetupError, create_topic
 from outbox.testing.consume import consume
