@@ -27,7 +27,7 @@ from .headers import ATTEMPT_HEADER, FIRST_FAILED_HEADER, ID_HEADER, LAST_ERROR_
 from .producer import PRODUCER_DEFAULTS, ResilientProducer
 from .records import DeadLetter, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from .retry import Disposition, RetryPolicy
-from .stores import Outbox, SQLiteOutbox, open_outbox
+from .stores import MemoryOutbox, Outbox, SQLiteOutbox, open_outbox
 from .urls import StoreURL, parse_url
 
 __version__ = "0.1.0"
@@ -56,6 +56,7 @@ __all__ = [
     "KafkaDeliveryError",
     "KafkaUnavailableError",
     "MainTopicCircuit",
+    "MemoryOutbox",
     "NewMessage",
     "Outbox",
     "OutboxError",
