@@ -323,3 +323,37 @@ def test_headers_of_a_resend_match_the_sdk(
     assert header(m, "outbox-attempt") == b"3"
     assert [h for h, _ in hs].count("outbox-attempt") == 1
     assert header(m, "outbox-first-failed-at") == str(int(first * 1000)).encode()
+
+
+def test_groups_are_exploded_on_the_executors_and_keys_held_elsewhere_wait(
+    spark: Any, tmp_path: Path, kafka_bootstrap: str, topic: str, consume_all: Callable[..., list[Any]]
+) -> None:
+    """A SQLite outbox whose due groups hold keys that wait behind a row and a group leased to a
+    running sender: the job sends every other key's messages, in order, and leaves the waiting
+    ones pending (their group split, the sent messages deleted)."""
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    until = time.time() + 600
+    with open_outbox(url) as store:
+        # Leased elsewhere: one row of key a, and a group (write-ahead) of key b.
+        store.enqueue([NewMessage(topic, b"a:0", b"a")], lease_owner="elsewhere", lease_until=until)
+        store.enqueue([NewMessage(topic, b"b:0", b"b") for _ in range(20)], lease_owner="elsewhere",
+                      lease_until=until)
+        keys = [b"a", b"b", b"c", b"d"]
+        due = [NewMessage(topic, keys[i % 4] + b":%d" % (i // 4 + 1), keys[i % 4], msg_id=f"g-{i}")
+               for i in range(400)]
+        store.enqueue(due[:200])  # two groups of due messages
+        store.enqueue(due[200:])
+        assert store.capabilities.grouped_rows and store.stats(now=time.time()).pending == 421
+
+    report = run_job(spark, opts(url, kafka_bootstrap))
+
+    assert report.total.read == 200 and report.total.delivered == 200 and report.held_back == 200
+    messages = consume_all(topic, 200, timeout=60)
+    assert sorted({m.key() for m in messages}) == [b"c", b"d"] and len(messages) == 200
+    for key in (b"c", b"d"):
+        seqs = [int(m.value().split(b":")[1]) for m in messages if m.key() == key]
+        assert seqs == sorted(seqs) == list(range(1, 101))
+    with open_outbox(url, create=False) as store:
+        left = store.pending_keys()
+        assert left == {(topic, b"a"), (topic, b"b")}
+        assert store.stats(now=time.time()).pending == 221
