@@ -449,8 +449,8 @@ class StoreAdmin(abc.ABC):
 
 
 class Outbox(MessageStore, StoreAdmin):
-    """A durable store of messages waiting for Kafka, and of dead letters: the contract every
-    backend keeps (`SQLiteOutbox`, `PostgresOutbox`, `MemoryOutbox`), tested by one suite.
+    """A store of messages waiting for Kafka, and of dead letters: the contract every backend
+    keeps (`SQLiteOutbox`, `PostgresOutbox`, `MemoryOutbox`), tested by one suite.
 
     Implementations are safe to share between threads of one process; what else a backend can
     do is in its `capabilities`.

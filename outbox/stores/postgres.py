@@ -43,6 +43,7 @@ Secrets: error messages name ``host:port/database`` (`StoreURL.where()`), never 
 libpq's own text is scrubbed of it too, and psycopg exceptions are not chained (``from None``)
 so a traceback cannot carry connection details further.
 """
+
 from __future__ import annotations
 
 import hashlib

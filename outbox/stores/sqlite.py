@@ -3,8 +3,11 @@
 WAL journal (readers never block the writer), a busy timeout so concurrent processes wait
 instead of failing, BEGIN IMMEDIATE for every write so lock upgrades cannot deadlock, and
 batched statements: the caller group-commits, so one transaction carries many rows.
-"""
 
+This module is the hot path (writes, claims, settlements, key queries); the connections, the
+schema, the file and the administration are in `sqlite_conn`, `sqlite_schema`, `sqlite_file` and
+`sqlite_admin`.
+"""
 
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
+
 
 def _chunks(ids: Sequence[_T]) -> Iterator[Sequence[_T]]:
     for i in range(0, len(ids), _CHUNK):
@@ -318,8 +322,9 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
     def explode_groups(self) -> int:
         """Store every pending group as one-message rows; return how many rows that wrote.
 
-        For readers that take rows one message at a time from the table itself (the Spark job's
-        JDBC read). Groups stored after this call are left as they are.
+        For a reader that takes rows one message at a time from the table itself and cannot
+        decode a group (`outbox.stores.bulk.explode` does). Groups stored after this call are left
+        as they are.
         """
         with self._write() as c:
             groups = c.execute("SELECT id FROM outbox INDEXED BY outbox_group WHERE n > 1").fetchall()
