@@ -127,3 +127,16 @@ def test_memory_outbox_dead_letters_for_a_users_test() -> None:
     assert (dead.id, dead.attempts, dead.last_failed_at) == (i, 1, 1e12)
     assert store.replay_dead(now=1e12, to_topic="orders.retry") == 1
     assert store.pending("orders.retry")[0].id == i
+
+
+def test_a_producer_over_a_memory_outbox_refuses_transaction_by_its_capabilities() -> None:
+    from outbox import ResilientProducer
+
+    store = MemoryOutbox()
+    producer = ResilientProducer({"bootstrap.servers": "127.0.0.1:1"}, outbox=store, drain_workers=0)
+    try:
+        with pytest.raises(ConfigError, match="transaction= needs a PostgreSQL outbox"):
+            producer.produce("t", b"v", transaction=object())
+        assert store.messages() == []
+    finally:
+        producer.close(1)
