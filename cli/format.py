@@ -121,8 +121,15 @@ def table(headers: Sequence[str] | None, rows: Sequence[Sequence[str]], indent: 
 
 
 def dumps(doc: Any) -> str:
-    """One JSON document, keys in a stable order, non-ASCII kept readable."""
-    return json.dumps(doc, indent=2, ensure_ascii=False)
+    """One JSON document, keys in a stable order, non-ASCII kept readable. A lone surrogate
+    (a command-line argument that was not valid UTF-8) cannot be written as UTF-8, so a
+    document holding one is written with escapes instead."""
+    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(doc, indent=2)
+    return text
 
 
 def message_json(row: OutboxMessage, encoding: str = "auto") -> dict[str, Any]:

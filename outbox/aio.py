@@ -175,7 +175,7 @@ class AsyncResilientProducer:
         if self._closed:
             raise ProducerClosedError("produce() called after close()")
         loop = asyncio.get_running_loop()
-        report = on_delivery if on_delivery is not None else callback
+        report = callback if callback is not None else on_delivery  # confluent: callback wins
         kw: dict[str, Any] = {
             "key": key, "headers": headers, "partition": partition,
             "on_delivery": None if report is None else functools.partial(_on_loop, loop, report),

@@ -184,6 +184,7 @@ class Drainer:
         )
         self._config.pop("on_delivery", None)
         self._stop = threading.Event()
+        self._loops: set[SendLoop] = set()  # the workers' producers, for set_sasl_credentials()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.result = DrainResult()
@@ -242,6 +243,15 @@ class Drainer:
         for t in self._threads:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         self._threads = [t for t in self._threads if t.is_alive()]
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """New SASL credentials for every worker's producer, and for those made later."""
+        self._config["sasl.username"] = username
+        self._config["sasl.password"] = password
+        for loop in list(self._loops):
+            loop.config["sasl.username"] = username
+            loop.config["sasl.password"] = password
+            loop.producer.set_sasl_credentials(username, password)
 
     def wake(self) -> None:
         """Look for due rows now instead of at the next poll (new rows were just stored)."""
@@ -342,6 +352,7 @@ class Drainer:
         except Exception:
             log.exception("outbox drain worker %s could not create its producer", self.owner)
             raise
+        self._loops.add(loop)
         # Background workers (start()) and follow mode (`outbox drain --follow`, a long-running
         # sidecar) survive store failures, which a database restart causes; a run until empty
         # reports them to its caller.
@@ -400,6 +411,7 @@ class Drainer:
             except Exception:
                 log.exception("outbox drain: could not settle a batch at stop; its leases expire")
             loop.close(5)
+            self._loops.discard(loop)
             self._mark_holding(False, holding)
             self._interrupt_waiters()  # a worker waiting for this one's rows looks again
 

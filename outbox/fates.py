@@ -4,12 +4,12 @@ A message stored in the outbox is delivered later by a drain worker (of this pro
 process, or another process), or dead-lettered. Its `on_delivery` callback waits here, by
 message id, until that happens in this process; `on_dead_letter` hears every dead letter this
 process makes. Callbacks run on the thread that learned the fate (a drain thread, the writer,
-the delivery thread) and an exception in one is logged, never lost in a dead thread.
+the delivery thread); an exception in one is kept for the application's next `poll()` or
+`flush()` (`outbox.served`), never lost in a dead thread.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Sequence
 
 from confluent_kafka import KafkaError, Message
@@ -17,9 +17,8 @@ from confluent_kafka import KafkaError, Message
 from .drainproc import Drained
 from .keyorder import Key
 from .records import DeadLetter, OutboxMessage
+from .served import Served
 from .writer import Committed
-
-log = logging.getLogger("outbox")
 
 DeliveryCallback = Callable[[KafkaError | None, Message | None], None]
 DeadLetterCallback = Callable[[DeadLetter], None]
@@ -33,6 +32,7 @@ class Fates:
         report_successes: whether `on_delivery` hears deliveries (not with
             `delivery.report.only.error`).
         keys_drained: told the keys of delivered or dead-lettered rows (`KeyBacklog.drained`).
+        served: counts the callbacks run and keeps the exceptions they raised.
     """
 
     def __init__(
@@ -41,8 +41,10 @@ class Fates:
         *,
         report_successes: bool,
         keys_drained: Callable[[Iterable[Key]], None],
+        served: Served,
     ) -> None:
         self.on_dead_letter = on_dead_letter
+        self._served = served
         self._report_successes = report_successes
         self._keys_drained = keys_drained
         #: msg_id → on_delivery of outboxed messages that this process may still deliver. Written
@@ -57,13 +59,15 @@ class Fates:
             try:
                 code = dl.error_code if dl.error_code is not None else KafkaError._FAIL
                 cb(KafkaError(code, f"dead-lettered: {dl.last_error}"), None)
-            except Exception:
-                log.exception("on_delivery callback raised")
+                self._served.add(1)
+            except Exception as exc:
+                self._served.failed(exc)
         if self.on_dead_letter is not None:
             try:
-                self.on_dead_letter(dl)
-            except Exception:
-                log.exception("on_dead_letter callback raised; the dead letter is stored anyway")
+                self.on_dead_letter(dl)  # the dead letter is stored whatever it does
+                self._served.add(1)
+            except Exception as exc:
+                self._served.failed(exc)
 
     def committed_dead(self, c: Committed) -> None:
         """Writer thread: the dead letters of a commit (first sends and write-ahead rows)."""
@@ -85,13 +89,17 @@ class Fates:
         """Drain thread: rows delivered from the outbox."""
         self.drain_delivered += len(rows)
         if self.waiting:
+            called = 0
             for row in rows:
                 cb = self.waiting.pop(row.msg_id, None)
                 if cb is not None and self._report_successes:
                     try:
                         cb(None, None)
-                    except Exception:
-                        log.exception("on_delivery callback raised")
+                        called += 1
+                    except Exception as exc:
+                        self._served.failed(exc)
+            if called:
+                self._served.add(called)
         # Its thread looks; the drain worker claims on.
         self._keys_drained((row.topic, row.key) for row in rows if row.key is not None)
 

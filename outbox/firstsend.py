@@ -25,7 +25,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from .circuit import CircuitBreaker
 from .fates import DeliveryCallback
 from .keyorder import Key
-from .link import KafkaLink
+from .link import PURGE_CODES, KafkaLink
 from .payload import as_bytes
 from .records import Headers, NewMessage
 from .retry import RetryPolicy
@@ -166,8 +166,14 @@ class FirstSend:
         if err is None:
             if r.cb is not None:
                 r.cb(None, msg)
+                self._link.served.delivery_thread_calls += 1
             return
         self._link.send_failures.add()
+        if self._link.app_purging and err.code() in PURGE_CODES:  # the application dropped it
+            if r.cb is not None:
+                r.cb(err, msg)
+                self._link.served.delivery_thread_calls += 1
+            return
         if r.headers is not None:
             hdrs = r.headers
         else:
@@ -219,6 +225,7 @@ class FirstSend:
             self.failed.add()
         if cb is not None and (err is not None or self._report_successes):
             cb(err, msg)
+            self._link.served.delivery_thread_calls += 1
 
 
 class _Report:

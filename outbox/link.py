@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, Producer
 from .budget import MESSAGE_OVERHEAD
 from .circuit import CircuitBreaker
 from .retry import UNREACHABLE_CODES, describe
+from .served import Served
 from .tally import Tally
 
 log = logging.getLogger("outbox")
@@ -58,6 +59,20 @@ def queue_limits(config: Mapping[str, Any], memory_budget: int) -> tuple[dict[st
     # 1 KiB or more; smaller ones come back costing more than the reserve, up to `messages`).
     return add, kbytes * 1024 + min(messages, kbytes) * MESSAGE_OVERHEAD
 
+#: The errors of messages a purge handed back.
+PURGE_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+
+
+class _PurgeRequest:
+    """The application's `purge()`, carried out by the delivery thread."""
+
+    __slots__ = ("in_queue", "in_flight", "done")
+
+    def __init__(self, in_queue: bool, in_flight: bool) -> None:
+        self.in_queue = in_queue
+        self.in_flight = in_flight
+        self.done = threading.Event()
+
 
 class KafkaLink:
     """The librdkafka producer, its delivery thread, and the counts both keep.
@@ -68,6 +83,7 @@ class KafkaLink:
         circuit: opened by "all brokers down"; told of deliveries and transport failures.
         queue_full_timeout: see `ResilientProducer` (how long a produce() waits for room).
         user_error_cb: the application's `error_cb`, still called for every error.
+        served: counts what the delivery thread served and keeps what the callbacks raised.
     """
 
     def __init__(
@@ -77,8 +93,13 @@ class KafkaLink:
         *,
         queue_full_timeout: float,
         user_error_cb: Callable[[KafkaError], None] | None = None,
+        served: Served | None = None,
     ) -> None:
+        self.served = served or Served()
         self._config = {**config, "error_cb": self._on_error}
+        for name in ("stats_cb", "throttle_cb"):  # counted as served events, as poll() reports them
+            if callable(self._config.get(name)):
+                self._config[name] = self._counted(self._config[name])
         self._circuit = circuit
         self._user_error_cb = user_error_cb
         self.kafka = Producer(self._config)
@@ -95,6 +116,12 @@ class KafkaLink:
         self._purge_queue = False
         self._purge_in_flight = False
         self._recreate = False
+        self._app_purges: list[_PurgeRequest] = []
+        #: Set by the application's purge(): a report of a purged message belongs to it (reported
+        #: to on_delivery, not stored: the application dropped it) until librdkafka holds nothing
+        #: more, or the next purge of the outbox's own. Not just while the purge runs: librdkafka
+        #: may report a purged message after purge() returned.
+        self.app_purging = False
         self._stop = False
         self._tick: Callable[[], None] = lambda: None
         self._thread = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
@@ -122,8 +149,26 @@ class KafkaLink:
         """A fatal error: replace the producer; its queued messages come back as failures."""
         self._recreate = True
 
+    def purge_for_app(self, in_queue: bool, in_flight: bool, blocking: bool) -> None:
+        """The application's purge(): done by the delivery thread, which serves the purged
+        messages' reports at once, marked as the application's (`app_purging`). `blocking`:
+        wait until it is done."""
+        request = _PurgeRequest(in_queue, in_flight)
+        self._app_purges.append(request)
+        if blocking:
+            while not request.done.wait(0.05):
+                if not self._thread.is_alive():  # stopped meanwhile: nothing left to purge
+                    return
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """New SASL credentials for this producer, and for the one that replaces it."""
+        self.kafka.set_sasl_credentials(username, password)
+        self._config["sasl.username"] = username
+        self._config["sasl.password"] = password
+
     def purge_again(self) -> None:
         """Delivery thread: purge the queue (and the wire, if asked) once more."""
+        self.app_purging = False  # what this purge hands back goes to the outbox
         self.kafka.purge(in_queue=True, in_flight=self._purge_in_flight)
         self._purge_in_flight = False
 
@@ -189,27 +234,82 @@ class KafkaLink:
         self._stop = True
         if self._thread.is_alive():
             self._thread.join(5)
-        self.kafka.poll(0)
+        self._serve(0)
+
+    def _serve(self, timeout: float) -> int:
+        """Poll librdkafka: serve reports and callbacks, keep what they raised, publish how
+        many of the application's callbacks ran. A callback that raises ends librdkafka's poll;
+        the rest are served by the next one. Returns how many events librdkafka served."""
+        try:
+            served: int = self.kafka.poll(timeout)
+        except Exception as exc:  # a callback raised: the application hears it in poll()/flush()
+            self.served.failed(exc)
+            served = 1
+        self.served.publish()
+        return served
+
+    def flush_reports(self, timeout: float) -> int:
+        """close(): serve librdkafka's remaining reports in this thread for up to `timeout` s.
+        A callback that raises ends librdkafka's flush, so it is kept (poll()/flush() would
+        raise it) and the flush goes on. Returns what librdkafka still holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return int(self.kafka.flush(max(0.0, deadline - time.monotonic())))
+            except Exception as exc:  # a callback's: counted and logged, never the end of close()
+                self.served.failed(exc)
+                if time.monotonic() >= deadline:
+                    return len(self.kafka)
+
+    def _counted(self, callback: Callable[..., None]) -> Callable[..., None]:
+        served = self.served
+
+        def counted(*args: Any) -> None:
+            callback(*args)
+            served.delivery_thread_calls += 1
+
+        return counted
+
+    def _purge_for_app(self) -> None:
+        """Delivery thread: the application's purges; the reports that are ready are served."""
+        while not self.app_purging and self._serve(0):  # reports due before the purge are not its
+            pass
+        while self._app_purges:
+            request = self._app_purges.pop(0)
+            self.app_purging = True
+            try:
+                self.kafka.purge(in_queue=request.in_queue, in_flight=request.in_flight)
+                while self._serve(0):
+                    pass
+            finally:
+                request.done.set()
 
     def _poll_loop(self) -> None:
         while not self._stop:
             try:
-                self.kafka.poll(0.05)
+                self._serve(0.05)
+                if self._app_purges:
+                    self._purge_for_app()
+                elif self.app_purging and len(self.kafka) == 0:
+                    self.app_purging = False  # every report of the application's purge was served
                 self.note_progress()
                 if self._purge_queue:
                     self._purge_queue = False
+                    self.app_purging = False  # what this purge hands back goes to the outbox
                     self.kafka.purge(in_queue=True, in_flight=False)
                 if self._purge_in_flight:
                     self._purge_in_flight = False
+                    self.app_purging = False
                     self.kafka.purge(in_queue=False, in_flight=True)
                 self._tick()
                 if self._recreate:
                     self._recreate_producer()
-            except Exception:  # a callback failed: the thread serves the next report regardless
-                log.exception("outbox delivery thread: callback failed")
+            except Exception as exc:  # the thread serves the next report regardless; the app hears
+                self.served.failed(exc)
 
     def _recreate_producer(self) -> None:
         self._recreate = False
+        self.app_purging = False  # the old producer's messages go to the outbox
         old = self.kafka
         self.kafka = Producer(self._config)
         log.warning("outbox: producer recreated after a fatal error; queued messages move to the outbox")
@@ -228,3 +328,4 @@ class KafkaLink:
             log.debug("outbox: producer error %s", describe(err))
         if self._user_error_cb is not None:
             self._user_error_cb(err)
+            self.served.delivery_thread_calls += 1

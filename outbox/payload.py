@@ -66,12 +66,17 @@ def check_partition(partition: Any) -> int:
 
 
 def check_timestamp(timestamp: Any) -> int:
-    """A record timestamp given to produce(): ms since the epoch, 0 for none (librdkafka's now)."""
-    if timestamp.__class__ is not int or not 0 <= timestamp <= 0x7FFFFFFFFFFFFFFF:  # Kafka: int64
-        raise ConfigError(
-            f"timestamp must be an int of milliseconds since the epoch (0: none), got {timestamp!r}"
-        )
-    return int(timestamp)
+    """A record timestamp given to produce(): ms since the epoch, 0 for none (librdkafka's now).
+
+    The error types are confluent_kafka's: TypeError for a value that is not an int,
+    OverflowError past Kafka's int64; a negative time is a ConfigError (a ValueError)."""
+    if timestamp.__class__ is not int:
+        raise TypeError(f"timestamp must be an int of milliseconds since the epoch (0: none), got {timestamp!r}")
+    if timestamp > 0x7FFFFFFFFFFFFFFF:  # Kafka: int64
+        raise OverflowError(f"timestamp must fit in a signed 64-bit integer of milliseconds, got {timestamp!r}")
+    if timestamp < 0:
+        raise ConfigError(f"timestamp must be an int of milliseconds since the epoch (0: none), got {timestamp!r}")
+    return timestamp
 
 
 def as_bytes(v: Any) -> bytes | None:

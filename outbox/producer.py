@@ -10,7 +10,8 @@ This module is the router: it checks a message once and sends it down one path.
 - `outbox.drain` / `outbox.drainproc`: the drain workers that re-send stored messages.
 
 Threads: the caller's threads call `produce()`; one delivery thread polls librdkafka and runs
-every callback (`on_delivery`, `on_dead_letter` for first-send failures); the group-commit
+every callback (`on_delivery`, `on_dead_letter` for first-send failures); `poll()` waits for
+them and raises what they raised (`outbox.served`); the group-commit
 writer thread writes the outbox and, in write-ahead mode, sends committed rows; the key thread
 releases keys whose stored messages are delivered; the drain worker threads re-send stored rows
 and run callbacks for the messages they deliver or dead-letter.
@@ -22,6 +23,9 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka.admin._metadata import ClusterMetadata
 
 from . import exithook
 from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
@@ -49,6 +53,7 @@ from .records import Headers, NewMessage, StoreStats
 from .retry import RetryPolicy
 from .sendloop import check_resend_config
 from .serialization import Serializer, Serializers
+from .served import Served
 from .spill import NOT_SENT_CIRCUIT_OPEN, Spill
 from .stores import Outbox, open_outbox
 from .writeahead import WriteAhead
@@ -69,6 +74,23 @@ _MODES = ("fallback", "write-ahead")
 _DURABILITY = ("batch", "sync")
 _DRAIN_IN = ("threads", "process")
 
+#: confluent_kafka's message for any call on a closed producer.
+CLOSED = "Producer has been closed"
+
+#: Settings that name the default delivery callback, as confluent_kafka reads them.
+_DEFAULT_CALLBACK_KEYS = ("on_delivery", "dr_msg_cb", "dr_cb")
+
+#: Kafka record timestamps are signed 64-bit milliseconds.
+_INT64 = 2**63
+
+_NO_TRANSACTIONS = (
+    "transactional.id is not supported: an outbox cannot hold part of a Kafka transaction (a "
+    "message stored for a later re-send would be delivered outside the transaction, after it "
+    "committed or aborted). To write messages atomically with database changes, use "
+    "produce(..., transaction=conn) with a PostgreSQL outbox; for Kafka transactions use "
+    "confluent_kafka.Producer"
+)
+
 #: The default `exit_timeout` (seconds). Half of it (`_DELIVERY_SHARE`) lets a healthy cluster
 #: acknowledge what is on the wire; the other half commits the largest backlog the writer holds
 #: (`memory_budget`, 16 MiB by default: at most ~20,000 small messages, well under a second of
@@ -84,18 +106,25 @@ _DELIVERY_SHARE = 0.5
 class ResilientProducer:
     """A Kafka producer that writes what it cannot deliver to a durable outbox.
 
+    Made to be used where a `confluent_kafka.Producer` is: the same constructor forms, the
+    same methods and arguments; `docs/confluent-compatibility.md` lists where it differs and why.
+
     Args:
         config: confluent_kafka.Producer settings, passed through unchanged except that
-            `message.timeout.ms` defaults to 30000 (librdkafka: 300000). Its `error_cb`,
+            `message.timeout.ms` defaults to 30000 (librdkafka: 300000). As with confluent_kafka,
+            they may also be given as keyword arguments (``ResilientProducer(**conf)``), and
+            `logger=` sets the `logger` setting. Its `error_cb`,
             `throttle_cb`, `stats_cb` and `oauth_cb` serve every librdkafka client the producer
             runs: its own and each drain worker's (in the drain process with
             `drain_in="process"`); `stats_cb` tells them apart by the statistics' `name`. On a
             drain worker a callback that raises is logged and counted in
             `stats()["callback_errors"]` and never ends the worker. Settings the drain workers'
             producers cannot use (see `outbox.sendloop.check_resend_config`) raise ConfigError.
-            `delivery.report.only.error: True` means what it means in librdkafka:
-            `on_delivery` hears failures only (and in fallback mode librdkafka reports no
-            success, which makes each send cheaper).
+                       `on_delivery` (or `dr_msg_cb` / `dr_cb`) is the delivery callback of every message
+            produced without one. `transactional.id` is refused (`ConfigError`): see
+            `produce(..., transaction=)`. `delivery.report.only.error: True` means what it means
+            in librdkafka: `on_delivery` hears failures only (and in fallback mode librdkafka
+            reports no success, which makes each send cheaper).
         outbox: an outbox URL (``sqlite:///path.db``, ``jdbc:sqlite:/path.db``,
             ``postgresql://...``, ``jdbc:postgresql://...``) or an `Outbox` instance.
         retry: the retry policy for re-sends and the classification of errors.
@@ -144,10 +173,16 @@ class ResilientProducer:
             exit hook: write-ahead mode is the answer to that.
     """
 
+    #: Until __init__ has run (a subclass that does not call it), every call says "closed", as
+    #: confluent_kafka's does.
+    _closed = True
+
     def __init__(
         self,
-        config: Mapping[str, Any],
+        config: Mapping[str, Any] | None = None,
+        /,
         *,
+        logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
         outbox: str | Outbox = "sqlite:///outbox.db",
         retry: RetryPolicy | None = None,
         on_dead_letter: DeadLetterCallback | None = None,
@@ -168,9 +203,17 @@ class ResilientProducer:
         value_serializer: Serializer | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
+        **settings: Any,
     ) -> None:
-        if not isinstance(config, Mapping):
-            raise ConfigError("config must be a dict of confluent_kafka settings")
+        if config is None and not settings:
+            raise TypeError("expected configuration dict")  # confluent_kafka's words
+        if config is not None and not isinstance(config, Mapping):
+            raise TypeError(f"expected configuration dict, got {type(config).__name__}")
+        config = {**(config or {}), **settings}
+        if logger is not None:
+            config["logger"] = logger
+        if "transactional.id" in config:
+            raise ConfigError(_NO_TRANSACTIONS)
         if mode not in _MODES:
             raise ConfigError(f"mode must be one of {_MODES}, got {mode!r}")
         if durability not in _DURABILITY:
@@ -194,13 +237,18 @@ class ResilientProducer:
         self._id_header = id_header
         self._ids = IdGenerator()
         self._next_id = self._ids.next
-        config = dict(config)
         if drain_workers > 0:  # before anything starts: a worker whose producer is refused never runs
             check_resend_config(config)
         user_error_cb = config.pop("error_cb", None)
+        # Every message carries its own callback; these name the one of messages given none.
+        default_callbacks = [config.pop(k) for k in _DEFAULT_CALLBACK_KEYS if k in config]
+        self._default_on_delivery: DeliveryCallback | None = next(
+            (cb for cb in default_callbacks if cb is not None), None
+        )
+        if self._default_on_delivery is not None and not callable(self._default_on_delivery):
+            raise TypeError(f"on_delivery must be callable, got {type(self._default_on_delivery).__name__}")
         self._config = {**PRODUCER_DEFAULTS, **config}
         self._config.setdefault("logger", LIBRDKAFKA_LOG)  # librdkafka's lines to logging, summarised
-        self._config.pop("on_delivery", None)  # every message carries its own callback
         rdkafka_queue, rdkafka_reserve = queue_limits(self._config, memory_budget)
         self._config.update(rdkafka_queue)
         self.memory = MemoryBudget(memory_budget, reserve=rdkafka_reserve)
@@ -210,9 +258,6 @@ class ResilientProducer:
         self._config["delivery.report.only.error"] = mode == "fallback" and not report_successes
         self._message_timeout = int(self._config["message.timeout.ms"]) / 1000
         lease_seconds = max(lease_seconds, self._message_timeout + 5)  # a lease must outlive one send attempt
-        self._owns_store = not isinstance(outbox, Outbox)
-        self.store = open_outbox(outbox)
-        self._closed = False
         self._exit_timeout = float(exit_timeout)
         self._in_transaction = 0
         # Keyed messages may probe a half-open circuit only when no drain worker of this process
@@ -224,6 +269,15 @@ class ResilientProducer:
             reset_timeout=circuit_reset_timeout,
             on_open=self._circuit_opened,
         )
+        self._served = Served()
+        # The librdkafka producer first: it checks the settings (a KafkaException, as from
+        # confluent_kafka) before anything is opened or started.
+        self._link = KafkaLink(
+            self._config, self.circuit, queue_full_timeout=queue_full_timeout, user_error_cb=user_error_cb,
+            served=self._served,
+        )
+        self._owns_store = not isinstance(outbox, Outbox)
+        self.store = open_outbox(outbox)
         # The parts, wired once. Two calls go to a part built later, through a lambda: the fates
         # tell the key backlog (in the spill) of drained keys, and the backlog hands keys back
         # through the first sends. No thread calls either before every part is built: the
@@ -232,8 +286,9 @@ class ResilientProducer:
             on_dead_letter,
             report_successes=report_successes,
             keys_drained=lambda keys: self._spill.backlog.drained(keys),
+            served=self._served,
         )
-        drain_config = {k: v for k, v in config.items() if k != "on_delivery"}
+        drain_config = dict(config)
         if user_error_cb is not None:
             drain_config["error_cb"] = user_error_cb
         drain_settings: dict[str, Any] = dict(
@@ -259,9 +314,6 @@ class ResilientProducer:
             # Claims bounded in bytes too: a drain thread's batches share this process's memory
             # (a drain process has its own).
             self.drainer = Drainer(self.store, drain_config, batch_bytes=memory_budget // 4, **drain_settings)
-        self._link = KafkaLink(
-            self._config, self.circuit, queue_full_timeout=queue_full_timeout, user_error_cb=user_error_cb
-        )
         self.writer = GroupCommitWriter(
             self.store,
             owner=new_owner("producer"),
@@ -286,6 +338,7 @@ class ResilientProducer:
             self._link, self._spill, self.writer, self.circuit, self._fates, self.retry,
             durability=durability, report_successes=report_successes,
         )
+        self._closed = False
         self._link.start(tick=self._spill.tick)
         self._backlog.start()
         if drain_workers > 0:
@@ -312,13 +365,14 @@ class ResilientProducer:
         topic: str,
         value: Any = None,
         key: Any = None,
-        headers: Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None = None,
-        partition: int | None = None,
+        partition: int | None = -1,
         on_delivery: DeliveryCallback | None = None,
-        enable_retry: bool = True,
-        *,
-        transaction: Any = None,
         timestamp: int = 0,
+        headers: Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None = None,
+        *,
+        callback: DeliveryCallback | None = None,
+        enable_retry: bool = True,
+        transaction: Any = None,
     ) -> str:
         """Send a message to Kafka, or store it in the outbox if Kafka cannot take it now.
 
@@ -331,29 +385,32 @@ class ResilientProducer:
                 the cost of a type parameter on every annotation); the check is at run time:
                 without a serializer anything else raises TypeError, with one its error raises
                 Key/ValueSerializationError, and nothing is stored or sent.
-            headers: list of (name, value) pairs (order and duplicates kept) or a dict.
             partition: explicit partition, or None/-1 for the partitioner.
             on_delivery: ``callback(err, msg)``, called at most once with the message's final
-                fate: delivered (err None), dead-lettered, or failed with enable_retry=False.
-                Runs on the producer's delivery thread or a drain thread: keep it short and
-                do not call flush()/close() from it. For a message delivered from the outbox,
-                ``msg`` is None.
+                fate: delivered (err None), dead-lettered, purged by `purge()`, or failed with
+                enable_retry=False. Runs on the producer's delivery thread or a drain thread:
+                keep it short and do not call flush()/close() from it; what it raises is raised
+                by the next poll()/flush(). For a message delivered from the outbox, ``msg`` is
+                None. Default: the config's `on_delivery`.
+            timestamp: the record timestamp, ms since the epoch; 0 (default): the time of this
+                call. Every send of the message, from the outbox too, carries it.
+            headers: list of (name, value) pairs (order and duplicates kept) or a dict.
+            callback: confluent_kafka's other name for `on_delivery`; it wins if both are given.
             enable_retry: False: a failed send is reported to on_delivery and never stored.
             transaction: a psycopg connection with an open transaction (PostgreSQL outbox
                 only): the message is written to the outbox inside it, so it exists if and only
                 if the caller's transaction commits; drain workers deliver it.
-            timestamp: the record timestamp, ms since the epoch; 0 (default): the time of this
-                call. Every send of the message, from the outbox too, carries it.
 
         Returns:
             The message id (the `outbox-id` header value).
 
         Raises:
-            TypeError / ConfigError(ValueError): bad arguments; nothing was stored or sent.
-            ProducerClosedError: the producer is closed.
+            TypeError / OverflowError / ConfigError(ValueError): bad arguments; nothing was
+                stored or sent.
+            ProducerClosedError (a RuntimeError): the producer is closed.
         """
         if self._closed:
-            raise ProducerClosedError("produce() called after close()")
+            raise ProducerClosedError(CLOSED)
         if topic.__class__ is not str or topic not in KNOWN_TOPICS:
             check_topic(topic)
         if self._serializers is not None:  # once, before the outbox: re-sends reuse the bytes
@@ -362,8 +419,13 @@ class ResilientProducer:
             check_payload("value", value)
         if key is not None and not isinstance(key, BYTES_LIKE):
             check_payload("key", key)
-        partition = -1 if partition is None else check_partition(partition)
+        if partition != -1 or partition.__class__ is not int:  # the default costs no call
+            partition = -1 if partition is None else check_partition(partition)
         timestamp = check_timestamp(timestamp) if timestamp else 0  # None (or any false value): none given
+        if callback is not None:  # confluent_kafka: `callback` wins over `on_delivery`
+            on_delivery = callback
+        elif on_delivery is None:
+            on_delivery = self._default_on_delivery
         hdrs: Headers = normalize_headers(headers) if headers is not None else []
         msg_id = self._next_id()
         if self._id_header is not None:
@@ -391,20 +453,88 @@ class ResilientProducer:
         self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, headers is not None, timestamp)
         return msg_id
 
-    def poll(self, timeout: float = 0) -> int:
-        """Compatibility with confluent_kafka: callbacks already run on the delivery thread."""
-        if timeout:
-            time.sleep(timeout)
-        return 0
+    def produce_batch(
+        self,
+        topic: str,
+        messages: list[dict[str, Any]],
+        partition: int = -1,
+        on_delivery: DeliveryCallback | None = None,
+        *,
+        callback: DeliveryCallback | None = None,
+    ) -> int:
+        """Produce a list of messages, each a dict with any of `value`, `key`, `partition`,
+        `timestamp`, `headers` and `callback` (other keys are ignored).
+
+        Unlike confluent_kafka's, each message's headers and timestamp are sent. As there, a
+        message that could not be taken gets an `_error` key (a KafkaError) in its dict, and
+        the messages are checked before any is produced (a TypeError names the first bad one).
+
+        Returns:
+            How many messages were taken (delivered later, or stored in the outbox).
+        """
+        if self._closed:
+            raise ProducerClosedError(CLOSED)
+        if topic.__class__ is not str:
+            raise TypeError(f"topic must be str, got {type(topic).__name__}")
+        if partition.__class__ is not int:
+            raise TypeError(f"partition must be int, got {type(partition).__name__}")
+        if not isinstance(messages, list):
+            raise TypeError("messages must be a list")
+        if callback is not None:
+            on_delivery = callback
+        _check_batch(messages, payloads=self._serializers is None)
+        taken = 0
+        for m in messages:
+            msg_partition = m.get("partition")
+            try:
+                self.produce(
+                    topic, m.get("value"), m.get("key"), partition if msg_partition is None else msg_partition,
+                    m.get("callback") or on_delivery, m.get("timestamp") or 0, m.get("headers"),
+                )
+            except (TypeError, ValueError, OverflowError) as exc:
+                m["_error"] = KafkaError(KafkaError._INVALID_ARG, f"Message failed: {exc}")
+                continue
+            taken += 1
+        return taken
+
+    def poll(self, timeout: float | None = None) -> int:
+        """Wait up to `timeout` seconds (None or a negative value: until one comes) for events:
+        the callbacks run on the producer's own threads, not in this call.
+
+        Returns:
+            How many events (delivery reports, other callbacks) were served since the last call.
+
+        Raises:
+            The exception a callback raised on a producer thread since the last poll()/flush().
+            ProducerClosedError (a RuntimeError): the producer is closed.
+        """
+        if self._closed:
+            raise ProducerClosedError(CLOSED)
+        return self._served.wait(None if timeout is None or timeout < 0 else timeout)
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every message is delivered or safely in the outbox.
 
+        Args:
+            timeout: seconds; None or a negative value: without end.
+
         Returns:
             How many messages are neither delivered nor committed to the outbox (0 on success).
+
+        Raises:
+            The exception a callback raised on a producer thread (as from poll()).
+            ProducerClosedError (a RuntimeError): the producer is closed.
         """
+        if self._closed:
+            raise ProducerClosedError(CLOSED)
+        left = self._flush(None if timeout is None or timeout < 0 else timeout)
+        self._served.raise_pending()
+        return left
+
+    def _flush(self, timeout: float | None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            self._served.raise_pending()
             in_memory = len(self._link)
             held = self._spill.held()
             queued = self.writer.pending() + held
@@ -420,8 +550,80 @@ class ResilientProducer:
                 continue
             time.sleep(0.01 if left is None else min(0.01, left))
 
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        """Drop the messages librdkafka holds, as confluent_kafka's purge() does.
+
+        The application asked for them to be dropped, so they are not stored in the outbox:
+        each is reported to its `on_delivery` with KafkaError._PURGE_QUEUE (not yet sent) or
+        _PURGE_INFLIGHT (sent, not acknowledged: it may still arrive). Messages already in the
+        outbox, or on their way into it, are not purged; in write-ahead mode every message is
+        committed before it is sent, so a purged one is re-sent by the drain workers. A purged
+        message that librdkafka reports only after this call returned is reported as purged too.
+
+        Args:
+            in_queue: purge the messages not yet sent.
+            in_flight: purge the messages sent and not yet acknowledged.
+            blocking: wait until the purged messages were reported.
+        """
+        if self._closed:
+            raise ProducerClosedError(CLOSED)
+        if in_queue or in_flight:
+            self._link.purge_for_app(in_queue, in_flight, blocking)
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        """The cluster's metadata, as confluent_kafka's list_topics() gives it."""
+        if self._closed:
+            raise ProducerClosedError(CLOSED)
+        metadata: ClusterMetadata = self._link.kafka.list_topics(topic, timeout)
+        return metadata
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """New SASL username and password for every Kafka client of this producer (its own,
+        and its drain workers'), used from their next authentication on. A drain process
+        (`drain_in="process"`) keeps the ones it started with."""
+        if self._closed:
+            raise ProducerClosedError(CLOSED)
+        self._link.set_sasl_credentials(username, password)
+        if isinstance(self.drainer, Drainer):
+            self.drainer.set_sasl_credentials(username, password)
+
+    # Kafka transactions: this producer has no transactional.id (the constructor refuses one),
+    # so librdkafka answers these calls exactly as it does for any such confluent_kafka producer.
+
+    def init_transactions(self, timeout: float = -1) -> None:
+        """Refused: see `ResilientProducer` (no Kafka transactions; `produce(..., transaction=)`)."""
+        self._transactional().init_transactions(timeout)
+
+    def begin_transaction(self) -> None:
+        """Refused: see `init_transactions`."""
+        self._transactional().begin_transaction()
+
+    def send_offsets_to_transaction(
+        self, positions: list[TopicPartition], group_metadata: object, timeout: float = -1
+    ) -> None:
+        """Refused: see `init_transactions`."""
+        self._transactional().send_offsets_to_transaction(positions, group_metadata, timeout)
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        """Refused: see `init_transactions`."""
+        self._transactional().commit_transaction(timeout)
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        """Refused: see `init_transactions`."""
+        self._transactional().abort_transaction(timeout)
+
+    def _transactional(self) -> Any:
+        if self._closed:
+            raise ProducerClosedError(CLOSED)
+        return self._link.kafka
+
     def __len__(self) -> int:
+        if self._closed:
+            return 0
         return len(self._link) + self.writer.pending() + self._spill.held()
+
+    def __bool__(self) -> bool:
+        return True  # not "empty": __len__ alone would make an idle producer false
 
     def stats(self) -> dict[str, Any]:
         """Counters and outbox state: see the README for each field."""
@@ -446,7 +648,7 @@ class ResilientProducer:
             "queue_full_waits": self._link.queue_full_waits.value,
             "store_errors": self.drainer.health.store_errors,
             "drain_restarts": self.drainer.restarts,
-            "callback_errors": self.drainer.callback_errors.count,
+            "callback_errors": self._served.callback_errors + self.drainer.callback_errors.count,
             "store_failing_since": self.drainer.health.failing_since,
             "enqueued_in_transaction": self._in_transaction,
             "in_memory": len(self._link),
@@ -470,7 +672,8 @@ class ResilientProducer:
         queued or on the wire, is purged and committed to the outbox with the rest of it (a
         message purged from the wire may have been delivered: it can arrive twice, with the same
         `outbox-id`, which beats losing it); messages not committed by then are counted in the
-        return value.
+        return value. A callback's exception does not stop close(): it is logged and counted
+        (`stats()["callback_errors"]`), never raised here, so that closing always finishes.
 
         Returns:
             How many messages are neither delivered nor in the outbox (0 on a clean close).
@@ -484,20 +687,21 @@ class ResilientProducer:
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        raised: Exception | None = None
         try:
-            self.flush(None if timeout is None else timeout * _DELIVERY_SHARE)
-        except Exception as exc:  # an application callback's error: raised once all is stored
-            raised = exc
+            self._flush(None if timeout is None else timeout * _DELIVERY_SHARE)
+        except Exception as exc:  # a callback's, already counted and logged: closing goes on
+            log.warning("outbox: close() goes on after a callback raised %r", exc)
         kafka = self._link.kafka
         # Undelivered: librdkafka hands them back (_PURGE_QUEUE, _PURGE_INFLIGHT) for the outbox.
         # What flush() returns is counted now: once the delivery thread stops, len() grows with
         # the events librdkafka keeps queueing (a log line per failed connection), not messages.
+        self._link.app_purging = False  # what this purge hands back goes to the outbox
         kafka.purge(in_queue=True, in_flight=True)
         budget = left()  # (a spent budget still serves the purge's reports that are ready)
-        in_librdkafka = kafka.flush(5.0 if budget is None else min(budget, 5.0))
+        in_librdkafka = self._link.flush_reports(5.0 if budget is None else min(budget, 5.0))
         self._backlog.close()
         self._link.stop()
+        self._served.close()
         self._spill.release_held(force=True)
         # Commit before stopping the drain: a drain worker may wait for its batch on the wire,
         # and what is only in memory matters more than what is already stored.
@@ -508,8 +712,6 @@ class ResilientProducer:
             self.store.close()
         if unsaved:
             log.error("outbox: %d messages were neither delivered nor stored at close()", unsaved)
-        if raised is not None:
-            raise raised
         return unsaved
 
     def close_at_exit(self) -> None:
@@ -581,3 +783,18 @@ def _is_true(setting: object) -> bool:
     if not isinstance(setting, bool):
         raise ConfigError(f"delivery.report.only.error must be True or False, got {setting!r}")
     return setting
+
+
+def _check_batch(messages: list[Any], *, payloads: bool) -> None:
+    """produce_batch()'s checks, with confluent_kafka's messages, before anything is sent
+    (`payloads`: check values and keys too; not when serializers turn objects into bytes)."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise TypeError(f"Message at index {i} must be a dict")
+        for field in ("value", "key") if payloads else ():
+            v = m.get(field)
+            if v is not None and not isinstance(v, (bytes, str)):
+                raise TypeError(f"Message {field} at index {i} must be bytes or str")
+        p = m.get("partition")
+        if p is not None and not isinstance(p, int):
+            raise TypeError(f"Message partition at index {i} must be int")

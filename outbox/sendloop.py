@@ -159,6 +159,12 @@ def resend_config(config: Mapping[str, Any]) -> dict[str, Any]:
         out["linger.ms"] = max([RESEND_MIN_LINGER_MS, *(float(v) for v in lingers)])
     except (TypeError, ValueError):  # not a number: librdkafka's own error names the setting
         out["linger.ms"] = lingers[-1]
+    # librdkafka refuses a linger as long as the time-out (the last alias set wins): a caller's
+    # short time-out (confluent's own tests use 10 ms) shortens the re-senders' linger instead.
+    timeouts = [_number(v) for k, v in out.items() if k in ("message.timeout.ms", "delivery.timeout.ms")]
+    linger = _number(out["linger.ms"])
+    if timeouts and timeouts[-1] and linger is not None and linger >= timeouts[-1]:
+        out["linger.ms"] = max(0.0, timeouts[-1] - 1)
     return out
 
 
@@ -166,21 +172,12 @@ def check_resend_config(config: Mapping[str, Any]) -> None:
     """Raise ConfigError naming each of the caller's settings a re-sender cannot use.
 
     A re-sender's producer gets what `resend_config` forces on top of the caller's config: a
-    linger of at least `RESEND_MIN_LINGER_MS`, and idempotence (`RESEND_DEFAULTS`) unless the
-    caller turned it off. Settings valid for the application's producer can be refused by
+    linger (at least `RESEND_MIN_LINGER_MS`, shorter than the time-out), and idempotence
+    (`RESEND_DEFAULTS`) unless the caller turned it off. Settings valid for the application's producer can be refused by
     librdkafka on a re-sender's, where they would end each drain worker at its start.
     """
     out = resend_config(config)
     bad: list[str] = []
-    timeouts = [(k, v) for k, v in out.items() if k in ("message.timeout.ms", "delivery.timeout.ms")]
-    linger = out["linger.ms"]
-    if timeouts and _number(timeouts[-1][1]) is not None and _number(linger) is not None:
-        name, value = timeouts[-1]  # librdkafka applies settings in order: the last alias wins
-        if 0 < float(value) <= float(linger):  # 0: no time-out
-            bad.append(
-                f"{name}={value} (a re-sender lingers {linger:g} ms, and librdkafka needs the time-out "
-                f"longer than that: set it above {linger:g})"
-            )
     if _is_set(out.get("enable.idempotence")):
         why = "the re-senders are idempotent (enable.idempotence) so that a batch keeps each key's order"
         acks = out.get("acks", out.get("request.required.acks"))

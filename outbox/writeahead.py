@@ -155,6 +155,7 @@ class WriteAhead:
             batch.delivered(i)
             if cb is not None and self._report_successes:
                 cb(None, msg)
+                self._link.served.delivery_thread_calls += 1
             return
         batch.decided(i, *self._failed(batch.messages[i], cb, err))
 

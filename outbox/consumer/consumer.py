@@ -578,8 +578,8 @@ class ResilientConsumer:
         self._tokens += 1
         token = self._tokens
         self._producer.produce(
-            topic, m.value(), m.key(), headers, partition, on_delivery=functools.partial(self._hop_settled, token),
-            timestamp=record_timestamp(m),
+            topic, m.value(), m.key(), partition, functools.partial(self._hop_settled, token),
+            record_timestamp(m), headers,
         )
         return token
 

@@ -94,8 +94,8 @@ def test_a_drain_worker_that_fails_is_restarted_counted_and_delivers(
 @pytest.mark.parametrize(
     ("setting", "named"),
     [
-        ({"message.timeout.ms": 20}, "message.timeout.ms=20"),
-        ({"delivery.timeout.ms": 10, "linger.ms": 5}, "delivery.timeout.ms=10"),
+        ({"retries": 0}, "retries=0"),
+        ({"acks": "0"}, "acks=0"),
         ({"acks": 1}, "acks=1"),
         ({"max.in.flight.requests.per.connection": 10}, "max.in.flight.requests.per.connection=10"),
     ],

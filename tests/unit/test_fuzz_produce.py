@@ -179,7 +179,7 @@ NOT_PAIR = "each header must be a (name, value) pair, got"
         ({"headers": [("a", b"1", b"2")]}, TypeError, f"{NOT_PAIR} ('a', b'1', b'2')"),
         ({"partition": 2**31}, ValueError, "partition must be an int from -1 to 2147483647, got 2147483648"),
         ({"timestamp": -1}, ValueError, "timestamp must be an int of milliseconds since the epoch (0: none), got -1"),
-        ({"timestamp": 1.5}, ValueError, "timestamp must be an int of milliseconds since the epoch (0: none), got 1.5"),
+        ({"timestamp": 1.5}, TypeError, "timestamp must be an int of milliseconds since the epoch (0: none), got 1.5"),
     ],
 )
 def test_what_the_fuzzer_found_is_a_clear_error_and_nothing_stored(

@@ -55,8 +55,9 @@ def test_characters_of_a_name_part() -> None:
 def test_timestamp() -> None:
     assert check_timestamp(0) == 0 and check_timestamp(1_795_634_888_790) == 1_795_634_888_790
     assert check_timestamp(2**63 - 1) == 2**63 - 1
-    for bad in (-1, 2**63, 1.5e12, True, "1", None):
-        with pytest.raises(ConfigError, match="^timestamp must be an int of milliseconds since the epoch"):
+    for bad, error in ((-1, ConfigError), (2**63, OverflowError), (1.5e12, TypeError), (True, TypeError),
+                       ("1", TypeError), (None, TypeError)):
+        with pytest.raises(error, match="^timestamp must"):
             check_timestamp(bad)
 
 

@@ -12,9 +12,6 @@ from outbox import ConfigError
 from outbox.sendloop import check_resend_config, resend_config
 
 REFUSED = [
-    ({"message.timeout.ms": 20}, "message.timeout.ms=20"),
-    ({"message.timeout.ms": 50, "linger.ms": 60}, "message.timeout.ms=50"),
-    ({"linger.ms": 5, "delivery.timeout.ms": "15"}, "delivery.timeout.ms=15"),
     ({"acks": 1}, "acks=1"),
     ({"acks": "0"}, "acks=0"),
     ({"max.in.flight.requests.per.connection": 6}, "max.in.flight.requests.per.connection=6"),
@@ -25,6 +22,12 @@ REFUSED = [
 ACCEPTED: list[dict[str, Any]] = [
     {},
     {"message.timeout.ms": 21},
+    # A time-out no longer than the re-senders' linger shortens the linger (librdkafka refuses
+    # a linger as long as the time-out).
+    {"message.timeout.ms": 20},
+    {"message.timeout.ms": 10},
+    {"message.timeout.ms": 50, "linger.ms": 60},
+    {"linger.ms": 5, "delivery.timeout.ms": "15"},
     {"message.timeout.ms": 0},  # no time-out
     {"acks": -1},
     {"acks": "all", "max.in.flight": 5, "retries": 1},
