@@ -65,7 +65,7 @@ DRAIN_PLACES = {
 LINE_STYLES = {"threads": "-", "process": "--", "sidecar": ":"}
 ALL = (
     "raw", "fallback", "burst", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark",
-    "consumer", "loop-lag",
+    "consumer", "dedup", "loop-lag",
 )
 #: The loop-lag scenario's traffic (msgs/s over 100 keys, four producing tasks): a service, not a
 #: throughput run; what is measured is how late its event loop wakes.
@@ -860,6 +860,23 @@ def main(argv: list[str] | None = None) -> int:
                     record(f"consumer/{loop}", runner.run("consumer", {**pc, "loop": loop}))
             log("consumer: retry-tier delay precision (300 messages through RetryTopics([0.5, 1, 2]))")
             record("consumer/precision", runner.run("consumer", {**common, "loop": "precision", "n": 300}))
+
+        # -- phase 7: the consumer's inbox: dedup=True against without, per store ---------------
+        if "dedup" in sel:
+            from .bench_dedup import LOOPS, fill_with_ids, store_urls
+
+            dedup_n = n if quick else 3 * n
+            dtopic = create_topic(bootstrap, f"bench-dedup-{int(time.time())}", 3, rf, None)
+            log(f"dedup: filling {dtopic} with {dedup_n:,} messages of 200 B, each with its outbox-id")
+            fill_with_ids(bootstrap, dtopic, dedup_n)
+            dedup_stores = store_urls(workdir)
+            for rep in range(reps):
+                log(f"dedup, repetition {rep + 1}/{reps}")
+                for kind, url in dedup_stores.items():
+                    for loop in LOOPS:
+                        record(f"dedup/{kind}/{loop}", runner.run(
+                            "dedup", {**common, "topic": dtopic, "n": dedup_n, "store": url, "loop": loop}
+                        ))
     finally:
         if cluster is not None:
             cluster.close()
@@ -1076,6 +1093,22 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
             )
             table.add(f"consumer: {label} [{base} B]", summary[key], ratio=r, target=f">= {goal:.2f} x raw",
                       met=check(r, goal), notes=f"median paired ratio {paired:.2f}")
+    for kind in ("sqlite", "postgresql"):
+        plain = f"dedup/{kind}/plain"
+        if plain not in summary:
+            continue
+        table.add(f"consumer: dedup off, {kind} store [200 B]", summary[plain], ratio=1.0, target="baseline")
+        goals: tuple[tuple[str, str, float | None], ...] = (
+            ("dedup", "dedup=True, handler(msg)", 0.80), ("dedup-tx", "dedup=True, handler(msg, tx)", None),
+        )
+        for dloop, dlabel, dgoal in goals:
+            key = f"dedup/{kind}/{dloop}"
+            if key in summary:
+                r = ratio(key, plain)
+                table.add(f"consumer: {dlabel}, {kind} [200 B]", summary[key], ratio=r,
+                          target="report" if dgoal is None else f">= {dgoal:.2f} x dedup off",
+                          met=None if dgoal is None else check(r, dgoal),
+                          notes="one transaction per message" if dgoal is None else "marks per poll batch")
     if "consumer/precision" in runs:
         prec = runs["consumer/precision"][0]["precision"]
         table.add(

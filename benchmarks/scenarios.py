@@ -1038,6 +1038,21 @@ def consumer(p: Params) -> Result:
             "mb_per_s": s["msgs_s"] * size / 1e6, "cpu_us_per_msg": s["cpu_us"], "retried": s.get("retried")}
 
 
+# -- 9. the consumer's inbox (benchmarks/bench_dedup.py's loops, one per child) -----------------
+
+
+@scenario("dedup")
+def dedup(p: Params) -> Result:
+    """One ResilientConsumer over the parent's topic of messages with outbox-ids, on the store
+    ``store``: ``loop`` is "plain" (dedup off), "dedup" (handler(msg)) or "dedup-tx" (handler(msg, tx))."""
+    from . import bench_dedup as bd
+
+    n = int(p["n"])
+    s = bd.run(p["bootstrap"], p["topic"], n, p["store"], p["loop"])
+    return {"n": n, "size": 200, "seconds": s["seconds"], "msgs_per_s": s["msgs_s"],
+            "mb_per_s": s["msgs_s"] * 200 / 1e6, "cpu_us_per_msg": s["cpu_us"]}
+
+
 # -- entry point -----------------------------------------------------------------------------
 
 

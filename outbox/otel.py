@@ -298,9 +298,9 @@ def _instrument_consumer(c: ResilientConsumer | AsyncResilientConsumer, tracer: 
         return
     sync_handler = c.handler
 
-    def traced_sync(msg: Message) -> Any:
+    def traced_sync(msg: Message, *tx: Any) -> Any:  # tx: a transactional handler's (dedup=True)
         with _process_span(tracer, msg):
-            return sync_handler(msg)
+            return sync_handler(msg, *tx)
 
     c.handler = traced_sync
 

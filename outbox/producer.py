@@ -56,6 +56,7 @@ from .serialization import Serializer, Serializers
 from .served import Served
 from .spill import NOT_SENT_CIRCUIT_OPEN, Spill
 from .stores import Outbox, open_outbox
+from .transactions import enqueue_in_transaction
 from .writeahead import WriteAhead
 from .writer import Committed, GroupCommitWriter
 
@@ -397,8 +398,10 @@ class ResilientProducer:
             headers: list of (name, value) pairs (order and duplicates kept) or a dict.
             callback: confluent_kafka's other name for `on_delivery`; it wins if both are given.
             enable_retry: False: a failed send is reported to on_delivery and never stored.
-            transaction: a psycopg connection with an open transaction (PostgreSQL outbox
-                only): the message is written to the outbox inside it, so it exists if and only
+            transaction: the application's open database transaction, on the outbox's own
+                database: a psycopg or sqlite3 connection, a SQLAlchemy Connection or Session,
+                or Django's connection inside ``transaction.atomic()`` (`outbox.transactions`):
+                the message is written to the outbox inside it, so it exists if and only
                 if the caller's transaction commits; drain workers deliver it.
 
         Returns:
@@ -748,15 +751,12 @@ class ResilientProducer:
         self, conn: Any, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
         timestamp: int,
     ) -> None:
-        enqueue = self.store.enqueue_in_transaction if self.store.capabilities.transactional_enqueue else None
-        if enqueue is None:
-            raise ConfigError("transaction= needs a PostgreSQL outbox (postgresql:// or jdbc:postgresql:// URL)")
         now = time.time()
         msg = NewMessage(
             topic, as_bytes(value), as_bytes(key), hdrs, partition, msg_id, 0, None, None, now, None, None,
             timestamp or int(now * 1000),
         )
-        enqueue(conn, [msg])
+        enqueue_in_transaction(self.store, conn, [msg])  # psycopg, sqlite3, SQLAlchemy or Django
         # Not counted as "outboxed": the row exists only if the caller commits, which we cannot see.
         self._in_transaction += 1
         self.drainer.wake()

@@ -42,6 +42,7 @@ from ..stores import Outbox, open_outbox
 from .circuit import CircuitBreaker, CircuitState, MainTopicCircuit
 from .deadletters import DeadLetters, check_mode
 from .headers import due_at, failure_headers, ladder_position, record_timestamp
+from .inbox import DEFAULT_WINDOW, Inbox, takes_transaction
 from .inplace import InPlace, decode
 from .offsets import OffsetTracker
 from .ordering import KeyOrder, scan_ladder
@@ -52,7 +53,7 @@ from .tiers import Ladder, Place, client_config, ensure_tiers
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
-Handler = Callable[[Message], Any]
+Handler = Callable[..., Any]  # handler(msg), or handler(msg, tx) with dedup=True
 
 #: Consumer settings we choose unless the caller sets them.
 CONSUMER_DEFAULTS: Mapping[str, Any] = {
@@ -114,6 +115,10 @@ class ResilientConsumer:
         producer_config: settings for the hop producer, over those derived from `config`.
         batch_size: messages taken from librdkafka per poll.
         poll_timeout: longest wait of one poll, seconds (bounds how late a due partition resumes).
+        dedup: skip a message whose `outbox-id` this group handled already (`outbox.consumer.inbox`;
+            marks kept in the outbox's store). A handler ``handler(msg, tx)`` then runs in the
+            transaction that marks the message, on the store's connection `tx`.
+        dedup_window: seconds a mark is kept (default 7 days): a copy later than that is handled again.
     """
 
     def __init__(
@@ -135,6 +140,8 @@ class ResilientConsumer:
         producer_config: Mapping[str, Any] | None = None,
         batch_size: int = 500,
         poll_timeout: float = 0.1,
+        dedup: bool = False,
+        dedup_window: float = DEFAULT_WINDOW,
     ) -> None:
         if not isinstance(config, Mapping):
             raise ConfigError("config must be a dict of confluent_kafka consumer settings")
@@ -220,6 +227,13 @@ class ResilientConsumer:
             self._close_store()
             raise
         self._dead = DeadLetters(mode, self.store, self._publish, on_dead_letter)
+        try:
+            transactional = takes_transaction(handler)
+            self._inbox = Inbox(self.store, group, window=dedup_window, transactional=transactional) if dedup else None
+        except BaseException:
+            self._producer.close(5)
+            self._close_store()
+            raise
         conf = {**CONSUMER_DEFAULTS, **config, **CONSUMER_FORCED}
         if self._order is not None:
             conf["partition.assignment.strategy"] = "range"  # main p and tier p on the same member
@@ -299,6 +313,7 @@ class ResilientConsumer:
             "circuit": None if self.circuit is None else self.circuit.state.value,
             "circuit_opened": 0 if self.circuit is None else self.circuit.opened,
             "producer": self._producer.stats(),
+            "duplicates_skipped": 0 if self._inbox is None else self._inbox.duplicates,
         }
 
     def close(self, timeout: float = 30.0) -> None:
@@ -320,6 +335,8 @@ class ResilientConsumer:
             self._consumer.close()
         finally:
             self._producer.close(max(1.0, deadline - time.monotonic()))
+            if self._inbox is not None:
+                self._inbox.close()
             self._close_store()
 
     def __enter__(self) -> ResilientConsumer:
@@ -339,6 +356,9 @@ class ResilientConsumer:
         circuit = self.circuit
         deserializer = self._deserializer
         order = self._order
+        inbox = self._inbox
+        if inbox is not None:
+            inbox.begin(msgs)
         done = self._tracker.done
         handled = 0
         cur_topic: str | None = None
@@ -382,7 +402,13 @@ class ResilientConsumer:
             try:
                 if deserializer is not None and not self._deserialize(m, tp, place):
                     continue
-                handler(m)
+                if inbox is None:
+                    handler(m)
+                elif not inbox.handle(m, handler):
+                    last = m  # handled before: its offset may be committed
+                    if order is not None and place.tier:
+                        self._left_ladder(m, tp, place)  # as a handled copy would
+                    continue
             except Exception as exc:
                 if not self._failed(m, tp, m.offset(), place, exc):  # type: ignore[arg-type]
                     held = held or set()
@@ -395,6 +421,8 @@ class ResilientConsumer:
                 circuit.success()
             if order is not None and place.tier:
                 self._left_ladder(m, tp, place)
+        if inbox is not None:
+            inbox.commit()  # the marks before the offsets (stored after this batch)
         if last is not None:
             done(tp, last.offset())  # type: ignore[arg-type]
         self.counts["handled"] += handled

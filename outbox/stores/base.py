@@ -254,7 +254,7 @@ class MessageStore(abc.ABC):
     def enqueue_in_transaction(self, conn: Any, messages: Sequence[NewMessage]) -> list[int]:
         """Write PENDING rows with the caller's own open database connection, inside the caller's
         transaction, and never commit (`produce(..., transaction=conn)`). Only stores whose
-        `capabilities.transactional_enqueue` is set can (PostgreSQL)."""
+        `capabilities.transactional_enqueue` is set can (SQLite, PostgreSQL)."""
         raise ConfigError(f"outbox {self.location} cannot enqueue in the caller's transaction")
 
     def bulk_read(self) -> BulkRead:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Collection, Iterator, Sequence
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ..errors import ConfigError
 from ..owners import Liveness, describe_owner, local_liveness
 from ..records import NewMessage, OutboxMessage, Status
 from . import grouped
@@ -118,7 +120,7 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         busy_timeout: seconds to wait for another process's write lock.
     """
 
-    capabilities = Capabilities(owner_liveness=True, grouped_rows=True, bulk_read=True)
+    capabilities = Capabilities(transactional_enqueue=True, owner_liveness=True, grouped_rows=True, bulk_read=True)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -199,6 +201,38 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         parts = self._prepare(messages, Status.PENDING, lease_owner, lease_until, now)
         with self._write() as c:
             return self._insert(c, parts, now)
+
+    def enqueue_in_transaction(self, conn: sqlite3.Connection, messages: Sequence[NewMessage]) -> list[int]:
+        """Write PENDING rows with the application's own connection to this file; never commit.
+
+        The messages exist if and only if the caller's transaction commits (`outbox.transactions`).
+
+        Raises:
+            ConfigError: `conn` is not a sqlite3 connection to this outbox's file, or is in
+                autocommit mode outside a transaction (each write would commit on its own).
+        """
+        if not isinstance(conn, sqlite3.Connection):
+            raise ConfigError(
+                f"transaction must be a sqlite3.Connection for a SQLite outbox (got {type(conn).__name__})"
+            )
+        try:
+            main = next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
+        except sqlite3.ProgrammingError as exc:
+            raise ConfigError(f"transaction connection is unusable: {exc}") from None
+        if not main or not os.path.exists(main) or not os.path.samefile(main, self.path):
+            where = main or "a database in memory"
+            raise ConfigError(f"transaction connection is to {where!r}, but the outbox is {self.path}")
+        if not conn.in_transaction and (conn.isolation_level is None or getattr(conn, "autocommit", None) is True):
+            raise ConfigError(
+                "transaction connection is in autocommit mode outside a transaction: BEGIN first, "
+                "or use a connection with the default isolation_level"
+            )
+        now = time.time()
+        try:
+            return self._insert(conn, self._prepare(messages, Status.PENDING, None, None, now), now)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+
 
     def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:
         parts = self._prepare(messages, Status.DEAD, None, None, failed_at)

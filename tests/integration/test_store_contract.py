@@ -588,7 +588,7 @@ def test_capabilities_are_declared_by_each_store(store: Outbox) -> None:
     assert caps.durable is (not isinstance(store, MemoryOutbox))
     assert caps.shared is caps.durable and caps.bulk_read is caps.durable
     assert caps.grouped_rows is isinstance(store, SQLiteOutbox)
-    assert caps.transactional_enqueue is (caps.durable and not isinstance(store, SQLiteOutbox))
+    assert caps.transactional_enqueue is caps.durable
     if not caps.transactional_enqueue:
         with pytest.raises(ConfigError, match="cannot enqueue in the caller's transaction"):
             store.enqueue_in_transaction(object(), [msg()])
