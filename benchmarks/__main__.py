@@ -65,7 +65,7 @@ DRAIN_PLACES = {
 LINE_STYLES = {"threads": "-", "process": "--", "sidecar": ":"}
 ALL = (
     "raw", "fallback", "burst", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark",
-    "consumer", "dedup", "loop-lag",
+    "consumer", "dedup", "loop-lag", "fleet",
 )
 #: The loop-lag scenario's traffic (msgs/s over 100 keys, four producing tasks): a service, not a
 #: throughput run; what is measured is how late its event loop wakes.
@@ -787,6 +787,20 @@ def main(argv: list[str] | None = None) -> int:
                     break
             config["drain_reps"] = len(runs.get("drain", []))
 
+        # -- the fleet: PostgreSQL against SQLite, and four processes against one -----------
+        if "fleet" in sel:
+            from outbox.testing.postgres import create_database, drop_database
+
+            from . import fleet
+
+            pg = create_database(prefix="outbox_bench_fleet_")
+            down, hold = closed_port()
+            try:
+                fleet.run(runner, common, n, reps, down, pg, workdir, record, log)
+            finally:
+                hold.close()
+                drop_database(pg)
+
         # -- phase 4: recovery at 10 / 25 / 50 % of R0, each through its own full outage ---
         if "recovery" in sel and cluster is None:
             log("recovery needs a local cluster to stop and restart: skipped")
@@ -996,6 +1010,31 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
             target=">= 0.80 x SQLite",
             met=check(r, 0.80),
         )
+    if "fleet/spill/sqlite" in summary:
+        from .fleet import DRAIN_VS_SQLITE, FLEET_VS_ONE, PROCESSES, SPILL_VS_SQLITE
+
+        fleet_rows = (
+            ("fleet/spill/sqlite", None, "baseline", None, "spill, 1 process, SQLite"),
+            ("fleet/spill/postgresql", "fleet/spill/sqlite", f">= {SPILL_VS_SQLITE} x SQLite", SPILL_VS_SQLITE,
+             "spill, 1 process, PostgreSQL"),
+            ("fleet/spill/postgresql x4", "fleet/spill/postgresql", f">= {FLEET_VS_ONE} x 1 process", FLEET_VS_ONE,
+             f"spill, {PROCESSES} processes into one PostgreSQL table (aggregate)"),
+            ("fleet/drain/sqlite", None, "baseline", None, "`outbox drain`, 1 process, SQLite"),
+            ("fleet/drain/postgresql", "fleet/drain/sqlite", f">= {DRAIN_VS_SQLITE} x SQLite", DRAIN_VS_SQLITE,
+             "`outbox drain`, 1 process, PostgreSQL"),
+            ("fleet/drain/postgresql x4", "fleet/drain/postgresql", f">= {FLEET_VS_ONE} x 1 process", FLEET_VS_ONE,
+             f"`outbox drain`, {PROCESSES} processes on one PostgreSQL table (aggregate)"),
+        )
+        for key, against, target, floor, label in fleet_rows:
+            if key not in summary:
+                continue
+            r = ratio(key, against) if against else 1.0
+            table.add(
+                f"fleet: {label}", summary[key], ratio=r, target=target,
+                met=None if floor is None else check(r, floor),
+                notes="drains include process start; every message read back once by outbox-id"
+                if "drain" in key else "",
+            )
     if "drain" in summary:
         r = ratio("drain", "raw_rows")
         from outbox import Drainer

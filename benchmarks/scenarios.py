@@ -416,8 +416,13 @@ def spill(p: Params) -> Result:
     stem = value[: max(0, size - 8)]  # + the message number: a value of its own, `size` bytes
     path = os.path.join(p["workdir"], f"spill-{os.getpid()}.db")
     budget: dict[str, Any] = {"memory_budget": int(p["memory_budget"])} if p.get("memory_budget") else {}
-    rp = ResilientProducer(kafka_config(p), outbox=f"sqlite:///{path}", mode="fallback", **budget)
-    rp.circuit.trip("benchmark: brokers are down")
+    # `outbox`: another store (the fleet runs); `start_at`: an epoch time to wait for once set up,
+    # so that processes started together spill together.
+    outbox = p.get("outbox") or f"sqlite:///{path}"
+    rp = ResilientProducer(kafka_config(p), outbox=outbox, mode="fallback", **budget)
+    if p.get("start_at"):
+        time.sleep(max(0.0, float(p["start_at"]) - time.time()))
+    rp.circuit.trip("benchmark: brokers are down")  # after the wait: a tripped circuit half-opens in time
     marks = {n * q // 4 - 1: q * 25 for q in (1, 2, 3, 4)}
     rss: dict[str, float] = {"0": rss_mb()}
     backlog: dict[str, int] = {}  # accepted but not yet committed, at each quarter
@@ -439,6 +444,7 @@ def spill(p: Params) -> Result:
             backlog[str(marks[i])] = rp.writer.pending()
     left = rp.flush(3600)
     seconds = time.perf_counter() - t0
+    ended_at = time.time()
     rss["after_flush"] = rss_mb()
     st = rp.stats()
     db_mb = sum(os.path.getsize(path + x) for x in ("", "-wal") if os.path.exists(path + x)) / 1e6
@@ -460,6 +466,8 @@ def spill(p: Params) -> Result:
         memory_budget=st.get("memory_budget"),
         db_path=path,
         db_mb=db_mb,
+        started_at=ended_at - seconds,
+        ended_at=ended_at,
     )
 
 

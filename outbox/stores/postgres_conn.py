@@ -76,12 +76,17 @@ class PostgresConnection:
         self._closed = False
         self._close_lock = threading.Lock()
         self._sweeps = SweepSchedule()
+        #: The last claim walked a dense backlog and came back full (`PostgresOutbox.claim`).
+        self._dense_backlog = False
         self._owner_lock = threading.Lock()
         self._owner_conns: dict[str, tuple[psycopg.Connection[Any], float]] = {}
         # One direct connection first: a pool hides the reason of a failed connect behind a
         # timeout, and the first connect is where wrong credentials and typos show up.
         with self._direct() as conn:
             self._migrate(conn)
+            seq = conn.execute("SELECT pg_get_serial_sequence(%s, 'id')", [self._t]).fetchone()
+        #: The identity sequence of `id`: writers draw a batch's ids from it before COPY.
+        self._id_seq: str = seq[0] if seq is not None and seq[0] is not None else f"{url.table}_id_seq"
         from psycopg_pool import ConnectionPool
 
         self._pool: ConnectionPool[Any] = ConnectionPool(
