@@ -153,6 +153,13 @@ def resend_config(config: Mapping[str, Any]) -> dict[str, Any]:
     unless `config` names one, `LIBRDKAFKA_LOG` as its logger."""
     out = {**RESEND_DEFAULTS, **with_librdkafka_log(config)}
     out.pop("on_delivery", None)
+    acks = config.get("acks", config.get("request.required.acks"))
+    if acks is not None and str(acks) not in ("all", "-1") and "enable.idempotence" not in config:
+        # The caller chose weaker acknowledgements (acks=1 was Kafka's default before 3.0):
+        # idempotence needs acks=all, so the re-senders keep the caller's acks and keep each
+        # key's order with one request in flight instead.
+        out["enable.idempotence"] = False
+        out.setdefault("max.in.flight.requests.per.connection", 1)
     out["delivery.report.only.error"] = True  # see the module doc
     lingers = [out.pop(k) for k in ("queue.buffering.max.ms", "linger.ms") if k in out]
     try:

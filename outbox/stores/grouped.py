@@ -1,8 +1,9 @@
 """Several messages in one SQLite row (a *group*): the row format, in one module.
 
 Why: one row per message costs a row inserted, leased and deleted, ~60 µs of store CPU, most of
-it B-tree work per row that no schema tuning removes (docs/DESIGN.md). A writer batch of `GROUP_MIN` or more messages of one topic is stored as one row instead, and a
-drained message then costs its encoding, its decoding and its send.
+it B-tree work per row that no schema tuning removes (docs/DESIGN.md). A writer batch of
+`GROUP_MIN` or more messages of one topic is stored as one row instead, and a drained message
+then costs its encoding, its decoding and its send.
 
 A group row is never rewritten. Its id `G` is reserved and its messages take the ids
 `G + 1 … G + n`, so ids still order every message of the store. A claim leases the row whole; a

@@ -112,16 +112,12 @@ DIFFERENCES: dict[str, str] = {
     "test_topic_config_update": _FINAL_FATE,
 }
 
-#: Fails on confluent_kafka.Producer itself when the machine is slow (it waits for flush()
-#: calls to be interrupted at given moments): not strict, on the baseline only.
-BASELINE_TIMING = {"test_producer_wakeable_flush_interruptibility_and_messages"}
-
-
-#: Left out on both classes: the test sends SIGINT 0.1 s after a blocking call starts; if the
-#: call returns first (confluent_kafka's poll() does at the first error event, a
-#: ResilientProducer's flush() once the message is stored), the KeyboardInterrupt lands in the
-#: test's own clean-up and ends the whole pytest session, which no xfail can contain.
-LEFT_OUT = {"test_can_be_interrupted"}
+#: Left out on both classes: each sends SIGINT 0.1 s after a blocking call starts; if the call
+#: returns first (confluent_kafka's poll() does at the first error event, its flush() when
+#: librdkafka is empty, a ResilientProducer's flush() once the message is stored), the
+#: KeyboardInterrupt lands in the test's own clean-up and ends the whole pytest session, which
+#: no xfail can contain (seen on confluent_kafka.Producer itself on a loaded machine).
+LEFT_OUT = {"test_can_be_interrupted", "test_producer_wakeable_flush_interruptibility_and_messages"}
 
 
 def _builds_producer(item: pytest.Item) -> bool:
@@ -145,8 +141,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         keep.append(item)
         callspec = item.callspec  # type: ignore[attr-defined]
-        if callspec.params["producer_class"] == "confluent" and item.originalname in BASELINE_TIMING:  # type: ignore[attr-defined]
-            item.add_marker(pytest.mark.xfail(strict=False, reason="timing-dependent on a loaded machine"))
         if callspec.params["producer_class"] == "resilient":
             name = item.name.replace("resilient-", "").replace("-resilient", "").replace("[resilient]", "")
             reason = DIFFERENCES.get(name) or DIFFERENCES.get(item.originalname)  # type: ignore[attr-defined]

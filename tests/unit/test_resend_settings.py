@@ -12,8 +12,7 @@ from outbox import ConfigError
 from outbox.sendloop import check_resend_config, resend_config
 
 REFUSED = [
-    ({"acks": 1}, "acks=1"),
-    ({"acks": "0"}, "acks=0"),
+    ({"acks": 1, "enable.idempotence": True}, "acks=1"),
     ({"max.in.flight.requests.per.connection": 6}, "max.in.flight.requests.per.connection=6"),
     ({"max.in.flight": 10}, "max.in.flight=10"),
     ({"retries": 0}, "retries=0"),
@@ -32,7 +31,18 @@ ACCEPTED: list[dict[str, Any]] = [
     {"acks": -1},
     {"acks": "all", "max.in.flight": 5, "retries": 1},
     {"acks": 1, "enable.idempotence": False, "max.in.flight": 10},
+    # Weaker acks without a word on idempotence: the re-senders keep the caller's acks, without
+    # idempotence and with one request in flight (each key's order).
+    {"acks": 1},
+    {"acks": "0"},
 ]
+
+
+@pytest.mark.parametrize("acks", [1, "0", "1"])
+def test_weaker_acks_turn_the_re_senders_idempotence_off_and_keep_order(acks: object) -> None:
+    out = resend_config({"acks": acks})
+    assert out["acks"] == acks and out["enable.idempotence"] is False
+    assert out["max.in.flight.requests.per.connection"] == 1
 
 
 def test_a_transactional_id_is_refused() -> None:
