@@ -37,7 +37,7 @@ def dbapi_connection(transaction: Any) -> Any:
     if isinstance(transaction, sqlite3.Connection):
         return transaction
     module = type(transaction).__module__
-    if module.startswith("psycopg."):
+    if module == "psycopg" or module.startswith("psycopg."):
         return transaction
     if module.startswith("sqlalchemy."):
         return _sqlalchemy(transaction)
