@@ -101,10 +101,12 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
         OutboxError: the outbox or the cluster is unreachable, or an option is invalid.
     """
     _require_pyspark()
-    from outbox.stores.bulk import BulkSelection, explode
-    from outbox.stores.keyrule import waits
+    from pyspark.sql import functions as F
+
+    from outbox.stores.bulk import BulkSelection
+    from spark_drain.batches import COUNTS, MESSAGES, explode_batches
     from spark_drain.read import Reader, only_ids
-    from spark_drain.send import SendConfig, send_partition, sort_key
+    from spark_drain.send import SendConfig, send_batches
 
     if check:
         preflight(options)
@@ -153,12 +155,11 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     except Exception as exc:
         raise _jdbc_error(exc, options) from exc
 
-    # Rows become messages on the executors (a SQLite group: its messages); the driver never
-    # holds a message's bytes.
-    messages = rows.rdd.flatMap(explode)
-    if blockers:
-        held = spark.sparkContext.broadcast(blockers)
-        messages = messages.filter(lambda m: not waits(m.topic, m.key, m.id, held.value))
+    # Rows become messages on the executors (a SQLite group: its messages), as Arrow batches; the
+    # driver never holds a message's bytes.
+    messages = rows.mapInArrow(explode_batches, MESSAGES) if bulk.grouped else rows.select(
+        *(F.col(c).cast(t) for c, t in (col.split() for col in MESSAGES.split(", ")))
+    )
     cfg = SendConfig(
         outbox_url=options.outbox,
         producer_config=options.producer_config(),
@@ -167,15 +168,16 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
         retry_delay=options.retry_delay,
         backoff=options.backoff,
     )
-    # One task per (topic, key) bucket, messages in id order: each key leaves from one producer
-    # in its original order.
-    parts = options.partitions
-    ordered = messages.keyBy(functools.partial(sort_key, parts)).repartitionAndSortWithinPartitions(
-        parts, partitionFunc=_bucket_of
-    )
+    # One task per (topic, key) hash, messages in id order: each key leaves from one producer in
+    # its original order. The shuffle and the sort run in the JVM; messages without a key are
+    # spread by id.
+    route = F.when(F.col("key").isNull(), F.col("id")).otherwise(F.xxhash64("topic", "key"))
+    ordered = messages.repartition(options.partitions, route).sortWithinPartitions("id")
+    # Blockers (keys held back by an unselected earlier message) are usually none; each task gets them.
+    sender = functools.partial(send_batches, cfg, blockers or None)
     send_started = time.time()
     try:
-        results = ordered.mapPartitions(functools.partial(send_partition, cfg)).collect()
+        results = [tuple(r) for r in ordered.mapInArrow(sender, COUNTS).collect()]
     except Exception as exc:
         raise OutboxError(
             f"the send stage failed: {_cause(exc, options)}. Rows Kafka acknowledged before are marked; "
@@ -201,11 +203,6 @@ def _bulk_read(options: JobOptions) -> BulkRead:
         return store.bulk_read()
     finally:
         store.close()
-
-
-def _bucket_of(key: tuple[int, int]) -> int:
-    """The send task of a `send.sort_key`."""
-    return key[0]
 
 
 def _replay(options: JobOptions, ids: Sequence[int]) -> int:

@@ -2,9 +2,9 @@
 
 Runs inside Spark's Python workers, so it imports nothing from pyspark and takes its settings as
 a small picklable `SendConfig`. One confluent_kafka producer per partition (idempotent,
-acks=all): messages (`outbox.stores.bulk.BulkMessage`, exploded from the rows on the executors)
-arrive sorted by id and all messages of a (topic, key) are in one partition, so a key's messages
-leave in their original order.
+acks=all): messages arrive as Arrow batches (`spark_drain.batches`) sorted by id, and all
+messages of a (topic, key) are in one partition, so a key's messages leave in their original
+order.
 
 Safety rules:
     * a row is deleted only after Kafka acknowledged it (`mark_delivered`, idempotent, in batches);
@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from outbox.retry import RetryPolicy
 from outbox.sendloop import SendLoop
@@ -34,6 +33,10 @@ from outbox.settle import Verdict, add_to
 from outbox.stores import open_outbox
 from outbox.stores.base import Outbox, Settlement
 from outbox.stores.bulk import BulkMessage
+from spark_drain.batches import messages
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -131,17 +134,20 @@ class PartitionSender:
         return out
 
 
-def sort_key(partitions: int, m: BulkMessage) -> tuple[int, int]:
-    """(send task, id): a key's messages go to one task (a stable hash of topic and key, the same
-    in every Python worker), in id order; messages without a key are spread by id."""
-    if m.key is None:
-        return m.id % partitions, m.id
-    return zlib.crc32(m.key, zlib.crc32(m.topic.encode())) % partitions, m.id
+def send_batches(
+    cfg: SendConfig,
+    blockers: Mapping[tuple[str, bytes], int] | None,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """`mapInArrow` body over one send task's message batches (`spark_drain.batches.MESSAGES`),
+    in id order, every message of a key in this task: send them, yield one batch of per-topic
+    counts (`spark_drain.batches.COUNTS`)."""
+    import pyarrow as pa
 
-
-def send_partition(
-    cfg: SendConfig, rows: Iterator[tuple[Any, BulkMessage]]
-) -> Iterator[tuple[str, int, int, int, int, int]]:
-    """`mapPartitions` body over (sort key, message) pairs in id order per key: send the
-    messages, yield (topic, read, delivered, failed, dead, left)."""
-    yield from PartitionSender(cfg).run(m for _, m in rows)
+    counts = PartitionSender(cfg).run(messages(batches, blockers))
+    names = ("topic", "read", "delivered", "failed", "dead", "left")
+    types = (pa.string(), pa.int64(), pa.int64(), pa.int64(), pa.int64(), pa.int64())
+    cols = list(zip(*counts, strict=True)) if counts else [()] * len(names)
+    yield pa.RecordBatch.from_arrays(
+        [pa.array(list(c), type=t) for c, t in zip(cols, types, strict=True)], names=list(names)
+    )

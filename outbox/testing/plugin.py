@@ -21,6 +21,8 @@ with ``pytest -p outbox.testing.plugin`` or ``pytest_plugins = ["outbox.testing.
   database on that server, dropped afterwards.
 * ``spark`` (session): a ``local[2]`` SparkSession with the PostgreSQL and
   SQLite JDBC drivers (fetched from Maven Central, see :mod:`outbox.testing.maven`).
+* ``spark_standalone`` (session): a Spark standalone cluster, a master and two
+  workers started from pyspark's own launcher (:mod:`outbox.testing.spark_cluster`).
 
 A missing service (Java, Maven, Kafka, PostgreSQL, pyspark) makes the fixture
 fail with an explanation; nothing is ever skipped.
@@ -249,3 +251,19 @@ def spark() -> Iterator[Any]:
     finally:
         session.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def spark_standalone() -> Iterator[Any]:
+    """A Spark standalone cluster (`outbox.testing.spark_cluster.SparkStandalone`): a master and two
+    one-core workers on 127.0.0.1, executors running this interpreter; killed at the end."""
+    from outbox.testing.spark_cluster import SparkSetupError, SparkStandalone
+
+    try:
+        cluster = SparkStandalone(workers=2).start()
+    except SparkSetupError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.close()

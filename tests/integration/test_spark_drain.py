@@ -357,3 +357,29 @@ def test_groups_are_exploded_on_the_executors_and_keys_held_elsewhere_wait(
         left = store.pending_keys()
         assert left == {(topic, b"a"), (topic, b"b")}
         assert store.stats(now=time.time()).pending == 221
+
+
+def test_standalone_cluster_drains_a_postgresql_outbox(
+    spark_standalone: Any, fresh_postgres_url: str, kafka_bootstrap: str, topic: str,
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """`python -m spark_drain --master spark://…`: executors in the workers' JVMs, each with its own
+    Python workers (PYSPARK_PYTHON), read PostgreSQL by JDBC, send, and delete what Kafka acknowledged."""
+    open_outbox(fresh_postgres_url).close()
+    with open_outbox(fresh_postgres_url, create=False) as store:
+        ids = fill(store, topic, N_ROWS)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               SPARK_LOCAL_IP="127.0.0.1")
+    out = subprocess.run(
+        [sys.executable, "-m", "spark_drain", "--master", spark_standalone.master_url,
+         "--jars", jdbc_jar("postgresql"), "--outbox", fresh_postgres_url,
+         "--bootstrap-servers", kafka_bootstrap, "--partitions", "2"],
+        capture_output=True, text=True, env=env, timeout=900, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    total = next(line.split() for line in out.stdout.splitlines() if line.startswith("TOTAL"))
+    assert total[1:] == [str(N_ROWS), str(N_ROWS), "0", "0", "0"]
+    assert pending(fresh_postgres_url) == 0
+    messages = consume_all(topic, N_ROWS, timeout=120)
+    assert len(messages) == N_ROWS
+    check_consumed(messages, ids)

@@ -1,0 +1,107 @@
+"""Executor side: the job's rows as Arrow record batches (`DataFrame.mapInArrow`), never as Row objects.
+
+Why: a Spark `Row` (and a pickled RDD element) costs Python objects and calls per value on the
+way in and out of every Python stage. With Arrow, Spark hands each Python worker whole column
+batches, and the shuffle that puts each key's messages in one send task runs in the JVM on
+Arrow-converted rows. Python touches a message twice: once to explode a SQLite group (when the
+store groups rows) and once to send it.
+
+Columns of a message batch (`MESSAGES`), as `outbox.stores.bulk.BulkRead.rows` reads a
+one-message row: headers stay encoded (`outbox.codec`) until the sender decodes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from outbox.codec import decode_headers, encode_headers
+from outbox.stores import grouped
+from outbox.stores.bulk import BulkMessage
+from outbox.stores.keyrule import waits
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+#: A message row, in `BulkMessage` order (Spark DDL). `headers` is `outbox.codec`-encoded.
+MESSAGES = (
+    "id LONG, msg_id STRING, topic STRING, key BINARY, value BINARY, headers BINARY, part INT, "
+    "attempts INT, first_failed_at DOUBLE, last_error STRING, timestamp LONG"
+)
+#: Names of `MESSAGES`' columns.
+MESSAGE_NAMES = tuple(c.split()[0] for c in MESSAGES.split(", "))
+#: What a send task returns, per topic (`spark_drain.send.COUNTERS`).
+COUNTS = "topic STRING, read LONG, delivered LONG, failed LONG, dead LONG, left LONG"
+
+
+def explode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`mapInArrow` body over `BulkRead.rows` of a grouped store: one-message rows pass as they
+    are (column selection only); each group row becomes its messages."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for batch in batches:
+        body = batch.column("body")
+        singles = batch.filter(pc.is_null(body))
+        if singles.num_rows:
+            schema = _schema()
+            # The reader's column types vary by driver (sqlite-jdbc reads an INTEGER as DECIMAL).
+            cols = [singles.column(f.name).cast(f.type) for f in schema]
+            yield pa.RecordBatch.from_arrays(cols, schema=schema)
+        groups = batch.filter(pc.is_valid(body))
+        if groups.num_rows:
+            yield _group_messages(groups)
+
+
+def _schema() -> pa.Schema:
+    """`MESSAGES` as an Arrow schema."""
+    import pyarrow as pa
+
+    types = (pa.int64(), pa.string(), pa.string(), pa.binary(), pa.binary(), pa.binary(), pa.int32(), pa.int32(),
+             pa.float64(), pa.string(), pa.int64())
+    return pa.schema(list(zip(MESSAGE_NAMES, types, strict=True)))
+
+
+def _group_messages(groups: pa.RecordBatch) -> pa.RecordBatch:
+    """The messages of group rows as one message batch (headers encoded again: the common
+    `outbox-id` alone costs one short bytes join)."""
+    import pyarrow as pa
+
+    cols: list[list[object]] = [[] for _ in MESSAGE_NAMES]
+    ids, msg_ids, topics, keys, values, headers, parts, attempts, firsts, errors, stamps = cols
+    for gid, topic, body in zip(
+        groups.column("id").to_pylist(), groups.column("topic").to_pylist(), groups.column("body").to_pylist(),
+        strict=True,
+    ):
+        for m in grouped.decode(body, gid, topic, 0.0):
+            ids.append(m.id)
+            msg_ids.append(m.msg_id)
+            topics.append(topic)
+            keys.append(m.key)
+            values.append(m.value)
+            headers.append(encode_headers(m.headers))
+            parts.append(m.partition)
+            attempts.append(m.attempts)
+            firsts.append(m.first_failed_at)
+            errors.append(m.last_error)
+            stamps.append(m.timestamp)
+    schema = _schema()
+    arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def messages(
+    batches: Iterator[pa.RecordBatch], blockers: Mapping[tuple[str, bytes], int] | None = None
+) -> Iterator[BulkMessage]:
+    """The messages of message batches, in order, as plain tuples; those an earlier message of
+    their key holds back elsewhere (`outbox.stores.keyrule`) are left out."""
+    new = tuple.__new__
+    for b in batches:
+        cols = [b.column(i).to_pylist() for i in range(len(MESSAGE_NAMES))]
+        for id_, msg_id, topic, key, value, hs, part, att, first, err, ts in zip(*cols, strict=True):
+            if blockers and waits(topic, key, id_, blockers):
+                continue
+            yield new(BulkMessage, (
+                id_, msg_id, topic, key, value, decode_headers(hs), -1 if part is None else part, att,
+                first, err, ts or 0,
+            ))
