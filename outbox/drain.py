@@ -178,7 +178,7 @@ class Drainer:
         self.restarts = 0  # background workers that failed and were started again
         self.callback_errors = CallbackErrors()
         self._config = guarded(
-            {**DRAIN_DEFAULTS, "logger": LIBRDKAFKA_LOG, **producer_config},
+            {"logger": LIBRDKAFKA_LOG, **producer_config},  # SendLoop adds DRAIN_DEFAULTS (resend_config)
             self.callback_errors,
             client="a drain worker's producer",
         )
