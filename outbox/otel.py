@@ -194,16 +194,21 @@ def _produce(
     topic: str,
     value: Any = None,
     key: Any = None,
-    headers: Any = None,
-    partition: int | None = None,
+    partition: int | None = -1,
     on_delivery: Any = None,
-    enable_retry: bool = True,
+    timestamp: int = 0,
+    headers: Any = None,
     *,
+    callback: Any = None,
+    enable_retry: bool = True,
     transaction: Any = None,
 ) -> str:
     with _send_span(tracer, topic) as span:
         hdrs = _linked_headers(span, headers)
-        msg_id = produce(topic, value, key, hdrs, partition, on_delivery, enable_retry, transaction=transaction)
+        msg_id = produce(
+            topic, value, key, partition, on_delivery, timestamp, hdrs,
+            callback=callback, enable_retry=enable_retry, transaction=transaction,
+        )
         span.set_attribute("messaging.message.id", msg_id)
         return msg_id
 

@@ -508,8 +508,9 @@ class ResilientProducer:
             How many events (delivery reports, other callbacks) were served since the last call.
 
         Raises:
-            The exception a callback raised on a producer thread since the last poll()/flush().
-            ProducerClosedError (a RuntimeError): the producer is closed.
+            Exception: whatever a callback raised on a producer thread since the last
+                poll()/flush().
+            ProducerClosedError: the producer is closed (a RuntimeError).
         """
         if self._closed:
             raise ProducerClosedError(CLOSED)
@@ -525,8 +526,8 @@ class ResilientProducer:
             How many messages are neither delivered nor committed to the outbox (0 on success).
 
         Raises:
-            The exception a callback raised on a producer thread (as from poll()).
-            ProducerClosedError (a RuntimeError): the producer is closed.
+            Exception: whatever a callback raised on a producer thread (as from poll()).
+            ProducerClosedError: the producer is closed (a RuntimeError).
         """
         if self._closed:
             raise ProducerClosedError(CLOSED)
