@@ -567,7 +567,9 @@ class ResilientProducer:
         Args:
             in_queue: purge the messages not yet sent.
             in_flight: purge the messages sent and not yet acknowledged.
-            blocking: wait until the purged messages were reported.
+            blocking: wait until librdkafka has purged them and the reports it had ready were
+                served. A message purged from a broker's queue may be reported a moment later,
+                from that broker's thread: flush() waits for it.
         """
         if self._closed:
             raise ProducerClosedError(CLOSED)
