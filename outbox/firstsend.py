@@ -169,11 +169,16 @@ class FirstSend:
                 self._link.served.delivery_thread_calls += 1
             return
         self._link.send_failures.add()
-        if self._link.app_purging and err.code() in PURGE_CODES:  # the application dropped it
-            if r.cb is not None:
-                r.cb(err, msg)
-                self._link.served.delivery_thread_calls += 1
-            return
+        if err.code() in PURGE_CODES:
+            if self._link.app_purging:  # the application dropped it
+                if r.cb is not None:
+                    r.cb(err, msg)
+                    self._link.served.delivery_thread_calls += 1
+                return
+            if not self._circuit.closed:
+                # Purged while the circuit is not closed: if it was the half-open circuit's probe,
+                # the probe failed (open again; the next one after reset_timeout).
+                self._circuit.record_failure()
         if r.headers is not None:
             hdrs = r.headers
         else:

@@ -9,6 +9,12 @@ held (or until `message.timeout.ms` has passed, by which time it has reported ev
 them); then the held messages are stored sorted by their producer sequence (the `outbox-id`
 counter), which is the order the application produced them in.
 
+The time is a bound, not a proof: librdkafka reports a timed-out message up to a second after
+its timeout (it scans for them once a second) and one on the wire after its request's own
+timeout. So a hold whose time ran out while librdkafka still holds messages is not released
+then: the owner is asked to purge what is in flight (a purge reports at once), and the hold
+waits once more as long, then ends whatever is left.
+
 Memory stays bounded: the held messages count against the producer's memory budget
 (`outbox.budget`, bytes). Once it is full the owner is asked to purge what is in flight, which
 ends the hold at librdkafka's next poll, and the application's produce() waits for room (it is
@@ -53,7 +59,9 @@ class Holdback(Generic[T]):
         self._items: list[T] = []
         self.held_bytes = 0  # what the held items cost (under the lock; outbox.budget)
         self._until = 0.0
+        self._longest = 0.0
         self._asked_purge = False
+        self._overdue = False  # the hold's time ran out once with the source not empty
         self.active = False  # a plain attribute: produce()'s check is one attribute read
         self.holds = 0  # how many holds began (stats, tests)
         budget.add_part(self)
@@ -64,6 +72,8 @@ class Holdback(Generic[T]):
             if not self.active:
                 self.holds += 1
                 self._asked_purge = False
+                self._overdue = False
+            self._longest = longest
             self._until = max(self._until, self._clock() + longest)
             self.active = True
 
@@ -96,13 +106,23 @@ class Holdback(Generic[T]):
     def release(self, *, source_empty: bool) -> list[T]:
         """End the hold if the source holds nothing older or the hold ran out; items in seq order.
 
-        Returns [] while the hold goes on (or when none is active).
+        The first time the hold runs out with the source not empty, it asks for a purge and
+        runs once more as long (module doc). Returns [] while the hold goes on (or when none
+        is active).
         """
         if not self.active:
             return []
         with self._lock:
-            if not (source_empty or self._clock() >= self._until):
-                return []
+            if not source_empty:
+                now = self._clock()
+                if now < self._until:
+                    return []
+                if not self._overdue:
+                    self._overdue = True
+                    self._until = now + self._longest
+                    if self._on_full is not None:
+                        self._on_full()
+                    return []
             self._budget.sample()  # the most held is reached just before a decrease
             items, self._items = self._items, []
             self.held_bytes = 0  # the caller hands them to the writer, which counts them again

@@ -140,9 +140,11 @@ class KafkaLink:
         """Hand back what waits in librdkafka's queue now, not at `message.timeout.ms`."""
         self._purge_queue = True
 
-    def purge_in_flight_soon(self) -> None:
-        """Hand back what is on the wire now (possibly delivered: a duplicate with the same
-        `outbox-id`) instead of at `message.timeout.ms`."""
+    def purge_all_soon(self) -> None:
+        """Hand back everything librdkafka holds, queued or on the wire (a hold-back that cannot
+        wait longer: the memory budget is full, or its time ran out). What was on the wire may
+        have been delivered: stored again, it can arrive twice, with the same `outbox-id`."""
+        self._purge_queue = True
         self._purge_in_flight = True
 
     def recreate_soon(self) -> None:

@@ -262,8 +262,9 @@ class ResilientProducer:
         self._exit_timeout = float(exit_timeout)
         self._in_transaction = 0
         # Keyed messages may probe a half-open circuit only when no drain worker of this process
-        # does (a drain delivery closes the circuit too): a keyed probe that fails is stored after
-        # later messages of its key (README, per-key order).
+        # does (a drain delivery closes the circuit too): while a keyed probe is out, what is bound
+        # for the outbox is held back (Spill.hold_behind_probe), so a probe that fails is stored
+        # ahead of its key's later messages, and holding is worth avoiding when a drain can probe.
         self._keyed_probes = drain_workers == 0
         self.circuit = CircuitBreaker(
             failure_threshold=circuit_failure_threshold,
@@ -448,10 +449,15 @@ class ResilientProducer:
             topic, key, value, hdrs, partition, msg_id, on_delivery, timestamp
         ):
             return msg_id
-        if not self.circuit.closed and not self._may_probe(key):
-            self._spill.store_unsent(
-                topic, value, key, hdrs, partition, msg_id, on_delivery, NOT_SENT_CIRCUIT_OPEN, timestamp, wait=True
-            )
+        if not self.circuit.closed:
+            if not self._may_probe(key):
+                self._spill.store_unsent(
+                    topic, value, key, hdrs, partition, msg_id, on_delivery, NOT_SENT_CIRCUIT_OPEN, timestamp, wait=True
+                )
+                return msg_id
+            self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, headers is not None, timestamp)
+            if key is not None:  # a keyed probe that fails must be stored ahead of its key's later messages
+                self._spill.hold_behind_probe(self._message_timeout + 1.0)
             return msg_id
         self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, headers is not None, timestamp)
         return msg_id
@@ -777,7 +783,7 @@ class ResilientProducer:
         # and hold later spills back until it has (holdback.py: per-key order). Write-ahead rows
         # are stored before they are sent, so their order never depends on this.
         if self.mode == "fallback":
-            self._spill.hold.start(self._message_timeout + 1.0)
+            self._spill.hold_after_open(self._message_timeout + 1.0)
         self._link.purge_queue_soon()
 
 

@@ -7,7 +7,9 @@ messages in produce order on that way (README, "Order per key"):
 - the key backlog (`outbox.keyorder`): once a key has a message bound for the outbox, its later
   messages are stored behind it, until the drain has delivered them all;
 - the hold-back (`outbox.holdback`): from the moment the circuit opens, messages bound for the
-  outbox wait in memory until librdkafka has handed back the older ones it still held.
+  outbox wait in memory until librdkafka has handed back the older ones it still held; and the
+  same while a keyed message probes the half-open circuit (if it fails it is stored, ahead of
+  its key's later messages).
 
 `KeyBacklog.lock` makes "mark the key and queue its message" one step: a check of the store must
 never see a key marked while its message is in neither the writer nor the hold-back.
@@ -78,8 +80,12 @@ class Spill:
         self.outboxed = Tally()
         self.budget = writer.budget
         self.hold: Holdback[NewMessage] = Holdback(
-            _sequence, budget=self.budget, on_full=link.purge_in_flight_soon, clock=time.monotonic
+            _sequence, budget=self.budget, on_full=link.purge_all_soon, clock=time.monotonic
         )
+        # A hold after the circuit opened purges librdkafka's queue at every tick (stragglers
+        # queued just after the open); one behind a probe does not (the probe is in that queue
+        # while a broker reconnects).
+        self._purge_stragglers = True
         # Not checked while the circuit is open: nothing drains then. Half-open counts as not
         # open: when every key has a backlog, no message is left to probe the circuit, and only
         # a released key lets one through.
@@ -188,6 +194,20 @@ class Spill:
 
     # -- the hold-back -----------------------------------------------------------------------
 
+    def hold_after_open(self, longest: float) -> None:
+        """The circuit has just opened: hold what is bound for the outbox for up to `longest` s,
+        until librdkafka has handed back what it held (module doc)."""
+        self._purge_stragglers = True
+        self.hold.start(longest)
+
+    def hold_behind_probe(self, longest: float) -> None:
+        """A keyed message went to Kafka as the half-open circuit's probe. Should it fail it is
+        stored, so what is bound for the outbox meanwhile (its key's later messages among it)
+        is held until librdkafka has reported it, for up to `longest` s."""
+        if not self.hold.active:
+            self._purge_stragglers = False
+        self.hold.start(longest)
+
     def tick(self) -> None:
         """Delivery thread, after each poll: end a hold-back whose time has come."""
         if self.hold.active:
@@ -196,7 +216,7 @@ class Spill:
     def release_held(self, *, force: bool = False) -> None:
         """Delivery thread: store held messages in produce order once librdkafka returned the rest."""
         closed = self._circuit.closed
-        if not force and not closed:
+        if not force and not closed and self._purge_stragglers:
             # Purge again: a produce() that saw the circuit closed just before it opened may have
             # queued a message after the first purge; without this it would hold everything
             # back until message.timeout.ms.

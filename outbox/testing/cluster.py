@@ -43,6 +43,7 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type
 
 from outbox.testing.maven import KAFKA, KAFKA_VERSION, MavenFetchError
 from outbox.testing.maven import fetch as maven_fetch
+from outbox.testing.ports import free_port
 
 __all__ = [
     "KAFKA_VERSION",
@@ -143,12 +144,6 @@ def _child_preexec(parent_pid: int) -> None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # parent died before prctl took effect
             os._exit(1)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _port_open(port: int) -> bool:
@@ -471,8 +466,8 @@ class KafkaCluster:
         try:
             self.log_dir.mkdir()
             (self.dir / "log4j2.properties").write_text(_LOG4J2)
-            self._controller_port = _free_port()
-            self._broker_ports = [_free_port() for _ in range(self.num_brokers)]
+            self._controller_port = free_port()
+            self._broker_ports = [free_port() for _ in range(self.num_brokers)]
             self._write_configs()
             self._format_all()
             self._controller = self._spawn("controller", self._controller_heap)

@@ -29,6 +29,8 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from outbox.testing.ports import free_port
+
 __all__ = [
     "DEFAULT_POSTGRES_URL",
     "ROLE",
@@ -191,12 +193,6 @@ def server_bin_dir() -> Path:
     return _wheel_bin_dir()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class EmbeddedPostgres:
     """A PostgreSQL cluster of its own: ``initdb`` into a temporary directory, served on 127.0.0.1.
 
@@ -208,7 +204,7 @@ class EmbeddedPostgres:
 
     def __init__(self, bin_dir: Path | None = None, *, port: int | None = None) -> None:
         self.bin_dir = bin_dir or _wheel_bin_dir()
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.user = "nobody" if os.geteuid() == 0 else None
         self.base: Path | None = None
 

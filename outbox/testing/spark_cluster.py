@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,16 +25,11 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from outbox.testing.ports import free_port
+
 
 class SparkSetupError(RuntimeError):
     """The standalone cluster could not be started (Java or pyspark missing, a process died)."""
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now (127.0.0.1)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spark_home() -> Path:

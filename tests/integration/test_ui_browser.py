@@ -5,7 +5,6 @@ command. Screenshots of every page go to test-output/ui/ (or $OUTBOX_TEST_OUTPUT
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,17 +25,12 @@ from selenium.webdriver.support.ui import WebDriverWait
 from outbox.errors import UnknownMessageError
 from outbox.records import DeadLetterFilter, NewMessage, Status
 from outbox.stores.sqlite import SQLiteOutbox
+from outbox.testing.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 HOSTILE = '<script>alert("pwned")</script><img src=x onerror=alert(1)>'
 SHOTS = Path(os.environ.get("OUTBOX_TEST_OUTPUT", ROOT / "test-output")) / "ui"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -72,7 +66,7 @@ def console(tmp_path: Path) -> Iterator[tuple[str, SQLiteOutbox, dict[str, list[
              for i in range(2)], failed_at=now - 30),
     }
     store.enqueue([NewMessage("orders", b"waiting", msg_id="order-9")])
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-c", "from outbox_cli.main import main; main()", "ui", "--outbox", str(path),
          "--port", str(port)],

@@ -40,14 +40,31 @@ def test_held_items_come_back_in_sequence_order_once_the_source_is_empty() -> No
     assert h.offer("p-0005", 1) is False  # the hold is over: straight to the writer
 
 
-def test_a_hold_ends_when_its_time_runs_out_even_if_the_source_is_not_empty() -> None:
-    h, clock = make()
+def test_a_hold_whose_time_runs_out_purges_then_waits_once_more_as_long_for_the_source() -> None:
+    purges: list[int] = []
+    h, clock = make(on_full=lambda: purges.append(1))
     h.start(31)
     h.offer("b", 1)
     h.offer("a", 1)
     clock.now += 30.9
     assert h.release(source_empty=False) == []
-    clock.now += 0.2
+    assert purges == []
+    clock.now += 0.2  # out of time, librdkafka still holds a message: purge it, do not store ahead of it
+    assert h.release(source_empty=False) == []
+    assert purges == [1] and h.active
+    clock.now += 30.9
+    assert h.release(source_empty=False) == []
+    assert h.release(source_empty=True) == ["a", "b"]  # the purge's report came back
+
+
+def test_a_hold_ends_when_its_time_runs_out_twice_even_if_the_source_is_not_empty() -> None:
+    h, clock = make()
+    h.start(31)
+    h.offer("b", 1)
+    h.offer("a", 1)
+    clock.now += 31.1
+    assert h.release(source_empty=False) == []
+    clock.now += 31.1
     assert h.release(source_empty=False) == ["a", "b"]
 
 
@@ -60,7 +77,7 @@ def test_starting_again_extends_the_hold_and_counts_one_hold() -> None:
     assert h.release(source_empty=False) == []
     assert h.holds == 1
     clock.now += 6
-    h.release(source_empty=False)
+    h.release(source_empty=True)
     h.start(1)
     assert h.holds == 2
 
