@@ -36,6 +36,7 @@ from confluent_kafka import KafkaError, Message
 
 from .errors import ProducerClosedError
 from .producer import ResilientProducer
+from .transactions import is_async_sqlalchemy, run_in_async_transaction
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,10 @@ class AsyncResilientProducer:
         librdkafka's queue or handed to the outbox writer (fallback, and write-ahead "batch"),
         or committed (write-ahead "sync").
 
+        ``transaction`` takes, besides what :meth:`ResilientProducer.produce` takes, a SQLAlchemy
+        ``AsyncSession`` or ``AsyncConnection`` on a PostgreSQL outbox through psycopg: the row
+        is written inside it, awaited on this loop, and exists if and only if it commits.
+
         ``on_delivery(err, msg)`` runs on this event loop (not on a producer thread), so it may
         touch asyncio objects. Cancelling the await does not withdraw the message: once
         ``produce()`` is called the message is sent or stored.
@@ -174,6 +179,14 @@ class AsyncResilientProducer:
         """
         if self._closed:
             raise ProducerClosedError("produce() called after close()")
+        if transaction is not None and is_async_sqlalchemy(transaction):
+            # Written on this loop inside the caller's transaction; the drain workers send it.
+            def write(sync: Any) -> str:  # `sync`: the transaction's synchronous face
+                return self.producer.produce(
+                    topic, value, key, partition, None, timestamp, headers, enable_retry=enable_retry, transaction=sync
+                )
+
+            return await run_in_async_transaction(transaction, write)
         loop = asyncio.get_running_loop()
         report = callback if callback is not None else on_delivery  # confluent: callback wins
         kw: dict[str, Any] = {

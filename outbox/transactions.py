@@ -7,6 +7,8 @@ hold that transaction as:
 * a `psycopg.Connection` (PostgreSQL outbox);
 * a `sqlite3.Connection` to the SQLite file the outbox is a table of;
 * a SQLAlchemy `Connection` or `Session` (its current connection; a Session begins one);
+* a SQLAlchemy `AsyncSession` or `AsyncConnection` on PostgreSQL through psycopg, given to
+  `AsyncResilientProducer` (`run_in_async_transaction`);
 * Django's `connection` (``django.db.connection`` or ``connections[alias]``) inside
   ``transaction.atomic()``.
 
@@ -18,7 +20,7 @@ SQLAlchemy and Django are optional: nothing here imports them, they are recognis
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -49,6 +51,19 @@ def dbapi_connection(transaction: Any) -> Any:
     )
 
 
+def is_async_sqlalchemy(transaction: Any) -> bool:
+    """Is `transaction` a SQLAlchemy `AsyncSession` or `AsyncConnection`?"""
+    return type(transaction).__module__.startswith("sqlalchemy.") and hasattr(transaction, "run_sync")
+
+
+async def run_in_async_transaction(transaction: Any, write: Callable[[Any], str]) -> str:
+    """Call ``write(sync)`` with the synchronous face of a SQLAlchemy `AsyncSession` or
+    `AsyncConnection` (`run_sync`): each statement the outbox runs on it is awaited on the
+    caller's event loop, inside the caller's transaction."""
+    result: str = await transaction.run_sync(write)
+    return result
+
+
 def enqueue_in_transaction(store: Outbox, transaction: Any, messages: Sequence[NewMessage]) -> list[int]:
     """Write `messages` to `store` in the caller's open transaction; never commit (see the module doc)."""
     if not store.capabilities.transactional_enqueue:
@@ -62,10 +77,10 @@ def enqueue_in_transaction(store: Outbox, transaction: Any, messages: Sequence[N
 
 def _sqlalchemy(obj: Any) -> Any:
     name = type(obj).__name__
-    if name.startswith("Async"):
+    if is_async_sqlalchemy(obj):
         raise ConfigError(
-            f"transaction= takes a synchronous SQLAlchemy Connection or Session, not {name}: "
-            "its driver connection is an asyncio one the outbox cannot write with"
+            f"transaction= takes a SQLAlchemy {name} from AsyncResilientProducer.produce(), which "
+            "awaits the write on the event loop; ResilientProducer takes a Connection or Session"
         )
     if hasattr(obj, "get_bind") and hasattr(obj, "connection"):  # a Session: its connection, begun now
         obj = obj.connection()
@@ -73,7 +88,10 @@ def _sqlalchemy(obj: Any) -> Any:
     driver = getattr(raw, "driver_connection", None)
     if driver is None:
         raise ConfigError(f"transaction: SQLAlchemy {name} has no open driver connection")
-    return driver
+    adapted = getattr(raw, "dbapi_connection", driver)
+    # An asyncio driver under an AsyncSession's run_sync(): SQLAlchemy's adapter runs each of its
+    # DB-API calls on the event loop; the store writes through it.
+    return driver if adapted is driver else adapted
 
 
 def _django(conn: Any) -> Any:

@@ -91,6 +91,10 @@ _COPY_TYPES = ["int8", *(
     for c in INSERT_COLUMNS
 )]
 _COPY = "COPY {t} (id, " + ", ".join(INSERT_COLUMNS) + ") FROM STDIN (FORMAT BINARY)"
+# The ids are drawn from the identity sequence first, as for COPY (which may set them).
+_INSERT = "INSERT INTO {t} (id, " + ", ".join(INSERT_COLUMNS) + ") OVERRIDING SYSTEM VALUE VALUES (" + ", ".join(
+    ["%s"] * (len(INSERT_COLUMNS) + 1)
+) + ")"
 
 _ALL = DeadLetterFilter()  # the empty filter: every dead letter
 
@@ -184,24 +188,27 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 rolled back by the caller.
         """
         psycopg = self._psycopg
-        if not isinstance(conn, psycopg.Connection):
+        # SQLAlchemy's adapter of a psycopg AsyncConnection (an AsyncSession's run_sync()) runs
+        # each DB-API call on the event loop; its driver's state answers the checks.
+        driver = getattr(conn, "driver_connection", conn)
+        if not (isinstance(conn, psycopg.Connection) or isinstance(driver, psycopg.AsyncConnection)):
             raise ConfigError(
-                f"transaction must be a psycopg.Connection (got {type(conn).__name__}); "
-                "async connections are not supported"
+                f"transaction must be a psycopg.Connection (got {type(conn).__name__}), or an "
+                "AsyncSession on psycopg given to AsyncResilientProducer"
             )
-        if conn.closed:
+        if driver.closed:
             raise ConfigError("transaction connection is closed")
-        if conn.info.dbname != self.url.database:
+        if driver.info.dbname != self.url.database:
             raise ConfigError(
-                f"transaction connection is to database {conn.info.dbname!r}, but the outbox is "
+                f"transaction connection is to database {driver.info.dbname!r}, but the outbox is "
                 f"in {self._where}"
             )
-        status = conn.info.transaction_status
+        status = driver.info.transaction_status
         if status == psycopg.pq.TransactionStatus.INERROR:
             raise StoreError(
                 f"PostgreSQL outbox {self._where}: the caller's transaction is aborted; roll it back"
             )
-        if conn.autocommit and status == psycopg.pq.TransactionStatus.IDLE:
+        if driver.autocommit and status == psycopg.pq.TransactionStatus.IDLE:
             raise ConfigError(
                 "transaction connection is in autocommit mode outside a transaction block: use "
                 "`with conn.transaction():` or a non-autocommit connection"
@@ -209,9 +216,23 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         if not messages:
             return []
         try:
-            return self._insert(conn, messages, Status.PENDING, None, None, time.time())
+            if driver is conn:
+                return self._insert(conn, messages, Status.PENDING, None, None, time.time())
+            return self._insert_adapted(conn, messages, time.time())
         except psycopg.Error as exc:
             raise self._error(exc, "enqueue in the caller's transaction") from None
+
+    def _insert_adapted(self, conn: Any, messages: Sequence[NewMessage], now: float) -> list[int]:
+        """PENDING rows through a DB-API adapter that has no COPY (SQLAlchemy's, of an asyncio
+        connection): ids first, as `_insert` draws them, then one multi-row statement."""
+        cur = conn.cursor()
+        cur.execute("SELECT nextval(%s::regclass) FROM generate_series(1, %s)", [self._id_seq, len(messages)])
+        ids = sorted(r[0] for r in cur.fetchall())
+        cur.executemany(
+            _INSERT.format(t=self._t),
+            [(i, *insert_values(m, Status.PENDING, None, None, now)) for i, m in zip(ids, messages, strict=True)],
+        )
+        return ids
 
     def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:
         if not messages:

@@ -5,6 +5,7 @@ transaction leaves no row and nothing in Kafka after the drain; a committed one 
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 import sys
@@ -111,6 +112,69 @@ def test_sqlalchemy_session_and_connection(
     with engine.connect() as c:
         assert sorted(r[0] for r in c.execute(sa.text("SELECT id FROM orders"))) == ["c-2", "s-2"]
     engine.dispose()
+
+
+def test_async_session_with_async_resilient_producer(fresh_postgres_url: str, kafka_bootstrap: str, topic: str) -> None:
+    """An AsyncSession on psycopg's asyncio driver: the row is written in the session's transaction
+    on the event loop; a rolled-back session leaves nothing, a committed one is delivered."""
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    from outbox.aio import AsyncResilientProducer
+
+    kw = parse_url(fresh_postgres_url).psycopg_kwargs()
+    url = sa.URL.create(
+        "postgresql+psycopg", username=str(kw.get("user", "")) or None, password=str(kw.get("password", "")) or None,
+        host=str(kw["host"]), port=int(kw["port"]), database=str(kw["dbname"]),
+    )
+
+    async def app() -> tuple[str, str, str, list[str], int]:
+        engine = create_async_engine(url)
+        async with AsyncResilientProducer(
+            {"bootstrap.servers": kafka_bootstrap, "acks": "all"}, outbox=fresh_postgres_url,
+            drain_workers=1, drain_poll_interval=0.2, drain_in="threads",
+        ) as p:
+            async with engine.begin() as c:
+                await c.execute(sa.text("CREATE TABLE orders (id TEXT PRIMARY KEY)"))
+            async with AsyncSession(engine) as s:  # rolled back
+                await s.execute(sa.text("INSERT INTO orders VALUES ('a-1')"))
+                rolled_back = await p.produce(topic, b"a-1", transaction=s)
+                await s.rollback()
+            async with AsyncSession(engine) as s, s.begin():
+                await s.execute(sa.text("INSERT INTO orders VALUES ('a-2')"))
+                by_session = await p.produce(topic, b"a-2", key=b"a", transaction=s)
+            async with engine.begin() as c:
+                await c.execute(sa.text("INSERT INTO orders VALUES ('a-3')"))
+                by_connection = await p.produce(topic, b"a-3", key=b"a", transaction=c)
+            got = await asyncio.get_running_loop().run_in_executor(
+                None, delivered_ids, kafka_bootstrap, topic, p.producer, 2
+            )
+            pending = (await p.stats())["pending"]
+        async with engine.connect() as c:
+            orders = sorted(r[0] for r in await c.execute(sa.text("SELECT id FROM orders")))
+        await engine.dispose()
+        assert orders == ["a-2", "a-3"]
+        return rolled_back, by_session, by_connection, got, pending
+
+    rolled_back, by_session, by_connection, got, pending = asyncio.run(app())
+    assert got == [by_session, by_connection]  # one key: in commit order
+    assert rolled_back not in got and pending == 0
+
+
+def test_an_async_session_given_to_the_synchronous_producer_is_refused_by_name(
+    fresh_postgres_url: str, kafka_bootstrap: str, topic: str
+) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    kw = parse_url(fresh_postgres_url).psycopg_kwargs()
+    engine = create_async_engine(sa.URL.create(
+        "postgresql+psycopg", username=str(kw.get("user", "")) or None, password=str(kw.get("password", "")) or None,
+        host=str(kw["host"]), port=int(kw["port"]), database=str(kw["dbname"]),
+    ))
+    with producer(kafka_bootstrap, fresh_postgres_url) as p:
+        with pytest.raises(ConfigError, match="AsyncSession from AsyncResilientProducer.produce"):
+            p.produce(topic, b"x", transaction=AsyncSession(engine))
+        assert p.store.stats(now=time.time()).pending == 0
+    asyncio.run(engine.dispose())
 
 
 DJANGO_APP = textwrap.dedent(
