@@ -145,12 +145,12 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
             rows = only_ids(spark, reader.rows("status = 0", lo, hi, options.partitions), ids)
             selected = len(ids)
         else:
-            lo, hi, selected = reader.bounds(sel.where)
+            lo, hi, selected, blocking = reader.bounds(sel.where, sel.blocked_where)
             if selected == 0:
                 report.elapsed_seconds = time.time() - started
                 return report
             rows = reader.rows(sel.where, lo, hi, options.partitions)
-            if sel.blocked_where is not None:
+            if blocking and sel.blocked_where is not None:
                 blockers = reader.blockers(sel.blocked_where)  # usually none: nothing backs off
     except Exception as exc:
         raise _jdbc_error(exc, options) from exc

@@ -66,12 +66,23 @@ class Reader:
             props["customSchema"] = schema
         return self.spark.read.jdbc(self._jdbc_url(), f"({sql}) AS q", properties=props)
 
-    def bounds(self, where: str) -> tuple[int, int, int]:
-        """(min id, max id, messages) of the selection; (0, 0, 0) when it is empty."""
-        row = self.query(self.bulk.bounds(where), "lo LONG, hi LONG, n LONG").first()
+    def bounds(self, where: str, blocked_where: str | None = None) -> tuple[int, int, int, bool]:
+        """(min id, max id, messages) of the selection, (0, 0, 0) when it is empty, and whether
+        any row matches `blocked_where` (asked in the same query: usually none does, and then
+        `blockers` need not run)."""
+        sql = self.bulk.bounds(where)
+        if blocked_where is not None:
+            sql = (
+                f"SELECT b.lo, b.hi, b.n, CASE WHEN EXISTS (SELECT 1 FROM {self.bulk.table} WHERE {blocked_where}) "
+                f"THEN 1 ELSE 0 END AS blocked FROM ({sql}) AS b"
+            )
+        else:
+            sql = f"SELECT b.lo, b.hi, b.n, 0 AS blocked FROM ({sql}) AS b"
+        row = self.query(sql, "lo LONG, hi LONG, n LONG, blocked INT").first()
+        blocked = row is not None and bool(row["blocked"])
         if row is None or row["n"] is None or int(row["n"]) == 0:
-            return 0, 0, 0
-        return int(row["lo"]), int(row["hi"]), int(row["n"])
+            return 0, 0, 0, blocked
+        return int(row["lo"]), int(row["hi"]), int(row["n"]), blocked
 
     def rows(self, where: str, lo: int, hi: int, partitions: int) -> DataFrame:
         """The selected rows, read in `partitions` slices of the id range [lo, hi] (a SQLite group
