@@ -23,6 +23,7 @@ from .errors import (
     StoreNotFoundError,
     UnknownMessageError,
 )
+from .events import Listener
 from .headers import ATTEMPT_HEADER, FIRST_FAILED_HEADER, ID_HEADER, LAST_ERROR_HEADER
 from .producer import PRODUCER_DEFAULTS, ResilientProducer
 from .records import DeadLetter, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
@@ -41,6 +42,7 @@ __all__ = [
     "FIRST_FAILED_HEADER",
     "ID_HEADER",
     "LAST_ERROR_HEADER",
+    "Listener",
     "PRODUCER_DEFAULTS",
     "AsyncResilientConsumer",
     "AsyncResilientProducer",

@@ -28,14 +28,14 @@ import functools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
 from .errors import ProducerClosedError
-from .producer import ResilientProducer
+from .producer import HookedHeaders, ResilientProducer
 from .transactions import is_async_sqlalchemy, run_in_async_transaction
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,28 @@ class AsyncResilientProducer:
 
     # -- the public API ----------------------------------------------------------------------
 
+    #: `hook_produce`'s hook, awaited on the event loop; None: produce() runs as it is.
+    _produce_hook: Callable[..., Awaitable[str]] | None = None
+
+    def hook_produce(self, hook: Callable[..., Awaitable[str]]) -> None:
+        """Run every later produce() call through the coroutine function `hook`, on the event loop
+        (OpenTelemetry's ``send`` spans, in the awaiting task's context).
+
+        ``await hook(produce, topic, value, key, partition, on_delivery, timestamp, headers,
+        callback, enable_retry, transaction)`` must return ``await produce(topic, value, key,
+        partition, on_delivery, timestamp, HookedHeaders(...), callback=callback,
+        enable_retry=enable_retry, transaction=transaction)``, as for
+        :meth:`ResilientProducer.hook_produce`. One hook per producer: a second replaces the first.
+
+        Raises:
+            ProducerClosedError: the producer is closed (a RuntimeError).
+        """
+        if self._closed:
+            raise ProducerClosedError("hook_produce() called after close()")
+        if not callable(hook):
+            raise TypeError(f"a produce hook must be callable, got {type(hook).__name__}")
+        self._produce_hook = hook
+
     async def produce(
         self,
         topic: str,
@@ -179,6 +201,12 @@ class AsyncResilientProducer:
         """
         if self._closed:
             raise ProducerClosedError("produce() called after close()")
+        hook = self._produce_hook
+        if hook is not None and headers.__class__ is not HookedHeaders:
+            return await hook(
+                self.produce, topic, value, key, partition, on_delivery, timestamp, headers, callback,
+                enable_retry, transaction,
+            )
         if transaction is not None and is_async_sqlalchemy(transaction):
             # Written on this loop inside the caller's transaction; the drain workers send it.
             def write(sync: Any) -> str:  # `sync`: the transaction's synchronous face

@@ -29,6 +29,7 @@ from confluent_kafka import KafkaException, Producer
 from .budget import MESSAGE_OVERHEAD
 from .callbacks import CallbackErrors, guarded
 from .errors import KafkaUnavailableError, StoreError
+from .events import Events, logged_and_counted
 from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
 from .records import DeadLetter, OutboxMessage
@@ -126,10 +127,10 @@ class Drainer:
             send a batch (message.timeout.ms). A crashed worker's rows are due again after it.
         poll_interval: longest sleep when nothing is due.
         topic: drain only this topic.
-        on_delivered: called with the rows of each batch Kafka acknowledged, on a worker thread.
-        on_dead_letter: called with a DeadLetter for each row dead-lettered, on a worker thread.
-        on_success / on_failure: called once per delivered / failed send (the producer's circuit
-            breaker listens to these: a drain success proves the cluster is back).
+        events: where the workers tell each batch's fates (`outbox.events`: `delivered`,
+            `retried`, `dead`), on a worker thread; a producer passes its own. Default: a fan-out
+            of this drainer's, for `subscribe`; a listener that raises is logged and counted in
+            `callback_errors`, and never ends the worker.
         owner: lease owner name; default `outbox.owners.new_owner("drain")`, whose liveness
             claimers can check (see outbox.owners). Other names keep leases until expiry.
         on_store_error: called with each StoreError a background worker survived (it backs off
@@ -148,10 +149,7 @@ class Drainer:
         lease_seconds: float = 120.0,
         poll_interval: float = 0.5,
         topic: str | None = None,
-        on_delivered: Callable[[list[OutboxMessage]], None] | None = None,
-        on_dead_letter: Callable[[DeadLetter], None] | None = None,
-        on_success: Callable[[], None] | None = None,
-        on_failure: Callable[[], None] | None = None,
+        events: Events | None = None,
         owner: str | None = None,
         on_store_error: Callable[[StoreError], None] | None = None,
     ) -> None:
@@ -168,15 +166,12 @@ class Drainer:
         self.lease_seconds = lease_seconds
         self.poll_interval = poll_interval
         self.topic = topic
-        self.on_delivered = on_delivered
-        self.on_dead_letter = on_dead_letter
-        self.on_success = on_success
-        self.on_failure = on_failure
         self.owner = owner or new_owner("drain")
         self.on_store_error = on_store_error
         self.health = DrainHealth()
         self.restarts = 0  # background workers that failed and were started again
         self.callback_errors = CallbackErrors()
+        self.events = events if events is not None else Events(logged_and_counted(self.callback_errors.add))
         self._config = guarded(
             {"logger": LIBRDKAFKA_LOG, **producer_config},  # SendLoop adds DRAIN_DEFAULTS (resend_config)
             self.callback_errors,
@@ -252,6 +247,11 @@ class Drainer:
             loop.config["sasl.username"] = username
             loop.config["sasl.password"] = password
             loop.producer.set_sasl_credentials(username, password)
+
+    def subscribe(self, listener: object) -> None:
+        """Tell `listener` (an `outbox.events.Listener`) the fates of the rows this drainer
+        re-sends. Subscribe before `start()`/`run()`."""
+        self.events.subscribe(listener)
 
     def wake(self) -> None:
         """Look for due rows now instead of at the next poll (new rows were just stored)."""
@@ -552,6 +552,7 @@ class Drainer:
 
         Returns whether every row of the batch was delivered (and that settled)."""
         failed = 0
+        failed_ids: set[int] = set()
         last_error: str | None = None
         all_delivered = loop.wait(batch, stop=self._stop)
         now = time.time()
@@ -567,6 +568,7 @@ class Drainer:
                     delivered.append(row)
                 elif d.verdict is not Verdict.RELEASE:
                     failed += 1
+                    failed_ids.add(row.id)
                     last_error = d.error
         while True:
             try:
@@ -587,23 +589,17 @@ class Drainer:
             self.result.retried += failed - len(dead)
             self.result.dead += len(dead)
             self.result.released += len(settlement.released)
-        if delivered and self.on_success is not None:
-            self.on_success()
-        if failed and self.on_failure is not None and not delivered:
-            self.on_failure()
-        if self.on_delivered is not None and delivered:
-            try:
-                self.on_delivered(delivered)
-            except Exception:
-                # The batch is settled; a failing hook (the producer's reads the store to free
-                # keys, and the store can fail at that moment) must not end the worker.
-                log.exception("outbox drain: on_delivered callback raised; the batch is delivered and settled")
-        if self.on_dead_letter is not None:
-            for row in dead:
-                try:
-                    self.on_dead_letter(DeadLetter.from_row(row))
-                except Exception:
-                    log.exception("on_dead_letter callback raised; the dead letter is stored anyway")
+        # Told after the batch is settled: a listener that fails (the producer's reads the
+        # store to free keys, and the store can fail at that moment) cannot undo it.
+        events = self.events
+        if delivered:
+            events.delivered(delivered)
+        if failed > len(dead) and events.listens("retried"):
+            gone = {row.id for row in dead}
+            retried = [row for row in batch.rows if row.id in failed_ids and row.id not in gone]
+            events.retried(retried)
+        for row in dead:
+            events.dead(DeadLetter.from_row(row))
         if failed:
             log.info(
                 "outbox drain: %d delivered, %d to retry, %d dead-lettered in this batch (last error: %s)",

@@ -13,12 +13,13 @@ application's ``__main__``). Two pipes, passed as extra file descriptors, carry 
   ``"wake"`` when rows were stored and ``"stop"`` at close. End of file means the parent is gone:
   the child stops as on ``"stop"``, so it never outlives the application.
 * child to parent: ``"ready"`` or ``"failed"`` after start-up, then one event per settled batch
-  (the delivered rows' ids, keys and headers, the running counts), each dead letter, each store
+  (the delivered rows' ids, keys and headers, the running counts), one per batch with rows to
+  retry (when any), each dead letter, each store
   error it survived, its WARNING-and-above log lines, its counts of worker restarts and of
   client callbacks that raised (``"health"``, when they change), and ``"stopped"``.
 
-The parent's `outbox-drain-events` thread runs the producer's callbacks for those events, as the
-drain threads would (`on_delivery`, `on_dead_letter`, the circuit, the key backlog). A child
+The parent's `outbox-drain-events` thread tells those events (`delivered`, `retried`, `dead`) to
+the producer's listeners (`outbox.events`), as the drain threads would. A child
 that dies is logged at ERROR, counted in `restarts`, and started again after a pause; the rows
 it had leased come back at once (its lease owner is gone, `outbox.owners`).
 
@@ -38,17 +39,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from .callbacks import CallbackErrors
 from .drain import Drainer, DrainHealth, DrainResult
 from .errors import ConfigError, StoreError
+from .events import Events, Listener
 from .headers import ID_HEADER, id_alone
 from .records import DeadLetter, Headers, OutboxMessage
 from .retry import RetryPolicy
 from .sendloop import check_resend_config
 from .stores import open_outbox
 from .urls import StoreURL
+
+if TYPE_CHECKING:
+    from .events import Rows
 
 log = logging.getLogger("outbox.drainproc")
 
@@ -104,8 +109,9 @@ class DrainProcess:
         producer_config, retry, workers, batch_size, lease_seconds, poll_interval: as `Drainer`.
             They are pickled for the child: a retry policy's callables must be importable
             module-level functions (not lambdas, not defined in ``__main__``).
-        on_delivered, on_dead_letter, on_success, on_store_error: as `Drainer`, called on the
-            `outbox-drain-events` thread; `on_delivered` gets `Drained` rows.
+        events: as `Drainer`'s, told on the `outbox-drain-events` thread; `delivered` and
+            `retried` get `Drained` rows.
+        on_store_error: as `Drainer`, called on that thread.
     """
 
     def __init__(
@@ -118,14 +124,10 @@ class DrainProcess:
         batch_size: int,
         lease_seconds: float,
         poll_interval: float,
-        on_delivered: Callable[[list[Drained]], None] | None = None,
-        on_dead_letter: Callable[[DeadLetter], None] | None = None,
-        on_success: Callable[[], None] | None = None,
+        events: Events,
         on_store_error: Callable[[StoreError], None] | None = None,
     ) -> None:
-        self.on_delivered = on_delivered
-        self.on_dead_letter = on_dead_letter
-        self.on_success = on_success
+        self.events = events
         self.on_store_error = on_store_error
         self.lease_seconds = lease_seconds
         self.result = DrainResult()
@@ -270,14 +272,12 @@ class DrainProcess:
             new = tuple.__new__  # each Drained built as the tuple it is, without _make's checks
             rows: list[Drained] = [new(Drained, t) for t in event[1]]
             self._count(event[2])
-            if self.on_success is not None:
-                self.on_success()
-            if self.on_delivered is not None:
-                self.on_delivered(rows)
+            self.events.delivered(rows)
+        elif kind == "retried":
+            self.events.retried([tuple.__new__(Drained, t) for t in event[1]])
         elif kind == "dead":
             self._count(event[2])
-            if self.on_dead_letter is not None:
-                self.on_dead_letter(event[1])
+            self.events.dead(event[1])
         elif kind == "store_error":
             self.health.store_errors += 1
             self.health.failing_since = self.health.failing_since or time.time()
@@ -351,8 +351,8 @@ def _picklable(value: Any) -> bool:
 # -- the child's side --------------------------------------------------------------------------
 
 
-class _Events:
-    """The child's end of the events pipe, shared by its drain threads."""
+class _Events(Listener):
+    """The child's end of the events pipe, shared by its drain threads: its drainer's listener."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -367,11 +367,14 @@ class _Events:
         r = self.drainer.result if self.drainer is not None else DrainResult()
         return (r.delivered, r.retried, r.dead, r.released)
 
-    def delivered(self, rows: list[OutboxMessage]) -> None:
-        self.send("delivered", _drained(rows), self.counts())
+    def delivered(self, rows: Rows) -> None:
+        self.send("delivered", _drained(cast(list[OutboxMessage], rows)), self.counts())
 
-    def dead(self, dl: DeadLetter) -> None:
-        self.send("dead", dl, self.counts())
+    def retried(self, rows: Rows) -> None:
+        self.send("retried", _drained(cast(list[OutboxMessage], rows)))
+
+    def dead(self, letter: DeadLetter) -> None:
+        self.send("dead", letter, self.counts())
 
     def store_error(self, exc: StoreError) -> None:
         self.send("store_error", str(exc))
@@ -417,10 +420,9 @@ def child_main(cmd_fd: int, evt_fd: int) -> int:
             batch_size=s["batch_size"],
             lease_seconds=s["lease_seconds"],
             poll_interval=s["poll_interval"],
-            on_delivered=events.delivered,
-            on_dead_letter=events.dead,
             on_store_error=events.store_error,
         )
+        drainer.events.subscribe(events, internal=True)  # the pipe: a failure there is the library's
     except BaseException as exc:
         events.send("failed", f"{type(exc).__name__}: {exc}")
         return 1

@@ -10,12 +10,11 @@ the delivery thread); an exception in one is kept for the application's next `po
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from confluent_kafka import KafkaError, Message
 
 from .drainproc import Drained
-from .keyorder import Key
 from .records import DeadLetter, OutboxMessage
 from .served import Served
 from .writer import Committed
@@ -31,7 +30,6 @@ class Fates:
         on_dead_letter: the application's recovery callback (or None).
         report_successes: whether `on_delivery` hears deliveries (not with
             `delivery.report.only.error`).
-        keys_drained: told the keys of delivered or dead-lettered rows (`KeyBacklog.drained`).
         served: counts the callbacks run and keeps the exceptions they raised.
     """
 
@@ -40,21 +38,21 @@ class Fates:
         on_dead_letter: DeadLetterCallback | None,
         *,
         report_successes: bool,
-        keys_drained: Callable[[Iterable[Key]], None],
         served: Served,
     ) -> None:
         self.on_dead_letter = on_dead_letter
         self._served = served
         self._report_successes = report_successes
-        self._keys_drained = keys_drained
         #: msg_id → on_delivery of outboxed messages that this process may still deliver. Written
         #: directly on the paths into the outbox: a method call per message costs them 0.1 µs.
         self.waiting: dict[str, DeliveryCallback] = {}
         self.dead = 0  # dead letters made by this process's first sends and write-ahead sends
         self.drain_delivered = 0
 
-    def dead_letter(self, dl: DeadLetter, cb: DeliveryCallback | None) -> None:
-        """A message was dead-lettered (and the dead letter stored): tell `cb` and `on_dead_letter`."""
+    def dead_letter(self, dl: DeadLetter) -> None:
+        """A message was dead-lettered (and the dead letter stored): tell its `on_delivery`, if
+        it waits here, and `on_dead_letter`."""
+        cb = self.waiting.pop(dl.msg_id, None) if self.waiting else None
         if cb is not None:
             try:
                 code = dl.error_code if dl.error_code is not None else KafkaError._FAIL
@@ -69,21 +67,23 @@ class Fates:
             except Exception as exc:
                 self._served.failed(exc)
 
-    def committed_dead(self, c: Committed) -> None:
-        """Writer thread: the dead letters of a commit (first sends and write-ahead rows)."""
+    def committed_dead(self, c: Committed) -> list[DeadLetter]:
+        """Writer thread: the dead letters of a commit (first sends and write-ahead rows), each
+        message's `on_delivery` waiting under its id for `dead_letter`."""
+        out: list[DeadLetter] = []
         for row_id, msg, cb in zip(c.dead_ids, c.dead, c.dead_meta, strict=True):
-            self.dead += 1
-            self.dead_letter(
+            if cb is not None:
+                self.waiting[msg.msg_id] = cb
+            out.append(
                 DeadLetter(
                     row_id, msg.topic, msg.key, msg.value, msg.headers or [], msg.partition, msg.attempts,
                     msg.first_failed_at, msg.first_failed_at, msg.last_error, msg.msg_id,
                     msg.error_code, msg.error_name,
-                ),
-                cb,
+                )
             )
-        for row in c.dead_failed:
-            self.dead += 1
-            self.dead_letter(DeadLetter.from_row(row), self.waiting.pop(row.msg_id, None))
+        out.extend(DeadLetter.from_row(row) for row in c.dead_failed)
+        self.dead += len(out)
+        return out
 
     def drained(self, rows: Sequence[OutboxMessage] | Sequence[Drained]) -> None:
         """Drain thread: rows delivered from the outbox."""
@@ -100,11 +100,3 @@ class Fates:
                         self._served.failed(exc)
             if called:
                 self._served.add(called)
-        # Its thread looks; the drain worker claims on.
-        self._keys_drained((row.topic, row.key) for row in rows if row.key is not None)
-
-    def drain_dead(self, dl: DeadLetter) -> None:
-        """Drain thread: a stored row was dead-lettered."""
-        self.dead_letter(dl, self.waiting.pop(dl.msg_id, None) if self.waiting else None)
-        if dl.key is not None:
-            self._keys_drained([(dl.topic, dl.key)])

@@ -24,18 +24,21 @@ hour in the outbox. That needs no instrumentation at all; this module adds spans
   handler runs, so the handler's own spans are its children; status ERROR when it raises.
 
 Without a configured SDK (opentelemetry-api alone) the spans are non-recording and cost little.
-The hooks wrap public callbacks (``Drainer.on_delivered``, ``ResilientProducer.on_dead_letter``,
-the group-commit writer's ``after_commit``); nothing in the producer's fast path changes unless
-``produce()`` itself is instrumented, which it is by default (``spans_on_produce=False`` skips
-it for throughput-critical producers: the outbox spans still link to the context the
-application put in the headers).
+The outbox spans come from a listener of the producer's events (`outbox.events`:
+``ResilientProducer.subscribe``, ``Drainer.subscribe``); nothing of the producer is replaced.
+The ``send`` spans come from a produce hook (``ResilientProducer.hook_produce``): set by
+default, it costs produce() nothing while unset (``spans_on_produce=False`` skips it for
+throughput-critical producers: the outbox spans still link to the context the application put
+in the headers). An `AsyncResilientProducer`'s ``send`` span is opened on its event loop, by a
+wrapper of its ``produce``.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 try:
@@ -52,8 +55,9 @@ from .consumer import AsyncResilientConsumer, ResilientConsumer
 from .consumer import headers as consumer_headers
 from .drain import Drainer
 from .drainproc import Drained
+from .events import Listener
 from .headers import ID_HEADER
-from .producer import ResilientProducer
+from .producer import HookedHeaders, ResilientProducer
 from .records import DeadLetter, OutboxMessage
 from .writer import Committed
 
@@ -139,8 +143,8 @@ def instrument(
         return
     if isinstance(target, AsyncResilientProducer):
         _instrument_producer(target.producer, tracer, spans_on_produce=False)
-        if spans_on_produce:
-            _wrap_async_produce(target, tracer)
+        if spans_on_produce and _first_time(target):
+            target.hook_produce(functools.partial(_produce_async, tracer))
         return
     if isinstance(target, ResilientProducer):
         _instrument_producer(target, tracer, spans_on_produce=spans_on_produce)
@@ -151,25 +155,29 @@ def instrument(
     )
 
 
+#: What is instrumented already: instrumenting twice would double every span.
+_INSTRUMENTED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _first_time(target: object) -> bool:
+    if target in _INSTRUMENTED:
+        return False
+    _INSTRUMENTED.add(target)
+    return True
+
+
 def _instrument_producer(p: ResilientProducer, tracer: Tracer, *, spans_on_produce: bool) -> None:
-    if getattr(p, "_outbox_otel", False):
-        return  # instrumenting twice would double every span
-    p._outbox_otel = True  # type: ignore[attr-defined]
-    # The producer's drainer hands its dead letters to the producer's on_dead_letter (wrapped
-    # below, which also sees first-send dead letters), so only its deliveries are wrapped here.
-    p.drainer.on_delivered = functools.partial(_on_delivered, tracer, p.drainer.on_delivered)
-    p.writer.after_commit = functools.partial(_after_commit, tracer, p.writer.after_commit)
-    p.on_dead_letter = functools.partial(_on_dead_letter, tracer, p.on_dead_letter)
+    if not _first_time(p):
+        return
+    # The producer's events cover its drain (threads or process) and its first sends' dead letters.
+    p.subscribe(_Spans(tracer))
     if spans_on_produce:
-        p.produce = functools.partial(_produce, tracer, p.produce)  # type: ignore[method-assign]
+        p.hook_produce(functools.partial(_produce, tracer))
 
 
 def _instrument_drainer(d: Drainer, tracer: Tracer) -> None:
-    if getattr(d, "_outbox_otel", False):
-        return
-    d._outbox_otel = True  # type: ignore[attr-defined]
-    d.on_delivered = functools.partial(_on_delivered, tracer, d.on_delivered)
-    d.on_dead_letter = functools.partial(_on_dead_letter, tracer, d.on_dead_letter)
+    if _first_time(d):
+        d.subscribe(_Spans(tracer))
 
 
 def _send_span(tracer: Tracer, topic: str) -> Any:
@@ -192,19 +200,19 @@ def _produce(
     tracer: Tracer,
     produce: Callable[..., str],
     topic: str,
-    value: Any = None,
-    key: Any = None,
-    partition: int | None = -1,
-    on_delivery: Any = None,
-    timestamp: int = 0,
-    headers: Any = None,
-    *,
-    callback: Any = None,
-    enable_retry: bool = True,
-    transaction: Any = None,
+    value: Any,
+    key: Any,
+    partition: int | None,
+    on_delivery: Any,
+    timestamp: int,
+    headers: Any,
+    callback: Any,
+    enable_retry: bool,
+    transaction: Any,
 ) -> str:
+    """The produce hook (`ResilientProducer.hook_produce`): the call in a ``send`` span."""
     with _send_span(tracer, topic) as span:
-        hdrs = _linked_headers(span, headers)
+        hdrs = HookedHeaders(_linked_headers(span, headers))
         msg_id = produce(
             topic, value, key, partition, on_delivery, timestamp, hdrs,
             callback=callback, enable_retry=enable_retry, transaction=transaction,
@@ -213,84 +221,76 @@ def _produce(
         return msg_id
 
 
-def _wrap_async_produce(ap: AsyncResilientProducer, tracer: Tracer) -> None:
-    produce = ap.produce
-
-    async def traced(
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        partition: int = -1,
-        on_delivery: Any = None,
-        timestamp: int = 0,
-        headers: Any = None,
-        *,
-        callback: Any = None,
-        enable_retry: bool = True,
-        transaction: Any = None,
-    ) -> str:
-        # Opened here, on the loop, so the span's parent is the awaiting task's context.
-        with _send_span(tracer, topic) as span:
-            hdrs = _linked_headers(span, headers)
-            msg_id = await produce(
-                topic, value, key, partition, on_delivery, timestamp, hdrs,
-                callback=callback, enable_retry=enable_retry, transaction=transaction,
-            )
-            span.set_attribute("messaging.message.id", msg_id)
-            return msg_id
-
-    ap.produce = traced  # type: ignore[method-assign]
-
-
-def _after_commit(tracer: Tracer, inner: Callable[[Committed], None] | None, c: Committed) -> None:
-    if inner is not None:
-        inner(c)
-    for msg, leased in zip(c.new, c.leased, strict=True):
-        if leased:
-            continue  # write-ahead rows sent at once: part of the normal path, not a spill
-        span = tracer.start_span(
-            f"outbox spill {msg.topic}",
-            kind=SpanKind.INTERNAL,
-            links=_links(msg.headers),
-            attributes=_attributes(msg.topic, msg.msg_id, **{"outbox.reason": msg.last_error}),
+async def _produce_async(
+    tracer: Tracer,
+    produce: Callable[..., Awaitable[str]],
+    topic: str,
+    value: Any,
+    key: Any,
+    partition: int | None,
+    on_delivery: Any,
+    timestamp: int,
+    headers: Any,
+    callback: Any,
+    enable_retry: bool,
+    transaction: Any,
+) -> str:
+    """AsyncResilientProducer's produce hook: the span opened on the loop, so its parent is the
+    awaiting task's context."""
+    with _send_span(tracer, topic) as span:
+        hdrs = HookedHeaders(_linked_headers(span, headers))
+        msg_id = await produce(
+            topic, value, key, partition, on_delivery, timestamp, hdrs,
+            callback=callback, enable_retry=enable_retry, transaction=transaction,
         )
+        span.set_attribute("messaging.message.id", msg_id)
+        return msg_id
+
+
+class _Spans(Listener):
+    """The outbox spans, from a producer's (or a drainer's) events."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self._tracer = tracer
+
+    def committed(self, batch: Committed) -> None:
+        for msg, leased in zip(batch.new, batch.leased, strict=True):
+            if leased:
+                continue  # write-ahead rows sent at once: part of the normal path, not a spill
+            span = self._tracer.start_span(
+                f"outbox spill {msg.topic}",
+                kind=SpanKind.INTERNAL,
+                links=_links(msg.headers),
+                attributes=_attributes(msg.topic, msg.msg_id, **{"outbox.reason": msg.last_error}),
+            )
+            span.end()
+
+    def delivered(self, rows: Sequence[OutboxMessage] | Sequence[Drained]) -> None:
+        end = time.time_ns()
+        for row in rows:
+            span = self._tracer.start_span(
+                f"outbox deliver {row.topic}",
+                kind=SpanKind.PRODUCER,
+                links=_links(row.headers),
+                start_time=int(row.created_at * 1e9),
+                attributes=_attributes(row.topic, row.msg_id, **{"outbox.attempts": row.attempts}),
+            )
+            span.end(end_time=end)
+
+    def dead(self, letter: DeadLetter) -> None:
+        span = self._tracer.start_span(
+            f"outbox dead-letter {letter.topic}",
+            kind=SpanKind.INTERNAL,
+            links=_links(letter.headers),
+            attributes=_attributes(letter.topic, letter.msg_id, **{"outbox.attempts": letter.attempts}),
+        )
+        span.set_status(Status(StatusCode.ERROR, letter.last_error or "dead-lettered"))
         span.end()
 
 
-def _on_delivered(
-    tracer: Tracer, inner: Callable[[Any], None] | None, rows: Sequence[OutboxMessage] | Sequence[Drained]
-) -> None:
-    if inner is not None:
-        inner(rows)
-    end = time.time_ns()
-    for row in rows:
-        span = tracer.start_span(
-            f"outbox deliver {row.topic}",
-            kind=SpanKind.PRODUCER,
-            links=_links(row.headers),
-            start_time=int(row.created_at * 1e9),
-            attributes=_attributes(row.topic, row.msg_id, **{"outbox.attempts": row.attempts}),
-        )
-        span.end(end_time=end)
-
-
-def _on_dead_letter(tracer: Tracer, inner: Callable[[DeadLetter], None] | None, dl: DeadLetter) -> None:
-    span = tracer.start_span(
-        f"outbox dead-letter {dl.topic}",
-        kind=SpanKind.INTERNAL,
-        links=_links(dl.headers),
-        attributes=_attributes(dl.topic, dl.msg_id, **{"outbox.attempts": dl.attempts}),
-    )
-    span.set_status(Status(StatusCode.ERROR, dl.last_error or "dead-lettered"))
-    span.end()
-    if inner is not None:
-        inner(dl)
-
-
 def _instrument_consumer(c: ResilientConsumer | AsyncResilientConsumer, tracer: Tracer) -> None:
-    if getattr(c, "_outbox_otel", False):
+    if not _first_time(c):
         return
-    c._outbox_otel = True  # type: ignore[union-attr]
     if isinstance(c, AsyncResilientConsumer):
         handler = c.handler
 

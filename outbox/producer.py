@@ -8,6 +8,9 @@ This module is the router: it checks a message once and sends it down one path.
 - `outbox.link`: the librdkafka producer and its delivery thread;
 - `outbox.fates`: the callbacks of stored messages, once delivered or dead-lettered;
 - `outbox.drain` / `outbox.drainproc`: the drain workers that re-send stored messages.
+- `outbox.events`: how those parts tell what happened to messages (committed, delivered,
+  retried, dead, key released), to the producer's routing (`_Routes`), tracing and the
+  application's listeners (`subscribe`).
 
 Threads: the caller's threads call `produce()`; one delivery thread polls librdkafka and runs
 every callback (`on_delivery`, `on_dead_letter` for first-send failures); `poll()` waits for
@@ -22,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin._metadata import ClusterMetadata
@@ -33,9 +36,11 @@ from .circuit import CircuitBreaker
 from .drain import DEFAULT_BATCH_SIZE, Drainer
 from .drainproc import DrainProcess
 from .errors import ConfigError, ProducerClosedError, StoreError
+from .events import Events, Listener
 from .fates import DeadLetterCallback, DeliveryCallback, Fates
 from .firstsend import FirstSend
 from .headers import ID_HEADER, IdGenerator
+from .keyorder import Held, Key, KeyBacklog
 from .link import KafkaLink, queue_limits
 from .logs import LIBRDKAFKA_LOG
 from .owners import new_owner
@@ -49,7 +54,7 @@ from .payload import (
     check_topic,
     normalize_headers,
 )
-from .records import Headers, NewMessage, StoreStats
+from .records import DeadLetter, Headers, NewMessage, StoreStats
 from .retry import RetryPolicy
 from .sendloop import check_resend_config
 from .serialization import Serializer, Serializers
@@ -60,7 +65,25 @@ from .transactions import enqueue_in_transaction
 from .writeahead import WriteAhead
 from .writer import Committed, GroupCommitWriter
 
-__all__ = ["PRODUCER_DEFAULTS", "DeadLetterCallback", "DeliveryCallback", "ResilientProducer"]
+if TYPE_CHECKING:
+    from .events import Rows
+
+
+class HookedHeaders(list[tuple[str, Any]]):
+    """Headers a produce hook passes on (`ResilientProducer.hook_produce`): produce() sends the
+    message itself instead of calling the hook again."""
+
+    __slots__ = ()
+
+
+#: `ResilientProducer.hook_produce`'s hook: (produce, topic, value, key, partition, on_delivery,
+#: timestamp, headers, callback, enable_retry, transaction) -> the message id.
+ProduceHook = Callable[..., str]
+
+__all__ = [
+    "PRODUCER_DEFAULTS", "DeadLetterCallback", "DeliveryCallback", "HookedHeaders", "ProduceHook",
+    "ResilientProducer",
+]
 
 log = logging.getLogger("outbox")
 
@@ -177,6 +200,9 @@ class ResilientProducer:
     #: Until __init__ has run (a subclass that does not call it), every call says "closed", as
     #: confluent_kafka's does.
     _closed = True
+    #: produce()'s one check before its fast path: closed, or a produce hook is set.
+    _produce_guard = True
+    _produce_hook: ProduceHook | None = None
 
     def __init__(
         self,
@@ -280,16 +306,12 @@ class ResilientProducer:
         )
         self._owns_store = not isinstance(outbox, Outbox)
         self.store = open_outbox(outbox)
-        # The parts, wired once. Two calls go to a part built later, through a lambda: the fates
-        # tell the key backlog (in the spill) of drained keys, and the backlog hands keys back
-        # through the first sends. No thread calls either before every part is built: the
-        # delivery and key threads start below, the writer commits only what produce() queues.
-        self._fates = Fates(
-            on_dead_letter,
-            report_successes=report_successes,
-            keys_drained=lambda keys: self._spill.backlog.drained(keys),
-            served=self._served,
-        )
+        # The parts tell what happens to messages through one fan-out (`outbox.events`); the
+        # producer's own reactions (`_Routes`) listen first, then the application's listeners.
+        # No thread tells an event before every part is built and subscribed: the delivery and
+        # key threads and the drain start below, the writer commits only what produce() queues.
+        self._events = Events(self._served.failed)
+        self._fates = Fates(on_dead_letter, report_successes=report_successes, served=self._served)
         drain_config = dict(config)
         if user_error_cb is not None:
             drain_config["error_cb"] = user_error_cb
@@ -299,9 +321,7 @@ class ResilientProducer:
             batch_size=drain_batch_size,
             lease_seconds=lease_seconds,
             poll_interval=drain_poll_interval,
-            on_delivered=self._fates.drained,
-            on_dead_letter=self._fates.drain_dead,
-            on_success=self.circuit.record_success,
+            events=self._events,
             on_store_error=on_store_error,
         )
         self.drainer: Drainer | DrainProcess
@@ -322,14 +342,11 @@ class ResilientProducer:
             lease_seconds=lease_seconds,
             max_delay=commit_interval,
             budget=self.memory,
-            after_commit=self._after_commit,
+            events=self._events,
         )
-        fallback = mode == "fallback"
         self._spill = Spill(
             self.store, self.writer, self._link, self.circuit, self._fates,
-            # Fallback mode hands keys back to the fast path through a gate (keyorder.py);
-            # write-ahead stores every message anyway.
-            send_held=(lambda key, held: self._first.send_held(key, held)) if fallback else None,
+            events=self._events, gate=mode == "fallback",
         )
         self._backlog = self._spill.backlog  # produce()'s first check, one attribute away
         self._first = FirstSend(
@@ -340,7 +357,14 @@ class ResilientProducer:
             self._link, self._spill, self.writer, self.circuit, self._fates, self.retry,
             durability=durability, report_successes=report_successes,
         )
+        self._events.subscribe(
+            _Routes(
+                self._events, self.circuit, self._fates, self._backlog, self._first, self._write_ahead, self.drainer
+            ),
+            internal=True,
+        )
         self._closed = False
+        self._produce_guard = False
         self._link.start(tick=self._spill.tick)
         self._backlog.start()
         if drain_workers > 0:
@@ -361,6 +385,45 @@ class ResilientProducer:
         self._fates.on_dead_letter = callback
 
     # -- the public API ----------------------------------------------------------------------
+
+    def subscribe(self, listener: object) -> None:
+        """Tell `listener` what happens to this producer's messages from now on.
+
+        `listener` is an `outbox.Listener` (or any object with some of its methods):
+        `committed(batch)`, `delivered(rows)`, `retried(rows)`, `dead(letter)`,
+        `key_released(key, held)`. Each is called on the producer thread that learned the event
+        (the writer, a drain thread, the drain process's events thread), once per batch: keep it
+        short. What it raises is logged, counted in `stats()["callback_errors"]` and raised by
+        the next `poll()` / `flush()`; the producer goes on, and so do the other listeners.
+        A message delivered on its first try makes no event: its `on_delivery` hears it.
+
+        Raises:
+            TypeError: `listener` has none of the event methods.
+            ProducerClosedError: the producer is closed (a RuntimeError).
+        """
+        if self._closed:
+            raise ProducerClosedError(CLOSED)
+        self._events.subscribe(listener)
+
+    def hook_produce(self, hook: ProduceHook) -> None:
+        """Run every later produce() call through `hook` (the OpenTelemetry `send` spans).
+
+        `hook(produce, topic, value, key, partition, on_delivery, timestamp, headers, callback,
+        enable_retry, transaction)` must return `produce(topic, value, key, partition,
+        on_delivery, timestamp, HookedHeaders(...), callback=callback, enable_retry=enable_retry,
+        transaction=transaction)`: headers passed as `HookedHeaders` (even empty) run the message
+        itself instead of the hook again. One hook per producer: a second replaces the first.
+        Costs produce() nothing while none is set (it shares the check of a closed producer).
+
+        Raises:
+            ProducerClosedError: the producer is closed (a RuntimeError).
+        """
+        if self._closed:
+            raise ProducerClosedError(CLOSED)
+        if not callable(hook):
+            raise TypeError(f"a produce hook must be callable, got {type(hook).__name__}")
+        self._produce_hook = hook
+        self._produce_guard = True
 
     def produce(
         self,
@@ -413,8 +476,15 @@ class ResilientProducer:
                 stored or sent.
             ProducerClosedError (a RuntimeError): the producer is closed.
         """
-        if self._closed:
-            raise ProducerClosedError(CLOSED)
+        if self._produce_guard:  # one read on the fast path: closed, or hooked (tracing)
+            if self._closed:
+                raise ProducerClosedError(CLOSED)
+            hook = self._produce_hook
+            if hook is not None and headers.__class__ is not HookedHeaders:
+                return hook(
+                    self.produce, topic, value, key, partition, on_delivery, timestamp, headers, callback,
+                    enable_retry, transaction,
+                )
         if topic.__class__ is not str or topic not in KNOWN_TOPICS:
             check_topic(topic)
         if self._serializers is not None:  # once, before the outbox: re-sends reuse the bytes
@@ -693,6 +763,7 @@ class ResilientProducer:
         if self._closed:
             return 0
         self._closed = True
+        self._produce_guard = True
         exithook.forget(self)
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -770,14 +841,6 @@ class ResilientProducer:
         self._in_transaction += 1
         self.drainer.wake()
 
-    def _after_commit(self, c: Committed) -> None:
-        """Writer thread: committed rows. Send write-ahead rows; wake the drain; report dead letters."""
-        if any(c.leased):
-            self._write_ahead.send(c)
-        if any(not leased for leased in c.leased):
-            self.drainer.wake()
-        self._fates.committed_dead(c)
-
     def _circuit_opened(self) -> None:
         # Move what waits in librdkafka's queue to disk now instead of at message.timeout.ms,
         # and hold later spills back until it has (holdback.py: per-key order). Write-ahead rows
@@ -785,6 +848,48 @@ class ResilientProducer:
         if self.mode == "fallback":
             self._spill.hold_after_open(self._message_timeout + 1.0)
         self._link.purge_queue_soon()
+
+
+class _Routes(Listener):
+    """The producer's own reactions to its parts' events; the first listener of each."""
+
+    def __init__(
+        self, events: Events, circuit: CircuitBreaker, fates: Fates, backlog: KeyBacklog, first: FirstSend,
+        write_ahead: WriteAhead, drainer: Drainer | DrainProcess,
+    ) -> None:
+        self._events = events
+        self._circuit = circuit
+        self._fates = fates
+        self._backlog = backlog
+        self._first = first
+        self._write_ahead = write_ahead
+        self._drainer = drainer
+
+    def committed(self, batch: Committed) -> None:
+        """Writer thread: send write-ahead rows; wake the drain for the rest; tell dead letters."""
+        if any(batch.leased):
+            self._write_ahead.send(batch)
+        if any(not leased for leased in batch.leased):
+            self._drainer.wake()
+        if batch.dead or batch.dead_failed:
+            for letter in self._fates.committed_dead(batch):
+                self._events.dead(letter)
+
+    def delivered(self, rows: Rows) -> None:
+        """Drain: a delivery proves the cluster back (the circuit); callbacks; keys may be free."""
+        self._circuit.record_success()
+        self._fates.drained(rows)
+        # The key thread looks; the drain worker claims on.
+        self._backlog.drained([(row.topic, row.key) for row in rows if row.key is not None])
+
+    def dead(self, letter: DeadLetter) -> None:
+        self._fates.dead_letter(letter)
+        if letter.key is not None:
+            self._backlog.drained([(letter.topic, letter.key)])
+
+    def key_released(self, key: Key, held: Held) -> None:
+        """Key thread, under the backlog's lock: the gate's messages go to Kafka in order."""
+        self._first.send_held(key, held)
 
 
 def _is_true(setting: object) -> bool:

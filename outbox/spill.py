@@ -21,14 +21,14 @@ thread waits for room before it queues a message (`wait_for_room`), the delivery
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from .budget import message_cost
 from .circuit import CircuitBreaker, CircuitState
+from .events import Listener
 from .fates import DeliveryCallback, Fates
 from .holdback import Holdback
-from .keyorder import Held, Key, KeyBacklog
+from .keyorder import Key, KeyBacklog
 from .link import KafkaLink
 from .payload import as_bytes
 from .records import Headers, NewMessage
@@ -57,8 +57,10 @@ class Spill:
         link: the librdkafka producer (the hold-back ends once it has handed back its messages).
         circuit: keys are checked only while it is not open (nothing drains then).
         fates: where a stored message's `on_delivery` waits.
-        send_held: fallback mode: sends a key's messages that the gate held, once the key is
-            handed back (`KeyBacklog`'s `send`); None in write-ahead mode (every message is stored).
+        events: told each key the backlog hands back to the fast path, with the messages its
+            gate held (`key_released`: the producer's first sends send them).
+        gate: fallback mode: a key is handed back through a gate (`outbox.keyorder`); not in
+            write-ahead mode, which stores every message anyway.
     """
 
     def __init__(
@@ -69,7 +71,8 @@ class Spill:
         circuit: CircuitBreaker,
         fates: Fates,
         *,
-        send_held: Callable[[Key, Held], None] | None,
+        events: Listener,
+        gate: bool,
     ) -> None:
         self._writer = writer
         self._link = link
@@ -94,8 +97,8 @@ class Spill:
             flush=lambda: writer.flush(),
             holding=lambda: self.hold.active,
             may_check=lambda: circuit.state is not CircuitState.OPEN,
-            send=send_held,
-            store_held=self.store_held if send_held is not None else None,
+            send=events.key_released if gate else None,
+            store_held=self.store_held if gate else None,
             budget=self.budget,
         )
 

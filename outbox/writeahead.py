@@ -56,7 +56,7 @@ class WriteAhead:
         link: the librdkafka producer.
         spill: the key backlog (a key with rows waiting is not sent ahead of them) and the count
             of messages handed to the drain.
-        writer: the group-commit writer; its `after_commit` must call `send`.
+        writer: the group-commit writer; each `committed` batch it tells must reach `send`.
         circuit: while it is not closed, rows are left to the drain workers.
         fates: where the `on_delivery` of a row left to the drain waits.
         retry: the policy that settles a failed send.

@@ -2,8 +2,8 @@
 
 Callers append to an in-memory list and return (durability "batch") or wait for the commit
 ("sync"). The writer swaps the list out, writes everything in one transaction, then hands the
-committed batch to its `after_commit` hook. One fsync then covers hundreds of messages
-(PERF-NOTES: 3.4k rows/s one per transaction, ~100k rows/s batched).
+committed batch to its `committed` event (`outbox.events`). One fsync then covers hundreds
+of messages (PERF-NOTES: 3.4k rows/s one per transaction, ~100k rows/s batched).
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget, message_cost
 from .errors import StoreError
+from .events import Listener
 from .latency import LatencyHistogram
 from .records import NewMessage, OutboxMessage
 from .settle import Decision, add_to
@@ -46,7 +47,7 @@ class Batch:
 
 @dataclass
 class Committed:
-    """A committed batch, handed to `after_commit`."""
+    """A committed batch, told to the `committed` event (`outbox.events`)."""
 
     new_ids: list[int]
     new: list[NewMessage]
@@ -72,7 +73,8 @@ class GroupCommitWriter:
             callers that pass `wait=True` block while it is full, so a long outage keeps memory
             flat instead of queueing in RAM; and a quarter of it queued starts a commit at once.
             None: a budget of its own, `DEFAULT_MEMORY_BUDGET`.
-        after_commit: called on the writer thread with each committed batch.
+        events: told each committed batch (`committed`), on the writer thread: the producer's
+            `outbox.events.Events`, or any object with a `committed(batch)` method.
     """
 
     def __init__(
@@ -84,7 +86,7 @@ class GroupCommitWriter:
         max_delay: float = 0.002,
         max_batch: int = 5000,
         budget: MemoryBudget | None = None,
-        after_commit: Callable[[Committed], None] | None = None,
+        events: Listener | None = None,
     ) -> None:
         self.store = store
         self.owner = owner
@@ -97,7 +99,7 @@ class GroupCommitWriter:
         self.max_batch_bytes = max(1, self.budget.admit // 4)
         #: Bytes of the rows queued or being committed (under `_lock`; `outbox.budget`).
         self.held_bytes = 0
-        self.after_commit = after_commit
+        self._events = events
         # `with self._lock` is one C call; `with self._cond` is two Python-level calls
         # (Condition.__enter__/__exit__), paid by every produce() in write-ahead mode.
         self._lock = threading.Lock()
@@ -283,16 +285,16 @@ class GroupCommitWriter:
         self.committed_rows += len(new_ids) + len(dead_ids)
         # The hook runs before the batch counts as done, so flush()/close() also wait until the
         # committed rows were handed on (sent, or reported as dead letters).
-        if self.after_commit is not None:
+        if self._events is not None:
             try:
-                self.after_commit(
+                self._events.committed(
                     Committed(
                         new_ids, batch.new, batch.new_meta, batch.leased,
                         dead_ids, batch.dead, batch.dead_meta, dead_failed,
                     )
                 )
             except Exception:
-                log.exception("outbox writer: after-commit hook failed")
+                log.exception("outbox writer: telling a committed batch failed")
         self._forget(batch)
         batch.done.set()
 

@@ -14,8 +14,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
-from outbox import Drainer, DrainResult, OutboxMessage, RetryPolicy, parse_url
+from outbox import Drainer, DrainResult, Listener, OutboxMessage, RetryPolicy, parse_url
 from outbox.stores.postgres import PostgresOutbox
 
 EMPTY_FOR = 2.0  # seconds without a pending row before the worker stops
@@ -39,10 +40,11 @@ def main(url: str, bootstrap: str, report: str) -> None:
     acked: list[str] = []
     acked_batches = 0
 
-    def on_delivered(rows: list[OutboxMessage]) -> None:
-        nonlocal acked_batches
-        acked_batches += 1
-        acked.extend(r.msg_id for r in rows)
+    class Acked(Listener):
+        def delivered(self, rows: Sequence[OutboxMessage]) -> None:
+            nonlocal acked_batches
+            acked_batches += 1
+            acked.extend(r.msg_id for r in rows)
 
     store = PostgresOutbox(parse_url(url), create=False)
     drainer = Drainer(
@@ -56,8 +58,8 @@ def main(url: str, bootstrap: str, report: str) -> None:
         retry=RetryPolicy(max_attempts=100, initial_delay=0.5),
         batch_size=1000,
         lease_seconds=20,
-        on_delivered=on_delivered,
     )
+    drainer.subscribe(Acked())
     settled: list[tuple[float, int]] = []  # (wall clock, delivered so far) after each batch
 
     def progress(result: DrainResult) -> None:

@@ -75,12 +75,12 @@ def test_drain_survives_postgres_dropping_its_connections(
     assert delivered == set(ids)  # every message, duplicates allowed (at-least-once)
 
 
-def test_a_store_failure_in_the_on_delivered_hook_does_not_kill_a_drain_worker(
+def test_a_store_failure_in_a_delivered_listener_does_not_kill_a_drain_worker(
     kafka_bootstrap: str, topic: str, tmp_path: Any, consume_all: Callable[..., list[Any]]
 ) -> None:
-    """The producer's hook after a delivered batch reads the store (which keys are free again):
+    """The producer's listener of delivered batches reads the store (which keys are free again):
     a store failure there, after the batch was settled, must not end the worker."""
-    from outbox import Drainer
+    from outbox import Drainer, Listener
     from outbox.stores.sqlite import SQLiteOutbox
 
     store = SQLiteOutbox(str(tmp_path / "o.db"))
@@ -88,13 +88,14 @@ def test_a_store_failure_in_the_on_delivered_hook_does_not_kill_a_drain_worker(
     store.enqueue([NewMessage(topic, b"v", None, [("outbox-id", m.encode())], -1, m) for m in ids])
     calls: list[int] = []
 
-    def on_delivered(rows: list[Any]) -> None:
-        calls.append(len(rows))
-        if len(calls) == 1:
-            raise StoreError("outbox o.db: disk I/O error")
+    class FailsOnce(Listener):
+        def delivered(self, rows: Any) -> None:
+            calls.append(len(rows))
+            if len(calls) == 1:
+                raise StoreError("outbox o.db: disk I/O error")
 
-    drainer = Drainer(store, {"bootstrap.servers": kafka_bootstrap}, batch_size=200, poll_interval=0.1,
-                      on_delivered=on_delivered)
+    drainer = Drainer(store, {"bootstrap.servers": kafka_bootstrap}, batch_size=200, poll_interval=0.1)
+    drainer.subscribe(FailsOnce())
     drainer.start()
     try:
         deadline = time.monotonic() + 60
@@ -106,5 +107,6 @@ def test_a_store_failure_in_the_on_delivered_hook_does_not_kill_a_drain_worker(
         drainer.stop(30)
         store.close()
     assert sum(calls) == len(ids)
+    assert drainer.callback_errors.count == 1  # the listener's raise: counted, logged, survived
     got = consume_all(topic, len(ids), timeout=60)
     assert {dict(m.headers())["outbox-id"].decode() for m in got} == set(ids)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from outbox import Drainer, NewMessage, SQLiteOutbox
+from outbox import Drainer, Listener, NewMessage, SQLiteOutbox
 from outbox.stores.base import Outbox
 
 from .delivery import read_topic
@@ -42,7 +42,7 @@ def test_a_worker_whose_claim_lost_the_race_stays_in_the_run(
     kafka_bootstrap: str, topic: str, tmp_path: Path
 ) -> None:
     # A worker of a run until empty used to end at its first empty claim, leaving the run to the
-    # other one. Here the first worker to deliver a batch waits in on_delivered until a second
+    # other one. Here the first worker to deliver a batch waits in its delivered listener until a second
     # thread has delivered one: with a single worker left, it waits out the 60 s given to the
     # whole run, which then ends with one thread seen.
     total = 8000
@@ -55,15 +55,17 @@ def test_a_worker_whose_claim_lost_the_race_stays_in_the_run(
     lock = threading.Lock()
     give_up_at = time.monotonic() + 60
 
-    def on_delivered(rows: list[object]) -> None:
-        with lock:
-            threads.add(threading.current_thread().name)
-            if len(threads) == 2:
-                both.set()
-        both.wait(max(0.0, give_up_at - time.monotonic()))
+    class WaitForBoth(Listener):
+        def delivered(self, rows: object) -> None:
+            with lock:
+                threads.add(threading.current_thread().name)
+                if len(threads) == 2:
+                    both.set()
+            both.wait(max(0.0, give_up_at - time.monotonic()))
 
     drainer = Drainer(cast(Outbox, FirstClaimOfSecondThreadLost(store)), {"bootstrap.servers": kafka_bootstrap},
-                      workers=2, batch_size=1000, on_delivered=on_delivered)
+                      workers=2, batch_size=1000)
+    drainer.subscribe(WaitForBoth())
     result = drainer.run(until_empty=True)
 
     assert len(threads) == 2, f"only {sorted(threads)} delivered"

@@ -742,3 +742,52 @@ def test_an_outage_of_large_messages_far_past_the_memory_budget_stores_each_once
     got = read_topic(bs, topic, total)
     assert got.unique == total, f"lost {total - got.unique} messages"
     assert got.order_violations() == []
+
+
+def test_a_subscribed_listener_hears_committed_delivered_and_dead_and_its_raise_reaches_poll(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """An audit listener (`producer.subscribe`) against the cluster: a stored row delivered by the
+    drain (`delivered`), a message too large for its topic stored (`committed`) and then
+    dead-lettered (`dead`). A listener that raises: counted, raised by the next flush(), and the
+    producer and the other listener go on."""
+    from outbox import Listener
+    from outbox.writer import Committed
+
+    topic = make_topic(config={"max.message.bytes": "2000"})
+    store = SQLiteOutbox(str(tmp_path / "o.db"))
+    store.enqueue([NewMessage(topic, b"stored-earlier", b"s", [(ID_HEADER, b"early-1")], -1, "early-1")])
+    store.close()
+    heard: list[tuple[str, str]] = []
+
+    class Audit(Listener):
+        def committed(self, batch: Committed) -> None:
+            heard.extend(("committed", m.msg_id) for m in batch.new)
+
+        def delivered(self, rows: Any) -> None:
+            heard.extend(("delivered", r.msg_id) for r in rows)
+
+        def dead(self, letter: DeadLetter) -> None:
+            heard.append(("dead", letter.msg_id))
+
+    class Broken(Listener):
+        def dead(self, letter: DeadLetter) -> None:
+            raise RuntimeError(f"audit sink down for {letter.msg_id}")
+
+    with make_producer(kafka_bootstrap, tmp_path / "o.db", drain_workers=0) as p:
+        p.subscribe(Broken())
+        p.subscribe(Audit())
+        p.drainer.start()  # after subscribing: the stored row's delivery is heard
+        big = p.produce(topic, b"x" * 10_000, key=b"big")
+        small = p.produce(topic, b"small", key=b"ok")
+        wait_until(lambda: ("dead", big) in heard and ("delivered", "early-1") in heard, 60, "both fates heard")
+        with pytest.raises(RuntimeError, match=f"audit sink down for {big}"):
+            p.flush(30)
+        assert p.flush(30) == 0  # raised once; the producer goes on
+        st = p.stats()
+    assert ("committed", big) in heard  # stored after its first send failed
+    assert heard.index(("committed", big)) < heard.index(("dead", big))
+    assert not any(msg_id == small for _, msg_id in heard)  # delivered on its first try: no event
+    assert st["callback_errors"] == 1 and st["dead"] == 1
+    got = read_topic(kafka_bootstrap, topic, 2)
+    assert got.values() == {b"stored-earlier", b"small"}

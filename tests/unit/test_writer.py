@@ -15,6 +15,7 @@ import pytest
 
 from outbox.budget import MemoryBudget, message_cost
 from outbox.errors import StoreError, UnknownMessageError
+from outbox.events import Listener
 from outbox.records import NewMessage, Status
 from outbox.settle import Decision, Verdict
 from outbox.stores import SQLiteOutbox
@@ -140,14 +141,14 @@ def store(tmp_path: Path) -> Iterator[CountingOutbox]:
     s.close()
 
 
-class Hook:
-    """after_commit collector."""
+class Hook(Listener):
+    """`committed` collector."""
 
     def __init__(self) -> None:
         self.batches: list[Committed] = []
 
-    def __call__(self, c: Committed) -> None:
-        self.batches.append(c)
+    def committed(self, batch: Committed) -> None:
+        self.batches.append(batch)
 
 
 # -- group commit --------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ class Hook:
 @pytest.mark.parametrize("leased", [False, True], ids=["free", "leased"])
 def test_many_threads_commit_in_few_transactions(store: CountingOutbox, leased: bool) -> None:
     hook = Hook()
-    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=0.02, after_commit=hook)
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=0.02, events=hook)
     per_thread, nthreads = 1000, 4
     start = threading.Barrier(nthreads)
 
@@ -189,7 +190,7 @@ def test_many_threads_commit_in_few_transactions(store: CountingOutbox, leased: 
     claimed = store.claim("drainer", total, 60, now=time.time())
     assert len(claimed) == (0 if leased else total)
 
-    # after_commit saw every row once, each batch's ids ascending, each thread's rows in order.
+    # `committed` saw every row once, each batch's ids ascending, each thread's rows in order.
     new_ids = [i for c in hook.batches for i in c.new_ids]
     metas = [m for c in hook.batches for m in c.new_meta]
     assert len(new_ids) == len(set(new_ids)) == total
@@ -201,9 +202,9 @@ def test_many_threads_commit_in_few_transactions(store: CountingOutbox, leased: 
         assert [m.msg_id for m in c.new] == [f"id-{th * per_thread + i}" for th, i in c.new_meta]
 
 
-def test_after_commit_ids_match_the_stored_rows_in_order(store: CountingOutbox) -> None:
+def test_committed_batch_ids_match_the_stored_rows_in_order(store: CountingOutbox) -> None:
     hook = Hook()
-    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, after_commit=hook)
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, events=hook)
     for i in range(300):
         w.add_new(msg(i), meta=i, leased=i % 3 == 0)  # a mix: two transactions per batch
     assert w.close() == 0
@@ -247,7 +248,7 @@ def test_delivered_outcomes_delete_rows(store: CountingOutbox) -> None:
 def test_failed_outcomes_reschedule_or_dead_letter(store: CountingOutbox) -> None:
     retry_id, dead_id = store.enqueue([msg(1), msg(2)])
     hook = Hook()
-    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, after_commit=hook)
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, events=hook)
     now = 1_700_000_000.0
     w.add_outcomes([], [
         (retry_id, Decision(Verdict.RESCHEDULE, now + 30, -192, "_MSG_TIMED_OUT", ERR, attempts=1), now),
@@ -260,14 +261,14 @@ def test_failed_outcomes_reschedule_or_dead_letter(store: CountingOutbox) -> Non
     assert (r.first_failed_at, r.last_failed_at, r.next_attempt_at) == (now, now, now + 30)
     d = store.get(dead_id)
     assert (d.status, d.attempts, d.last_error) == (Status.DEAD, 1, DEAD_ERR)
-    # The dead-lettered row reaches after_commit (the producer hands it to on_dead_letter).
+    # The dead-lettered row reaches `committed` (the producer tells it as a `dead` event).
     dead_failed = [row for c in hook.batches for row in c.dead_failed]
     assert [(row.id, row.status) for row in dead_failed] == [(dead_id, Status.DEAD)]
 
 
 def test_add_dead_stores_dead_letters(store: CountingOutbox) -> None:
     hook = Hook()
-    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, after_commit=hook)
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, events=hook)
     w.add_dead(msg(1)._replace(last_error=DEAD_ERR, attempts=1), meta="m1")
     assert w.close() == 0
     (c,) = hook.batches
@@ -337,7 +338,7 @@ def test_failed_commits_are_retried_and_nothing_is_lost(tmp_path: Path, leased: 
     store = FlakyOutbox(str(tmp_path / "outbox.db"), fail=2)
     hook = Hook()
     try:
-        w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, after_commit=hook)
+        w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, events=hook)
         batch = [w.add_new(msg(i), meta=i, leased=leased) for i in range(200)]
         assert w.flush() == 0
         assert w.close() == 0
@@ -350,15 +351,16 @@ def test_failed_commits_are_retried_and_nothing_is_lost(tmp_path: Path, leased: 
         store.close()
 
 
-def test_after_commit_hook_failure_does_not_stop_the_writer(store: CountingOutbox) -> None:
+def test_a_committed_listener_that_fails_does_not_stop_the_writer(store: CountingOutbox) -> None:
     seen: list[int] = []
 
-    def hook(c: Committed) -> None:
-        seen.extend(c.new_ids)
-        if len(seen) == 1:
-            raise RuntimeError("hook bug")
+    class Failing(Listener):
+        def committed(self, batch: Committed) -> None:
+            seen.extend(batch.new_ids)
+            if len(seen) == 1:
+                raise RuntimeError("hook bug")
 
-    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, after_commit=hook)
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, events=Failing())
     w.add_new(msg(1))
     assert w.flush() == 0
     w.add_new(msg(2))

@@ -1,0 +1,153 @@
+"""Events: what happens to a producer's messages, told once to everyone who listens.
+
+The producer's parts report here (the group-commit writer, the drain workers in threads or in a
+drain process, the key backlog), and whoever needs to know subscribes: the producer's own
+routing (send write-ahead rows, free keys, close the circuit, run `on_delivery`), the optional
+OpenTelemetry spans and Prometheus metrics, the drain process's pipe, and the application
+(`ResilientProducer.subscribe`).
+
+Events come per batch, never per message on the fast path: a message sent and acknowledged on
+its first try makes none (its `on_delivery` says so). Each runs on the thread that learned it:
+
+* `committed(batch)`: the writer thread committed a batch of messages to the outbox
+  (`outbox.writer.Committed`: new rows, and dead letters of failed first sends);
+* `delivered(rows)`: a drain worker delivered stored rows (`OutboxMessage`, or `Drained` from a
+  drain process: `msg_id`, `topic`, `key`, `headers`, `attempts`, `created_at`);
+* `retried(rows)`: a drain worker's send of these rows failed; they are due again later;
+* `dead(letter)`: a message was dead-lettered (the dead letter is stored);
+* `key_released(key, held)`: the key backlog hands a key (``(topic, key)``) back to the fast
+  path, with the messages it held meanwhile (internal: the producer sends them).
+
+A listener that raises never stops the thread that told it: the exception is logged, counted in
+`stats()["callback_errors"]` and raised again by the application's next `poll()` / `flush()`
+(`outbox.served`); the event still reaches every other listener.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .drainproc import Drained
+    from .records import DeadLetter, OutboxMessage
+    from .writer import Committed
+
+    #: Rows delivered or retried by a drain worker: whole rows in threads, `Drained` from a process.
+    Rows = Sequence[OutboxMessage] | Sequence[Drained]
+
+__all__ = ["EVENTS", "Events", "Listener"]
+
+log = logging.getLogger("outbox")
+
+#: The event names, in the order the docs list them.
+EVENTS = ("committed", "delivered", "retried", "dead", "key_released")
+
+
+class Listener:
+    """Hears a producer's events; every method does nothing: override the ones you need.
+
+    Subclassing is optional: any object with some of these methods may listen (the others are
+    not called). Keep each method short: it runs on a producer thread that has other work.
+    """
+
+    def committed(self, batch: Committed) -> None:
+        """The writer thread committed `batch` to the outbox."""
+
+    def delivered(self, rows: Rows) -> None:
+        """A drain worker delivered these stored rows."""
+
+    def retried(self, rows: Rows) -> None:
+        """A drain worker's send of these rows failed; they are due again later."""
+
+    def dead(self, letter: DeadLetter) -> None:
+        """A message was dead-lettered; `letter` is stored."""
+
+    def key_released(self, key: tuple[str, bytes], held: Any) -> None:
+        """The key backlog handed `key` back to the fast path with the messages it `held`."""
+
+
+_NOOPS = {name: getattr(Listener, name) for name in EVENTS}
+
+
+def _handlers(listener: object, name: str) -> Callable[..., None] | None:
+    """`listener`'s method for event `name`, or None if it has none or keeps the no-op."""
+    if getattr(type(listener), name, None) is _NOOPS[name]:
+        return None
+    fn = getattr(listener, name, None)
+    return fn if callable(fn) else None
+
+
+class Events(Listener):
+    """The fan-out: tells each event to every subscribed listener, in subscription order.
+
+    Args:
+        failed: called with what a listener raised (the producer's: `Served.failed`, which
+            logs, counts and hands it to the next poll()/flush()).
+
+    Subscribing copies the tuples of handlers (rare); telling reads one tuple (every event), so
+    threads tell without a lock while another subscribes.
+    """
+
+    def __init__(self, failed: Callable[[BaseException], None]) -> None:
+        self._failed = failed
+        self._by_event: dict[str, tuple[tuple[Callable[..., None], bool], ...]] = {name: () for name in EVENTS}
+
+    def subscribe(self, listener: object, *, internal: bool = False) -> None:
+        """Add `listener`. `internal`: one of the producer's own parts; what it raises is a
+        fault of the library, logged only (the application cannot act on it)."""
+        if isinstance(listener, type):
+            raise TypeError(f"a listener is an object, not the class {listener.__name__}: pass an instance")
+        found = False
+        by_event = dict(self._by_event)
+        for name in EVENTS:
+            fn = _handlers(listener, name)
+            if fn is not None:
+                by_event[name] = (*by_event[name], (fn, internal))
+                found = True
+        if not found:
+            raise TypeError(
+                f"{type(listener).__name__} has none of the event methods {', '.join(EVENTS)}: nothing would call it"
+            )
+        self._by_event = by_event
+
+    def listens(self, name: str) -> bool:
+        """Whether any listener hears event `name` (a part may skip building an event nobody hears)."""
+        return bool(self._by_event[name])
+
+    def _tell(self, name: str, *args: Any) -> None:
+        for fn, internal in self._by_event[name]:
+            try:
+                fn(*args)
+            except Exception as exc:
+                if internal:
+                    log.exception("outbox: handling the %s event failed; the producer goes on", name)
+                else:
+                    self._failed(exc)
+
+    def committed(self, batch: Committed) -> None:
+        self._tell("committed", batch)
+
+    def delivered(self, rows: Rows) -> None:
+        self._tell("delivered", rows)
+
+    def retried(self, rows: Rows) -> None:
+        self._tell("retried", rows)
+
+    def dead(self, letter: DeadLetter) -> None:
+        self._tell("dead", letter)
+
+    def key_released(self, key: tuple[str, bytes], held: Any) -> None:
+        self._tell("key_released", key, held)
+
+
+def logged_and_counted(count: Callable[[], None]) -> Callable[[BaseException], None]:
+    """A `failed` for parts that run without an application to raise to (a standalone
+    `Drainer`): log the listener's exception and count it."""
+
+    def failed(exc: BaseException) -> None:
+        log.error("outbox: an event listener raised %r; the worker goes on", exc, exc_info=exc)
+        count()
+
+    return failed
