@@ -19,6 +19,7 @@ from .base import (
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
     pass
 from .postgres_conn import PostgresConnection
+from .postgres_schema import NEXT_DUE_SQL
 
 _ALL = DeadLetterFilter()  # the empty filter: every dead letter
 
@@ -69,9 +70,9 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
         where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)
         with self._conn() as conn:
             return conn.execute(
-                f"UPDATE {self._t} SET status = 0, attempts = 0, next_attempt_at = %s, "
+                f"UPDATE {self._t} SET status = 0, attempts = 0, next_attempt_at = %s, ready_at = %s, "
                 f"lease_owner = NULL, topic = COALESCE(%s, topic) WHERE {where}",
-                [now, to_topic, *args],
+                [now, now, to_topic, *args],
             ).rowcount
 
     def count_dead(self, flt: DeadLetterFilter = _ALL) -> int:
@@ -84,8 +85,8 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
         with self._conn() as conn:
             return conn.execute(
                 f"UPDATE {self._t} SET value = %s, headers = %s, status = 0, attempts = 0, "
-                "next_attempt_at = %s, lease_owner = NULL WHERE id = %s AND status = 2",
-                [value, encode_headers(headers), now, id],
+                "next_attempt_at = %s, ready_at = %s, lease_owner = NULL WHERE id = %s AND status = 2",
+                [value, encode_headers(headers), now, now, id],
             ).rowcount == 1
 
     def trace(self, msg_id: str) -> list[OutboxMessage]:
@@ -125,7 +126,7 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
                 "SELECT COALESCE(error_name || ' (' || error_code || ')', error_name, '?'), "
                 f"count(*) FROM {self._t} WHERE status = 2 GROUP BY 1"
             ).fetchall()
-            due = conn.execute(f"SELECT min(next_attempt_at) FROM {self._t} WHERE status = 0").fetchone()
+            due = conn.execute(NEXT_DUE_SQL.format(t=self._t)).fetchone()
         pending_by_topic: dict[str, int] = {}
         dead_by_topic: dict[str, int] = {}
         oldest: float | None = None

@@ -3,7 +3,24 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+
+#: Table pages are filled to this percentage: a claim's lease rewrites each row it takes, and a
+#: rewrite that fits in its own page is a heap-only (HOT) update, which adds no index entries.
+#: A spilled page is full of rows leased together, so each needs room for a copy of itself.
+FILLFACTOR = 50
+
+
+# The earliest next_attempt_at of a pending row, on the ready_at index (ready_at <= next_attempt_at
+# always). u: the next_attempt_at of the first row in ready_at order that is not leased
+# (ready_at = next_attempt_at), found by walking the index past the leased ones. A row due
+# before u has its ready_at before u too: the rest of the answer is among those, the leased few.
+NEXT_DUE_SQL = (
+    "SELECT LEAST(u.at, (SELECT min(next_attempt_at) FROM {t} WHERE status = 0 "
+    "AND ready_at < COALESCE(u.at, 'infinity'))) FROM (SELECT ("
+    "SELECT next_attempt_at FROM {t} WHERE status = 0 AND next_attempt_at = ready_at "
+    "ORDER BY ready_at LIMIT 1) AS at) AS u"
+)
 
 
 def migrations(schema: str, table: str) -> dict[int, list[str]]:
@@ -72,6 +89,20 @@ def migrations(schema: str, table: str) -> dict[int, list[str]]:
         # The record timestamp every send of a row carries (ms since the epoch); rows stored
         # before it read 0, "unknown", and are sent as they always were (librdkafka's now).
         4: [f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS timestamp BIGINT NOT NULL DEFAULT 0"],
+        # Leases become heap-only updates. A lease still pushes next_attempt_at to its expiry (what
+        # "due" means for every reader), but no index covers next_attempt_at any more: the due
+        # index covers ready_at, "due when, leases aside", which the lease does not write. It is
+        # never later than next_attempt_at (0 is valid: rows a writer of version 4 adds are
+        # found by the index and judged on next_attempt_at), so the index finds a superset of
+        # the due rows: the due ones plus the few leased.
+        5: [
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS ready_at DOUBLE PRECISION NOT NULL DEFAULT 0",
+            f"UPDATE {t} SET ready_at = next_attempt_at WHERE status = 0",
+            f'CREATE INDEX IF NOT EXISTS "{table}_ready" ON {t} (ready_at) WHERE status = 0',
+            f'DROP INDEX IF EXISTS "{schema}"."{table}_due"',
+            # New pages only; the rows already stored keep their pages.
+            f"ALTER TABLE {t} SET (fillfactor = {FILLFACTOR})",
+        ],
     }
 
 #: How the dead-letter filter compares keys: through the md5 index, then exactly.

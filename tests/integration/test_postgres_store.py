@@ -205,14 +205,15 @@ def test_schema_and_table_from_the_jdbc_url_and_versioned(postgres_url: str) -> 
             assert conn.execute(f"SELECT count(*) FROM {schema}.events_outbox").fetchone() == (1,)
             assert conn.execute(
                 f"SELECT max(version) FROM {schema}.events_outbox_schema_version"
-            ).fetchone() == (4,)
+            ).fetchone() == (5,)
             indexes = {
                 r[0]
                 for r in conn.execute(
                     "SELECT indexname FROM pg_indexes WHERE schemaname = %s", [schema]
                 ).fetchall()
             }
-        assert {"events_outbox_pending_id", "events_outbox_due", "events_outbox_key"} <= indexes
+        assert {"events_outbox_pending_id", "events_outbox_ready", "events_outbox_key"} <= indexes
+        assert "events_outbox_due" not in indexes  # replaced by the ready_at index (version 5)
         with open_outbox(jdbc, create=False) as again:
             assert again.get(i).value == b"v"
     finally:
@@ -365,3 +366,96 @@ def test_version_1_outbox_is_migrated_with_error_columns(postgres_url: str) -> N
         store.close()
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def test_version_4_outbox_is_migrated_to_leases_no_index_covers(postgres_url: str) -> None:
+    """A table of schema version 4 (the due index on next_attempt_at): its pending rows get
+    ready_at, the due index is replaced by one on ready_at, and no index covers a column a
+    lease writes (so a lease is a heap-only update). A lease, a back-off and a due row stored
+    before the migration keep their meaning: only the due row is claimed, the leased one once
+    its lease ends, and next_due_at sees the lease and the back-off."""
+    schema = f"mig_{uuid.uuid4().hex[:8]}"
+    url = dataclasses.replace(parse_url(postgres_url), schema=schema)
+    PostgresOutbox(url).close()
+    t = f'"{schema}".outbox'
+    now = time.time()
+    try:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:  # back to version 4
+            conn.execute(f'DROP INDEX "{schema}".outbox_ready')
+            conn.execute(f"ALTER TABLE {t} DROP COLUMN ready_at")
+            conn.execute(f"ALTER TABLE {t} RESET (fillfactor)")
+            conn.execute(f'CREATE INDEX outbox_due ON {t} (status, next_attempt_at)')
+            conn.execute(f'DELETE FROM "{schema}".outbox_schema_version WHERE version = 5')
+            conn.execute(
+                f"INSERT INTO {t} (msg_id, topic, value, created_at, next_attempt_at, lease_owner) VALUES "
+                "('leased', 't', 'a', 0, %s, 'gone-owner'), ('backing-off', 't', 'b', 0, %s, NULL), "
+                "('due', 't', 'c', 0, %s, NULL)",
+                [now + 60, now + 120, now - 1],
+            )
+        store = PostgresOutbox(url, create=False)
+        try:
+            with psycopg.connect(postgres_url) as conn:
+                assert conn.execute(f'SELECT max(version) FROM "{schema}".outbox_schema_version').fetchone() == (5,)
+                ready = conn.execute(f"SELECT msg_id, ready_at, next_attempt_at FROM {t} ORDER BY id").fetchall()
+                assert [(m, r == n) for m, r, n in ready] == [("leased", True), ("backing-off", True), ("due", True)]
+                indexes = [d for (d,) in conn.execute(
+                    "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = 'outbox'", [schema]
+                ).fetchall()]
+                assert not [d for d in indexes if "next_attempt_at" in d or "lease_owner" in d], indexes
+                assert any("(ready_at) WHERE (status = 0)" in d for d in indexes), indexes
+                assert conn.execute(
+                    "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [t]
+                ).fetchone() == (["fillfactor=50"],)
+            assert store.next_due_at() == pytest.approx(now - 1)
+            [due] = store.claim("new-owner", 10, 30.0, now=now)
+            assert due.msg_id == "due"
+            assert store.claim("other-owner", 10, 30.0, now=now) == []
+            assert store.next_due_at() == pytest.approx(now + 30)  # the new lease ends first
+            assert [m.msg_id for m in store.claim("new-owner", 10, 30.0, now=now + 90)] == ["leased", "due"]
+        finally:
+            store.close()
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_lease_settle_and_release_keep_ready_at_at_or_before_next_attempt_at(postgres_url: str) -> None:
+    """ready_at, the due index's column, is never later than next_attempt_at whatever the row
+    goes through (claim, fail with a back-off, release, dead letter and replay, write-ahead
+    rows born leased): the index then finds every due row."""
+    from outbox.stores.base import Failure, Settlement
+
+    schema = f"rdy_{uuid.uuid4().hex[:8]}"
+    url = dataclasses.replace(parse_url(postgres_url), schema=schema)
+    store = PostgresOutbox(url)
+    now = time.time()
+    try:
+        ids = store.enqueue([NewMessage("t", b"%d" % i, None, [], -1, f"m{i}") for i in range(6)])
+        born = store.enqueue([NewMessage("t", b"w", None, [], -1, "w")], lease_owner="writer", lease_until=now + 30)
+        rows = store.claim("o", 6, 30.0, now=now)
+        assert [r.id for r in rows] == ids
+        store.apply(
+            Settlement(
+                delivered=[ids[0]],
+                failures=[
+                    Failure(ids[1], "boom", now + 5, now, -1, "X"),
+                    Failure(ids[2], "boom", None, now, -1, "X"),
+                ],
+                released=[ids[3]],
+            ),
+            now=now,
+        )
+        assert store.replay_dead(now=now) == 1
+        with psycopg.connect(postgres_url) as conn:
+            found = conn.execute(
+                f'SELECT id, ready_at, next_attempt_at, status FROM "{schema}".outbox ORDER BY id'
+            ).fetchall()
+        assert all(r <= n for _, r, n, _ in found), found
+        assert {i for i, r, n, _ in found if r == n} == {ids[1], ids[2], ids[3]}  # not leased
+        assert {i for i, r, n, _ in found if r < n} == {ids[4], ids[5], born[0]}  # leased
+        assert [r.id for r in store.claim("o2", 10, 30.0, now=now + 2)] == [ids[2], ids[3]]
+        assert [r.id for r in store.claim("o2", 10, 30.0, now=now + 31)] == [ids[1], ids[4], ids[5], born[0]]
+    finally:
+        store.close()
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
