@@ -292,22 +292,26 @@ def _instrument_consumer(c: ResilientConsumer | AsyncResilientConsumer, tracer: 
     if not _first_time(c):
         return
     if isinstance(c, AsyncResilientConsumer):
-        handler = c.handler
 
-        async def traced(msg: Message) -> Any:
-            # On the loop, in the task that runs this message: the handler's spans are children.
-            with _process_span(tracer, msg):
-                return await handler(msg)
+        def wrap_async(handler: Callable[[Message], Awaitable[Any]]) -> Callable[[Message], Awaitable[Any]]:
+            async def traced(msg: Message) -> Any:
+                # On the loop, in the task that runs this message: the handler's spans are children.
+                with _process_span(tracer, msg):
+                    return await handler(msg)
 
-        c.handler = traced
+            return traced
+
+        c.wrap_handler(wrap_async)
         return
-    sync_handler = c.handler
 
-    def traced_sync(msg: Message, *tx: Any) -> Any:  # tx: a transactional handler's (dedup=True)
-        with _process_span(tracer, msg):
-            return sync_handler(msg, *tx)
+    def wrap(handler: Callable[..., Any]) -> Callable[..., Any]:
+        def traced(msg: Message, *tx: Any) -> Any:  # tx: a transactional handler's (dedup=True)
+            with _process_span(tracer, msg):
+                return handler(msg, *tx)
 
-    c.handler = traced_sync
+        return traced
+
+    c.wrap_handler(wrap)
 
 
 def _process_span(tracer: Tracer, msg: Message) -> Any:

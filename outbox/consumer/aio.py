@@ -52,7 +52,7 @@ class AsyncResilientConsumer:
                 f"handler must be a coroutine function (async def), got {type(handler).__name__}; "
                 "use ResilientConsumer for a plain function"
             )
-        #: The coroutine function called per message; read at each call (outbox.otel wraps it).
+        #: The coroutine function called per message; read at each call (`wrap_handler` replaces it).
         self.handler: AsyncHandler = handler
         self._loop: asyncio.AbstractEventLoop | None = None
         self.consumer = ResilientConsumer(config, handler=self._on_consumer_thread, **options)
@@ -65,6 +65,11 @@ class AsyncResilientConsumer:
         """Build the consumer (tier topics, outbox, group subscription) in a thread, off the event loop."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, functools.partial(cls, config, handler=handler, **options))
+
+    def wrap_handler(self, wrap: Callable[[AsyncHandler], AsyncHandler]) -> None:
+        """Await ``wrap(handler)`` for every message from the next one on, on the loop (a span
+        around each call: `outbox.otel` opens its ``process`` spans this way)."""
+        self.handler = wrap(self.handler)
 
     async def run(self, timeout: float | None = None) -> None:
         """Consume until :meth:`stop` (or `timeout` seconds, or cancellation), then return.

@@ -173,7 +173,7 @@ class ResilientConsumer:
             raise ConfigError("batch_size must be >= 1 and poll_timeout > 0")
 
         self.group = group
-        #: Called per message; read at each batch (outbox.otel wraps it in a span).
+        #: Called per message; read at each batch (`wrap_handler` replaces it).
         self.handler: Handler = handler
         self._deserializer = deserializer
         self._batch_size = batch_size
@@ -248,6 +248,12 @@ class ResilientConsumer:
             raise ConfigError(f"consumer config rejected: {exc.args[0]}") from None
 
     # -- public API ---------------------------------------------------------------------------
+
+    def wrap_handler(self, wrap: Callable[[Handler], Handler]) -> None:
+        """Handle every message from the next batch on with ``wrap(handler)``: a span or a log
+        line around each call (`outbox.otel` opens its ``process`` spans this way). A wrapper of
+        a transactional handler takes and passes on ``(msg, tx)``."""
+        self.handler = wrap(self.handler)
 
     def run(self, timeout: float | None = None) -> None:
         """Consume until stop(), SIGTERM or SIGINT (or `timeout` seconds), then return.
