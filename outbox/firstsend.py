@@ -22,6 +22,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from .admission import SEND
 from .circuit import CircuitBreaker
 from .fates import DeliveryCallback
 from .keyorder import Key
@@ -47,7 +48,7 @@ class FirstSend:
         link: the librdkafka producer.
         spill: where failed and unsent messages go.
         writer: takes dead letters.
-        circuit: a gated key's held messages are sent only while it is closed.
+        circuit: a failed report while it is not closed may be the half-open circuit's probe.
         retry: the policy that settles a failure.
         wake_drain: a message to re-send alone is due now.
         id_header: the id header's name, or None (a failure report rebuilds the header from it).
@@ -138,7 +139,7 @@ class FirstSend:
         """Under the backlog's lock: a key handed back to the fast path; its messages held by the
         gate go to Kafka in produce order. One that librdkafka does not take is stored, and so
         is every one after it (the key stays pending)."""
-        if not self._circuit.closed:
+        if self._spill.admission.released() is not SEND:
             self._spill.store_held(key, held)
             return
         produce = self._link.kafka.produce

@@ -1,6 +1,7 @@
 """ResilientProducer: a confluent_kafka producer that stores what Kafka could not take.
 
-This module is the router: it checks a message once and sends it down one path.
+This module is the router: it checks a message once and sends it down the one path that
+`outbox.admission` decides (SEND, PROBE, HOLD behind its key, STORE).
 
 - `outbox.firstsend`: fallback mode's first send, and what a failed one becomes;
 - `outbox.spill`: the way into the outbox (per-key order, hold-back, group-commit writer);
@@ -31,6 +32,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin._metadata import ClusterMetadata
 
 from . import exithook
+from .admission import HOLD, PROBE, SEND, STORE
 from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from .circuit import CircuitBreaker
 from .drain import DEFAULT_BATCH_SIZE, Drainer
@@ -287,11 +289,6 @@ class ResilientProducer:
         lease_seconds = max(lease_seconds, self._message_timeout + 5)  # a lease must outlive one send attempt
         self._exit_timeout = float(exit_timeout)
         self._in_transaction = 0
-        # Keyed messages may probe a half-open circuit only when no drain worker of this process
-        # does (a drain delivery closes the circuit too): while a keyed probe is out, what is bound
-        # for the outbox is held back (Spill.hold_behind_probe), so a probe that fails is stored
-        # ahead of its key's later messages, and holding is worth avoiding when a drain can probe.
-        self._keyed_probes = drain_workers == 0
         self.circuit = CircuitBreaker(
             failure_threshold=circuit_failure_threshold,
             reset_timeout=circuit_reset_timeout,
@@ -346,9 +343,10 @@ class ResilientProducer:
         )
         self._spill = Spill(
             self.store, self.writer, self._link, self.circuit, self._fates,
-            events=self._events, gate=mode == "fallback",
+            events=self._events, gate=mode == "fallback", keyed_probes=drain_workers == 0,
         )
-        self._backlog = self._spill.backlog  # produce()'s first check, one attribute away
+        self._route = self._spill.admission.route  # produce()'s one decision (outbox.admission)
+        self._backlog = self._spill.backlog
         self._first = FirstSend(
             self._link, self._spill, self.writer, self.circuit, self.retry,
             wake_drain=self.drainer.wake, id_header=id_header, report_successes=report_successes,
@@ -514,22 +512,22 @@ class ResilientProducer:
         if not enable_retry:
             self._first.send_unprotected(topic, value, key, hdrs, partition, on_delivery, timestamp)
             return msg_id
-        # Key first: a message that must queue behind its key is no use as the circuit's probe.
-        if self._backlog.pending and key is not None and self._spill.key_waits(
-            topic, key, value, hdrs, partition, msg_id, on_delivery, timestamp
-        ):
-            return msg_id
-        if not self.circuit.closed:
-            if not self._may_probe(key):
-                self._spill.store_unsent(
-                    topic, value, key, hdrs, partition, msg_id, on_delivery, NOT_SENT_CIRCUIT_OPEN, timestamp, wait=True
-                )
-                return msg_id
+        route = self._route(topic, key)  # outbox.admission: SEND, PROBE, HOLD or STORE
+        if route is SEND:
             self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, headers is not None, timestamp)
-            if key is not None:  # a keyed probe that fails must be stored ahead of its key's later messages
-                self._spill.hold_behind_probe(self._message_timeout + 1.0)
+            return msg_id
+        while route is HOLD:
+            if self._spill.key_waits(topic, key, value, hdrs, partition, msg_id, on_delivery, timestamp):
+                return msg_id
+            route = self._route(topic, key)  # the key was freed meanwhile
+        if route is STORE:
+            self._spill.store_unsent(
+                topic, value, key, hdrs, partition, msg_id, on_delivery, NOT_SENT_CIRCUIT_OPEN, timestamp, wait=True
+            )
             return msg_id
         self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, headers is not None, timestamp)
+        if route is PROBE and key is not None:  # should it fail, stored ahead of its key's later messages
+            self._spill.hold_behind_probe(self._message_timeout + 1.0)
         return msg_id
 
     def produce_batch(
@@ -820,12 +818,6 @@ class ResilientProducer:
         self.close()
 
     # -- routing helpers ---------------------------------------------------------------------
-
-    def _may_probe(self, key: Any) -> bool:
-        """While the circuit is not closed: may this message go to Kafka as the probe?"""
-        if self._spill.hold.active or (key is not None and not self._keyed_probes):
-            return False
-        return self.circuit.allow_probe()
 
     def _enqueue_in_transaction(
         self, conn: Any, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .admission import Admission
 from .budget import message_cost
 from .circuit import CircuitBreaker, CircuitState
 from .events import Listener
@@ -59,8 +60,13 @@ class Spill:
         fates: where a stored message's `on_delivery` waits.
         events: told each key the backlog hands back to the fast path, with the messages its
             gate held (`key_released`: the producer's first sends send them).
-        gate: fallback mode: a key is handed back through a gate (`outbox.keyorder`); not in
-            write-ahead mode, which stores every message anyway.
+        gate: fallback mode: a key is handed back through a gate (`outbox.keyorder`), and new
+            messages may probe the half-open circuit; not in write-ahead mode, which stores
+            every message anyway.
+        keyed_probes: fallback mode: a keyed message may probe the circuit (`outbox.admission`).
+
+    `admission` decides each message's route from the circuit, the key backlog and the
+    hold-back built here (`outbox.admission`).
     """
 
     def __init__(
@@ -73,6 +79,7 @@ class Spill:
         *,
         events: Listener,
         gate: bool,
+        keyed_probes: bool = False,
     ) -> None:
         self._writer = writer
         self._link = link
@@ -101,6 +108,7 @@ class Spill:
             store_held=self.store_held if gate else None,
             budget=self.budget,
         )
+        self.admission = Admission(circuit, self.backlog, self.hold, probes=gate, keyed_probes=keyed_probes)
 
     def held(self) -> int:
         """Messages bound for the outbox but in memory here (hold-back and gate), not queued."""
@@ -112,22 +120,21 @@ class Spill:
         self, topic: str, key: Any, value: Any, hdrs: Headers, partition: int, msg_id: str,
         cb: DeliveryCallback | None, timestamp: int,
     ) -> bool:
-        """If this key has a message in the outbox, store this one behind it and return True.
+        """A message admitted as HOLD: store it behind its key's messages and return True; False
+        if the key was freed since (then the caller asks `admission.route` again).
 
         After an outage this is the path of nearly every message until the backlog is drained,
         and the drain shares this process's interpreter lock: so it marks and queues the row
         under the one lock it already holds (`queue`), not through `store`.
         """
         k = key if key.__class__ is bytes else as_bytes(key)
-        assert k is not None  # the caller checked key
-        backlog = self.backlog
-        if (topic, k) not in backlog.pending:
-            return False
+        assert k is not None  # admitted as HOLD: keyed
         msg = unsent_row(topic, value, k, hdrs, partition, msg_id, NOT_SENT_KEY_WAITS, timestamp)
         cost = message_cost(msg)
         self.wait_for_room(cost)  # outside the lock: the writer's hooks may need it
+        backlog = self.backlog
         with backlog.lock:
-            if (topic, k) not in backlog.pending:
+            if not self.admission.behind_key(topic, k):
                 return False
             if not backlog.hold((topic, k), (msg, cb), cost):  # held while the key is handed back
                 self.queue(msg, cb, cost)
@@ -178,7 +185,7 @@ class Spill:
         self.note(msg, cb)
         if not cost:
             cost = message_cost(msg)
-        if not (self.hold.active and self.hold.offer(msg, cost)):
+        if not (self.admission.holding_back() and self.hold.offer(msg, cost)):
             self._writer.add_new(msg, cost=cost)
 
     def wait_for_room(self, cost: int) -> None:

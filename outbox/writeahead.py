@@ -31,6 +31,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from .admission import SEND
 from .circuit import CircuitBreaker, CircuitState
 from .fates import DeliveryCallback, Fates
 from .link import KafkaLink
@@ -57,7 +58,7 @@ class WriteAhead:
         spill: the key backlog (a key with rows waiting is not sent ahead of them) and the count
             of messages handed to the drain.
         writer: the group-commit writer; each `committed` batch it tells must reach `send`.
-        circuit: while it is not closed, rows are left to the drain workers.
+        circuit: one already open when a batch's sends fail leaves their rows due now.
         fates: where the `on_delivery` of a row left to the drain waits.
         retry: the policy that settles a failed send.
         durability: "batch" or "sync" (`write` returns once the row is committed).
@@ -79,6 +80,7 @@ class WriteAhead:
         self._link = link
         self._spill = spill
         self._backlog = spill.backlog
+        self._route = spill.admission.route
         self._writer = writer
         self._circuit = circuit
         self._waiting = fates.waiting
@@ -94,8 +96,9 @@ class WriteAhead:
         `timestamp`: the one given to produce(), or 0 for now."""
         now = time.time()
         kb = as_bytes(key)
-        # Sent by us after the commit unless Kafka is known down or the key must wait.
-        send_now = self._circuit.closed and not (kb is not None and (topic, kb) in self._backlog.pending)
+        # Sent by us after the commit if admitted as SEND; otherwise (Kafka not known up, or the
+        # key waits behind its rows) left to the drain workers. Write-ahead never probes.
+        send_now = self._route(topic, kb) is SEND
         # Built as the tuple it is: NamedTuple's generated __new__ is a Python call (0.2 µs).
         msg = _new_tuple(
             NewMessage,

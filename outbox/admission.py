@@ -1,0 +1,106 @@
+"""Admission: where a message goes on its way in, decided in one place.
+
+Each message a `ResilientProducer` accepts takes one of four routes:
+
+- ``SEND``: to Kafka now. The circuit is closed and the message's key has nothing in the outbox.
+- ``PROBE``: to Kafka as the half-open circuit's one trial message (fallback mode; in
+  write-ahead mode the drain probes). If it fails it is stored like any failed first send.
+- ``HOLD``: behind its key. The key has messages in the outbox, or in a gate that is handing
+  it back (`outbox.keyorder`), so this one is stored behind them: per-key order.
+- ``STORE``: into the outbox without a send. The circuit is not closed and the message may
+  not probe.
+
+A message bound for the outbox may wait in the hold-back first (`holding_back`): while the
+circuit has just opened, or a keyed probe is out, what librdkafka still holds must reach the
+outbox first (`outbox.holdback`).
+
+`Admission` is the only reader of the circuit, the key backlog and the hold-back on a
+message's way in: produce() asks `route` (write-ahead mode's `WriteAhead.write` too), the key
+backlog's handed-back messages ask `released`, and `Spill` asks `behind_key` again under the
+backlog's lock (a drained key may have been freed since `route`) and `holding_back` before the
+writer. What each route then does is the caller's: `FirstSend` sends, `Spill` stores.
+
+The happy path pays one call: `route` reads the backlog's pending keys (an empty set is false)
+and the circuit's ``closed`` flag, both plain attributes kept exact by their owners.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+from .circuit import CircuitBreaker
+from .holdback import Holdback
+from .keyorder import KeyBacklog
+from .payload import as_bytes
+
+
+class Route(IntEnum):
+    """A message's way in (module doc)."""
+
+    SEND = 0
+    PROBE = 1
+    HOLD = 2
+    STORE = 3
+
+
+# Module globals: `route is SEND` on produce()'s path is one global read, not a class attribute's.
+SEND, PROBE, HOLD, STORE = Route.SEND, Route.PROBE, Route.HOLD, Route.STORE
+
+
+class Admission:
+    """Decides each message's route (module doc).
+
+    Args:
+        circuit: closed: Kafka takes messages; half-open: one may probe.
+        backlog: the keys with messages bound for or in the outbox (`KeyBacklog.pending`).
+        hold: the hold-back; no message probes while it is active (a probe's failure would be
+            stored behind what it holds).
+        probes: whether produce() may probe the circuit (fallback mode). Write-ahead mode stores
+            every message anyway, and its drain's first delivery closes the circuit.
+        keyed_probes: whether a keyed message may probe. Only when no drain worker of this
+            process does: a keyed probe holds back what is bound for the outbox until librdkafka
+            has reported it (`Spill.hold_behind_probe`), which is worth avoiding when a drain
+            delivery can close the circuit instead.
+    """
+
+    __slots__ = ("_circuit", "_backlog", "_hold", "_probes", "_keyed_probes")
+
+    def __init__(
+        self, circuit: CircuitBreaker, backlog: KeyBacklog, hold: Holdback[Any], *, probes: bool, keyed_probes: bool
+    ) -> None:
+        self._circuit = circuit
+        self._backlog = backlog
+        self._hold = hold
+        self._probes = probes
+        self._keyed_probes = probes and keyed_probes
+
+    def route(self, topic: str, key: Any) -> Route:
+        """The route of a new message of `topic` with `key` (bytes, str or None).
+
+        Key first: a message that must wait behind its key is no use as the circuit's probe.
+        PROBE claims the half-open circuit's one probe: send it.
+        """
+        pending = self._backlog.pending
+        if pending and key is not None and (topic, key if key.__class__ is bytes else as_bytes(key)) in pending:
+            return HOLD
+        circuit = self._circuit
+        if circuit.closed:
+            return SEND
+        if self._hold.active or not self._probes or (key is not None and not self._keyed_probes):
+            return STORE
+        return PROBE if circuit.allow_probe() else STORE
+
+    def behind_key(self, topic: str, key: bytes) -> bool:
+        """Under the backlog's lock: does this key still have messages bound for the outbox?"""
+        return (topic, key) in self._backlog.pending
+
+    def released(self) -> Route:
+        """The route of a key's messages that a gate held while the key was handed back: SEND
+        while the circuit is closed, else STORE (a gate's messages never probe: they go as a
+        group, in order)."""
+        return SEND if self._circuit.closed else STORE
+
+    def holding_back(self) -> bool:
+        """Does a message bound for the outbox wait in the hold-back before the writer?"""
+        return self._hold.active
