@@ -261,6 +261,7 @@ class ResilientProducer:
             raise ConfigError("drain_in='process' needs the outbox as a URL: the drain process opens it itself")
         self._serializers = Serializers.of(key_serializer, value_serializer)
         self.mode = mode
+        self._writes_ahead = mode == "write-ahead"  # produce() reads a flag, not a string compare
         self.durability = durability
         self.retry = retry or RetryPolicy()
         self._id_header = id_header
@@ -506,7 +507,7 @@ class ResilientProducer:
         if transaction is not None:
             self._enqueue_in_transaction(transaction, topic, value, key, hdrs, partition, msg_id, timestamp)
             return msg_id
-        if self.mode == "write-ahead" and enable_retry:
+        if self._writes_ahead and enable_retry:
             self._write_ahead.write(topic, value, key, hdrs, partition, msg_id, on_delivery, timestamp)
             return msg_id
         if not enable_retry:
