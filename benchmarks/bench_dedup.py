@@ -10,8 +10,10 @@ PostgreSQL store is a new database on OUTBOX_TEST_POSTGRES or a server outbox.te
 The topic holds 200-byte values, each with its own `outbox-id` header, 3 partitions; a fresh group
 per run; clock from the first message handled to the last (bench_consumer.measure). Loops:
     plain           ResilientConsumer, nothing failing, dedup off (the baseline of each store)
-    dedup           dedup=True, handler(msg): one id lookup per poll batch, marks written per batch
-    dedup-tx        dedup=True, handler(msg, tx): one transaction per message (mark + handler's writes)
+    dedup           dedup=True, handler(msg): marks per poll batch (SQLite: one lookup before it, one insert
+                    after it; PostgreSQL: inserted in one statement as its transaction opens)
+    dedup-tx        dedup=True, handler(msg, tx): one transaction per poll batch (the marks inserted when it
+                    opens), a savepoint per message (a handler that writes nothing: the inbox's own cost)
 Repetitions are interleaved; figures are medians; ratios are against `plain` on the same store in
 the same run; CPU µs/msg is the process's CPU time (all threads) per message.
 """

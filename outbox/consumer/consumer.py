@@ -42,7 +42,7 @@ from ..stores import Outbox, open_outbox
 from .circuit import CircuitBreaker, CircuitState, MainTopicCircuit
 from .deadletters import DeadLetters, check_mode
 from .headers import due_at, failure_headers, ladder_position, record_timestamp
-from .inbox import DEFAULT_WINDOW, Inbox, takes_transaction
+from .inbox import DEFAULT_WINDOW, Inbox, InboxCommitFailed, takes_transaction
 from .inplace import InPlace, decode
 from .offsets import OffsetTracker
 from .ordering import KeyOrder, scan_ladder
@@ -83,6 +83,7 @@ HOP_PRODUCER_FORCED: Mapping[str, Any] = {"delivery.report.only.error": False}
 HOP_RETRY = RetryPolicy(stop=tenacity.stop_never, backoff="exponential", initial_delay=1.0, max_delay=30.0)
 ORDERINGS = (None, "key")
 _NOWHERE = Place("", 0)  # before the first message of a batch
+_REWIND_PAUSE = 1.0  # seconds before a batch whose inbox commit failed is read again
 
 
 class ResilientConsumer:
@@ -354,6 +355,41 @@ class ResilientConsumer:
     # -- the loop -----------------------------------------------------------------------------
 
     def _handle_batch(self, msgs: list[Message]) -> None:
+        if self._inbox is None:
+            self._handle_messages(msgs)
+            return
+        try:
+            self._handle_messages(msgs)
+        except InboxCommitFailed:
+            self._rewind(msgs)
+            raise
+        except BaseException:
+            # Stopped half way (an exception out of the loop): what it handled commits, as its
+            # offsets may be stored by a later poll or by close().
+            try:
+                self._inbox.settle()
+            except InboxCommitFailed:
+                self._rewind(msgs)
+            raise
+
+    def _rewind(self, msgs: list[Message]) -> None:
+        """The inbox lost the batch's transaction: read the batch again, from each partition's first
+        message in it, after a pause (a message whose mark did commit is skipped then)."""
+        assert self._inbox is not None
+        self._inbox.rewound()
+        first: dict[TP, int] = {}
+        for m in msgs:
+            if m.error() is None:
+                first.setdefault((m.topic(), m.partition()), m.offset())  # type: ignore[arg-type]
+        due = time.time() + _REWIND_PAUSE
+        for tp, offset in first.items():
+            self._tracker.rewind(tp, offset)
+            try:
+                self._hold(tp, offset, due)
+            except KafkaException as exc:
+                log.warning("could not rewind %s [%d] to %d: %s", tp[0], tp[1], offset, exc.args[0])
+
+    def _handle_messages(self, msgs: list[Message]) -> None:
         # librdkafka returns a batch as runs of one partition's messages: per-partition work (the
         # place lookup, the held check, the offset bookkeeping) is done once per run, not per message.
         held: set[TP] | None = None
@@ -415,6 +451,8 @@ class ResilientConsumer:
                     if order is not None and place.tier:
                         self._left_ladder(m, tp, place)  # as a handled copy would
                     continue
+            except InboxCommitFailed:
+                raise  # not this message's failure: the batch is read again (_handle_batch)
             except Exception as exc:
                 if not self._failed(m, tp, m.offset(), place, exc):  # type: ignore[arg-type]
                     held = held or set()
@@ -517,6 +555,8 @@ class ResilientConsumer:
     def _dead_letter(
         self, m: Message, tp: TP, offset: int, place: Place, *, attempts: int, exc: BaseException
     ) -> None:
+        if self._inbox is not None:
+            self._inbox.settle()  # the dead letter may go to the store: not under the inbox's lock
         headers, msg_id, origin = failure_headers(
             m, group=self.group, attempt=attempts, exc=exc, due_at_s=None, ids=self._ids
         )
@@ -609,6 +649,8 @@ class ResilientConsumer:
 
     def _publish(self, topic: str, m: Message, headers: Headers, partition: int) -> int:
         """Send a hop through the ResilientProducer; its token is settled once the hop is durable."""
+        if self._inbox is not None:
+            self._inbox.settle()  # the producer may write the hop to the store: not under the inbox's lock
         self._tokens += 1
         token = self._tokens
         self._producer.produce(

@@ -29,6 +29,12 @@ class OffsetTracker:
             self._position[tp] = offset + 1
             self._dirty.add(tp)
 
+    def rewind(self, tp: TP, offset: int) -> None:
+        """The messages from `offset` on are to be processed again (their outcome was lost)."""
+        if self._position.get(tp, offset) > offset:
+            self._position[tp] = offset
+            self._dirty.add(tp)
+
     def wait(self, tp: TP, offset: int, token: int) -> None:
         """The message at `offset` is done once hop `token` is durable."""
         if self._position.get(tp, -1) <= offset:

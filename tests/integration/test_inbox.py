@@ -15,7 +15,9 @@ import sqlalchemy as sa
 from confluent_kafka import Message, Producer
 from sqlalchemy.orm import Session
 
-from outbox import ResilientConsumer, RetryTopics
+from outbox import ResilientConsumer, RetryTopics, StoreError
+from outbox.consumer.inbox import InboxCommitFailed
+from outbox.stores import open_outbox
 from outbox.transactions import sqlalchemy_connection
 from outbox.urls import parse_url
 
@@ -127,3 +129,79 @@ def test_transactional_handler_applies_each_id_once(
     got = dict(effects(url))
     # The replay is another group: it applies each id once more, never twice.
     assert got == {**{m: 2 for m in IDS}, "anonymous": 4}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_message_dead_lettered_to_the_store_mid_batch_leaves_nothing_and_the_batch_goes_on(
+    kind: str, tmp_path: Path, kafka_bootstrap: str, topic: str, request: pytest.FixtureRequest
+) -> None:
+    # One poll batch holds every copy; id-4 fails for good after its write. Its dead letter is
+    # written to the consumer's store (on SQLite: the write lock the batch's transaction held is
+    # free by then), its write and mark are rolled back, the others' commit, once each.
+    url = store_url(kind, tmp_path, request)
+    produce_copies(kafka_bootstrap, topic)
+    mark = "?" if kind == "sqlite" else "%s"
+    runs: list[bytes] = []
+
+    def handler(m: Message, tx: Any) -> None:
+        v: bytes = m.value()  # type: ignore[assignment]
+        runs.append(v)
+        tx.execute(f"INSERT INTO effects VALUES ({mark})", (v.decode(),))
+        if v == b"id-4":
+            raise ValueError("never valid, after its write")
+
+    c = ResilientConsumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": f"g{uuid.uuid4().hex[:8]}"},
+        topics=[topic], handler=handler, outbox=url, dedup=True, dead_on=ValueError, dead_letters="store",
+    )
+    create_effects(url)
+    with running(c):
+        wait_until(lambda: c.stats()["handled"] + c.stats()["duplicates_skipped"] + c.stats()["failed"] == COPIES + 2,
+                   60, "every copy read")
+        wait_until(lambda: c.stats()["dead"] == 2, 30, "both copies of id-4 dead-lettered")
+    assert dict(effects(url)) == {**{m: 1 for m in IDS if m != "id-4"}, "anonymous": 2}
+    assert runs.count(b"id-4") == 2  # the second copy is a new attempt: the first one's mark was rolled back
+    store = open_outbox(url)
+    try:
+        assert sorted(d.value or b"" for d in store.list_dead()) == [b"id-4", b"id-4"]
+    finally:
+        store.close()
+
+
+def test_a_lost_batch_transaction_is_read_again_and_applied_once(
+    tmp_path: Path, kafka_bootstrap: str, topic: str, fresh_postgres_url: str
+) -> None:
+    # The inbox's PostgreSQL session dies in the middle of a batch (the handler ends it): the
+    # batch's transaction is lost, poll_once() raises InboxCommitFailed, the inbox reconnects, and
+    # the batch is read again: every id's write exists once, none lost, none doubled.
+    url = fresh_postgres_url
+    produce_copies(kafka_bootstrap, topic)
+    killed: list[bytes] = []
+
+    def handler(m: Message, tx: Any) -> None:
+        v: bytes = m.value()  # type: ignore[assignment]
+        tx.execute("INSERT INTO effects VALUES (%s)", (v.decode(),))
+        if v == b"id-5" and not killed:
+            killed.append(v)
+            tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    c = ResilientConsumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": f"g{uuid.uuid4().hex[:8]}"},
+        topics=[topic], handler=handler, outbox=url, dedup=True,
+    )
+    create_effects(url)
+    raised: list[BaseException] = []
+    try:
+        deadline = time.monotonic() + 90
+        while sum(n for _, n in effects(url)) < len(IDS) + 2 and time.monotonic() < deadline:
+            try:
+                c.poll_once()
+            except StoreError as exc:
+                raised.append(exc)
+        for _ in range(20):  # room for a wrong second application to show
+            c.poll_once()
+    finally:
+        c.close()
+    assert killed == [b"id-5"]
+    assert [type(e) for e in raised] == [InboxCommitFailed]
+    assert dict(effects(url)) == {**{m: 1 for m in IDS}, "anonymous": 2}
