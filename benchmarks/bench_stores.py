@@ -11,6 +11,8 @@ What is measured, per store:
               producer's group commit), 200-byte values, 16-byte keys over 100 keys, 2 headers.
     drain     rows/s of `claim(limit=--claim)` + `mark_delivered` of every claimed row until the
               store is empty (one process; no Kafka, so this is the store's own cost).
+Each also with this process's CPU µs per row (a PostgreSQL server's CPU is not in it; SQLite's
+is, as it runs in the process).
 Repetitions are interleaved (SQLite, PostgreSQL, SQLite, ...) so that drift of the shared machine
 hits both; each figure is the median. PostgreSQL runs in a fresh schema that is dropped at the end.
 """
@@ -50,23 +52,27 @@ def messages(n: int) -> list[NewMessage]:
     ]
 
 
-def bench_once(store: Outbox, msgs: list[NewMessage], claim: int) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    for i in range(0, len(msgs), 1000):
-        store.enqueue(msgs[i : i + 1000])
-    enqueue = len(msgs) / (time.perf_counter() - t0)
+Rates = tuple[float, float, float, float]  # enqueue rows/s, CPU µs/row; drain rows/s, CPU µs/row
 
-    t0 = time.perf_counter()
+
+def bench_once(store: Outbox, msgs: list[NewMessage], claim: int) -> Rates:
+    n = len(msgs)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for i in range(0, n, 1000):
+        store.enqueue(msgs[i : i + 1000])
+    enqueue, enqueue_cpu = n / (time.perf_counter() - t0), (time.process_time() - c0) / n * 1e6
+
+    t0, c0 = time.perf_counter(), time.process_time()
     drained = 0
     while True:
         rows = store.claim("bench", claim, 60.0, now=time.time())
         if not rows:
             break
         drained += store.mark_delivered([r.id for r in rows])
-    drain = drained / (time.perf_counter() - t0)
-    if drained != len(msgs):
-        raise SystemExit(f"drained {drained} of {len(msgs)} rows: the store kept some")
-    return enqueue, drain
+    drain, drain_cpu = drained / (time.perf_counter() - t0), (time.process_time() - c0) / n * 1e6
+    if drained != n:
+        raise SystemExit(f"drained {drained} of {n} rows: the store kept some")
+    return enqueue, enqueue_cpu, drain, drain_cpu
 
 
 def main() -> None:
@@ -99,7 +105,7 @@ def main() -> None:
         return PostgresOutbox(dataclasses.replace(base, schema=schema, table=f"b{next(counter)}"))
 
     backends: dict[str, Callable[[], Outbox]] = {"sqlite": sqlite, "postgresql": postgres}
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in backends}
+    results: dict[str, list[Rates]] = {name: [] for name in backends}
     msgs = messages(args.rows)
     print(
         f"{args.rows:,} rows x {args.reps} interleaved reps; claim {args.claim}; "
@@ -110,10 +116,12 @@ def main() -> None:
         for rep in range(args.reps):
             for name, make in backends.items():
                 with make() as store:
-                    enq, drain = bench_once(store, msgs, args.claim)
-                results[name].append((enq, drain))
+                    r = bench_once(store, msgs, args.claim)
+                results[name].append(r)
                 print(
-                    f"  rep {rep + 1} {name:<10} enqueue {enq:>10,.0f}/s  drain {drain:>10,.0f}/s", flush=True
+                    f"  rep {rep + 1} {name:<10} enqueue {r[0]:>10,.0f}/s {r[1]:5.1f} µs  "
+                    f"drain {r[2]:>10,.0f}/s {r[3]:5.1f} µs",
+                    flush=True,
                 )
     finally:
         import psycopg
@@ -123,17 +131,14 @@ def main() -> None:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         tmp.cleanup()
 
-    med = {
-        n: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
-        for n, rs in results.items()
-    }
+    med = {n: [statistics.median(r[i] for r in rs) for i in range(4)] for n, rs in results.items()}
     print()
-    print(f"{'store':<12}{'enqueue rows/s':>16}{'claim+deliver rows/s':>22}")
-    for name, (enq, drain) in med.items():
-        print(f"{name:<12}{enq:>16,.0f}{drain:>22,.0f}")
+    print(f"{'store':<12}{'enqueue rows/s':>16}{'CPU µs/row':>12}{'claim+deliver rows/s':>22}{'CPU µs/row':>12}")
+    for name, (enq, enq_cpu, drain, drain_cpu) in med.items():
+        print(f"{name:<12}{enq:>16,.0f}{enq_cpu:>12.1f}{drain:>22,.0f}{drain_cpu:>12.1f}")
     ratio_e = med["postgresql"][0] / med["sqlite"][0]
-    ratio_d = med["postgresql"][1] / med["sqlite"][1]
-    print(f"{'PG/SQLite':<12}{ratio_e:>16.2f}{ratio_d:>22.2f}")
+    ratio_d = med["postgresql"][2] / med["sqlite"][2]
+    print(f"{'PG/SQLite':<12}{ratio_e:>16.2f}{'':>12}{ratio_d:>22.2f}")
 
 
 if __name__ == "__main__":

@@ -12,12 +12,14 @@ the real ``outbox drain --until-empty`` CLI against the cluster, process start i
    span from the first start to the last end, against step 1's single PostgreSQL process.
 
 Every drained message is read back from the topic and counted by its ``outbox-id`` header:
-each one exactly once, or the run fails.
+each one exactly once, or the run fails. A drain's CPU µs/msg is its processes' own CPU (user +
+system, process start included); the PostgreSQL server's and the brokers' are not in it.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -46,7 +48,9 @@ def _pg_url(base: str, table: str) -> str:
 
 
 def drain_processes(urls: list[str], bootstrap: str, log_dir: str) -> Result:
-    """Run one ``outbox drain --until-empty`` per URL at once; wall seconds, process start included."""
+    """Run one ``outbox drain --until-empty`` per URL at once: wall seconds, process start
+    included, and the CPU seconds of those processes (nothing else is run meanwhile)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     procs = []
     for i, url in enumerate(urls):
@@ -60,11 +64,18 @@ def drain_processes(urls: list[str], bootstrap: str, log_dir: str) -> Result:
         codes.append(proc.wait(timeout=1800))
         err.close()
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     # 3 (PENDING) is how a drainer that finds the rest leased by the others stops; that every
     # message arrived once is checked by reading them back.
     if any(code not in (0, 3) for code in codes):
         raise RuntimeError(f"outbox drain exited with {codes}; logs in {log_dir}")
-    return {"seconds": seconds}
+    return {"seconds": seconds, "cpu_s": cpu}
+
+
+def drained(n: int, d: Result) -> Result:
+    """A drain's result row: rate and CPU µs per message of the drain processes."""
+    return {"n": n, "seconds": d["seconds"], "msgs_per_s": n / d["seconds"], "cpu_us_per_msg": d["cpu_s"] / n * 1e6}
 
 
 def read_back(bootstrap: str, topic: str, expected: int, timeout: float = 300) -> Counter[bytes]:
@@ -120,7 +131,7 @@ def run(
             record(f"fleet/spill/{store}", runner.run("spill", p))
             d = drain_processes([url], bootstrap, workdir)
             check_once(read_back(bootstrap, topic, n), n, f"{store} drain")
-            record(f"fleet/drain/{store}", {"n": n, "seconds": d["seconds"], "msgs_per_s": n / d["seconds"]})
+            record(f"fleet/drain/{store}", drained(n, d))
         # -- four processes into one PostgreSQL table ----------------------------------------
         topic = create_topic(bootstrap, f"fleet-{stem}-four", 3, 3, {})
         url = _pg_url(postgres, f"{stem}_four")
@@ -132,7 +143,9 @@ def run(
         parts = [c.result(1800) for c in children]
         span = max(r["ended_at"] for r in parts) - min(r["started_at"] for r in parts)
         total = share * PROCESSES
-        record("fleet/spill/postgresql x4", {"n": total, "seconds": span, "msgs_per_s": total / span})
+        cpu = sum(r["cpu_us_per_msg"] for r in parts) / len(parts)  # each process spilled `share`
+        four = {"n": total, "seconds": span, "msgs_per_s": total / span, "cpu_us_per_msg": cpu}
+        record("fleet/spill/postgresql x4", four)
         d = drain_processes([url] * PROCESSES, bootstrap, workdir)
         check_once(read_back(bootstrap, topic, total), total, "4-process drain")
-        record("fleet/drain/postgresql x4", {"n": total, "seconds": d["seconds"], "msgs_per_s": total / d["seconds"]})
+        record("fleet/drain/postgresql x4", drained(total, d))

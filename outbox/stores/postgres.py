@@ -22,7 +22,10 @@ How N processes claim at once (the choice, and why):
     and can take row 7 of K, and both are then sent in parallel. So claim transactions are
     serialized with ``pg_advisory_xact_lock(<hash of schema.table>)``. A claim is a couple of
     short statements (a few milliseconds); the sends happen outside it, so drainers still send
-    in parallel. After taking the lock, each statement of the claim runs on a fresh READ
+    in parallel. No Python runs under the lock but the row fetch and the per-key check: the
+    transaction runs on a claim thread, in pipeline mode, and hands the rows to the claiming
+    thread before the lease and its COMMIT go to the server together; the claiming thread builds
+    the messages meanwhile. After taking the lock, each statement of the claim runs on a fresh READ
     COMMITTED snapshot, so it sees every lease committed by the previous claimer. SKIP LOCKED
     stays, for rows locked by acknowledging writers (delete / reschedule / release), and the
     per-key check treats any earlier PENDING row of the key that was not among the candidates
@@ -57,9 +60,12 @@ import hashlib
 import logging
 import time
 from collections.abc import Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from ..codec import decode_headers, encode_headers
 from ..errors import ConfigError, StoreError
+from ..headers import ID_HEADER
 from ..owners import Liveness, describe_owner, local_liveness, parse_owner
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status
 from .base import (
@@ -140,6 +146,37 @@ def _id_array(ids: Sequence[int]) -> str:
 
 # Up to this many due rows, claim sorts them instead of walking the pending rows in id order.
 _SORT_DUE_UP_TO = 5_000
+
+# The stored headers of most rows: the `outbox-id` header alone (its name, then the value's length).
+_ID_HEAD = (encode_headers([(ID_HEADER, b"")]) or b"")[:-4]
+_ID_HEAD_LEN = len(_ID_HEAD)
+_PENDING = Status.PENDING
+_new_tuple = tuple.__new__
+
+
+def _claimed(rows: Sequence[tuple[Any, ...]]) -> list[OutboxMessage]:
+    """OutboxMessages of claimed rows selected with `COLUMNS` by a binary cursor.
+
+    `row_from_columns` for the one case of a claim: every row is PENDING, bytea arrives as bytes, and
+    headers that are the `outbox-id` header alone (what the producer stores for a message sent
+    without headers of its own) are split without `decode_headers`: 1.1 instead of 2.1 µs a row.
+    """
+    out: list[OutboxMessage] = []
+    add = out.append
+    head, n, name, decode, new, pending = _ID_HEAD, _ID_HEAD_LEN, ID_HEADER, decode_headers, _new_tuple, _PENDING
+    for r in rows:
+        h = r[5]
+        if h is None:
+            hs: list[tuple[str, bytes | None]] = []
+        elif h.startswith(head) and len(h) - n - 4 == int.from_bytes(h[n : n + 4], "big"):
+            hs = [(name, h[n + 4 :])]
+        else:
+            hs = decode(h)
+        add(new(OutboxMessage, (
+            r[0], r[1], r[2], r[3], r[4], hs, r[6], pending, r[8], r[9], r[10], r[11], r[12], r[13],
+            r[14], r[15], r[16],
+        )))
+    return out
 
 
 class PostgresOutbox(PostgresAdmin, Outbox):
@@ -365,6 +402,13 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         self._hold_owner(owner)
         if self._sweeps.due():
             self.release_gone_owners(now=now)
+        return self._claim_due(owner, limit, lease_seconds, now, topic, in_flight)
+
+    def _claim_due(
+        self, owner: str, limit: int, lease_seconds: float, now: float, topic: str | None,
+        in_flight: Collection[int],
+    ) -> list[OutboxMessage]:
+        """`claim` after the sweep for gone owners' leases."""
         where = _DUE
         args: list[Any] = [now, now]
         if topic is not None:
@@ -390,7 +434,41 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 if n_due is None or n_due[0] == 0:
                     return []
                 order = "id + 0" if n_due[0] < _SORT_DUE_UP_TO else "id"
-            with conn.transaction():
+            # The claim's transaction runs on a claim thread (`_claim_tx`), which hands the
+            # candidates over as soon as it has read them, then leases them and commits while
+            # this thread builds the messages: the server's lease work (~20 ms a 10,000-row claim)
+            # overlaps the Python (~15 ms), and the claim lock is not held while Python runs.
+            handoff: Future[tuple[bool, list[tuple[Any, ...]]]] = Future()
+            sql = f"SELECT {COLUMNS} FROM {self._t} WHERE {where} ORDER BY {order} LIMIT %s"
+            leasing = self._claim_thread().submit(
+                self._claim_tx, conn, handoff, sql, [*args, limit], order, limit, in_flight, owner, now,
+                lease_seconds,
+            )
+            try:
+                full, rows = handoff.result()
+                messages = _claimed(rows)
+            finally:
+                leased = leasing.result()  # the connection is the claim thread's until then
+            self._dense_backlog = order == "id" and full
+            if len(leased) == len(messages):
+                return messages
+            return self._give_back_lost(conn, messages, leased, now)
+
+    def _claim_tx(
+        self, conn: psycopg.Connection[Any], handoff: Future[tuple[bool, list[tuple[Any, ...]]]], sql: str,
+        args: list[Any], order: str, limit: int, in_flight: Collection[int], owner: str, now: float,
+        lease_seconds: float,
+    ) -> set[int]:
+        """One claim's transaction, on the claim thread: read the candidates, keep each key's
+        order, hand the rows to `handoff`, lease them, commit. Returns the ids leased.
+
+        In pipeline mode: the lease and the COMMIT go to the server together, right after the
+        hand-over, and the claim lock ends with that COMMIT, on the server, however long this
+        thread then waits for the interpreter lock (the claiming thread is building messages:
+        four drain processes on two cores queued on a lock held through such waits).
+        """
+        try:
+            with conn.pipeline(), conn.transaction():
                 # The walk in id order is also forbidden to sort (for this transaction only): on a
                 # table not yet analyzed (a spill fills one in seconds; autovacuum analyzes it a
                 # minute later) the planner guesses few due rows and would read every due row and
@@ -405,49 +483,47 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 # below (READ COMMITTED re-evaluates the WHERE on the newest row version).
                 # Binary results: bytea arrives as is, not as hex text to decode (the values
                 # are most of a row's bytes).
-                rows = conn.cursor(binary=True).execute(
-                    f"SELECT {COLUMNS} FROM {self._t} WHERE {where} ORDER BY {order} LIMIT %s",
-                    [*args, limit],
-                ).fetchall()
-                if rows:
-                    rows = self._keep_key_order(conn, rows, in_flight)
-                    rows = self._lease(conn, rows, owner, now, lease_seconds)
-        self._dense_backlog = order == "id" and len(rows) == limit
-        return [row_from_columns(r) for r in rows]
+                rows = conn.cursor(binary=True).execute(sql, args).fetchall()
+                full = len(rows) == limit
+                rows = self._keep_key_order(conn, rows, in_flight)
+                if not rows:  # nothing due, or every candidate waits for an earlier row of its key
+                    handoff.set_result((full, rows))
+                    return set()
+                where, where_args = _pending_ids([r[0] for r in rows])
+                handoff.set_result((full, rows))
+                lease = conn.execute(
+                    f"UPDATE {self._t} SET lease_owner = %s, next_attempt_at = %s "
+                    f"WHERE {where} AND next_attempt_at <= %s RETURNING id",
+                    [owner, now + lease_seconds, *where_args, now],
+                )
+            return {r[0] for r in lease.fetchall()}
+        except BaseException as exc:
+            if not handoff.done():
+                handoff.set_exception(exc)
+            raise
 
-    def _lease(
-        self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]], owner: str, now: float,
-        lease_seconds: float,
-    ) -> list[tuple[Any, ...]]:
-        """Lease the candidates that are still due and pending; the rest, and the later rows of
-        their keys, are not claimed."""
-        if not rows:  # every candidate waits for an earlier row of its key
-            return rows
-        where, args = _pending_ids([r[0] for r in rows])
-        leased = {
-            r[0] for r in conn.execute(
-                f"UPDATE {self._t} SET lease_owner = %s, next_attempt_at = %s "
-                f"WHERE {where} AND next_attempt_at <= %s RETURNING id",
-                [owner, now + lease_seconds, *args, now],
-            ).fetchall()
-        }
-        if len(leased) == len(rows):
-            return rows
-        # Rare: a candidate changed between the read and the lease. Its key's later candidates
-        # must wait for it, so their fresh leases are given back at once.
-        lost_keys = {(r[2], r[3]) for r in rows if r[0] not in leased}
-        keep: list[tuple[Any, ...]] = []
+    def _give_back_lost(
+        self, conn: psycopg.Connection[Any], messages: list[OutboxMessage], leased: set[int], now: float
+    ) -> list[OutboxMessage]:
+        """The claimed messages, once some candidates were not leased.
+
+        Rare: a candidate changed between the read and the lease. Its key's later candidates
+        must wait for it, so their fresh leases are given back at once (after the claim's
+        commit: until then they are leased to this claimer, and nobody else can take them).
+        """
+        lost_keys = {(m.topic, m.key) for m in messages if m.id not in leased}
+        keep: list[OutboxMessage] = []
         back: list[int] = []
-        blocked: set[tuple[Any, Any]] = set()
-        for r in rows:
-            k = (r[2], r[3])
-            if r[0] not in leased:
-                if r[3] is not None:
+        blocked: set[tuple[str, bytes | None]] = set()
+        for m in messages:
+            k = (m.topic, m.key)
+            if m.id not in leased:
+                if m.key is not None:
                     blocked.add(k)
-            elif r[3] is not None and k in lost_keys and k in blocked:
-                back.append(r[0])
+            elif m.key is not None and k in lost_keys and k in blocked:
+                back.append(m.id)
             else:
-                keep.append(r)
+                keep.append(m)
         if back:
             conn.execute(
                 f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s, ready_at = %s "
@@ -455,6 +531,14 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 [now, now, back],
             )
         return keep
+
+    def _claim_thread(self) -> ThreadPoolExecutor:
+        """The threads that run claim transactions (`_claim_tx`), one per pooled connection at
+        most; started at the first claim (a store that only writes never starts one)."""
+        with self._owner_lock:
+            if self._claimers is None:
+                self._claimers = ThreadPoolExecutor(self._pool_size, thread_name_prefix="outbox-pg-claim")
+            return self._claimers
 
     def _keep_key_order(
         self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]], in_flight: Collection[int]
@@ -522,6 +606,10 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             if self._closed:
                 return
             self._closed = True
+        with self._owner_lock:
+            claimers, self._claimers = self._claimers, None
+        if claimers is not None:
+            claimers.shutdown(wait=True)
         self._pool.close()
         with self._owner_lock:
             conns, self._owner_conns = self._owner_conns, {}

@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import random
 import socket
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -17,10 +18,13 @@ import psycopg
 import pytest
 
 from outbox.errors import ConfigError, StoreError, StoreNotFoundError
+from outbox.owners import Liveness, OwnerId, new_owner, parse_owner
 from outbox.records import NewMessage, Status
 from outbox.stores import open_outbox
 from outbox.stores.postgres import PostgresOutbox
 from outbox.urls import StoreURL, parse_url
+
+from ..waiting import wait_until
 
 SECRET = "s3cr3t-pw"
 
@@ -459,3 +463,103 @@ def test_lease_settle_and_release_keep_ready_at_at_or_before_next_attempt_at(pos
         store.close()
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+# -- the claim's own row building, its lease thread, and the sweep of a short claim --------------
+
+
+def test_claimed_rows_are_the_stored_messages_exactly(store: PostgresOutbox) -> None:
+    """Claims build rows on their own path (the lone `outbox-id` header split without decoding):
+    every shape of key, value and headers comes back as it was stored, and as `get` reads it."""
+    shapes: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]] = [
+        (None, None, []),
+        (b"", b"", [("outbox-id", b"m1")]),  # the producer's own: the id header alone
+        (b"k", b"v", [("outbox-id", b"")]),
+        (b"k", b"v" * 3000, [("outbox-id", b"m3"), ("trace", None)]),  # id header first, then more
+        (b"k", b"v", [("outbox-idx", b"m4")]),  # a name the id header's bytes begin
+        (b"k", b"v", [("trace", b"t"), ("outbox-id", b"m5"), ("trace", b"t")]),
+        (b"\x00\xff", b"\x00", [("outbox-id", None)]),
+    ]
+    sent = [
+        NewMessage("t", value, key, headers, i % 3, f"m{i}", timestamp=1_700_000_000_000 + i)
+        for i, (key, value, headers) in enumerate(shapes)
+    ]
+    ids = store.enqueue(sent)
+    now = time.time()
+    rows = store.claim("o", 100, 30.0, now=now)
+    assert [r.id for r in rows] == ids
+    for m, r in zip(sent, rows, strict=True):
+        assert (r.msg_id, r.topic, r.key, r.value, r.headers, r.partition, r.timestamp) == (
+            m.msg_id, m.topic, m.key, m.value, m.headers, m.partition, m.timestamp,
+        )
+        assert r.status is Status.PENDING and r.attempts == 0
+        assert r._replace(next_attempt_at=0.0) == store.get(r.id)._replace(next_attempt_at=0.0)
+    assert store.stats(now=now).leased == len(sent)
+
+
+def test_closing_the_store_ends_its_claim_thread(pg_url: StoreURL) -> None:
+    store = PostgresOutbox(pg_url)
+    store.enqueue([NewMessage("t", b"v", None, [], -1, "m")])
+    assert len(store.claim("o", 10, 30.0, now=time.time())) == 1
+    assert [t for t in threading.enumerate() if t.name.startswith("outbox-pg-claim")]
+    store.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("outbox-pg-claim")]
+
+
+def test_a_claim_takes_over_a_gone_owners_rows_and_those_behind_them_in_id_order(
+    store: PostgresOutbox, pg_url: StoreURL
+) -> None:
+    """Rows 1-2 of key a leased by an owner that is gone, then 3-4 without a key, then 5-6 of key
+    a (waiting behind 1-2). A fresh claimer's claim returns all six, in id order, and every row
+    is leased to it."""
+    ids = store.enqueue([
+        NewMessage("t", b"1", b"a", [], -1, "m1"), NewMessage("t", b"2", b"a", [], -1, "m2"),
+    ])
+    o = parse_owner(new_owner("drain"))
+    assert o is not None
+    gone = str(OwnerId(o.role, "another-host", o.pid, o.start, o.boot, o.pidns, o.nonce))
+    holder = PostgresOutbox(pg_url, pool_size=1)
+    assert [r.id for r in holder.claim(gone, 2, 600.0, now=time.time())] == ids
+    holder.close()  # its lock goes with its session: the owner is gone
+    wait_until(lambda: store.owner_liveness([gone]) == {gone: Liveness.GONE}, 30, "the owner to be gone", every=0.05)
+    ids += store.enqueue([
+        NewMessage("t", b"3", None, [], -1, "m3"), NewMessage("t", b"4", None, [], -1, "m4"),
+        NewMessage("t", b"5", b"a", [], -1, "m5"), NewMessage("t", b"6", b"a", [], -1, "m6"),
+    ])
+    me = new_owner("drain")
+    rows = store.claim(me, 100, 60.0, now=time.time())
+    assert [r.id for r in rows] == ids
+    with psycopg.connect(**_conninfo(pg_url)) as conn:
+        owners = conn.execute(
+            f'SELECT lease_owner FROM "{pg_url.schema}"."{pg_url.table}" ORDER BY id'
+        ).fetchall()
+    assert owners == [(me,)] * 6
+
+
+def test_a_candidate_changed_before_its_lease_holds_back_the_rest_of_its_key(
+    store: PostgresOutbox, pg_url: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows 1-3 of key k and row 4 without a key are read as candidates; before the lease, an
+    acknowledging writer reschedules row 1 (another session, committed). The lease skips row 1,
+    so rows 2-3 must not leave before it: the claim returns row 4 alone, rows 2-3 are given
+    back due and unleased, and row 1 keeps its new schedule."""
+    ids = store.enqueue([
+        NewMessage("t", b"1", b"k", [], -1, "m1"), NewMessage("t", b"2", b"k", [], -1, "m2"),
+        NewMessage("t", b"3", b"k", [], -1, "m3"), NewMessage("t", b"4", None, [], -1, "m4"),
+    ])
+    table = f'"{pg_url.schema}"."{pg_url.table}"'
+    now = time.time()
+    keep_key_order = store._keep_key_order
+
+    def reschedule_first_then_check(conn: Any, rows: list[tuple[Any, ...]], in_flight: Any) -> Any:
+        with psycopg.connect(**_conninfo(pg_url), autocommit=True) as other:
+            other.execute(
+                f"UPDATE {table} SET next_attempt_at = %s, ready_at = %s WHERE id = %s", [now + 100, now + 100, ids[0]]
+            )
+        return keep_key_order(conn, rows, in_flight)
+
+    monkeypatch.setattr(store, "_keep_key_order", reschedule_first_then_check)
+    assert [r.id for r in store.claim("o", 10, 60.0, now=now)] == [ids[3]]
+    with psycopg.connect(**_conninfo(pg_url)) as conn:
+        found = conn.execute(f"SELECT id, lease_owner, next_attempt_at FROM {table} ORDER BY id").fetchall()
+    assert found == [(ids[0], None, now + 100), (ids[1], None, now), (ids[2], None, now), (ids[3], "o", now + 60)]
