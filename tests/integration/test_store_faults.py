@@ -282,7 +282,13 @@ def test_file_deleted_underneath_is_recreated_with_its_rows(
     chaos_cluster.wait_until_healthy()
     wait_until(lambda: pending_below(p, len(stream.returned) - 300), 120, "draining to start")
     path.unlink()
+    # The drain may empty the outbox and free every key before the unlink, and then nothing
+    # writes the store again. A message too large for any broker (librdkafka refuses it in
+    # produce()) is dead-lettered: one write the store makes after the unlink in every case, with
+    # the drain's rows still in flight copied if there are any.
+    p.produce(topic, b"x" * 2_000_000)
     wait_until(lambda: recreated() == 3, 120, "the outbox file to be re-created while draining")
+    wait_until(lambda: p.store.count_dead() == 1, 60, "the too-large message to be dead-lettered in the new file")
     assert not stream.errors, stream.errors[:3]
     recover_and_check(chaos_cluster, p, stream, topic)
 
