@@ -13,7 +13,7 @@ import pytest
 
 from outbox import ConfigError
 from outbox.consumer.inbox import Inbox, message_id, takes_transaction
-from outbox.stores import open_outbox
+from outbox.stores import Outbox, open_outbox
 from outbox.transactions import dbapi_connection
 from outbox.urls import parse_url
 
@@ -138,15 +138,23 @@ def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[s
     return url, query_pg
 
 
+def _effects_inbox(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> tuple[Outbox, Inbox, str, Callable[[str], list[Any]]]:
+    """A store of `kind`, a transactional inbox of group "g" on it with an `effects (v)` table for
+    handlers to write, the driver's parameter mark, and a query on another connection."""
+    url, query = _store(kind, tmp_path, request)
+    store = open_outbox(url)
+    inbox = Inbox(store, "g", transactional=True)
+    inbox.connection.execute("CREATE TABLE effects (v TEXT NOT NULL)")
+    return store, inbox, "?" if kind == "sqlite" else "%s", query
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_a_batch_is_one_transaction_and_a_failed_message_rolls_back_alone(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    url, query = _store(kind, tmp_path, request)
-    store = open_outbox(url)
-    inbox = Inbox(store, "g", transactional=True)
-    mark = "?" if kind == "sqlite" else "%s"
-    inbox.connection.execute("CREATE TABLE effects (v TEXT NOT NULL)")
+    store, inbox, mark, query = _effects_inbox(kind, tmp_path, request)
     ran: list[str] = []
 
     def handler(m: Any, tx: Any) -> None:
@@ -192,11 +200,7 @@ def test_a_batch_is_one_transaction_and_a_failed_message_rolls_back_alone(
 def test_a_rewound_batch_leaves_nothing_and_a_message_not_reached_is_not_marked(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    url, query = _store(kind, tmp_path, request)
-    store = open_outbox(url)
-    inbox = Inbox(store, "g", transactional=True)
-    mark = "?" if kind == "sqlite" else "%s"
-    inbox.connection.execute("CREATE TABLE effects (v TEXT NOT NULL)")
+    store, inbox, mark, query = _effects_inbox(kind, tmp_path, request)
 
     def handler(m: Any, tx: Any) -> None:
         tx.execute(f"INSERT INTO effects VALUES ({mark})", (message_id(m),))
