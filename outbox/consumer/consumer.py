@@ -84,6 +84,7 @@ HOP_RETRY = RetryPolicy(stop=tenacity.stop_never, backoff="exponential", initial
 ORDERINGS = (None, "key")
 _NOWHERE = Place("", 0)  # before the first message of a batch
 _REWIND_PAUSE = 1.0  # seconds before a batch whose inbox commit failed is read again
+SCAN_RETRY_INTERVAL = 5.0  # seconds between tries to read the ladder of partitions paused for want of it
 
 
 class ResilientConsumer:
@@ -204,6 +205,8 @@ class ResilientConsumer:
         self._durable: queue.SimpleQueue[tuple[int, bool]] = queue.SimpleQueue()
         self._tokens = 0
         self._in_place_state: dict[TP, InPlace] = {}  # the message each partition retries in place
+        self._unscanned: list[TopicPartition] = []  # ordering="key": paused until their ladder is read
+        self._next_scan = 0.0
         self._stop = threading.Event()
         self._closed = False
         self._auto_commit = str(config.get("enable.auto.commit", True)).lower() not in ("false", "0")
@@ -280,6 +283,8 @@ class ResilientConsumer:
             How many messages were taken from Kafka (held ones included).
         """
         now = time.time()
+        if self._unscanned and time.monotonic() >= self._next_scan:
+            self._scan_unscanned()
         if self._scheduler:
             self._resume_due(now)
         if self._tracker.waiting_hops:
@@ -307,7 +312,9 @@ class ResilientConsumer:
         (hops not yet durable), circuit / circuit_opened, producer (the hop producer's stats()).
         ordering="key": parked (messages parked behind an earlier one of their key), skipped
         (main-topic messages read again that were in the ladder already), scanned (tier messages
-        counted by the scans at assignment), keys_waiting (keys with a message in the ladder now).
+        counted by the scans at assignment), keys_waiting (keys with a message in the ladder now),
+        unscanned (assigned partitions paused because their ladder could not be read yet: the
+        cluster did not answer at the assignment; the scan is tried again every few seconds).
         Safe to call from any thread: it makes no librdkafka consumer call.
         """
         return {
@@ -317,6 +324,7 @@ class ResilientConsumer:
             "held": len(self._scheduler),
             "waiting_hops": self._tracker.waiting_hops,
             "keys_waiting": 0 if self._order is None else len(self._order),
+            "unscanned": len(self._unscanned),
             "circuit": None if self.circuit is None else self.circuit.state.value,
             "circuit_opened": 0 if self.circuit is None else self.circuit.opened,
             "producer": self._producer.stats(),
@@ -749,17 +757,17 @@ class ResilientConsumer:
         # A tier partition this group never committed must start at its beginning whatever
         # auto.offset.reset says: its messages were produced by this group for this group.
         tier_parts = [p for p in partitions if self._places[p.topic].tier]
+        unscanned = False
         if tier_parts:
-            try:
-                committed = {(c.topic, c.partition): c.offset for c in consumer.committed(tier_parts, timeout=10)}
-            except KafkaException as exc:
-                log.warning("could not read committed offsets of tier partitions: %s", exc.args[0])
-                committed = {}
-            for p in tier_parts:
-                if committed.get((p.topic, p.partition), OFFSET_INVALID) == OFFSET_INVALID:
-                    p.offset = OFFSET_BEGINNING
-            if self._order is not None:
-                self._rebuild_order(partitions, tier_parts, committed)
+            committed = self._tier_offsets(consumer, tier_parts)
+            if committed is None and self._order is not None:
+                unscanned = True  # the offsets are read with the ladder, once the cluster answers
+            else:
+                for p in tier_parts:
+                    if (committed or {}).get((p.topic, p.partition), OFFSET_INVALID) == OFFSET_INVALID:
+                        p.offset = OFFSET_BEGINNING
+                if self._order is not None:
+                    unscanned = not self._rebuild_order(partitions, tier_parts, committed or {})
         if self._in_place is not None:
             self._restore_in_place(consumer, partitions)
         if self._cooperative:
@@ -768,9 +776,52 @@ class ResilientConsumer:
             consumer.assign(partitions)
         # A pause does not survive in our state; make sure none survives in librdkafka's either.
         consumer.resume(partitions)
+        if unscanned:
+            # ordering="key" with the ladder unreadable (the cluster is down): handing out these
+            # partitions' messages could reorder a key, so they stay paused until a scan succeeds.
+            consumer.pause(partitions)
+            self._unscanned.extend(TopicPartition(p.topic, p.partition) for p in partitions)
+            self._next_scan = time.monotonic() + SCAN_RETRY_INTERVAL
         # Counted once done (the ordering scan included), so that stats() never shows an assignment half made.
         self.counts["assigned"] += 1
         log.info("assigned %d partitions", len(partitions))
+
+    def _tier_offsets(self, consumer: Consumer, tier_parts: list[TopicPartition]) -> dict[TP, int] | None:
+        """The group's committed offsets of `tier_parts`, or None when the cluster does not answer."""
+        try:
+            return {(c.topic, c.partition): c.offset for c in consumer.committed(tier_parts, timeout=10)}
+        except KafkaException as exc:
+            log.warning("could not read committed offsets of tier partitions: %s", exc.args[0])
+            return None
+
+    def _scan_unscanned(self) -> None:
+        """ordering="key": try again to read the ladder of the partitions paused for want of it."""
+        self._next_scan = time.monotonic() + SCAN_RETRY_INTERVAL
+        partitions = self._unscanned
+        tier_parts = [TopicPartition(p.topic, p.partition) for p in partitions if self._places[p.topic].tier]
+        committed = self._tier_offsets(self._consumer, tier_parts) if tier_parts else {}
+        if committed is None or not self._rebuild_order(partitions, tier_parts, committed):
+            return
+        # Assigned again, the same partitions, now with the tier offsets known: a tier partition
+        # this group never committed starts at its beginning. (A seek cannot do it: librdkafka
+        # refuses to seek a partition whose fetch never started.) ordering="key" uses the eager
+        # range assignor, so these partitions are the whole assignment.
+        starts = [
+            TopicPartition(p.topic, p.partition, OFFSET_BEGINNING)
+            if self._places[p.topic].tier and committed.get((p.topic, p.partition), OFFSET_INVALID) == OFFSET_INVALID
+            else TopicPartition(p.topic, p.partition)
+            for p in partitions
+        ]
+        try:
+            self._consumer.assign(starts)
+            self._consumer.resume(starts)
+        except KafkaException as exc:
+            assert self._order is not None
+            self._order.forget({(self._places[p.topic].main, p.partition) for p in partitions})
+            log.warning("could not resume the scanned partitions, trying again: %s", exc.args[0])
+            return
+        self._unscanned = []
+        log.info("ordering='key': %d partitions resumed after their ladder scan", len(partitions))
 
     def _restore_in_place(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """RetryInPlace: the attempt counts a previous owner committed with the offsets it resumes from."""
@@ -788,8 +839,13 @@ class ResilientConsumer:
 
     def _rebuild_order(
         self, partitions: list[TopicPartition], tier_parts: list[TopicPartition], committed: dict[TP, int]
-    ) -> None:
-        """ordering="key": learn what is in the ladder of the assigned partitions from their tier partitions."""
+    ) -> bool:
+        """ordering="key": learn what is in the ladder of the assigned partitions from their tier partitions.
+
+        Returns:
+            False when the ladder could not be read (the cluster does not answer); nothing of
+            these partitions is counted then.
+        """
         assert self._order is not None
         mine = {(p.topic, p.partition) for p in partitions}
         for t, part in mine:
@@ -805,11 +861,17 @@ class ResilientConsumer:
             TopicPartition(p.topic, p.partition, committed.get((p.topic, p.partition), OFFSET_INVALID))
             for p in tier_parts
         ]
-        # Raising here makes consume() raise: run() stops and the application hears of it, rather
-        # than this member handling messages out of their key's order.
-        counted = scan_ladder(self._admin_conf, starts, self._places, self._order)
+        try:
+            counted = scan_ladder(self._admin_conf, starts, self._places, self._order)
+        except KafkaException as exc:
+            origins = {(self._places[p.topic].main, p.partition) for p in partitions}
+            self._order.forget(origins)  # a partial count would make keys wait for copies never read
+            log.warning("ordering='key': the ladder of %d partitions could not be read, they stay paused "
+                        "until it can: %s", len(partitions), exc.args[0])
+            return False
         self.counts["scanned"] += counted
         log.info("ordering='key': %d tier messages counted, %d keys waiting", counted, len(self._order))
+        return True
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.counts["revoked"] += 1
@@ -838,6 +900,7 @@ class ResilientConsumer:
         self._scheduler.forget(tps)
         self._tracker.forget(tps)
         gone = set(tps)
+        self._unscanned = [p for p in self._unscanned if (p.topic, p.partition) not in gone]
         if self._order is not None:
             origins = {(self._places[t].main, p) for t, p in gone}
             self._order.forget(origins)

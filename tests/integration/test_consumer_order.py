@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Message, Producer
+from confluent_kafka import KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient
 
 from outbox import ResilientConsumer, RetryTopics
 from outbox.consumer import headers as H
@@ -220,3 +221,61 @@ def test_key_order_is_kept_when_hops_and_parkings_go_through_the_outbox(
     for k in range(keys):
         assert order[f"k{k}"] == list(range(per_key)), f"k{k} handled in the order {order[f'k{k}']}"
     assert sum(committed(bootstrap, group, topic, 3)) == len(sent)
+
+
+def assigned_members(bootstrap: str, group: str) -> int:
+    """How many members of `group` the coordinator has given partitions to."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
+    except KafkaException:
+        return 0
+    return sum(1 for m in desc.members if m.assignment and m.assignment.topic_partitions)
+
+
+def test_an_assignment_met_by_an_outage_waits_for_its_ladder_and_keeps_key_order(
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    bootstrap = chaos_cluster.bootstrap_servers
+    topic = make_topic(partitions=2)
+    group = group_name()
+    sent = produce_keyed(bootstrap, topic, keys=6, per_key=4)
+    tries: dict[tuple[str, int], int] = {}
+    log: list[tuple[str, int]] = []
+
+    def handle(msg: Message) -> None:
+        m = parse(msg)
+        tries[m] = tries.get(m, 0) + 1
+        if m[1] == 0 and tries[m] == 1:  # every key's first message goes through the ladder once
+            raise TimeoutError("downstream down")
+        log.append(m)
+
+    consumer = ResilientConsumer(
+        # A session that outlives the outage: the member keeps its assignment across it.
+        {"bootstrap.servers": bootstrap, "group.id": group, "session.timeout.ms": 45000,
+         "heartbeat.interval.ms": 1000},
+        topics=[topic],
+        handler=handle,
+        strategy=RetryTopics(delays=[0.2]),
+        ordering="key",
+        outbox=f"sqlite:///{tmp_path / 'o.db'}",
+    )
+    # The group is joined in librdkafka's background; the assignment is handed to the application
+    # (and its ladder scanned) at the first poll, which comes only once every broker is stopped.
+    wait_until(lambda: assigned_members(bootstrap, group) == 1, 60, "the group to assign the partitions")
+    chaos_cluster.stop_all()
+    try:
+        with running(consumer) as c:
+            wait_until(lambda: c.stats()["unscanned"] == 4, 60, "the assignment paused for want of its ladder")
+            assert log == [] and tries == {}, "no message handed out before the ladder is read"
+            chaos_cluster.start_all()
+            wait_until(lambda: len(log) == len(sent), 120, "every message handled")
+            wait_until(lambda: c.stats()["keys_waiting"] == 0, 30, "the ladder empty")
+            stats = c.stats()
+    finally:
+        chaos_cluster.start_all()
+    assert sorted(log) == sorted(sent), "each message handled once"
+    order = first_occurrence_order(log)
+    for k in range(6):
+        assert order[f"k{k}"] == [0, 1, 2, 3], f"k{k} handled in the order {order[f'k{k}']}"
+    assert stats["unscanned"] == 0 and stats["parked"] >= 6 * 3
