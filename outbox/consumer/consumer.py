@@ -85,6 +85,7 @@ ORDERINGS = (None, "key")
 _NOWHERE = Place("", 0)  # before the first message of a batch
 _REWIND_PAUSE = 1.0  # seconds before a batch whose inbox commit failed is read again
 SCAN_RETRY_INTERVAL = 5.0  # seconds between tries to read the ladder of partitions paused for want of it
+SCAN_TIMEOUT = 30.0  # seconds a ladder scan may take at first
 
 
 class ResilientConsumer:
@@ -207,6 +208,7 @@ class ResilientConsumer:
         self._in_place_state: dict[TP, InPlace] = {}  # the message each partition retries in place
         self._unscanned: list[TopicPartition] = []  # ordering="key": paused until their ladder is read
         self._next_scan = 0.0
+        self._scan_timeout = SCAN_TIMEOUT  # doubled after each failed scan: a big ladder gets the time it needs
         self._stop = threading.Event()
         self._closed = False
         self._auto_commit = str(config.get("enable.auto.commit", True)).lower() not in ("false", "0")
@@ -862,13 +864,15 @@ class ResilientConsumer:
             for p in tier_parts
         ]
         try:
-            counted = scan_ladder(self._admin_conf, starts, self._places, self._order)
+            counted = scan_ladder(self._admin_conf, starts, self._places, self._order, timeout=self._scan_timeout)
         except KafkaException as exc:
+            self._scan_timeout = min(self._scan_timeout * 2, 600.0)
             origins = {(self._places[p.topic].main, p.partition) for p in partitions}
             self._order.forget(origins)  # a partial count would make keys wait for copies never read
             log.warning("ordering='key': the ladder of %d partitions could not be read, they stay paused "
                         "until it can: %s", len(partitions), exc.args[0])
             return False
+        self._scan_timeout = SCAN_TIMEOUT
         self.counts["scanned"] += counted
         log.info("ordering='key': %d tier messages counted, %d keys waiting", counted, len(self._order))
         return True
