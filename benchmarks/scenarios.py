@@ -211,9 +211,6 @@ def raw(p: Params) -> Result:
     # wrapper pays, no more.
     next_id = IdGenerator().next
     header = bool(p["header"])
-    # on_delivery: one callback for every message, as an application that hears each delivery has
-    heard = _Heard()
-    cb = heard if p.get("on_delivery") else None
     lat: list[int] = []
     pc = time.perf_counter_ns
     warm_up(prod, topic, lambda k: produce(topic, value, partition=k), prod.flush)
@@ -223,10 +220,7 @@ def raw(p: Params) -> Result:
         if i % every:
             while True:
                 try:
-                    if cb is None:
-                        produce(topic, value, headers=hdrs)
-                    else:
-                        produce(topic, value, headers=hdrs, on_delivery=cb)
+                    produce(topic, value, headers=hdrs)
                     break
                 except BufferError:
                     poll(0.005)
@@ -234,10 +228,7 @@ def raw(p: Params) -> Result:
             s = pc()
             while True:
                 try:
-                    if cb is None:
-                        produce(topic, value, headers=hdrs)
-                    else:
-                        produce(topic, value, headers=hdrs, on_delivery=cb)
+                    produce(topic, value, headers=hdrs)
                     break
                 except BufferError:
                     poll(0.005)
@@ -246,19 +237,7 @@ def raw(p: Params) -> Result:
             poll(0)  # serve delivery reports, as any real producing loop must
     left = prod.flush(120)
     seconds = time.perf_counter() - t0
-    return result(p, n, seconds, lat, undelivered=left, heard=heard.n)
-
-
-class _Heard:
-    """An application's `on_delivery`: counts the reports it hears."""
-
-    __slots__ = ("n",)
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def __call__(self, err: KafkaError | None, msg: Message | None) -> None:
-        self.n += 1
+    return result(p, n, seconds, lat, undelivered=left)
 
 
 # -- 2./3. ResilientProducer happy paths -----------------------------------------------------
@@ -300,25 +279,16 @@ def resilient(p: Params) -> Result:
     flush_early = 0
     lats: list[list[int]] = [[] for _ in range(threads)]
 
-    heard = _Heard()
-    cb = heard if p.get("on_delivery") else None
-
     def loop(k: int, count: int) -> None:
         produce = rp.produce
         lat = lats[k]
         pc = time.perf_counter_ns
         for i in range(count):
             if i % every:
-                if cb is None:
-                    produce(topic, value)
-                else:
-                    produce(topic, value, on_delivery=cb)
+                produce(topic, value)
             else:
                 s = pc()
-                if cb is None:
-                    produce(topic, value)
-                else:
-                    produce(topic, value, on_delivery=cb)
+                produce(topic, value)
                 lat.append(pc() - s)
 
     t0 = start_clock(by_thread=True, topic=topic)
@@ -351,7 +321,6 @@ def resilient(p: Params) -> Result:
         flush_left=left,
         flush_returned_before_delivery=flush_early,
         threads=threads,
-        heard=heard.n,
     )
 
 
