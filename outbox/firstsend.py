@@ -53,6 +53,7 @@ class FirstSend:
         wake_drain: a message to re-send alone is due now.
         id_header: the id header's name, or None (a failure report rebuilds the header from it).
         report_successes: whether `on_delivery` hears deliveries.
+        hold_longest: how long a hold-back may last (as when the circuit opens).
     """
 
     def __init__(
@@ -66,8 +67,10 @@ class FirstSend:
         wake_drain: Callable[[], None],
         id_header: str | None,
         report_successes: bool,
+        hold_longest: float,
     ) -> None:
         self._link = link
+        self._hold_longest = hold_longest
         self._spill = spill
         self._writer = writer
         self._circuit = circuit
@@ -100,6 +103,11 @@ class FirstSend:
                     )
                 ):
                     raise
+                if not self._circuit.closed:
+                    # The wait straddled the circuit's opening: this message entered librdkafka
+                    # after the open's hold-back may have ended, and its key's later messages
+                    # would be stored ahead of it. Hold them again until librdkafka hands it back.
+                    self._spill.hold_after_open(self._hold_longest)
             link.handed.add()
         except BufferError:
             self._spill.store_unsent(

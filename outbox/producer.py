@@ -351,6 +351,7 @@ class ResilientProducer:
         self._first = FirstSend(
             self._link, self._spill, self.writer, self.circuit, self.retry,
             wake_drain=self.drainer.wake, id_header=id_header, report_successes=report_successes,
+            hold_longest=self._message_timeout + 1.0,
         )
         self._write_ahead = WriteAhead(
             self._link, self._spill, self.writer, self.circuit, self._fates, self.retry,
