@@ -756,8 +756,6 @@ class ResilientConsumer:
         tps = [(p.topic, p.partition) for p in partitions]
         self._scheduler.forget(tps)
         self._tracker.forget(tps)
-        # A tier partition this group never committed must start at its beginning whatever
-        # auto.offset.reset says: its messages were produced by this group for this group.
         tier_parts = [p for p in partitions if self._places[p.topic].tier]
         unscanned = False
         if tier_parts:
@@ -765,11 +763,10 @@ class ResilientConsumer:
             if committed is None and self._order is not None:
                 unscanned = True  # the offsets are read with the ladder, once the cluster answers
             else:
-                for p in tier_parts:
-                    if (committed or {}).get((p.topic, p.partition), OFFSET_INVALID) == OFFSET_INVALID:
-                        p.offset = OFFSET_BEGINNING
+                committed = committed or {}  # unreadable: every tier partition from its beginning
+                _start_new_tiers_at_beginning(tier_parts, committed)
                 if self._order is not None:
-                    unscanned = not self._rebuild_order(partitions, tier_parts, committed or {})
+                    unscanned = not self._rebuild_order(partitions, tier_parts, committed)
         if self._in_place is not None:
             self._restore_in_place(consumer, partitions)
         if self._cooperative:
@@ -804,26 +801,26 @@ class ResilientConsumer:
         committed = self._tier_offsets(self._consumer, tier_parts) if tier_parts else {}
         if committed is None or not self._rebuild_order(partitions, tier_parts, committed):
             return
-        # Assigned again, the same partitions, now with the tier offsets known: a tier partition
-        # this group never committed starts at its beginning. (A seek cannot do it: librdkafka
-        # refuses to seek a partition whose fetch never started.) ordering="key" uses the eager
-        # range assignor, so these partitions are the whole assignment.
-        starts = [
-            TopicPartition(p.topic, p.partition, OFFSET_BEGINNING)
-            if self._places[p.topic].tier and committed.get((p.topic, p.partition), OFFSET_INVALID) == OFFSET_INVALID
-            else TopicPartition(p.topic, p.partition)
-            for p in partitions
-        ]
+        # Assigned again, the same partitions, now with the tier offsets known. (A seek cannot
+        # start a tier partition at its beginning: librdkafka refuses to seek a partition whose
+        # fetch never started.) ordering="key" uses the eager range assignor, so these
+        # partitions are the whole assignment.
+        _start_new_tiers_at_beginning(tier_parts, committed)
+        starts = [p for p in partitions if not self._places[p.topic].tier] + tier_parts
         try:
             self._consumer.assign(starts)
             self._consumer.resume(starts)
         except KafkaException as exc:
             assert self._order is not None
-            self._order.forget({(self._places[p.topic].main, p.partition) for p in partitions})
+            self._order.forget(self._origins(partitions))
             log.warning("could not resume the scanned partitions, trying again: %s", exc.args[0])
             return
         self._unscanned = []
         log.info("ordering='key': %d partitions resumed after their ladder scan", len(partitions))
+
+    def _origins(self, partitions: list[TopicPartition]) -> set[TP]:
+        """The main-topic partitions whose messages `partitions` (main or tier) hold."""
+        return {(self._places[p.topic].main, p.partition) for p in partitions}
 
     def _restore_in_place(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """RetryInPlace: the attempt counts a previous owner committed with the offsets it resumes from."""
@@ -867,8 +864,7 @@ class ResilientConsumer:
             counted = scan_ladder(self._admin_conf, starts, self._places, self._order, timeout=self._scan_timeout)
         except KafkaException as exc:
             self._scan_timeout = min(self._scan_timeout * 2, 600.0)
-            origins = {(self._places[p.topic].main, p.partition) for p in partitions}
-            self._order.forget(origins)  # a partial count would make keys wait for copies never read
+            self._order.forget(self._origins(partitions))  # a partial count would make keys wait for copies never read
             log.warning("ordering='key': the ladder of %d partitions could not be read, they stay paused "
                         "until it can: %s", len(partitions), exc.args[0])
             return False
@@ -942,6 +938,14 @@ class ResilientConsumer:
 def is_async_callable(f: object) -> bool:
     """A coroutine function, or an object whose ``__call__`` is one (an async handler)."""
     return inspect.iscoroutinefunction(f) or inspect.iscoroutinefunction(type(f).__call__)
+
+
+def _start_new_tiers_at_beginning(tier_parts: list[TopicPartition], committed: Mapping[TP, int]) -> None:
+    """A tier partition this group never committed starts at its beginning whatever
+    auto.offset.reset says: its messages were produced by this group for this group."""
+    for p in tier_parts:
+        if committed.get((p.topic, p.partition), OFFSET_INVALID) == OFFSET_INVALID:
+            p.offset = OFFSET_BEGINNING
 
 
 def _partition(topic: str, partition: int, offset: int, metadata: str | None) -> TopicPartition:
