@@ -100,7 +100,8 @@ class FirstSend:
                 if not link.when_queue_has_room(
                     lambda: link.kafka.produce(
                         topic, value, key, partition, report, None, timestamp, hdrs  # type: ignore[arg-type]
-                    )
+                    ),
+                    open_if_stalled=True,
                 ):
                     raise
                 if not self._circuit.closed:

@@ -204,7 +204,7 @@ class KafkaLink:
 
     # -- back-pressure -----------------------------------------------------------------------
 
-    def when_queue_has_room(self, send: Callable[[], None]) -> bool:
+    def when_queue_has_room(self, send: Callable[[], None], *, open_if_stalled: bool = False) -> bool:
         """produce() met a full local queue: try `send` again as room appears, while the circuit
         is closed, for up to `queue_full_timeout`. False: no room in time (the caller stores the
         message), or at once while an earlier wait found none and nothing was delivered since.
@@ -213,10 +213,18 @@ class KafkaLink:
         instead, a burst on a healthy cluster went to SQLite (a sixth to a third of 200,000
         messages on one local broker), each at several times a send's cost, and every later
         message of a stored key followed it into the outbox until the drain caught up.
+
+        `open_if_stalled`: a wait that ends with nothing delivered during it opens the circuit.
+        The cluster is not taking messages, whether or not librdkafka has said so yet (it reports
+        all brokers down only once every connection has failed, and never for a hung broker).
+        Opening moves what librdkafka still holds to the outbox through the hold-back, in produce
+        order, ahead of this message and its key's later ones; left in librdkafka, those earlier
+        messages would be stored behind them when they failed.
         """
         if self._queue_stalled or self._queue_full_timeout <= 0:
             return False
         self.queue_full_waits.add()
+        delivered_before = self.first_sends_delivered()
         deadline = time.monotonic() + self._queue_full_timeout
         while self._circuit.closed:
             time.sleep(ROOM_CHECK_INTERVAL)  # the delivery thread serves reports, which frees room
@@ -226,6 +234,10 @@ class KafkaLink:
             except BufferError:
                 if time.monotonic() >= deadline:
                     self._queue_stalled = True
+                    if open_if_stalled and self.first_sends_delivered() <= delivered_before:
+                        self._circuit.trip(
+                            f"librdkafka's queue stayed full for {self._queue_full_timeout:g} s with nothing delivered"
+                        )
                     return False
         return False
 

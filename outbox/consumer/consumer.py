@@ -210,6 +210,9 @@ class ResilientConsumer:
         self._next_scan = 0.0
         self._scan_timeout = SCAN_TIMEOUT  # doubled after each failed scan: a big ladder gets the time it needs
         self._stop = threading.Event()
+        # Held by each turn of the loop: close() waits for a turn in another thread to end, since
+        # librdkafka may crash (not raise) when a consumer is closed under a running consume().
+        self._turn = threading.RLock()
         self._closed = False
         self._auto_commit = str(config.get("enable.auto.commit", True)).lower() not in ("false", "0")
         self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", ""))
@@ -273,7 +276,8 @@ class ResilientConsumer:
             while not self._stop.is_set():
                 if deadline is not None and time.monotonic() >= deadline:
                     break
-                self.poll_once()
+                if self._poll_turn() is None:  # closed from another thread meanwhile
+                    break
         finally:
             for sig, old in restore:
                 signal.signal(sig, old)
@@ -284,22 +288,32 @@ class ResilientConsumer:
         Returns:
             How many messages were taken from Kafka (held ones included).
         """
-        now = time.time()
-        if self._unscanned and time.monotonic() >= self._next_scan:
-            self._scan_unscanned()
-        if self._scheduler:
-            self._resume_due(now)
-        if self._tracker.waiting_hops:
-            self._settle_hops()
-        timeout = self._poll_timeout
-        nxt = self._scheduler.next_due()
-        if nxt is not None:
-            timeout = min(timeout, max(0.0, nxt - time.time()))
-        msgs = self._consumer.consume(self._batch_size, timeout)
-        if msgs:
-            self._handle_batch(msgs)
-        self._store_offsets()
-        return len(msgs)
+        taken = self._poll_turn()
+        if taken is None:
+            raise RuntimeError("this ResilientConsumer is closed")
+        return taken
+
+    def _poll_turn(self) -> int | None:
+        """poll_once() under the turn lock; None once closed."""
+        with self._turn:
+            if self._closed:
+                return None
+            now = time.time()
+            if self._unscanned and time.monotonic() >= self._next_scan:
+                self._scan_unscanned()
+            if self._scheduler:
+                self._resume_due(now)
+            if self._tracker.waiting_hops:
+                self._settle_hops()
+            timeout = self._poll_timeout
+            nxt = self._scheduler.next_due()
+            if nxt is not None:
+                timeout = min(timeout, max(0.0, nxt - time.time()))
+            msgs = self._consumer.consume(self._batch_size, timeout)
+            if msgs:
+                self._handle_batch(msgs)
+            self._store_offsets()
+            return len(msgs)
 
     def stop(self) -> None:
         """Ask run() to return after the current message (thread- and signal-safe)."""
@@ -334,11 +348,30 @@ class ResilientConsumer:
         }
 
     def close(self, timeout: float = 30.0) -> None:
-        """Make pending hops durable, commit, leave the group, close the producer and the store."""
+        """Make pending hops durable, commit, leave the group, close the producer and the store.
+
+        Safe to call while run() polls in another thread: it stops the loop and waits for its
+        current turn to end (up to `timeout`). If the turn does not end in time (a handler still
+        running), it raises RuntimeError and closes nothing; call it again once the handler returns.
+        """
         if self._closed:
             return
-        self._closed = True
+        self._stop.set()
         deadline = time.monotonic() + timeout
+        if not self._turn.acquire(timeout=max(0.0, timeout)):
+            raise RuntimeError(
+                f"close(): the consumer loop in another thread did not finish its turn within {timeout:g} s "
+                "(a handler is still running); nothing was closed"
+            )
+        try:
+            if self._closed:  # closed by another thread while this one waited
+                return
+            self._closed = True
+            self._close_all(deadline)
+        finally:
+            self._turn.release()
+
+    def _close_all(self, deadline: float) -> None:
         try:
             if (
                 self._tracker.waiting_hops

@@ -647,3 +647,55 @@ def test_deserialization_failure_goes_straight_to_the_dead_letters(
     assert dead[0].value == b"not json" and dead[0].attempts == 1
     assert (dead[0].last_error or "").startswith("json.decoder.JSONDecodeError (consumer): Expecting value")
     assert committed(kafka_bootstrap, group, topic, 1) == [3]
+
+
+def test_close_from_another_thread_waits_for_the_loop_and_a_handler_still_running_keeps_it_open(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """close() while run() polls in another thread: it waits for the loop's turn, so librdkafka
+    is never closed under a running consume(). A handler that outlasts close()'s timeout gets a
+    RuntimeError that says so, and nothing is closed; once it returns, close() finishes, run()
+    returns without error and every handled message is committed."""
+    topic = make_topic(partitions=1)
+    group = group_name()
+    produce(kafka_bootstrap, topic, [b"%d" % i for i in range(10)])
+    release = threading.Event()
+    seen: list[bytes] = []
+
+    def handle(msg: Message) -> None:
+        seen.append(msg.value() or b"")
+        if msg.value() == b"5":
+            release.wait(60)
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        topics=[topic],
+        handler=handle,
+        strategy=Ignore(),
+        outbox=f"sqlite:///{tmp_path / 'c.db'}",
+        batch_size=1,
+    )
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            consumer.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: b"5" in seen, 30, "the handler holds message 5")
+        with pytest.raises(RuntimeError, match=r"did not finish its turn within 0\.5 s .*nothing was closed"):
+            consumer.close(timeout=0.5)
+        assert t.is_alive()
+    finally:
+        release.set()
+    consumer.close()
+    t.join(30)
+    assert not t.is_alive() and errors == []
+    assert seen == [b"%d" % i for i in range(6)], "the loop stopped after the turn close() waited for"
+    assert committed(kafka_bootstrap, group, topic, 1) == [6]
+    with pytest.raises(RuntimeError, match="this ResilientConsumer is closed"):
+        consumer.poll_once()

@@ -431,10 +431,12 @@ def test_queue_full_timeout_0_stores_what_a_full_local_queue_refuses(
     assert got.unique == 2000
 
 
-def test_a_hung_cluster_stalls_one_produce_call_then_messages_are_stored_at_once(tmp_path: Path) -> None:
-    """The broker is frozen (SIGSTOP): connected, the circuit closed, nothing acknowledged. The
-    first produce() that finds the 20-message queue full waits `queue_full_timeout` for room; the
-    next 179 store at once instead of waiting too. Thawed, everything is delivered."""
+def test_a_hung_cluster_stalls_one_produce_call_then_opens_the_circuit_and_keeps_key_order(tmp_path: Path) -> None:
+    """The broker is frozen (SIGSTOP): connected, nothing acknowledged, and librdkafka reports no
+    error. The first produce() that finds the 20-message queue full waits `queue_full_timeout`
+    for room; nothing is delivered meanwhile, so the circuit opens and the next 179 are stored at
+    once. What librdkafka held is moved to the outbox ahead of them. Thawed, everything is
+    delivered, each key in produce order."""
     with KafkaCluster(brokers=1, base_dir=tmp_path) as cluster:
         topic = cluster.create_topic("hung", replication_factor=1)
         broker = cluster.pids()[1]  # controller first
@@ -446,20 +448,23 @@ def test_a_hung_cluster_stalls_one_produce_call_then_messages_are_stored_at_once
             drain_poll_interval=0.2,
         )
         with p:
-            p.produce(topic, b"before")
+            p.produce(topic, b"before:0", key=b"before")
             assert p.flush(30) == 0  # connected, idempotence id granted
             os.kill(broker, signal.SIGSTOP)
             try:
                 for i in range(200):
-                    p.produce(topic, b"hung-%d" % i)
+                    key, value = keyed_value(i % 5, i // 5)
+                    p.produce(topic, value, key=key)
                 st = p.stats()
             finally:
                 os.kill(broker, signal.SIGCONT)
-            assert st["circuit"] == "closed"
-            assert (st["queue_full_waits"], st["outboxed"]) == (1, 180)
+            assert st["circuit"] == "open"
+            assert st["queue_full_waits"] == 1
+            assert st["outboxed"] >= 180
             wait_until(lambda: drained(p), 120, "the outbox is drained after the thaw")
         got = read_topic(cluster.bootstrap_servers, topic, 201)
     assert got.unique == 201
+    assert got.order_violations() == []
 
 
 def test_bad_input_raises_and_stores_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:
