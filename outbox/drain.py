@@ -17,10 +17,11 @@ their lease ends. The application's client callbacks cannot end a worker (`outbo
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ from .retry import RetryPolicy
 from .sendloop import RESEND_DEFAULTS, InFlight, SendLoop, check_resend_config
 from .settle import Verdict, add_to
 from .stores.base import Outbox, Settlement
+from .stores.grouped import ids_of
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +100,9 @@ _FIRST_ROW_BYTES = 4096 + MESSAGE_OVERHEAD
 _ROW_SAMPLE = 64
 
 
-def _row_bytes(rows: list[OutboxMessage]) -> int:
+def _row_bytes(rows: Sequence[OutboxMessage]) -> int:
     """A claimed row's cost in memory: value and key of the first rows, plus the overhead."""
-    sample = rows[:_ROW_SAMPLE]
+    sample = list(itertools.islice(rows, _ROW_SAMPLE))  # read, not indexed: nothing kept decoded (`Claimed`)
     payload = sum(len(r.value or b"") + len(r.key or b"") for r in sample)
     return max(1, payload // len(sample) + MESSAGE_OVERHEAD)
 
@@ -363,7 +365,7 @@ class Drainer:
         # (a claim does not count this worker's own leases as blocking), which is safe because
         # they are sent only after it, and only if all of it was delivered.
         current: InFlight[OutboxMessage] | None = None  # on the producer
-        queued: list[OutboxMessage] = []  # claimed, sent once `current` is settled
+        queued: Sequence[OutboxMessage] = []  # claimed, sent once `current` is settled
         holding = False
         try:
             while not self._stop.is_set():
@@ -373,7 +375,7 @@ class Drainer:
                     continue
                 if not queued and not loop.cluster_down:
                     holding = self._mark_holding(True, holding)  # before its lease: see _holding
-                    queued = self._claim(limit, background, [r.id for r in current.rows] if current else [])
+                    queued = self._claim(limit, background, ids_of(current.rows) if current else [])
                 if current is not None:
                     delivered_all = self._settle(loop, current, background)
                     current = None
@@ -449,7 +451,7 @@ class Drainer:
 
     def _claim(
         self, limit: list[int | None] | None, background: bool, in_flight: list[int]
-    ) -> list[OutboxMessage]:
+    ) -> Sequence[OutboxMessage]:
         """Claim the next batch (within `max_messages`); [] when nothing is due or the store failed.
 
         `in_flight`: this worker's rows in flight on its producer; their keys' later rows may
@@ -467,6 +469,12 @@ class Drainer:
             rows = self.store.claim(
                 self.owner, take, self.lease_seconds, now=time.time(), topic=self.topic, in_flight=in_flight
             )
+            if self.events.listens("delivered"):
+                # Decoded once, here, for the producer and then the listener. Nobody listening, a
+                # claim's groups are decoded as they are produced, each message then dropped
+                # (`outbox.stores.grouped.Claimed`): no claimed batch of tracked objects for the
+                # garbage collector to walk.
+                rows = list(rows)
             self._store_ok()
             if rows and self.batch_bytes is not None:
                 self._row_bytes = _row_bytes(rows)
@@ -486,13 +494,13 @@ class Drainer:
             return self.batch_size
         return max(1, min(self.batch_size, self.batch_bytes // self._row_bytes))
 
-    def _give_back(self, rows: list[OutboxMessage], limit: list[int | None] | None, background: bool) -> None:
+    def _give_back(self, rows: Sequence[OutboxMessage], limit: list[int | None] | None, background: bool) -> None:
         """Release claimed rows that were not sent: due now, no attempt counted."""
         if limit is not None and limit[0] is not None:
             with self._lock:
                 limit[0] += len(rows)
         try:
-            self.store.apply(Settlement(released=[r.id for r in rows]), now=time.time())
+            self.store.apply(Settlement(released=ids_of(rows)), now=time.time())
             self._store_ok()
         except StoreError as exc:  # their leases expire
             if not background:
@@ -556,16 +564,17 @@ class Drainer:
         last_error: str | None = None
         all_delivered = loop.wait(batch, stop=self._stop)
         now = time.time()
+        delivered: Sequence[OutboxMessage]
         if all_delivered:  # the healthy batch, without a decision per row
-            delivered = list(batch.rows)
-            settlement = Settlement(delivered=[row.id for row in delivered])
+            delivered = batch.rows
+            settlement = Settlement(delivered=ids_of(batch.rows))
         else:
-            delivered = []
+            delivered = got = []
             settlement = Settlement()
             for row, d in loop.decide(batch, time.time):
                 add_to(settlement, row.id, d, now)
                 if d.verdict is Verdict.DELIVERED:
-                    delivered.append(row)
+                    got.append(row)
                 elif d.verdict is not Verdict.RELEASE:
                     failed += 1
                     failed_ids.add(row.id)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -253,7 +253,7 @@ class SendLoop:
         The previous batch must be finished: a batch is complete when the producer is empty.
         """
         batch: InFlight[R] = InFlight(rows)
-        self._produce_all(batch, range(len(rows)))
+        self._produce_all(batch, enumerate(rows))
         return batch
 
     def finish(
@@ -326,16 +326,16 @@ class SendLoop:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _produce_all(self, batch: InFlight[Any], which: Any) -> None:
+    def _produce_all(self, batch: InFlight[Any], which: Iterable[tuple[int, Stored]]) -> None:
+        """Produce `which`: (index in the batch, row) pairs. Rows are read by iterating, not by
+        index: a claim may decode them only as they are read (`outbox.stores.grouped.Claimed`)."""
         producer = self.producer
         produce = producer.produce
-        rows = batch.rows
         self._reports.errors = batch.errors
-        callbacks = self._reports.upto(len(rows))
-        for n, i in enumerate(which):
+        callbacks = self._reports.upto(len(batch.rows))
+        for n, (i, row) in enumerate(which):
             if n % _POLL_EVERY == _POLL_EVERY - 1:
                 producer.poll(0)
-            row = rows[i]
             cb = callbacks[i]
             while True:
                 try:
@@ -370,6 +370,6 @@ class SendLoop:
     def _send_alone(self, row: Stored, now_fn: Any) -> Decision:
         """Re-send one message that shared a refused record batch; its own fate decides."""
         alone: InFlight[Stored] = InFlight([row])
-        self._produce_all(alone, [0])
+        self._produce_all(alone, [(0, row)])
         self._wait(alone, None)
         return settle(row, alone.errors.get(0), self.policy, now_fn(), alone=True)

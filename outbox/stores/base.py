@@ -270,7 +270,7 @@ class MessageStore(abc.ABC):
     def claim(
         self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None,
         in_flight: Collection[int] = (),
-    ) -> list[OutboxMessage]:
+    ) -> Sequence[OutboxMessage]:
         """Lease up to `limit` due PENDING messages to `owner`, oldest first.
 
         A SQLite store keeps a batch of messages as one row (`outbox.stores.grouped`), leased

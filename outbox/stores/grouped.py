@@ -27,8 +27,10 @@ sent without headers of its own, so neither encoded nor decoded per message.
 
 from __future__ import annotations
 
+import bisect
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple, overload
 
 from ..codec import TEXTS, decode_headers, encode_headers, text, utf8
 from ..headers import ID_HEADER
@@ -94,8 +96,12 @@ def encode(messages: Sequence[NewMessage]) -> tuple[bytes, bytes | None]:
 
 def decode(body: bytes, group_id: int, topic: str, created_at: float) -> list[OutboxMessage]:
     """The messages of a group, with their ids (`group_id + 1 …`), as a claim returns them."""
-    out: list[OutboxMessage] = []
-    add = out.append
+    return list(messages_of(body, group_id, topic, created_at))
+
+
+def messages_of(body: bytes, group_id: int, topic: str, created_at: float) -> Iterator[OutboxMessage]:
+    """`decode`, one message at a time: a reader that drops each message before taking the next
+    allocates no lasting objects, so the garbage collector does not run for it (`Claimed`)."""
     pos, end, size, unpack = 0, len(body), _HEAD.size, _HEAD.unpack_from
     mid = group_id
     pending = Status.PENDING
@@ -133,13 +139,100 @@ def decode(body: bytes, group_id: int, topic: str, created_at: float) -> list[Ou
             pos += ln
         first_failed = None if first != first else first  # NaN: None
         mid += 1
-        add(
-            new(cls, (
-                mid, msg_id, topic, key, value, headers, part, pending, attempts, created_at, first_failed,
-                first_failed if attempts else None, due, error, code if has_code else None, name, ts,
-            ))
-        )
-    return out
+        yield new(cls, (
+            mid, msg_id, topic, key, value, headers, part, pending, attempts, created_at, first_failed,
+            first_failed if attempts else None, due, error, code if has_code else None, name, ts,
+        ))
+
+
+class Group(NamedTuple):
+    """A claimed group row, its messages still encoded."""
+
+    id: int
+    n: int
+    topic: str
+    created_at: float
+    body: bytes
+
+
+class Claimed(Sequence[OutboxMessage]):
+    """A claim's messages in id order, each group's decoded only as they are read.
+
+    Why: a claim of 10,000 messages held decoded is ~20,000 objects the garbage collector tracks
+    (each message and its headers list) for as long as the batch is claimed and in flight; the
+    collections they set off took a fifth of a drain's CPU. A drain worker reads each message
+    once, to produce it, and drops it: held encoded, a batch is a few bytes objects the
+    collector never looks at. Reading by index decodes the group of that index (the last one
+    read is kept, so reading in order decodes each group once).
+    """
+
+    __slots__ = ("_parts", "_starts", "_len", "_at", "_rows")
+
+    def __init__(self, parts: Sequence[OutboxMessage | Group]) -> None:
+        self._parts = parts
+        starts: list[int] = []
+        count = 0
+        for p in parts:
+            starts.append(count)
+            count += p.n if type(p) is Group else 1
+        self._starts = starts
+        self._len = count
+        self._at = -1  # the part whose messages `_rows` holds
+        self._rows: list[OutboxMessage] = []
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[OutboxMessage]:
+        for p in self._parts:
+            if type(p) is Group:
+                yield from messages_of(p.body, p.id, p.topic, p.created_at)
+            else:
+                yield p  # type: ignore[misc]  # an OutboxMessage
+
+    @overload
+    def __getitem__(self, i: int) -> OutboxMessage: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[OutboxMessage]: ...
+    def __getitem__(self, i: int | slice) -> OutboxMessage | list[OutboxMessage]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._len))]
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError("claimed message index out of range")
+        at = bisect.bisect_right(self._starts, i) - 1
+        p = self._parts[at]
+        if type(p) is not Group:
+            return p  # type: ignore[return-value]  # an OutboxMessage
+        if at != self._at:
+            self._rows, self._at = decode(p.body, p.id, p.topic, p.created_at), at
+        return self._rows[i - self._starts[at]]
+
+    def ids(self) -> list[int]:
+        """The messages' ids, without decoding: a group's are `id + 1 … id + n`."""
+        out: list[int] = []
+        for p in self._parts:
+            if type(p) is Group:
+                out += range(p.id + 1, p.id + p.n + 1)
+            else:
+                out.append(p.id)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(other) == self._len and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # a sequence compared by its items, like a list
+
+    def __repr__(self) -> str:
+        return f"Claimed({list(self)!r})"
+
+
+def ids_of(rows: Sequence[OutboxMessage]) -> list[int]:
+    """The ids of claimed messages (a `Claimed`'s without decoding its groups)."""
+    return rows.ids() if isinstance(rows, Claimed) else [r.id for r in rows]
 
 
 def as_new(m: OutboxMessage) -> NewMessage:

@@ -13,7 +13,7 @@ import pytest
 
 from outbox.records import NewMessage
 from outbox.stores import grouped
-from outbox.stores.sqlite import SQLiteOutbox
+from outbox.stores.sqlite import SQLiteOutbox, _ranges
 
 NOW = 1_000_000.0
 
@@ -73,3 +73,9 @@ def test_without_a_race_every_chosen_row_is_leased(store: SQLiteOutbox) -> None:
     got = store.claim("me", 100, 30, now=NOW)
     assert [m.id for m in got] == [*ids, ids[-1] + 1]
     assert {r[0] for r in store._read("SELECT lease_owner FROM outbox")} == {"me"}
+
+
+def test_ids_to_delete_become_one_range_per_contiguous_run_in_any_order_with_repeats() -> None:
+    assert _ranges([]) == [] and _ranges([7]) == [(7, 7)]
+    assert _ranges([9, 1, 2, 2, 3, 5, 6, 5]) == [(1, 3), (5, 6), (9, 9)]
+    assert _ranges([*range(2, 1002), *range(1003, 2003)]) == [(2, 1001), (1003, 2002)]

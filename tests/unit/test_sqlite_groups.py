@@ -105,6 +105,29 @@ def test_a_claim_takes_groups_whole_and_a_full_delivery_deletes_the_row(store: S
     assert store.stats(now=NOW).pending == 0
 
 
+def test_a_claim_reads_its_groups_as_decoded_messages_by_iteration_index_and_slice(store: SQLiteOutbox) -> None:
+    first = store.enqueue(batch(20))
+    single = store.enqueue(one(b"x", "alone"))
+    second = store.enqueue(batch(G, tag="n", keys=(b"other", None)))
+    claimed = store.claim("w", 100, 60, now=NOW)
+    assert isinstance(claimed, grouped.Claimed)
+    everything = first + single + second
+    # The same messages a full decode gives, read each way a caller reads a list.
+    decoded = list(claimed)
+    assert [r.id for r in decoded] == everything and len(claimed) == len(everything)
+    assert grouped.ids_of(claimed) == everything
+    assert [claimed[i] for i in range(len(claimed))] == decoded
+    assert claimed[-1] == decoded[-1] and claimed[20].msg_id == "alone" and claimed[19].msg_id == "m-19"
+    assert claimed[18:23] == decoded[18:23] and claimed[::7] == decoded[::7]
+    assert claimed == decoded and decoded == claimed and claimed != decoded[:-1]
+    assert [r.timestamp for r in claimed][:4] == [STAMP, STAMP + 1, STAMP + 2, 0]
+    with pytest.raises(IndexError):
+        claimed[len(everything)]
+    # Delivered in full, by the ids alone: every group row goes.
+    assert store.apply(Settlement(delivered=grouped.ids_of(claimed)), now=NOW).deleted == len(everything)
+    assert rows_in_table(store) == 0
+
+
 def test_a_partly_settled_group_becomes_one_row_per_message_with_the_same_ids(store: SQLiteOutbox) -> None:
     got = store.enqueue(batch(20))
     store.claim("w", 100, 60, now=NOW)
