@@ -682,6 +682,10 @@ def main(argv: list[str] | None = None) -> int:
                     record(f"fallback/{size}", runner.run("resilient", {**p, "mode": "fallback"}))
                     only_errors = {**p, "mode": "fallback", "only_errors": True}
                     record(f"fallback_oe/{size}", runner.run("resilient", only_errors))
+                    # Every message with an on_delivery, against the raw producer with the same one.
+                    record(f"raw_cb/{size}", runner.run("raw", {**p, "header": True, "on_delivery": True}))
+                    heard = {**p, "mode": "fallback", "on_delivery": True}
+                    record(f"fallback_cb/{size}", runner.run("resilient", heard))
                 if "burst" in sel and size == base:
                     # A healthy cluster and a full local queue: wait for room (the default) or
                     # store at once (queue_full_timeout=0), against the raw producer's poll loop.
@@ -936,13 +940,24 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
                 ratio=ratio(f"raw_hdr/{size}", f"raw/{size}"),
                 target="(vs R0)",
             )
-        for name, label, aside in (
-            ("fallback", "fallback mode, happy path", " (aim >= 0.90)"),
-            ("fallback_oe", "fallback, happy path, delivery.report.only.error", "; on_delivery hears failures only"),
+        if f"raw_cb/{size}" in summary:
+            table.add(
+                "R1 + on_delivery per message" + sfx,
+                summary[f"raw_cb/{size}"],
+                ratio=ratio(f"raw_cb/{size}", f"raw/{size}"),
+                target="(vs R0)",
+            )
+        for name, label, aside, base in (
+            ("fallback", "fallback mode, happy path", " (aim >= 0.90)", "raw_hdr"),
+            (
+                "fallback_oe", "fallback, happy path, delivery.report.only.error", "; on_delivery hears failures only",
+                "raw_hdr",
+            ),
+            ("fallback_cb", "fallback, happy path, on_delivery per message", "; ratio vs R1 + on_delivery", "raw_cb"),
         ):
             if f"{name}/{size}" not in summary:
                 continue
-            r1 = ratio(f"{name}/{size}", f"raw_hdr/{size}")
+            r1 = ratio(f"{name}/{size}", f"{base}/{size}")
             r0 = ratio(f"{name}/{size}", f"raw/{size}")
             spilled = med(runs[f"{name}/{size}"], "outboxed")
             note = f"vs R0: {r0:.2f}{aside}" if r0 else ""
@@ -1180,6 +1195,8 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
             ("R1 raw producer + id header" + sfx, f"raw_hdr/{size}", None),
             ("fallback mode, happy path" + sfx, f"fallback/{size}", f"raw_hdr/{size}"),
             ("fallback, only-error reports" + sfx, f"fallback_oe/{size}", f"raw_hdr/{size}"),
+            ("R1 + on_delivery per message" + sfx, f"raw_cb/{size}", None),
+            ("fallback, on_delivery per message" + sfx, f"fallback_cb/{size}", f"raw_cb/{size}"),
             ("R0 raw producer, no header" + sfx, f"raw/{size}", None),
             ("write-ahead, durability=batch" + sfx, f"wa_batch/{size}", f"raw/{size}"),
         ]

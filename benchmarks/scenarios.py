@@ -211,6 +211,9 @@ def raw(p: Params) -> Result:
     # wrapper pays, no more.
     next_id = IdGenerator().next
     header = bool(p["header"])
+    # on_delivery: one callback for every message, as an application that hears each delivery has
+    heard = _Heard()
+    cb = heard if p.get("on_delivery") else None
     lat: list[int] = []
     pc = time.perf_counter_ns
     warm_up(prod, topic, lambda k: produce(topic, value, partition=k), prod.flush)
@@ -220,7 +223,10 @@ def raw(p: Params) -> Result:
         if i % every:
             while True:
                 try:
-                    produce(topic, value, headers=hdrs)
+                    if cb is None:
+                        produce(topic, value, headers=hdrs)
+                    else:
+                        produce(topic, value, headers=hdrs, on_delivery=cb)
                     break
                 except BufferError:
                     poll(0.005)
@@ -228,7 +234,10 @@ def raw(p: Params) -> Result:
             s = pc()
             while True:
                 try:
-                    produce(topic, value, headers=hdrs)
+                    if cb is None:
+                        produce(topic, value, headers=hdrs)
+                    else:
+                        produce(topic, value, headers=hdrs, on_delivery=cb)
                     break
                 except BufferError:
                     poll(0.005)
@@ -237,7 +246,19 @@ def raw(p: Params) -> Result:
             poll(0)  # serve delivery reports, as any real producing loop must
     left = prod.flush(120)
     seconds = time.perf_counter() - t0
-    return result(p, n, seconds, lat, undelivered=left)
+    return result(p, n, seconds, lat, undelivered=left, heard=heard.n)
+
+
+class _Heard:
+    """An application's `on_delivery`: counts the reports it hears."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, err: KafkaError | None, msg: Message | None) -> None:
+        self.n += 1
 
 
 # -- 2./3. ResilientProducer happy paths -----------------------------------------------------
@@ -279,16 +300,25 @@ def resilient(p: Params) -> Result:
     flush_early = 0
     lats: list[list[int]] = [[] for _ in range(threads)]
 
+    heard = _Heard()
+    cb = heard if p.get("on_delivery") else None
+
     def loop(k: int, count: int) -> None:
         produce = rp.produce
         lat = lats[k]
         pc = time.perf_counter_ns
         for i in range(count):
             if i % every:
-                produce(topic, value)
+                if cb is None:
+                    produce(topic, value)
+                else:
+                    produce(topic, value, on_delivery=cb)
             else:
                 s = pc()
-                produce(topic, value)
+                if cb is None:
+                    produce(topic, value)
+                else:
+                    produce(topic, value, on_delivery=cb)
                 lat.append(pc() - s)
 
     t0 = start_clock(by_thread=True, topic=topic)
@@ -321,6 +351,7 @@ def resilient(p: Params) -> Result:
         flush_left=left,
         flush_returned_before_delivery=flush_early,
         threads=threads,
+        heard=heard.n,
     )
 
 

@@ -79,6 +79,7 @@ class FirstSend:
         self._id_header = id_header
         self._report_successes = report_successes
         self.failed = Tally()  # enable_retry=False messages that failed (delivery thread, or the caller's)
+        self.served = link.served  # counts the delivery thread's calls of `on_delivery`
 
     def send(
         self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
@@ -87,7 +88,11 @@ class FirstSend:
         """Send a message for the first time (`app_headers`: `hdrs` holds the application's
         headers, not only the id; `timestamp`: produce()'s, 0 for now). Stored instead if
         librdkafka's queue stays full."""
-        report = _Report(self, msg_id, hdrs if app_headers else None, cb, partition, timestamp)
+        report: _Report
+        if cb is None and partition == -1 and not timestamp and not app_headers:
+            report = _Report(self, msg_id)  # the common message: its id is all a failure needs
+        else:
+            report = _FullReport(self, msg_id, hdrs if app_headers else None, cb, partition, timestamp)
         link = self._link
         try:
             try:
@@ -153,7 +158,7 @@ class FirstSend:
             return
         produce = self._link.kafka.produce
         for i, (msg, cb) in enumerate(held):
-            report = _Report(self, msg.msg_id, msg.headers, cb, msg.partition, msg.timestamp)
+            report = _FullReport(self, msg.msg_id, msg.headers, cb, msg.partition, msg.timestamp)
             try:
                 produce(
                     msg.topic, msg.value, msg.key, msg.partition, report, None, msg.timestamp,
@@ -171,13 +176,8 @@ class FirstSend:
                 self._spill.store_held(key, held[i + 1 :])
                 return
 
-    def on_report(self, r: _Report, err: KafkaError | None, msg: Message) -> None:
-        """Delivery thread: the report of a first send (of a success only if they are reported)."""
-        if err is None:
-            if r.cb is not None:
-                r.cb(None, msg)
-                self._link.served.delivery_thread_calls += 1
-            return
+    def on_failure(self, r: _Report, err: KafkaError, msg: Message) -> None:
+        """Delivery thread: the failure report of a first send (`_Report.__call__` serves successes)."""
         self._link.send_failures.add()
         if err.code() in PURGE_CODES:
             if self._link.app_purging:  # the application dropped it
@@ -246,14 +246,37 @@ class FirstSend:
 class _Report:
     """The delivery callback of a first send: what storing the message after a failure needs.
 
-    Delivery reports carry no headers (confluent-kafka drops them), so the id and the
-    application's headers travel here. One lives per message in flight, often 100,000 at once,
-    and each is an object the garbage collector walks: one slotted object that keeps the header
-    list only if the application gave headers costs produce() 0.5 µs of collection per message,
-    where a functools.partial holding the list and its tuple cost 2.9 µs.
+    Delivery reports carry no headers, partition or timestamp as given to produce() (confluent-kafka
+    drops the headers; a failed message's timestamp reads "not available"; its partition is the
+    partitioner's, or None), so what the outbox needs travels here. One lives per message in flight,
+    often 100,000 at once, each an object the garbage collector walks; this one, for the common
+    message (no `on_delivery`, partition -1, no timestamp, no application headers), holds the id
+    alone: 0.27 µs to make and keep against 0.40 for `_FullReport` (a functools.partial holding the
+    header list and its tuple cost 2.9 µs of collection). Its success report returns at once.
     """
 
-    __slots__ = ("first", "msg_id", "headers", "cb", "partition", "timestamp")
+    __slots__ = ("first", "msg_id")
+
+    # What `_FullReport` holds per message; these are the common message's.
+    headers: Headers | None = None  # None: the id header alone (rebuilt on failure)
+    cb: DeliveryCallback | None = None
+    partition = -1
+    timestamp = 0  # given to produce(); 0: librdkafka's (a failure: its latency)
+
+    def __init__(self, first: FirstSend, msg_id: str) -> None:
+        self.first = first
+        self.msg_id = msg_id
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.first.on_failure(self, err, msg)
+
+
+class _FullReport(_Report):
+    """`_Report` of a message with an `on_delivery`, a partition, a timestamp or headers given.
+    Its success report calls `on_delivery` (unless successes go unreported) in the same frame."""
+
+    __slots__ = ("headers", "cb", "partition", "timestamp")
 
     def __init__(
         self, first: FirstSend, msg_id: str, headers: Headers | None, cb: DeliveryCallback | None, partition: int,
@@ -261,13 +284,19 @@ class _Report:
     ) -> None:
         self.first = first
         self.msg_id = msg_id
-        self.headers = headers  # None: the id header alone (rebuilt on failure)
+        self.headers = headers
         self.cb = cb
         self.partition = partition
-        self.timestamp = timestamp  # given to produce(); 0: librdkafka's (a failure: its latency)
+        self.timestamp = timestamp
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
-        self.first.on_report(self, err, msg)
+        if err is not None:
+            self.first.on_failure(self, err, msg)
+            return
+        cb = self.cb
+        if cb is not None:  # reported only with successes heard (delivery.report.only.error unset)
+            cb(None, msg)
+            self.first.served.delivery_thread_calls += 1
 
 
 class _FirstSend:

@@ -500,10 +500,15 @@ class ResilientProducer:
             on_delivery = callback
         elif on_delivery is None:
             on_delivery = self._default_on_delivery
-        hdrs: Headers = normalize_headers(headers) if headers is not None else []
-        msg_id = self._next_id()
-        if self._id_header is not None:
-            hdrs.append((self._id_header, msg_id.encode()))
+        id_header = self._id_header
+        if headers is None:  # the common message: one list, made with the id in it
+            msg_id = self._next_id()
+            hdrs: Headers = [(id_header, msg_id.encode())] if id_header is not None else []
+        else:
+            hdrs = normalize_headers(headers)  # before the id: bad headers take no id ("produced")
+            msg_id = self._next_id()
+            if id_header is not None:
+                hdrs.append((id_header, msg_id.encode()))
 
         if transaction is not None:
             self._enqueue_in_transaction(transaction, topic, value, key, hdrs, partition, msg_id, timestamp)
