@@ -52,6 +52,12 @@ def drained(p: ResilientProducer) -> bool:
     return st["pending"] == 0 and st["in_memory"] == 0 and st["unsaved"] == 0
 
 
+def drained_to_outbox(p: ResilientProducer) -> bool:
+    """librdkafka holds nothing and every message bound for the outbox is committed there."""
+    st = p.stats()
+    return bool(st["in_memory"] == 0 and st["unsaved"] == 0)
+
+
 def test_happy_path_round_trips_bytes_headers_and_partition(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
     reports: list[tuple[Any, Any]] = []
     with make_producer(kafka_bootstrap, tmp_path / "o.db") as p:
@@ -435,17 +441,19 @@ def test_a_hung_cluster_stalls_one_produce_call_then_opens_the_circuit_and_keeps
     """The broker is frozen (SIGSTOP): connected, nothing acknowledged, and librdkafka reports no
     error. The first produce() that finds the 20-message queue full waits `queue_full_timeout`
     for room; nothing is delivered meanwhile, so the circuit opens and the next 179 are stored at
-    once. What librdkafka held is moved to the outbox ahead of them. Thawed, everything is
-    delivered, each key in produce order."""
+    once. The 20 that librdkafka held come back (purged, or timed out) while the broker is still
+    frozen, and are stored ahead of them: each key's rows are in produce order. Thawed and
+    drained, everything arrives, each key in produce order."""
     with KafkaCluster(brokers=1, base_dir=tmp_path) as cluster:
         topic = cluster.create_topic("hung", replication_factor=1)
         broker = cluster.pids()[1]  # controller first
+        path = tmp_path / "o.db"
         p = ResilientProducer(
-            {"bootstrap.servers": cluster.bootstrap_servers, **FAST, "message.timeout.ms": 120000,
+            {"bootstrap.servers": cluster.bootstrap_servers, **FAST, "message.timeout.ms": 6000,
              "queue.buffering.max.messages": 20},
-            outbox=f"sqlite:///{tmp_path / 'o.db'}",
+            outbox=f"sqlite:///{path}",
             queue_full_timeout=0.5,
-            drain_poll_interval=0.2,
+            drain_workers=0,  # the outbox is read before anything leaves it
         )
         with p:
             p.produce(topic, b"before:0", key=b"before")
@@ -456,12 +464,23 @@ def test_a_hung_cluster_stalls_one_produce_call_then_opens_the_circuit_and_keeps
                     key, value = keyed_value(i % 5, i // 5)
                     p.produce(topic, value, key=key)
                 st = p.stats()
+                assert st["circuit"] == "open"
+                assert st["queue_full_waits"] == 1
+                assert st["outboxed"] >= 180
+                wait_until(lambda: drained_to_outbox(p), 120, "librdkafka handed back every message")
+                assert p.stats()["outboxed"] == 200
             finally:
                 os.kill(broker, signal.SIGCONT)
-            assert st["circuit"] == "open"
-            assert st["queue_full_waits"] == 1
-            assert st["outboxed"] >= 180
-            wait_until(lambda: drained(p), 120, "the outbox is drained after the thaw")
+        with SQLiteOutbox(str(path), create=False) as store:
+            stored: dict[bytes | None, list[int]] = {}
+            for m in store.messages():  # in id order: the order the drain sends them in
+                stored.setdefault(m.key, []).append(int((m.value or b"").rsplit(b":", 1)[1]))
+            assert stored == {b"key-%d" % k: list(range(40)) for k in range(5)}, "stored out of key order"
+            drainer = Drainer(store, {"bootstrap.servers": cluster.bootstrap_servers, **FAST})
+            wait_until(
+                lambda: drainer.run(until_empty=True).remaining == 0 and store.stats(now=time.time()).pending == 0,
+                120, "the outbox is drained after the thaw",
+            )
         got = read_topic(cluster.bootstrap_servers, topic, 201)
     assert got.unique == 201
     assert got.order_violations() == []
