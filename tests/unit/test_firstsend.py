@@ -47,7 +47,7 @@ def first_send() -> tuple[FirstSend, list[tuple[Any, Any]], Served]:
     spill = SimpleNamespace(store=lambda msg, cb: stored.append((msg, cb)))
     first = FirstSend(
         link, spill, SimpleNamespace(), SimpleNamespace(closed=True), RetryPolicy(),  # type: ignore[arg-type]
-        wake_drain=lambda: None, id_header=ID_HEADER, report_successes=True,
+        wake_drain=lambda: None, id_header=ID_HEADER, report_successes=True, hold_longest=4.0,
     )
     return first, stored, served
 
