@@ -96,8 +96,8 @@ def resent_once(id_header: tuple[str, bytes | None], last_error: str | None) -> 
     """`for_resend` of a message stored with the id header alone that never failed (its
     `last_error` says why it was not sent, if it says anything): the drain's common row."""
     if last_error:
-        return [id_header, _FIRST_ATTEMPT, _ERRORS.get(last_error) or _error_header(last_error)]
-    return [id_header, _FIRST_ATTEMPT]
+        return [id_header, FIRST_ATTEMPT, _ERRORS.get(last_error) or _error_header(last_error)]
+    return [id_header, FIRST_ATTEMPT]
 
 
 def _error_header(last_error: str) -> tuple[str, bytes]:
@@ -110,5 +110,6 @@ def _error_header(last_error: str) -> tuple[str, bytes]:
 
 
 _ATTEMPTS = [(ATTEMPT_HEADER, str(i).encode()) for i in range(100)]
-_FIRST_ATTEMPT = _ATTEMPTS[1]
+#: The `outbox-attempt` header of a first re-send, one tuple shared by every message that carries it.
+FIRST_ATTEMPT = _ATTEMPTS[1]
 _ERRORS: dict[str, tuple[str, bytes]] = {}

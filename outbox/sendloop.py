@@ -29,6 +29,7 @@ the callbacks to them behind, and the next batch gets new ones.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,6 +43,7 @@ from .logs import with_librdkafka_log
 from .records import Headers
 from .retry import UNREACHABLE_CODES, RetryPolicy
 from .settle import DELIVERED, Decision, Verdict, settle
+from .stores.grouped import Claimed, Resend
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,12 @@ class Stored(Protocol):
 
 
 R = TypeVar("R", bound=Stored)
+
+
+def resend(row: Stored) -> Resend:
+    """What re-sending `row` produces: its topic, value, key, partition, timestamp and
+    `resend_headers`."""
+    return row.topic, row.value, row.key, row.partition, row.timestamp, resend_headers(row)
 
 
 def resend_headers(row: Stored) -> Headers:
@@ -253,7 +261,7 @@ class SendLoop:
         The previous batch must be finished: a batch is complete when the producer is empty.
         """
         batch: InFlight[R] = InFlight(rows)
-        self._produce_all(batch, enumerate(rows))
+        self._produce_all(batch, rows.resends(resend) if isinstance(rows, Claimed) else map(resend, rows))
         return batch
 
     def finish(
@@ -326,29 +334,25 @@ class SendLoop:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _produce_all(self, batch: InFlight[Any], which: Iterable[tuple[int, Stored]]) -> None:
-        """Produce `which`: (index in the batch, row) pairs. Rows are read by iterating, not by
-        index: a claim may decode them only as they are read (`outbox.stores.grouped.Claimed`)."""
+    def _produce_all(self, batch: InFlight[Any], sends: Iterable[Resend]) -> None:
+        """Produce `sends`, the batch's messages in order (`Resend` tuples: a claim's groups give
+        them without decoding a message, `outbox.stores.grouped.Claimed.resends`)."""
         producer = self.producer
-        produce = producer.produce
+        produce, poll = producer.produce, producer.poll
         self._reports.errors = batch.errors
         callbacks = self._reports.upto(len(batch.rows))
-        for n, (i, row) in enumerate(which):
-            if n % _POLL_EVERY == _POLL_EVERY - 1:
-                producer.poll(0)
-            cb = callbacks[i]
+        for i, cb, (topic, value, key, partition, timestamp, headers) in zip(itertools.count(), callbacks, sends):
+            if i % _POLL_EVERY == _POLL_EVERY - 1:
+                poll(0)
             while True:
                 try:
                     # Positional (see the module doc): (topic, value, key, partition, on_delivery,
                     # callback, timestamp, headers); partition -1 is the default. The row's record
                     # timestamp is its first produce()'s (0 for rows stored without one: now).
-                    produce(
-                        row.topic, row.value, row.key, row.partition, cb, None, row.timestamp,
-                        resend_headers(row),  # type: ignore[arg-type]
-                    )
+                    produce(topic, value, key, partition, cb, None, timestamp, headers)  # type: ignore[arg-type]
                     break
                 except BufferError:
-                    producer.poll(0.05)  # local queue full: serve reports to make room
+                    poll(0.05)  # local queue full: serve reports to make room
                 except KafkaException as exc:  # refused locally, e.g. larger than message.max.bytes
                     batch.errors[i] = exc.args[0]
                     break
@@ -370,6 +374,6 @@ class SendLoop:
     def _send_alone(self, row: Stored, now_fn: Any) -> Decision:
         """Re-send one message that shared a refused record batch; its own fate decides."""
         alone: InFlight[Stored] = InFlight([row])
-        self._produce_all(alone, [(0, row)])
+        self._produce_all(alone, [resend(row)])
         self._wait(alone, None)
         return settle(row, alone.errors.get(0), self.policy, now_fn(), alone=True)

@@ -11,13 +11,15 @@ schema, the file and the administration are in `sqlite_conn`, `sqlite_schema`, `
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import logging
+import operator
 import os
 import sqlite3
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -56,6 +58,7 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
+_RUNS_IN_SQL = 100  # runs of ids in flight a claim's SQL names one by one (more: a JSON list of ids)
 
 
 def _chunks(ids: Sequence[_T]) -> Iterator[Sequence[_T]]:
@@ -63,7 +66,7 @@ def _chunks(ids: Sequence[_T]) -> Iterator[Sequence[_T]]:
         yield ids[i : i + _CHUNK]
 
 
-def _ranges(ids: Sequence[int]) -> list[tuple[int, int]]:
+def _ranges(ids: Iterable[int]) -> list[tuple[int, int]]:
     """Contiguous runs of ids, so a batch of consecutive rows is one range statement."""
     out: list[tuple[int, int]] = []
     ordered = sorted(ids)
@@ -78,6 +81,15 @@ def _ranges(ids: Sequence[int]) -> list[tuple[int, int]]:
         prev = i
     out.append((lo, prev))
     return out
+
+
+_START = operator.itemgetter(0)
+
+
+def _in_runs(runs: Sequence[tuple[int, int]], i: int) -> bool:
+    """Is `i` in one of these runs (`_ranges`)?"""
+    at = bisect.bisect_right(runs, i, key=_START) - 1  # the last run that starts at or before i
+    return at >= 0 and runs[at][1] >= i
 
 
 @contextmanager
@@ -302,36 +314,43 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
             ]
         return out
 
-    def _settle_groups(self, c: sqlite3.Connection, settlement: Settlement, now: float) -> int:
+    def _settle_groups(self, c: sqlite3.Connection, settlement: Settlement, now: float) -> tuple[int, bool]:
         """The groups among a settlement's messages: deleted when every message of one was
         delivered, released as one row when every message was given back, else exploded into
         one-message rows (less the delivered ones) that the rest of `apply` settles like any row.
-        Returns how many delivered messages left with their group."""
+
+        Returns how many delivered messages left with their group, and whether every delivered
+        message was one of these groups' (then no one-message row is left to delete: a healthy
+        drain's settlement, whose ids are not looked at one by one)."""
         delivered = set(settlement.delivered)
         released = set(settlement.released)
         other = {f.id for f in settlement.failures} | released
-        touched = delivered | other
+        touched = delivered | other if other else delivered
         lo, hi = min(touched), max(touched)
         found = c.execute(
             "SELECT id, n FROM outbox INDEXED BY outbox_group WHERE n > 1 AND id BETWEEN ? AND ?",
             (lo - grouped.GROUP_MAX - 1, hi),
         ).fetchall()
         gone = 0
+        of_groups = 0  # delivered messages that are these groups' (each group's ids are its own)
         for gid, n in found:
             members = range(gid + 1, gid + n + 1)
-            done = [i for i in members if i in delivered]
-            if len(done) == n:
+            if delivered.issuperset(members):
+                of_groups += n
                 if c.execute("DELETE FROM outbox WHERE id = ? AND status = 0", (gid,)).rowcount:
                     gone += n
-            elif all(i in released for i in members):
+            elif released.issuperset(members):
                 # Given back whole (a stop, the cluster gone, a drain's next batch not sent): the
                 # group stays one row, due now.
                 c.execute("UPDATE outbox SET lease_owner = NULL, next_attempt_at = ? WHERE id = ? AND status = 0",
                           (now, gid))
-            elif done or any(i in other for i in members):
-                self._explode(c, gid, skip=set(done))
-                gone += len(done)
-        return gone
+            else:
+                done = [i for i in members if i in delivered]
+                if done or not other.isdisjoint(members):
+                    self._explode(c, gid, skip=set(done))
+                    gone += len(done)
+                    of_groups += len(done)
+        return gone, of_groups == len(delivered)
 
     @staticmethod
     def _explode(c: sqlite3.Connection, gid: int, *, skip: Collection[int] = ()) -> int:
@@ -386,8 +405,9 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         with self._write(stores_messages=bool(new or settlement.failures)) as c:
             ids = self._insert(c, parts, now)
             with _zeroing_only_written_pages(c):
-                deleted = self._settle_groups(c, settlement, now) if settlement else 0
-                deleted += self._delete(c, settlement.delivered)
+                deleted, only_groups = self._settle_groups(c, settlement, now) if settlement else (0, True)
+                if not only_groups:
+                    deleted += self._delete(c, settlement.delivered)
             dead = self._fail(c, settlement.failures)
             if settlement.released:
                 c.executemany(
@@ -556,12 +576,17 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
             "AND next_attempt_at > ? AND id < ? AND key IS NOT NULL"
         )
         args: list[Any] = [now, last]
-        if in_flight:
+        # The rows in flight as runs of ids: a drain's batch is a few groups, each a run. Passed
+        # as 10,000 ids in JSON, SQLite built a table of them for every claim (1.7 ms a claim).
+        flying = _ranges(in_flight)
+        if len(flying) > _RUNS_IN_SQL:
             sql += " AND id NOT IN (SELECT value FROM json_each(?))"
             args.append(json.dumps(list(in_flight)))
+        elif flying:
+            sql += " AND NOT (" + " OR ".join(["id BETWEEN ? AND ?"] * len(flying)) + ")"
+            args += itertools.chain.from_iterable(flying)
         blocked: dict[str, dict[bytes, int]] = {}  # topic -> key entry -> first blocking id
         backing_off: set[tuple[str, bytes]] = set()  # keys with a blocking row that is not leased
-        flying = in_flight if isinstance(in_flight, (set, frozenset)) else set(in_flight)
         # Newest first: an older group's id overwrites a newer one's, leaving each key's first.
         for gid, topic, keys, free in c.execute(
             "SELECT o.id, o.topic, b.keys, o.lease_owner IS NULL FROM outbox AS o JOIN outbox_body AS b "
@@ -569,7 +594,7 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
             "AND b.keys IS NOT NULL ORDER BY o.id DESC",
             (now, last),
         ):
-            if gid + 1 not in flying:
+            if not _in_runs(flying, gid + 1):
                 entries = grouped.key_entries(keys)
                 blocked.setdefault(topic, {}).update(dict.fromkeys(entries, gid))
                 if free:

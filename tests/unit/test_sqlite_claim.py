@@ -79,3 +79,20 @@ def test_ids_to_delete_become_one_range_per_contiguous_run_in_any_order_with_rep
     assert _ranges([]) == [] and _ranges([7]) == [(7, 7)]
     assert _ranges([9, 1, 2, 2, 3, 5, 6, 5]) == [(1, 3), (5, 6), (9, 9)]
     assert _ranges([*range(2, 1002), *range(1003, 2003)]) == [(2, 1001), (1003, 2002)]
+
+
+@pytest.mark.parametrize("flying", [20, 150])  # runs named in the SQL, or more than it names: a JSON list
+def test_only_the_rows_named_in_flight_let_their_keys_later_rows_through(store: SQLiteOutbox, flying: int) -> None:
+    # One message per call: single rows a0 f0 a1 f1 …, so the claimer's a rows are 150 runs of one id.
+    for i in range(150):
+        store.enqueue([one(b"k%d" % i, f"a{i}")])
+        store.enqueue([one(b"f%d" % i, f"f{i}")])
+    mine = store.claim("me", 1000, 30, now=NOW)
+    f_ids = [m.id for m in mine if m.msg_id.startswith("f")]
+    store.release(f_ids, now=NOW)
+    a_ids = [m.id for m in mine if m.msg_id.startswith("a")]
+    later = [store.enqueue([one(b"k%d" % i, f"b{i}")])[0] for i in range(150)]
+    # The claimer's producer has the first `flying` a rows in flight: only their keys' b rows may
+    # follow them; the others wait for their a rows, leased and not said to be in flight.
+    got = store.claim("me", 1000, 30, now=NOW, in_flight=a_ids[:flying])
+    assert [m.id for m in got] == f_ids + later[:flying]

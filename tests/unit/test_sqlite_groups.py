@@ -11,6 +11,7 @@ import pytest
 
 from outbox.errors import UnknownMessageError
 from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
+from outbox.sendloop import resend
 from outbox.stores import grouped
 from outbox.stores.base import Failure, Settlement
 from outbox.stores.sqlite import SQLiteOutbox
@@ -128,6 +129,41 @@ def test_a_claim_reads_its_groups_as_decoded_messages_by_iteration_index_and_sli
     assert rows_in_table(store) == 0
 
 
+def odd_messages() -> list[NewMessage]:
+    """Messages off the drain's common path: headers of their own (earlier retry headers among
+    them), none at all, an id header that is not the msg_id, an error text without an attempt,
+    a first failure without one, no value, an empty key."""
+    return [
+        NewMessage("t", b"v", b"k", [("app", b"1"), ("outbox-attempt", b"3"), ("outbox-id", b"odd-0")], 2,
+                   "odd-0", 2, NOW - 9, "_MSG_TIMED_OUT (-192): slow", NOW, -192, "_MSG_TIMED_OUT", STAMP),
+        NewMessage("t", None, b"", [], -1, "odd-1"),
+        NewMessage("t", b"v", None, [("outbox-id", b"other")], -1, "odd-2"),
+        NewMessage("t", b"v", None, [("outbox-id", b"odd-3")], -1, "odd-3", 0, None, "_TRANSPORT (-195): down"),
+        NewMessage("t", b"v", None, [("outbox-id", b"odd-4")], -1, "odd-4", 0, NOW - 1),
+        NewMessage("t", b"v", None, [("outbox-id", b"odd-5"), ("app", None)], 0, "odd-5", 1, NOW - 2, None, NOW,
+                   None, "_TRANSPORT"),
+    ]
+
+
+def test_a_claims_resends_are_what_resending_each_of_its_messages_gives(store: SQLiteOutbox) -> None:
+    # `Claimed.resends` reads a group's messages straight from its body: the same topic, value,
+    # key, partition, timestamp and re-send headers as `resend` of each decoded message.
+    store.enqueue(batch(20) + odd_messages() * 3)
+    store.enqueue(odd_messages()[:2])  # one-message rows
+    store.enqueue(batch(G, tag="n", keys=(b"other", None)))
+    claimed = store.claim("w", 1000, 60, now=NOW)
+    assert isinstance(claimed, grouped.Claimed)
+    expected = [resend(m) for m in claimed]
+    assert list(claimed.resends(resend)) == expected
+    assert len(expected) == 20 + 18 + 2 + G
+    assert expected[0][5] == [("outbox-id", b"m-0"), ("outbox-attempt", b"1")]  # the common message
+    assert expected[20] == ("t", b"v", b"k", 2, STAMP, [
+        ("app", b"1"), ("outbox-id", b"odd-0"), ("outbox-attempt", b"3"),
+        ("outbox-first-failed-at", str(int((NOW - 9) * 1000)).encode()),
+        ("outbox-last-error", b"_MSG_TIMED_OUT (-192): slow"),
+    ])
+
+
 def test_a_partly_settled_group_becomes_one_row_per_message_with_the_same_ids(store: SQLiteOutbox) -> None:
     got = store.enqueue(batch(20))
     store.claim("w", 100, 60, now=NOW)
@@ -164,6 +200,21 @@ def test_a_group_holding_a_key_that_backs_off_is_split_and_only_that_key_waits(s
     store.mark_delivered(ids(claimed))
     assert store.claim("w", 100, 60, now=NOW + 29) == []
     assert ids(store.claim("w", 100, 60, now=NOW + 30)) == [early, *k1]
+
+
+def test_a_settlement_deletes_groups_whole_and_rows_of_a_group_split_while_in_flight(store: SQLiteOutbox) -> None:
+    whole = store.enqueue(batch(20))
+    split = store.enqueue(batch(20, tag="s"))
+    [single] = store.enqueue(one(b"x", "single"))
+    assert ids(store.claim("w", 100, 60, now=NOW)) == [*whole, *split, single]
+    # Another claimer split the second group while it was in flight (its rows keep the lease).
+    with store._write() as c:
+        store._explode(c, split[0] - 1)
+    assert rows_in_table(store) == 1 + 20 + 1
+    assert store.apply(Settlement(delivered=whole), now=NOW).deleted == 20  # a group's ids alone
+    assert rows_in_table(store) == 20 + 1
+    assert store.apply(Settlement(delivered=[*split, single]), now=NOW).deleted == 21
+    assert rows_in_table(store) == 0
 
 
 def test_a_group_behind_another_claimers_lease_waits_whole(store: SQLiteOutbox) -> None:
