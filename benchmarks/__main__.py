@@ -39,6 +39,8 @@ from typing import IO, Any
 from .threadcpu import BROKERS, OTHER, STAGES
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The rows of the compiled build (`--compiled`) carry this after the pure-Python rows' label.
+COMPILED_LABEL = ", compiled (mypyc)"
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = Path(__file__).resolve().parent / "README.md"
@@ -93,11 +95,15 @@ class BenchError(RuntimeError):
 class Runner:
     """Starts scenario children and collects their RESULT lines."""
 
-    def __init__(self, workdir: str) -> None:
+    def __init__(self, workdir: str, outbox_dir: Path | None = None) -> None:
+        """`outbox_dir`: a build of the package (`make bench`'s compiled one) that the children
+        import instead of the source tree's; they run from it, so that it comes first."""
         self.workdir = workdir
+        self.cwd = ROOT if outbox_dir is None else outbox_dir
+        first = [] if outbox_dir is None else [str(outbox_dir)]
         self.env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": os.pathsep.join([*first, str(ROOT), os.environ.get("PYTHONPATH", "")]),
         }
         self.n = 0
 
@@ -121,7 +127,7 @@ class Runner:
                 self._cmd(name, params),
                 stdout=subprocess.PIPE,
                 stderr=err,
-                cwd=ROOT,
+                cwd=self.cwd,
                 env=self.env,
                 timeout=timeout,
                 text=True,
@@ -136,7 +142,7 @@ class Runner:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=err,
-            cwd=ROOT,
+            cwd=self.cwd,
             env=self.env,
             text=True,
             bufsize=1,
@@ -563,6 +569,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="offer this many msgs/s in every recovery run instead of a share of R0 (R0 moves by "
         "+-40%% between runs on a shared machine: for comparing two versions of the code)",
     )
+    ap.add_argument(
+        "--compiled",
+        type=Path,
+        help="a compiled build of produce()'s hot modules (`make bench` builds it into build/compiled "
+        "with mypyc): each fallback run is repeated with it, and the table shows both builds",
+    )
     ap.add_argument("--no-write", action="store_true", help="do not write results/, README.md or the recovery curves")
     ap.add_argument(
         "--from-runs",
@@ -623,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     workdir = tempfile.mkdtemp(prefix="outbox-bench-")
     runner = Runner(workdir)
+    compiled = None if args.compiled is None else Runner(workdir, args.compiled.resolve())
+    config["compiled"] = None if args.compiled is None else str(args.compiled)
     runs: dict[str, list[Result]] = {}
 
     def record(key: str, r: Result) -> Result:
@@ -630,6 +644,15 @@ def main(argv: list[str] | None = None) -> int:
         extra = f" ({r['msgs_per_s']:,.0f} msgs/s)" if r.get("msgs_per_s") else ""
         log(f"  {key}{extra}")
         return r
+
+    def fallback_run(name: str, size: int, params: Result) -> None:
+        """A fallback run, then the same one with the compiled build (`--compiled`): `<name>_c`."""
+        record(f"{name}/{size}", runner.run("resilient", params))
+        if compiled is not None:
+            r = compiled.run("resilient", params)
+            if r.get("build") != "compiled":
+                raise BenchError(f"--compiled {args.compiled}: its children ran the {r.get('build')} build")
+            record(f"{name}_c/{size}", r)
 
     cluster = None
     external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
@@ -679,13 +702,11 @@ def main(argv: list[str] | None = None) -> int:
                 record(f"raw/{size}", runner.run("raw", {**p, "header": False}))
                 record(f"raw_hdr/{size}", runner.run("raw", {**p, "header": True}))
                 if "fallback" in sel:
-                    record(f"fallback/{size}", runner.run("resilient", {**p, "mode": "fallback"}))
-                    only_errors = {**p, "mode": "fallback", "only_errors": True}
-                    record(f"fallback_oe/{size}", runner.run("resilient", only_errors))
+                    fallback_run("fallback", size, {**p, "mode": "fallback"})
+                    fallback_run("fallback_oe", size, {**p, "mode": "fallback", "only_errors": True})
                     # Every message with an on_delivery, against the raw producer with the same one.
                     record(f"raw_cb/{size}", runner.run("raw", {**p, "header": True, "on_delivery": True}))
-                    heard = {**p, "mode": "fallback", "on_delivery": True}
-                    record(f"fallback_cb/{size}", runner.run("resilient", heard))
+                    fallback_run("fallback_cb", size, {**p, "mode": "fallback", "on_delivery": True})
                 if "burst" in sel and size == base:
                     # A healthy cluster and a full local queue: wait for room (the default) or
                     # store at once (queue_full_timeout=0), against the raw producer's poll loop.
@@ -955,17 +976,22 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
             ),
             ("fallback_cb", "fallback, happy path, on_delivery per message", "; ratio vs R1 + on_delivery", "raw_cb"),
         ):
-            if f"{name}/{size}" not in summary:
-                continue
-            r1 = ratio(f"{name}/{size}", f"{base}/{size}")
-            r0 = ratio(f"{name}/{size}", f"raw/{size}")
-            spilled = med(runs[f"{name}/{size}"], "outboxed")
-            note = f"vs R0: {r0:.2f}{aside}" if r0 else ""
-            if spilled:
-                note += f"; median {spilled:.0f} spilled (queue full)"
-            table.add(
-                label + sfx, summary[f"{name}/{size}"], ratio=r1, target=">= 0.95 x R1", met=check(r1, 0.95), notes=note
-            )
+            # The pure-Python build, then the compiled one (`--compiled`) when it ran.
+            for key, build in ((f"{name}/{size}", ""), (f"{name}_c/{size}", COMPILED_LABEL)):
+                if key not in summary:
+                    continue
+                r1 = ratio(key, f"{base}/{size}")
+                r0 = ratio(key, f"raw/{size}")
+                spilled = med(runs[key], "outboxed")
+                note = f"vs R0: {r0:.2f}{aside}" if r0 else ""
+                if build:
+                    vs_pure = ratio(key, f"{name}/{size}")
+                    note = (f"vs pure Python: {vs_pure:.2f}; " if vs_pure else "") + note
+                if spilled:
+                    note += f"; median {spilled:.0f} spilled (queue full)"
+                table.add(
+                    label + build + sfx, summary[key], ratio=r1, target=">= 0.95 x R1", met=check(r1, 0.95), notes=note
+                )
         if f"wa_batch/{size}" in summary:
             r = ratio(f"wa_batch/{size}", f"raw/{size}")
             early = sum(1 for x in runs[f"wa_batch/{size}"] if x.get("flush_returned_before_delivery"))
@@ -1194,9 +1220,15 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
         stage_rows += [
             ("R1 raw producer + id header" + sfx, f"raw_hdr/{size}", None),
             ("fallback mode, happy path" + sfx, f"fallback/{size}", f"raw_hdr/{size}"),
+            ("fallback mode, happy path" + COMPILED_LABEL + sfx, f"fallback_c/{size}", f"raw_hdr/{size}"),
             ("fallback, only-error reports" + sfx, f"fallback_oe/{size}", f"raw_hdr/{size}"),
+            ("fallback, only-error reports" + COMPILED_LABEL + sfx, f"fallback_oe_c/{size}", f"raw_hdr/{size}"),
             ("R1 + on_delivery per message" + sfx, f"raw_cb/{size}", None),
             ("fallback, on_delivery per message" + sfx, f"fallback_cb/{size}", f"raw_cb/{size}"),
+            (
+                "fallback, on_delivery per message" + COMPILED_LABEL + sfx, f"fallback_cb_c/{size}",
+                f"raw_cb/{size}",
+            ),
             ("R0 raw producer, no header" + sfx, f"raw/{size}", None),
             ("write-ahead, durability=batch" + sfx, f"wa_batch/{size}", f"raw/{size}"),
         ]

@@ -352,7 +352,16 @@ def resilient(p: Params) -> Result:
         flush_returned_before_delivery=flush_early,
         threads=threads,
         heard=heard.n,
+        build=_build(),
     )
+
+
+def _build() -> str:
+    """Which build of produce()'s modules this child runs: "compiled" (mypyc's C extensions,
+    `make bench`) or "pure" (Python)."""
+    import outbox.producer
+
+    return "pure" if (outbox.producer.__file__ or "").endswith(".py") else "compiled"
 
 
 # -- 5. the naive durable approach -----------------------------------------------------------

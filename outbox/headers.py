@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 import os
 from collections.abc import Callable
+from typing import Any
 
 from .records import Headers
 from .tally import Tally
@@ -14,6 +15,13 @@ ATTEMPT_HEADER = "outbox-attempt"  # 1-based number of this send, on re-sends fr
 FIRST_FAILED_HEADER = "outbox-first-failed-at"  # epoch milliseconds, on re-sends
 LAST_ERROR_HEADER = "outbox-last-error"  # "NAME (code): reason" of the previous failure
 _RETRY_HEADERS = frozenset((ATTEMPT_HEADER, FIRST_FAILED_HEADER, LAST_ERROR_HEADER))
+
+
+class HookedHeaders(list[tuple[str, Any]]):
+    """Headers a produce hook passes on (`ResilientProducer.hook_produce`): produce() sends the
+    message itself instead of calling the hook again."""
+
+    __slots__ = ()
 
 
 class IdGenerator:

@@ -35,13 +35,14 @@ from . import exithook
 from .admission import HOLD, PROBE, SEND, STORE
 from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from .circuit import CircuitBreaker
+from .compiling import PythonObject
 from .drain import DEFAULT_BATCH_SIZE, Drainer
 from .drainproc import DrainProcess
 from .errors import ConfigError, ProducerClosedError, StoreError
 from .events import Events, Listener
 from .fates import DeadLetterCallback, DeliveryCallback, Fates
 from .firstsend import FirstSend
-from .headers import ID_HEADER, IdGenerator
+from .headers import ID_HEADER, HookedHeaders, IdGenerator
 from .keyorder import Held, Key, KeyBacklog
 from .link import KafkaLink, queue_limits
 from .logs import LIBRDKAFKA_LOG
@@ -69,13 +70,6 @@ from .writer import Committed, GroupCommitWriter
 
 if TYPE_CHECKING:
     from .events import Rows
-
-
-class HookedHeaders(list[tuple[str, Any]]):
-    """Headers a produce hook passes on (`ResilientProducer.hook_produce`): produce() sends the
-    message itself instead of calling the hook again."""
-
-    __slots__ = ()
 
 
 #: `ResilientProducer.hook_produce`'s hook: (produce, topic, value, key, partition, on_delivery,
@@ -129,7 +123,7 @@ DEFAULT_EXIT_TIMEOUT = 10.0
 _DELIVERY_SHARE = 0.5
 
 
-class ResilientProducer:
+class ResilientProducer(PythonObject):
     """A Kafka producer that writes what it cannot deliver to a durable outbox.
 
     Made to be used where a `confluent_kafka.Producer` is: the same constructor forms, the
@@ -432,7 +426,7 @@ class ResilientProducer:
         key: Any = None,
         partition: int | None = -1,
         on_delivery: DeliveryCallback | None = None,
-        timestamp: int = 0,
+        timestamp: int | None = 0,
         headers: Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None = None,
         *,
         callback: DeliveryCallback | None = None,
@@ -457,7 +451,7 @@ class ResilientProducer:
                 keep it short and do not call flush()/close() from it; what it raises is raised
                 by the next poll()/flush(). For a message delivered from the outbox, ``msg`` is
                 None. Default: the config's `on_delivery`.
-            timestamp: the record timestamp, ms since the epoch; 0 (default): the time of this
+            timestamp: the record timestamp, ms since the epoch; 0 (default) or None: the time of this
                 call. Every send of the message, from the outbox too, carries it.
             headers: list of (name, value) pairs (order and duplicates kept) or a dict.
             callback: confluent_kafka's other name for `on_delivery`; it wins if both are given.
