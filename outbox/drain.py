@@ -38,7 +38,7 @@ from .retry import RetryPolicy
 from .sendloop import RESEND_DEFAULTS, InFlight, SendLoop, check_resend_config
 from .settle import Verdict, add_to
 from .stores.base import Outbox, Settlement
-from .stores.grouped import ids_of
+from .stores.claimed import ids_of
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from .logs import with_librdkafka_log
 from .records import Headers
 from .retry import UNREACHABLE_CODES, RetryPolicy
 from .settle import DELIVERED, Decision, Verdict, settle
-from .stores.grouped import Claimed, Resend
+from .stores.claimed import LazyClaim, Resend
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ class SendLoop:
         The previous batch must be finished: a batch is complete when the producer is empty.
         """
         batch: InFlight[R] = InFlight(rows)
-        self._produce_all(batch, rows.resends(resend) if isinstance(rows, Claimed) else map(resend, rows))
+        self._produce_all(batch, rows.resends(resend) if isinstance(rows, LazyClaim) else map(resend, rows))
         return batch
 
     def finish(
@@ -336,7 +336,7 @@ class SendLoop:
 
     def _produce_all(self, batch: InFlight[Any], sends: Iterable[Resend]) -> None:
         """Produce `sends`, the batch's messages in order (`Resend` tuples: a claim's groups give
-        them without decoding a message, `outbox.stores.grouped.Claimed.resends`)."""
+        them without decoding a message, `outbox.stores.claimed.LazyClaim.resends`)."""
         producer = self.producer
         produce, poll = producer.produce, producer.poll
         self._reports.errors = batch.errors

@@ -36,11 +36,7 @@ from typing import NamedTuple, overload
 from ..codec import TEXTS, decode_headers, encode_headers, text, utf8
 from ..headers import FIRST_ATTEMPT, ID_HEADER, for_resend, resent_once
 from ..records import Headers, NewMessage, OutboxMessage, Status
-
-#: A stored message as a re-send produces it: topic, value, key, partition, record timestamp (ms,
-#: 0: now) and the re-send's headers (`outbox.headers.for_resend`). `outbox.sendloop` makes one
-#: for each message it sends.
-Resend = tuple[str, bytes | None, bytes | None, int, int, Headers]
+from .claimed import LazyClaim, Resend
 
 #: A batch (of one topic) this long or longer is stored as groups; shorter ones as single rows.
 GROUP_MIN = 16
@@ -218,7 +214,7 @@ class Group(NamedTuple):
     body: bytes
 
 
-class Claimed(Sequence[OutboxMessage]):
+class Claimed(LazyClaim):
     """A claim's messages in id order, each group's decoded only as they are read.
 
     Why: a claim of 10,000 messages held decoded is ~20,000 objects the garbage collector tracks
@@ -290,21 +286,6 @@ class Claimed(Sequence[OutboxMessage]):
             else:
                 out.append(p.id)
         return out
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
-            return len(other) == self._len and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # a sequence compared by its items, like a list
-
-    def __repr__(self) -> str:
-        return f"Claimed({list(self)!r})"
-
-
-def ids_of(rows: Sequence[OutboxMessage]) -> list[int]:
-    """The ids of claimed messages (a `Claimed`'s without decoding its groups)."""
-    return rows.ids() if isinstance(rows, Claimed) else [r.id for r in rows]
 
 
 def as_new(m: OutboxMessage) -> NewMessage:

@@ -23,17 +23,17 @@ How N processes claim at once (the choice, and why):
     serialized with ``pg_advisory_xact_lock(<hash of schema.table>)``. A claim is a couple of
     short statements (a few milliseconds); the sends happen outside it, so drainers still send
     in parallel. No Python runs under the lock but the row fetch and the per-key check: the
-    transaction runs on a claim thread, in pipeline mode, and hands the rows to the claiming
-    thread before the lease and its COMMIT go to the server together; the claiming thread builds
-    the messages meanwhile. After taking the lock, each statement of the claim runs on a fresh READ
-    COMMITTED snapshot, so it sees every lease committed by the previous claimer. SKIP LOCKED
-    stays, for rows locked by acknowledging writers (delete / reschedule / release), and the
-    per-key check treats any earlier PENDING row of the key that was not among the candidates
-    (not due, leased, or skipped because locked) as blocking the key's later rows. That rule
-    alone already closes the SKIP LOCKED hole (the lock-free check still sees the row another
-    claimer is locking); the advisory lock is kept as a second, simpler guarantee. With neither
-    (SQLite's "earlier row not yet due" check and no lock), tests/integration/
-    test_postgres_store.py's 4-process test does catch keys claimed out of order.
+    transaction runs in pipeline mode, so the lease and its COMMIT go to the server together,
+    and the rows stay as read (`ClaimedRows`) until they are sent. After taking the lock, each
+    statement of the claim runs on a fresh READ COMMITTED snapshot, so it sees every lease
+    committed by the previous claimer. SKIP LOCKED stays, for rows locked by acknowledging
+    writers (delete / reschedule / release), and the per-key check treats any earlier PENDING
+    row of the key that was not among the candidates (not due, leased, or skipped because
+    locked) as blocking the key's later rows. That rule alone already closes the SKIP LOCKED
+    hole (the lock-free check still sees the row another claimer is locking); the advisory lock
+    is kept as a second, simpler guarantee. With neither (SQLite's "earlier row not yet due"
+    check and no lock), tests/integration/test_postgres_store.py's 4-process test does catch
+    keys claimed out of order.
 
 Claim plan: a probe counts due rows (up to 5,000) on the ready_at index. Few
 due: they are fetched by that index and sorted by id. Many due: the pending rows are walked in
@@ -60,12 +60,9 @@ import hashlib
 import logging
 import time
 from collections.abc import Collection, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from ..codec import decode_headers, encode_headers
 from ..errors import ConfigError, StoreError
-from ..headers import ID_HEADER
 from ..owners import Liveness, describe_owner, local_liveness, parse_owner
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status
 from .base import (
@@ -79,6 +76,7 @@ from .base import (
     insert_values,
     row_from_columns,
 )
+from .postgres_claim import ClaimedRows, Row
 from .postgres_schema import NEXT_DUE_SQL, SCHEMA_VERSION
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
@@ -146,38 +144,6 @@ def _id_array(ids: Sequence[int]) -> str:
 
 # Up to this many due rows, claim sorts them instead of walking the pending rows in id order.
 _SORT_DUE_UP_TO = 5_000
-
-# The stored headers of most rows: the `outbox-id` header alone (its name, then the value's length).
-_ID_HEAD = (encode_headers([(ID_HEADER, b"")]) or b"")[:-4]
-_ID_HEAD_LEN = len(_ID_HEAD)
-_PENDING = Status.PENDING
-_new_tuple = tuple.__new__
-
-
-def _claimed(rows: Sequence[tuple[Any, ...]]) -> list[OutboxMessage]:
-    """OutboxMessages of claimed rows selected with `COLUMNS` by a binary cursor.
-
-    `row_from_columns` for the one case of a claim: every row is PENDING, bytea arrives as bytes, and
-    headers that are the `outbox-id` header alone (what the producer stores for a message sent
-    without headers of its own) are split without `decode_headers`: 1.1 instead of 2.1 µs a row.
-    """
-    out: list[OutboxMessage] = []
-    add = out.append
-    head, n, name, decode, new, pending = _ID_HEAD, _ID_HEAD_LEN, ID_HEADER, decode_headers, _new_tuple, _PENDING
-    for r in rows:
-        h = r[5]
-        if h is None:
-            hs: list[tuple[str, bytes | None]] = []
-        elif h.startswith(head) and len(h) - n - 4 == int.from_bytes(h[n : n + 4], "big"):
-            hs = [(name, h[n + 4 :])]
-        else:
-            hs = decode(h)
-        add(new(OutboxMessage, (
-            r[0], r[1], r[2], r[3], r[4], hs, r[6], pending, r[8], r[9], r[10], r[11], r[12], r[13],
-            r[14], r[15], r[16],
-        )))
-    return out
-
 
 class PostgresOutbox(PostgresAdmin, Outbox):
     """The fleet outbox store, in one PostgreSQL table.
@@ -396,7 +362,7 @@ class PostgresOutbox(PostgresAdmin, Outbox):
     def claim(
         self, owner: str, limit: int, lease_seconds: float, *, now: float, topic: str | None = None,
         in_flight: Collection[int] = (),
-    ) -> list[OutboxMessage]:
+    ) -> Sequence[OutboxMessage]:
         if limit <= 0:
             return []
         self._hold_owner(owner)
@@ -407,7 +373,7 @@ class PostgresOutbox(PostgresAdmin, Outbox):
     def _claim_due(
         self, owner: str, limit: int, lease_seconds: float, now: float, topic: str | None,
         in_flight: Collection[int],
-    ) -> list[OutboxMessage]:
+    ) -> Sequence[OutboxMessage]:
         """`claim` after the sweep for gone owners' leases."""
         where = _DUE
         args: list[Any] = [now, now]
@@ -434,96 +400,80 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 if n_due is None or n_due[0] == 0:
                     return []
                 order = "id + 0" if n_due[0] < _SORT_DUE_UP_TO else "id"
-            # The claim's transaction runs on a claim thread (`_claim_tx`), which hands the
-            # candidates over as soon as it has read them, then leases them and commits while
-            # this thread builds the messages: the server's lease work (~20 ms a 10,000-row claim)
-            # overlaps the Python (~15 ms), and the claim lock is not held while Python runs.
-            handoff: Future[tuple[bool, list[tuple[Any, ...]]]] = Future()
             sql = f"SELECT {COLUMNS} FROM {self._t} WHERE {where} ORDER BY {order} LIMIT %s"
-            leasing = self._claim_thread().submit(
-                self._claim_tx, conn, handoff, sql, [*args, limit], order, limit, in_flight, owner, now,
-                lease_seconds,
+            full, rows, leased = self._claim_tx(
+                conn, sql, [*args, limit], order, limit, in_flight, owner, now, lease_seconds
             )
-            try:
-                full, rows = handoff.result()
-                messages = _claimed(rows)
-            finally:
-                leased = leasing.result()  # the connection is the claim thread's until then
             self._dense_backlog = order == "id" and full
-            if len(leased) == len(messages):
-                return messages
-            return self._give_back_lost(conn, messages, leased, now)
+            if len(leased) != len(rows):
+                rows = self._give_back_lost(conn, rows, leased, now)
+            return ClaimedRows(rows)
 
     def _claim_tx(
-        self, conn: psycopg.Connection[Any], handoff: Future[tuple[bool, list[tuple[Any, ...]]]], sql: str,
-        args: list[Any], order: str, limit: int, in_flight: Collection[int], owner: str, now: float,
-        lease_seconds: float,
-    ) -> set[int]:
-        """One claim's transaction, on the claim thread: read the candidates, keep each key's
-        order, hand the rows to `handoff`, lease them, commit. Returns the ids leased.
+        self, conn: psycopg.Connection[Any], sql: str, args: list[Any], order: str, limit: int,
+        in_flight: Collection[int], owner: str, now: float, lease_seconds: float,
+    ) -> tuple[bool, list[Row], set[int]]:
+        """One claim's transaction: read the candidates, keep each key's order, lease them,
+        commit. Returns whether the read was full (`limit` candidates), the rows kept, and the
+        ids leased.
 
-        In pipeline mode: the lease and the COMMIT go to the server together, right after the
-        hand-over, and the claim lock ends with that COMMIT, on the server, however long this
-        thread then waits for the interpreter lock (the claiming thread is building messages:
-        four drain processes on two cores queued on a lock held through such waits).
+        In pipeline mode: the lease and the COMMIT go to the server together, so the claim lock
+        ends with that COMMIT, on the server, however long this thread then waits for the
+        interpreter lock (four drain processes on two cores queued on a lock held through such
+        waits). No Python work is left between the read and the lease: the rows stay as read
+        (`ClaimedRows`) until the send loop reads their re-sends.
         """
-        try:
-            with conn.pipeline(), conn.transaction():
-                # The walk in id order is also forbidden to sort (for this transaction only): on a
-                # table not yet analyzed (a spill fills one in seconds; autovacuum analyzes it a
-                # minute later) the planner guesses few due rows and would read every due row and
-                # sort them all, ten times the walk's time.
-                conn.execute(
-                    "SELECT pg_advisory_xact_lock(%s), set_config('enable_sort', %s, true)",
-                    [self._claim_lock, "off" if order == "id" else "on"],
-                )
-                # No FOR UPDATE: the advisory lock already keeps other claimers out, and locking
-                # each candidate row wrote it (and its WAL) once more before the lease did. A
-                # row an acknowledging writer changes meanwhile fails the lease's own recheck
-                # below (READ COMMITTED re-evaluates the WHERE on the newest row version).
-                # Binary results: bytea arrives as is, not as hex text to decode (the values
-                # are most of a row's bytes).
-                rows = conn.cursor(binary=True).execute(sql, args).fetchall()
-                full = len(rows) == limit
-                rows = self._keep_key_order(conn, rows, in_flight)
-                if not rows:  # nothing due, or every candidate waits for an earlier row of its key
-                    handoff.set_result((full, rows))
-                    return set()
-                where, where_args = _pending_ids([r[0] for r in rows])
-                handoff.set_result((full, rows))
-                lease = conn.execute(
-                    f"UPDATE {self._t} SET lease_owner = %s, next_attempt_at = %s "
-                    f"WHERE {where} AND next_attempt_at <= %s RETURNING id",
-                    [owner, now + lease_seconds, *where_args, now],
-                )
-            return {r[0] for r in lease.fetchall()}
-        except BaseException as exc:
-            if not handoff.done():
-                handoff.set_exception(exc)
-            raise
+        with conn.pipeline(), conn.transaction():
+            # The walk in id order is also forbidden to sort (for this transaction only): on a
+            # table not yet analyzed (a spill fills one in seconds; autovacuum analyzes it a
+            # minute later) the planner guesses few due rows and would read every due row and
+            # sort them all, ten times the walk's time.
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(%s), set_config('enable_sort', %s, true)",
+                [self._claim_lock, "off" if order == "id" else "on"],
+            )
+            # No FOR UPDATE: the advisory lock already keeps other claimers out, and locking
+            # each candidate row wrote it (and its WAL) once more before the lease did. A
+            # row an acknowledging writer changes meanwhile fails the lease's own recheck
+            # below (READ COMMITTED re-evaluates the WHERE on the newest row version).
+            # Binary results: bytea arrives as is, not as hex text to decode (the values
+            # are most of a row's bytes).
+            rows = conn.cursor(binary=True).execute(sql, args).fetchall()
+            full = len(rows) == limit
+            rows = self._keep_key_order(conn, rows, in_flight)
+            if not rows:  # nothing due, or every candidate waits for an earlier row of its key
+                return full, rows, set()
+            where, where_args = _pending_ids([r[0] for r in rows])
+            lease = conn.execute(
+                f"UPDATE {self._t} SET lease_owner = %s, next_attempt_at = %s "
+                f"WHERE {where} AND next_attempt_at <= %s RETURNING id",
+                [owner, now + lease_seconds, *where_args, now],
+            )
+        return full, rows, {r[0] for r in lease.fetchall()}
 
     def _give_back_lost(
-        self, conn: psycopg.Connection[Any], messages: list[OutboxMessage], leased: set[int], now: float
-    ) -> list[OutboxMessage]:
-        """The claimed messages, once some candidates were not leased.
+        self, conn: psycopg.Connection[Any], rows: list[Row], leased: set[int], now: float
+    ) -> list[Row]:
+        """The claimed rows (`COLUMNS`: id, msg_id, topic, key, ...), once some candidates were
+        not leased.
 
         Rare: a candidate changed between the read and the lease. Its key's later candidates
         must wait for it, so their fresh leases are given back at once (after the claim's
         commit: until then they are leased to this claimer, and nobody else can take them).
         """
-        lost_keys = {(m.topic, m.key) for m in messages if m.id not in leased}
-        keep: list[OutboxMessage] = []
+        lost_keys = {(r[2], r[3]) for r in rows if r[0] not in leased}
+        keep: list[Row] = []
         back: list[int] = []
         blocked: set[tuple[str, bytes | None]] = set()
-        for m in messages:
-            k = (m.topic, m.key)
-            if m.id not in leased:
-                if m.key is not None:
+        for r in rows:
+            k = (r[2], r[3])
+            if r[0] not in leased:
+                if r[3] is not None:
                     blocked.add(k)
-            elif m.key is not None and k in lost_keys and k in blocked:
-                back.append(m.id)
+            elif r[3] is not None and k in lost_keys and k in blocked:
+                back.append(r[0])
             else:
-                keep.append(m)
+                keep.append(r)
         if back:
             conn.execute(
                 f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s, ready_at = %s "
@@ -531,14 +481,6 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 [now, now, back],
             )
         return keep
-
-    def _claim_thread(self) -> ThreadPoolExecutor:
-        """The threads that run claim transactions (`_claim_tx`), one per pooled connection at
-        most; started at the first claim (a store that only writes never starts one)."""
-        with self._owner_lock:
-            if self._claimers is None:
-                self._claimers = ThreadPoolExecutor(self._pool_size, thread_name_prefix="outbox-pg-claim")
-            return self._claimers
 
     def _keep_key_order(
         self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]], in_flight: Collection[int]
@@ -606,10 +548,6 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             if self._closed:
                 return
             self._closed = True
-        with self._owner_lock:
-            claimers, self._claimers = self._claimers, None
-        if claimers is not None:
-            claimers.shutdown(wait=True)
         self._pool.close()
         with self._owner_lock:
             conns, self._owner_conns = self._owner_conns, {}

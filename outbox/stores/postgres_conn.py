@@ -8,7 +8,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -87,9 +86,6 @@ class PostgresConnection:
         self._dense_backlog = False
         self._owner_lock = threading.Lock()
         self._owner_conns: dict[str, tuple[psycopg.Connection[Any], float]] = {}
-        #: Run claim transactions while the claiming threads build messages (`PostgresOutbox._claim_tx`).
-        self._claimers: ThreadPoolExecutor | None = None
-        self._pool_size = pool_size
         # One direct connection first: a pool hides the reason of a failed connect behind a
         # timeout, and the first connect is where wrong credentials and typos show up.
         with self._direct() as conn:

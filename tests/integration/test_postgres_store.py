@@ -7,7 +7,6 @@ import logging
 import multiprocessing
 import random
 import socket
-import threading
 import time
 import uuid
 from collections import defaultdict
@@ -20,8 +19,10 @@ import pytest
 from outbox.errors import ConfigError, StoreError, StoreNotFoundError
 from outbox.owners import Liveness, OwnerId, new_owner, parse_owner
 from outbox.records import NewMessage, Status
+from outbox.sendloop import resend
 from outbox.stores import open_outbox
 from outbox.stores.postgres import PostgresOutbox
+from outbox.stores.postgres_claim import ClaimedRows
 from outbox.urls import StoreURL, parse_url
 
 from ..waiting import wait_until
@@ -497,15 +498,6 @@ def test_claimed_rows_are_the_stored_messages_exactly(store: PostgresOutbox) -> 
     assert store.stats(now=now).leased == len(sent)
 
 
-def test_closing_the_store_ends_its_claim_thread(pg_url: StoreURL) -> None:
-    store = PostgresOutbox(pg_url)
-    store.enqueue([NewMessage("t", b"v", None, [], -1, "m")])
-    assert len(store.claim("o", 10, 30.0, now=time.time())) == 1
-    assert [t for t in threading.enumerate() if t.name.startswith("outbox-pg-claim")]
-    store.close()
-    assert not [t for t in threading.enumerate() if t.name.startswith("outbox-pg-claim")]
-
-
 def test_a_claim_takes_over_a_gone_owners_rows_and_those_behind_them_in_id_order(
     store: PostgresOutbox, pg_url: StoreURL
 ) -> None:
@@ -563,3 +555,39 @@ def test_a_candidate_changed_before_its_lease_holds_back_the_rest_of_its_key(
     with psycopg.connect(**_conninfo(pg_url)) as conn:
         found = conn.execute(f"SELECT id, lease_owner, next_attempt_at FROM {table} ORDER BY id").fetchall()
     assert found == [(ids[0], None, now + 100), (ids[1], None, now), (ids[2], None, now), (ids[3], "o", now + 60)]
+
+
+def test_a_claims_resends_are_what_resending_each_of_its_messages_gives(store: PostgresOutbox) -> None:
+    # `ClaimedRows.resends` reads the common row's re-send straight from the row: the same topic,
+    # value, key, partition, timestamp and re-send headers as `resend` of each claimed message.
+    now = 1_000_000.0
+    stamp = 1_795_634_888_790
+    common = [
+        NewMessage("t", b"c-%d" % i, b"k" if i % 2 else None, [("outbox-id", b"c-%d" % i)], i % 3 - 1, f"c-{i}",
+                   0, None, "_TRANSPORT (-195): down" if i % 2 else None, 0.0, None, None, stamp + i)
+        for i in range(4)
+    ]
+    odd = [  # off the common path: headers of their own, none, another id, failed before, no value
+        NewMessage("t", b"v", b"k", [("app", b"1"), ("outbox-attempt", b"3"), ("outbox-id", b"odd-0")], 2,
+                   "odd-0", 2, now - 9, "_MSG_TIMED_OUT (-192): slow", now, -192, "_MSG_TIMED_OUT", stamp),
+        NewMessage("t", None, b"", [], -1, "odd-1"),
+        NewMessage("t", b"v", None, [("outbox-id", b"other")], -1, "odd-2"),
+        NewMessage("t", b"v", None, [("outbox-id", b"odd-4")], -1, "odd-4", 0, now - 1),
+        NewMessage("t", b"v", None, [("outbox-id", b"odd-5")], 0, "odd-5", 1, None, None, now),
+    ]
+    store.enqueue(common + odd)
+    claimed = store.claim("w", 100, 60.0, now=now + 10)
+    assert isinstance(claimed, ClaimedRows)
+    expected = [resend(m) for m in claimed]
+    assert list(claimed.resends(resend)) == expected
+    assert [m.msg_id for m in claimed] == [m.msg_id for m in common + odd]
+    assert claimed.ids() == [m.id for m in claimed] and claimed[-1] == list(claimed)[-1]
+    assert expected[0] == ("t", b"c-0", None, -1, stamp, [("outbox-id", b"c-0"), ("outbox-attempt", b"1")])
+    assert expected[1][5] == [
+        ("outbox-id", b"c-1"), ("outbox-attempt", b"1"), ("outbox-last-error", b"_TRANSPORT (-195): down"),
+    ]
+    assert expected[4][5] == [
+        ("app", b"1"), ("outbox-id", b"odd-0"), ("outbox-attempt", b"3"),
+        ("outbox-first-failed-at", str(int((now - 9) * 1000)).encode()),
+        ("outbox-last-error", b"_MSG_TIMED_OUT (-192): slow"),
+    ]

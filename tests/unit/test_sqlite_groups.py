@@ -14,6 +14,7 @@ from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
 from outbox.sendloop import resend
 from outbox.stores import grouped
 from outbox.stores.base import Failure, Settlement
+from outbox.stores.claimed import ids_of
 from outbox.stores.sqlite import SQLiteOutbox
 
 from ..old_schema import sqlite_v5, v5_body
@@ -116,7 +117,7 @@ def test_a_claim_reads_its_groups_as_decoded_messages_by_iteration_index_and_sli
     # The same messages a full decode gives, read each way a caller reads a list.
     decoded = list(claimed)
     assert [r.id for r in decoded] == everything and len(claimed) == len(everything)
-    assert grouped.ids_of(claimed) == everything
+    assert ids_of(claimed) == everything
     assert [claimed[i] for i in range(len(claimed))] == decoded
     assert claimed[-1] == decoded[-1] and claimed[20].msg_id == "alone" and claimed[19].msg_id == "m-19"
     assert claimed[18:23] == decoded[18:23] and claimed[::7] == decoded[::7]
@@ -125,7 +126,7 @@ def test_a_claim_reads_its_groups_as_decoded_messages_by_iteration_index_and_sli
     with pytest.raises(IndexError):
         claimed[len(everything)]
     # Delivered in full, by the ids alone: every group row goes.
-    assert store.apply(Settlement(delivered=grouped.ids_of(claimed)), now=NOW).deleted == len(everything)
+    assert store.apply(Settlement(delivered=ids_of(claimed)), now=NOW).deleted == len(everything)
     assert rows_in_table(store) == 0
 
 

@@ -1,0 +1,49 @@
+"""A claim's messages as a store hands them to the drain: read lazily, re-sent without decoding.
+
+Why: the drain sends every message it claims once and settles a healthy batch by id alone, so
+for most batches it never needs an `OutboxMessage`. A store whose rows can give the re-send
+(`Resend`) and the ids straight from what it read returns a `LazyClaim`: the send loop asks it
+for `resends()` and the settlement for `ids()`, and only a batch with failures reads messages.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable, Sequence
+
+from ..records import Headers, OutboxMessage
+
+#: A stored message as a re-send produces it: topic, value, key, partition, record timestamp (ms,
+#: 0: now) and the re-send's headers (`outbox.headers.for_resend`). `outbox.sendloop` makes one
+#: for each message it sends.
+Resend = tuple[str, bytes | None, bytes | None, int, int, Headers]
+
+
+class LazyClaim(Sequence[OutboxMessage], abc.ABC):
+    """Claimed messages in id order that a store decodes only when they are read."""
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def resends(self, resend: Callable[[OutboxMessage], Resend]) -> Iterable[Resend]:
+        """What re-sending the messages produces, in order; `resend` for any message the store
+        cannot read a re-send from directly."""
+
+    @abc.abstractmethod
+    def ids(self) -> list[int]:
+        """The messages' ids, in order, without decoding them."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # a sequence compared by its items, like a list
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+def ids_of(rows: Sequence[OutboxMessage]) -> list[int]:
+    """The ids of claimed messages (a `LazyClaim`'s without decoding them)."""
+    return rows.ids() if isinstance(rows, LazyClaim) else [r.id for r in rows]
