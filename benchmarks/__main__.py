@@ -204,7 +204,10 @@ def med(results: list[Result], field: str) -> float | None:
 
 def summarize(results: list[Result]) -> Result:
     out: Result = {"reps": len(results)}
-    for f in ("msgs_per_s", "mb_per_s", "p50_us", "p99_us", "cpu_us_per_msg", "peak_rss_mb", "seconds", "n", "size"):
+    for f in (
+        "msgs_per_s", "mb_per_s", "p50_us", "p99_us", "cpu_us_per_msg", "peak_rss_mb", "seconds", "n", "size",
+        "server_cpu_us_per_msg", "brokers_cpu_us_per_msg",
+    ):
         out[f] = med(results, f)
     return out
 
@@ -1064,11 +1067,18 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
             if key not in summary:
                 continue
             r = ratio(key, against) if against else 1.0
+            row = summary[key]
+            servers = "; CPU µs/msg beside the row's own: " + ", ".join(
+                f"{what} {fmt(row.get(field), 1)}"
+                for what, field in (("PostgreSQL server", "server_cpu_us_per_msg"),
+                                    ("brokers", "brokers_cpu_us_per_msg"))
+                if "postgresql" in key or what == "brokers"
+            )
             table.add(
-                f"fleet: {label}", summary[key], ratio=r, target=target,
+                f"fleet: {label}", row, ratio=r, target=target,
                 met=None if floor is None else check(r, floor),
-                notes="drains include process start; every message read back once by outbox-id"
-                if "drain" in key else "",
+                notes=("drains include process start; every message read back once by outbox-id"
+                       if "drain" in key else "spilled to a closed port: no broker is sent to") + servers,
             )
     if "drain" in summary:
         r = ratio("drain", "raw_rows")

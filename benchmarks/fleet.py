@@ -13,7 +13,8 @@ the real ``outbox drain --until-empty`` CLI against the cluster, process start i
 
 Every drained message is read back from the topic and counted by its ``outbox-id`` header:
 each one exactly once, or the run fails. A drain's CPU µs/msg is its processes' own CPU (user +
-system, process start included); the PostgreSQL server's and the brokers' are not in it.
+system, process start included). The PostgreSQL server's (every local process named postgres, its
+exited backends included) and the brokers' over the same step are printed beside it, per message.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import Any
+
+from .threadcpu import brokers_cpu, postgres_cpu
 
 Result = dict[str, Any]
 #: Producer and drain processes of the fleet runs.
@@ -111,6 +115,33 @@ def check_once(seen: Counter[bytes], expected: int, what: str) -> None:
         raise RuntimeError(f"{what}: {len(seen):,} distinct outbox-ids of {expected:,}, {dupes:,} duplicated")
 
 
+def drain_all(urls: list[str], bootstrap: str, log_dir: str, n: int) -> Result:
+    """`drain_processes`, as a result row for `n` messages."""
+    return drained(n, drain_processes(urls, bootstrap, log_dir))
+
+
+def spill_together(runner: Any, p: Result, processes: int) -> Result:
+    """`processes` spill children of `p["n"]` messages each, started together: their aggregate
+    rate over the span from the first start to the last end."""
+    children = [runner.start("spill", p) for _ in range(processes)]
+    parts = [c.result(1800) for c in children]
+    span = max(r["ended_at"] for r in parts) - min(r["started_at"] for r in parts)
+    total = int(p["n"]) * processes
+    cpu = sum(r["cpu_us_per_msg"] for r in parts) / len(parts)  # each process spilled p["n"]
+    return {"n": total, "seconds": span, "msgs_per_s": total / span, "cpu_us_per_msg": cpu}
+
+
+def with_servers_cpu(n: int, step: Callable[[], Result]) -> Result:
+    """`step()`'s result, plus the CPU µs per message that this machine's PostgreSQL server and
+    the local brokers spent meanwhile (None where not measured: a server elsewhere)."""
+    pg0, brokers0 = postgres_cpu(), brokers_cpu(os.getpid())
+    result = step()
+    pg1, brokers1 = postgres_cpu(), brokers_cpu(os.getpid())
+    for field, a, b in (("server_cpu_us_per_msg", pg0, pg1), ("brokers_cpu_us_per_msg", brokers0, brokers1)):
+        result[field] = None if a is None or b is None else (b - a) / n * 1e6
+    return result
+
+
 def run(
     runner: Any, common: Result, n: int, reps: int, down: str, postgres: str, workdir: str,
     record: Callable[[str, Result], Result], log: Callable[[str], None],
@@ -128,10 +159,10 @@ def run(
             sqlite_path = os.path.join(workdir, f"fleet-{stem}.db")
             url = f"sqlite:///{sqlite_path}" if store == "sqlite" else _pg_url(postgres, f"{stem}_one")
             p = {**common, "bootstrap": down, "topic": topic, "n": n, "size": 200, "outbox": url}
-            record(f"fleet/spill/{store}", runner.run("spill", p))
-            d = drain_processes([url], bootstrap, workdir)
+            record(f"fleet/spill/{store}", with_servers_cpu(n, partial(runner.run, "spill", p)))
+            d = with_servers_cpu(n, partial(drain_all, [url], bootstrap, workdir, n))
             check_once(read_back(bootstrap, topic, n), n, f"{store} drain")
-            record(f"fleet/drain/{store}", drained(n, d))
+            record(f"fleet/drain/{store}", d)
         # -- four processes into one PostgreSQL table ----------------------------------------
         topic = create_topic(bootstrap, f"fleet-{stem}-four", 3, 3, {})
         url = _pg_url(postgres, f"{stem}_four")
@@ -139,13 +170,10 @@ def run(
         start_at = time.time() + 10.0
         p = {**common, "bootstrap": down, "topic": topic, "n": share, "size": 200, "outbox": url,
              "start_at": start_at}
-        children = [runner.start("spill", p) for _ in range(PROCESSES)]
-        parts = [c.result(1800) for c in children]
-        span = max(r["ended_at"] for r in parts) - min(r["started_at"] for r in parts)
         total = share * PROCESSES
-        cpu = sum(r["cpu_us_per_msg"] for r in parts) / len(parts)  # each process spilled `share`
-        four = {"n": total, "seconds": span, "msgs_per_s": total / span, "cpu_us_per_msg": cpu}
-        record("fleet/spill/postgresql x4", four)
-        d = drain_processes([url] * PROCESSES, bootstrap, workdir)
+        # (the servers' CPU over the whole step: the children's set-up and their wait for the
+        # common start time included, while both servers are idle)
+        record("fleet/spill/postgresql x4", with_servers_cpu(total, partial(spill_together, runner, p, PROCESSES)))
+        d = with_servers_cpu(total, partial(drain_all, [url] * PROCESSES, bootstrap, workdir, total))
         check_once(read_back(bootstrap, topic, total), total, "4-process drain")
-        record("fleet/drain/postgresql x4", drained(total, d))
+        record("fleet/drain/postgresql x4", d)

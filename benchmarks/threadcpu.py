@@ -1,4 +1,4 @@
-"""CPU time of each thread of this process, and of the local cluster's brokers, over a span.
+"""CPU time of each thread of this process, and of the local brokers and PostgreSQL, over a span.
 
 Shared by the scenarios (`python -m benchmarks` prints where each row's CPU went) and by
 `profile_threads.py`. Threads are named after the Python thread that owns them (the outbox's
@@ -63,6 +63,35 @@ def brokers_cpu(parent: int) -> float | None:
             total += (int(fields[11]) + int(fields[12])) / _TICK
             found = True
     return total if found else None
+
+
+def postgres_cpu() -> float | None:
+    """CPU seconds so far of this machine's PostgreSQL server processes (every process named
+    postgres, plus what its postmaster's children that have exited spent: backends end with
+    their connections); None if no server runs here."""
+    total, found = 0.0, False
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                comm, rest = f.read().rsplit(")", 1)
+        except OSError:
+            continue
+        if not comm.endswith("(postgres"):
+            continue
+        fields = rest.split()
+        total += (int(fields[11]) + int(fields[12])) / _TICK
+        if fields[1] == "1" or not _is_postgres(int(fields[1])):  # a postmaster: its exited children too
+            total += (int(fields[13]) + int(fields[14])) / _TICK
+        found = True
+    return total if found else None
+
+
+def _is_postgres(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() == "postgres"
+    except OSError:
+        return False
 
 
 class ThreadCPU:

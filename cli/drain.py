@@ -155,24 +155,22 @@ def drain(
     config["logger"] = _setup_logging(verbose)
     policy = RetryPolicy(max_attempts=max_attempts, backoff=backoff, initial_delay=initial_delay)
     with open_store(outbox_url) as (store, url):
-        pending_before = _pending(store, topic)
         drainer = Drainer(store, config, retry=policy, workers=workers, topic=topic)
         try:
             drainer.check_cluster(connect_timeout)
         except KafkaUnavailableError as exc:
             raise CliError(
-                f"cannot reach Kafka: {exc}; nothing was sent, {pending_before} message(s) stay pending "
-                f"in {url.redacted()}",
+                f"cannot reach Kafka: {exc}; nothing was sent, {_pending(store, topic)} message(s) stay "
+                f"pending in {url.redacted()}",
                 EXIT_PENDING,
             ) from exc
         except KafkaException as exc:
             code = EXIT_USAGE if _is_config_error(exc) else EXIT_PENDING
             raise CliError(f"Kafka producer: {kafka_error_text(exc)}", code) from exc
 
-        total = pending_before if max_messages is None else min(pending_before, max_messages)
         started = time.time()
-        result, interrupted = _run(drainer, store, topic, until_empty, max_messages, total, as_json)
-        remaining = _pending(store, topic)
+        result, interrupted = _run(drainer, store, topic, until_empty, max_messages, as_json)
+        remaining = result.remaining  # read once the run ended (for `topic`, if given)
         now = time.time()
         left = store.backlog(now=now, topic=topic) if remaining else None
         next_due = backlog.next_move(left, now) if left is not None else None
@@ -281,7 +279,6 @@ def _run(
     topic: str | None,
     until_empty: bool,
     max_messages: int | None,
-    total: int,
     as_json: bool,
 ) -> tuple[DrainResult, bool]:
     """Run the drainer in a worker thread; this thread waits, draws the bar and catches Ctrl-C."""
@@ -302,7 +299,10 @@ def _run(
     worker = threading.Thread(target=target, name="outbox-cli-drain", daemon=True)
     interrupted = False
     with _sigterm_as_interrupt():
-        bar = _Progress(total, follow=not until_empty) if stdout_is_terminal() and not as_json else None
+        bar = None
+        if stdout_is_terminal() and not as_json:  # the count (a scan of the store) only for the bar
+            pending = _pending(store, topic)
+            bar = _Progress(pending if max_messages is None else min(pending, max_messages), follow=not until_empty)
         try:
             worker.start()
             try:

@@ -60,7 +60,11 @@ _RESTART_MAX = 30.0
 
 @dataclass
 class DrainResult:
-    """Counts of one `Drainer.run()` (or of a running drainer so far)."""
+    """Counts of one `Drainer.run()` (or of a running drainer so far).
+
+    `remaining`: the messages still pending when the run ended (of the drainer's topic, if it
+    has one). `due_remaining`: 1 if any pending message was due then (any topic), else 0.
+    """
 
     delivered: int = 0
     retried: int = 0
@@ -315,7 +319,7 @@ class Drainer:
                 t.join()
             self._stop.set()
         st = self.store.stats(now=time.time())
-        self.result.remaining = st.pending
+        self.result.remaining = st.pending if self.topic is None else st.pending_by_topic.get(self.topic, 0)
         self.result.due_remaining = 0 if st.next_due_at is None or st.next_due_at > time.time() else 1
         return self.result
 

@@ -443,13 +443,21 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             rows = self._keep_key_order(conn, rows, in_flight)
             if not rows:  # nothing due, or every candidate waits for an earlier row of its key
                 return full, rows, set()
-            where, where_args = _pending_ids([r[0] for r in rows])
+            ids = [r[0] for r in rows]
+            where, where_args = _pending_ids(ids)
+            until = now + lease_seconds
             lease = conn.execute(
                 f"UPDATE {self._t} SET lease_owner = %s, next_attempt_at = %s "
-                f"WHERE {where} AND next_attempt_at <= %s RETURNING id",
-                [owner, now + lease_seconds, *where_args, now],
+                f"WHERE {where} AND next_attempt_at <= %s",
+                [owner, until, *where_args, now],
             )
-        return full, rows, {r[0] for r in lease.fetchall()}
+        if lease.rowcount == len(ids):  # the rule: no `RETURNING id` (~0.7 µs a row) to learn it
+            return full, rows, set(ids)
+        got = conn.execute(
+            f"SELECT id FROM {self._t} WHERE id = ANY(%s::bigint[]) AND lease_owner = %s AND next_attempt_at = %s",
+            [_id_array(ids), owner, until],
+        )
+        return full, rows, {r[0] for r in got.fetchall()}
 
     def _give_back_lost(
         self, conn: psycopg.Connection[Any], rows: list[Row], leased: set[int], now: float

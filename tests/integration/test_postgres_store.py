@@ -466,7 +466,7 @@ def test_lease_settle_and_release_keep_ready_at_at_or_before_next_attempt_at(pos
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-# -- the claim's own row building, its lease thread, and the sweep of a short claim --------------
+# -- the claim's rows, its lease, and the sweep of a short claim ---------------------------------
 
 
 def test_claimed_rows_are_the_stored_messages_exactly(store: PostgresOutbox) -> None:
@@ -591,3 +591,31 @@ def test_a_claims_resends_are_what_resending_each_of_its_messages_gives(store: P
         ("outbox-first-failed-at", str(int((now - 9) * 1000)).encode()),
         ("outbox-last-error", b"_MSG_TIMED_OUT (-192): slow"),
     ]
+
+
+def test_a_candidate_changed_before_the_lease_is_left_out_and_its_keys_later_rows_given_back(
+    store: PostgresOutbox, pg_url: StoreURL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Between the claim's read and its lease, another connection pushes row a-1 into the future
+    # (as an acknowledging writer's reschedule would). The lease misses it, so the claim keeps
+    # neither it nor a-2 behind it (given back at once, not leased), and keeps the unkeyed row.
+    now = time.time()
+    a1, a2, free = store.enqueue([
+        NewMessage("t", b"1", b"a", [], -1, "a-1"), NewMessage("t", b"2", b"a", [], -1, "a-2"),
+        NewMessage("t", b"3", None, [], -1, "free"),
+    ])
+    keep_key_order = store._keep_key_order
+
+    def meanwhile(conn: Any, rows: list[tuple[Any, ...]], in_flight: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(**_conninfo(pg_url), autocommit=True) as other:
+            other.execute(f"UPDATE {store._t} SET next_attempt_at = %s WHERE id = %s", [now + 20, a1])
+        return keep_key_order(conn, rows, in_flight)
+
+    monkeypatch.setattr(store, "_keep_key_order", meanwhile)
+    claimed = store.claim("o", 10, 30.0, now=now)
+    assert [m.id for m in claimed] == [free]
+    monkeypatch.undo()
+    with psycopg.connect(**_conninfo(pg_url)) as conn:
+        leases = dict(conn.execute(f"SELECT id, lease_owner FROM {store._t} ORDER BY id").fetchall())
+    assert leases == {a1: None, a2: None, free: "o"}
+    assert [m.id for m in store.claim("o2", 10, 30.0, now=now + 21)] == [a1, a2]  # "free" still leased
