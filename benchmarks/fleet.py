@@ -27,7 +27,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from .threadcpu import brokers_cpu, postgres_cpu
@@ -115,31 +114,39 @@ def check_once(seen: Counter[bytes], expected: int, what: str) -> None:
         raise RuntimeError(f"{what}: {len(seen):,} distinct outbox-ids of {expected:,}, {dupes:,} duplicated")
 
 
+class ServersCPU:
+    """The CPU that this machine's PostgreSQL server and the local brokers spend from `start()`
+    to `add_to()`, per message (None where not measured: a server elsewhere)."""
+
+    def start(self) -> ServersCPU:
+        self._at = (postgres_cpu(), brokers_cpu(os.getpid()))
+        return self
+
+    def add_to(self, result: Result, n: int) -> Result:
+        now = (postgres_cpu(), brokers_cpu(os.getpid()))
+        for field, a, b in zip(("server_cpu_us_per_msg", "brokers_cpu_us_per_msg"), self._at, now, strict=True):
+            result[field] = None if a is None or b is None else (b - a) / n * 1e6
+        return result
+
+
 def drain_all(urls: list[str], bootstrap: str, log_dir: str, n: int) -> Result:
-    """`drain_processes`, as a result row for `n` messages."""
-    return drained(n, drain_processes(urls, bootstrap, log_dir))
+    """`drain_processes` of `n` messages in all, as a result row with the servers' CPU."""
+    servers = ServersCPU().start()
+    return servers.add_to(drained(n, drain_processes(urls, bootstrap, log_dir)), n)
 
 
 def spill_together(runner: Any, p: Result, processes: int) -> Result:
-    """`processes` spill children of `p["n"]` messages each, started together: their aggregate
-    rate over the span from the first start to the last end."""
+    """`processes` spill children of `p["n"]` messages each, started together at `p["start_at"]`:
+    their aggregate rate over the span from the first start to the last end, and the servers'
+    CPU from the common start on (not over the children's set-up)."""
     children = [runner.start("spill", p) for _ in range(processes)]
+    time.sleep(max(0.0, float(p["start_at"]) - time.time()))
+    servers = ServersCPU().start()
     parts = [c.result(1800) for c in children]
     span = max(r["ended_at"] for r in parts) - min(r["started_at"] for r in parts)
     total = int(p["n"]) * processes
     cpu = sum(r["cpu_us_per_msg"] for r in parts) / len(parts)  # each process spilled p["n"]
-    return {"n": total, "seconds": span, "msgs_per_s": total / span, "cpu_us_per_msg": cpu}
-
-
-def with_servers_cpu(n: int, step: Callable[[], Result]) -> Result:
-    """`step()`'s result, plus the CPU µs per message that this machine's PostgreSQL server and
-    the local brokers spent meanwhile (None where not measured: a server elsewhere)."""
-    pg0, brokers0 = postgres_cpu(), brokers_cpu(os.getpid())
-    result = step()
-    pg1, brokers1 = postgres_cpu(), brokers_cpu(os.getpid())
-    for field, a, b in (("server_cpu_us_per_msg", pg0, pg1), ("brokers_cpu_us_per_msg", brokers0, brokers1)):
-        result[field] = None if a is None or b is None else (b - a) / n * 1e6
-    return result
+    return servers.add_to({"n": total, "seconds": span, "msgs_per_s": total / span, "cpu_us_per_msg": cpu}, total)
 
 
 def run(
@@ -159,8 +166,9 @@ def run(
             sqlite_path = os.path.join(workdir, f"fleet-{stem}.db")
             url = f"sqlite:///{sqlite_path}" if store == "sqlite" else _pg_url(postgres, f"{stem}_one")
             p = {**common, "bootstrap": down, "topic": topic, "n": n, "size": 200, "outbox": url}
-            record(f"fleet/spill/{store}", with_servers_cpu(n, partial(runner.run, "spill", p)))
-            d = with_servers_cpu(n, partial(drain_all, [url], bootstrap, workdir, n))
+            servers = ServersCPU().start()
+            record(f"fleet/spill/{store}", servers.add_to(runner.run("spill", p), n))
+            d = drain_all([url], bootstrap, workdir, n)
             check_once(read_back(bootstrap, topic, n), n, f"{store} drain")
             record(f"fleet/drain/{store}", d)
         # -- four processes into one PostgreSQL table ----------------------------------------
@@ -171,9 +179,7 @@ def run(
         p = {**common, "bootstrap": down, "topic": topic, "n": share, "size": 200, "outbox": url,
              "start_at": start_at}
         total = share * PROCESSES
-        # (the servers' CPU over the whole step: the children's set-up and their wait for the
-        # common start time included, while both servers are idle)
-        record("fleet/spill/postgresql x4", with_servers_cpu(total, partial(spill_together, runner, p, PROCESSES)))
-        d = with_servers_cpu(total, partial(drain_all, [url] * PROCESSES, bootstrap, workdir, total))
+        record("fleet/spill/postgresql x4", spill_together(runner, p, PROCESSES))
+        d = drain_all([url] * PROCESSES, bootstrap, workdir, total)
         check_once(read_back(bootstrap, topic, total), total, "4-process drain")
         record("fleet/drain/postgresql x4", d)
