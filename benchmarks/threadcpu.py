@@ -24,6 +24,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("outbox-writer", "writer"),
     ("outbox-drain-events", "drain process's reports"),  # drain_in="process": its reader thread here
     ("outbox-drain", "drain workers"),
+    ("outbox-claim", "drain workers"),  # a drain worker's claim thread
     ("outbox-keys", "key watcher"),
     ("rdk:", "librdkafka"),
 )

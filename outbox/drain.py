@@ -2,9 +2,10 @@
 
 Each worker owns a `SendLoop` (one producer) and loops: claim a batch with a lease (one short
 transaction), send it with no transaction open (`outbox.sendloop`), then apply every row's
-`settle()` decision in one short transaction (`Outbox.apply`). The next batch is claimed while
-one is in flight and sent once that one is settled. Retry state lives in the row, so workers
-never sleep per message and a crashed worker's rows come back when their lease expires.
+`settle()` decision in one short transaction (`Outbox.apply`). The next batch is claimed, on the
+worker's claim thread, while one is produced and in flight, and sent once that one is settled.
+Retry state lives in the row, so workers never sleep per message and a crashed worker's rows
+come back when their lease expires.
 
 A worker thread never dies of a store failure (PostgreSQL restarted, SQLite locked past its busy
 timeout): the error is logged once, counted in `Drainer.health`, passed to `on_store_error`, and
@@ -22,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -363,35 +365,47 @@ class Drainer:
         # sidecar) survive store failures, which a database restart causes; a run until empty
         # reports them to its caller.
         background = limit is None or not until_empty
-        # The next batch is claimed while one is in flight (stop-and-wait left the worker idle
-        # for most of each batch) and produced once that one is settled: the producer holds one
-        # batch at a time (`outbox.sendloop`). Its rows may continue keys of the batch in flight
-        # (a claim does not count this worker's own leases as blocking), which is safe because
-        # they are sent only after it, and only if all of it was delivered.
+        # The next batch is claimed while one is produced and in flight, on the worker's claim
+        # thread (stop-and-wait left the worker idle for most of each batch, and a claim that
+        # waits on a database server would leave it idle still), and produced once that one is
+        # settled: the producer holds one batch at a time (`outbox.sendloop`). Its rows may
+        # continue keys of the batch in flight (a claim does not count this worker's own leases
+        # as blocking), which is safe because they are sent only after it, and only if all of it
+        # was delivered.
         current: InFlight[OutboxMessage] | None = None  # on the producer
         queued: Sequence[OutboxMessage] = []  # claimed, sent once `current` is settled
+        claiming: Future[Sequence[OutboxMessage]] | None = None  # the claim of the next batch
+        claims = ThreadPoolExecutor(1, thread_name_prefix="outbox-claim")
         holding = False
         try:
             while not self._stop.is_set():
-                holding = self._mark_holding(current is not None or bool(queued), holding)
+                holding = self._mark_holding(current is not None or bool(queued) or claiming is not None, holding)
                 if loop.cluster_down and current is None:
                     self._wait_for_cluster(loop, until_empty)
                     continue
-                if not queued and not loop.cluster_down:
+                if not queued and claiming is None and not loop.cluster_down:
                     holding = self._mark_holding(True, holding)  # before its lease: see _holding
-                    queued = self._claim(limit, background, ids_of(current.rows) if current else [])
+                    in_flight = ids_of(current.rows) if current else []
+                    claiming = claims.submit(self._claim, limit, background, in_flight)
                 if current is not None:
                     delivered_all = self._settle(loop, current, background)
                     current = None
                     if progress is not None:
                         progress(self.result)
+                    if claiming is not None:
+                        queued, claiming = claiming.result(), None
                     if queued and not delivered_all:
                         # A row of the batch before failed (or the cluster went away): rows of its
                         # key must not overtake it. Claim again; the per-key rule sees it now.
                         self._give_back(queued, limit, background)
                         queued = []
                     continue
+                if claiming is not None:
+                    queued, claiming = claiming.result(), None
                 if queued:
+                    if not loop.cluster_down:  # the next claim runs while this batch is produced
+                        holding = self._mark_holding(True, holding)
+                        claiming = claims.submit(self._claim, limit, background, ids_of(queued))
                     current, queued = loop.start(queued), []
                     continue
                 if limit is not None and limit[0] is not None and limit[0] <= 0:
@@ -412,10 +426,13 @@ class Drainer:
             try:  # stopping: settle what is in flight (the rest is purged, released)
                 if current is not None:
                     self._settle(loop, current, background)
+                if claiming is not None:
+                    queued = [*queued, *claiming.result()]
                 if queued:
                     self._give_back(queued, limit, background)
             except Exception:
                 log.exception("outbox drain: could not settle a batch at stop; its leases expire")
+            claims.shutdown(wait=True)
             loop.close(5)
             self._loops.discard(loop)
             self._mark_holding(False, holding)
