@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 BROKERS = "Kafka brokers (JVMs)"
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -48,51 +48,43 @@ def thread_cpu() -> dict[int, tuple[str, float]]:
     return out
 
 
+def _processes() -> Iterator[tuple[int, str, list[str]]]:
+    """(pid, command name, the `/proc/PID/stat` fields after the name) of each running process."""
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                head, rest = f.read().rsplit(")", 1)
+        except OSError:
+            continue  # the process ended
+        pid, _, name = head.partition(" (")
+        yield int(pid), name, rest.split()
+
+
+def _cpu(fields: list[str], *, exited_children: bool = False) -> float:
+    """CPU seconds (user + system) in `fields`, plus its exited children's when asked."""
+    ticks = int(fields[11]) + int(fields[12])
+    if exited_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / _TICK
+
+
 def brokers_cpu(parent: int) -> float | None:
     """CPU seconds so far of the processes named java whose parent is `parent` (the local
     cluster's brokers: `outbox.testing.KafkaCluster` starts them as its own children); None if
     there are none (a cluster elsewhere)."""
-    total, found = 0.0, False
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                comm, rest = f.read().rsplit(")", 1)
-        except OSError:
-            continue
-        fields = rest.split()
-        if comm.endswith("(java") and int(fields[1]) == parent:
-            total += (int(fields[11]) + int(fields[12])) / _TICK
-            found = True
-    return total if found else None
+    times = [_cpu(fields) for _, name, fields in _processes() if name == "java" and int(fields[1]) == parent]
+    return sum(times) if times else None
 
 
 def postgres_cpu() -> float | None:
     """CPU seconds so far of this machine's PostgreSQL server processes (every process named
     postgres, plus what its postmaster's children that have exited spent: backends end with
     their connections); None if no server runs here."""
-    total, found = 0.0, False
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                comm, rest = f.read().rsplit(")", 1)
-        except OSError:
-            continue
-        if not comm.endswith("(postgres"):
-            continue
-        fields = rest.split()
-        total += (int(fields[11]) + int(fields[12])) / _TICK
-        if fields[1] == "1" or not _is_postgres(int(fields[1])):  # a postmaster: its exited children too
-            total += (int(fields[13]) + int(fields[14])) / _TICK
-        found = True
-    return total if found else None
-
-
-def _is_postgres(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip() == "postgres"
-    except OSError:
-        return False
+    servers = {pid: fields for pid, name, fields in _processes() if name == "postgres"}
+    if not servers:
+        return None
+    # A postmaster is the one whose parent is not a postgres process.
+    return sum(_cpu(fields, exited_children=int(fields[1]) not in servers) for fields in servers.values())
 
 
 class ThreadCPU:
