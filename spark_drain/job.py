@@ -104,9 +104,9 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     from pyspark.sql import functions as F
 
     from outbox.stores.bulk import BulkSelection
-    from spark_drain.batches import COUNTS, MESSAGES, explode_batches
+    from spark_drain.batches import COUNT_NAMES, COUNTS, GROUPED_MESSAGES, MESSAGES, SENT, explode_batches
     from spark_drain.read import Reader, only_ids
-    from spark_drain.send import SendConfig, send_batches
+    from spark_drain.send import SendConfig, send_batches, settle_split
 
     if check:
         preflight(options)
@@ -157,7 +157,7 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
 
     # Rows become messages on the executors (a SQLite group: its messages), as Arrow batches; the
     # driver never holds a message's bytes.
-    messages = rows.mapInArrow(explode_batches, MESSAGES) if bulk.grouped else rows.select(
+    messages = rows.mapInArrow(explode_batches, GROUPED_MESSAGES) if bulk.grouped else rows.select(
         *(F.col(c).cast(t) for c, t in (col.split() for col in MESSAGES.split(", ")))
     )
     cfg = SendConfig(
@@ -175,9 +175,15 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     ordered = messages.repartition(options.partitions, route).sortWithinPartitions("id")
     # Blockers (keys held back by an unselected earlier message) are usually none; each task gets them.
     sender = functools.partial(send_batches, cfg, blockers or None)
+    sent = ordered.mapInArrow(sender, SENT)
+    # A group's delivered messages, from every send task, settled together (`spark_drain.send`).
+    counted = (
+        sent.repartition(options.partitions, "grp").mapInArrow(functools.partial(settle_split, cfg), COUNTS)
+        if bulk.grouped else sent.select(*COUNT_NAMES)
+    )
     send_started = time.time()
     try:
-        results = [tuple(r) for r in ordered.mapInArrow(sender, COUNTS).collect()]
+        results = [tuple(r) for r in counted.collect()]
     except Exception as exc:
         raise OutboxError(
             f"the send stage failed: {_cause(exc, options)}. Rows Kafka acknowledged before are marked; "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -357,6 +358,46 @@ def test_groups_are_exploded_on_the_executors_and_keys_held_elsewhere_wait(
         left = store.pending_keys()
         assert left == {(topic, b"a"), (topic, b"b")}
         assert store.stats(now=time.time()).pending == 221
+
+
+def test_groups_split_over_the_send_tasks_are_deleted_whole(
+    spark: Any, tmp_path: Path, kafka_bootstrap: str, topic: str, consume_all: Callable[..., list[Any]]
+) -> None:
+    """The shuffle by key gives both send tasks a part of every SQLite group; the settle stage
+    deletes each group as one row, so the job writes no row into the outbox (a group settled in
+    part would first be rewritten as one row per message). Messages stored as the producer stores
+    them, with the `outbox-id` header alone, arrive with it and the first re-send's attempt."""
+    path = tmp_path / "outbox.db"
+    url = f"sqlite:///{path}"
+    n, keys = 3000, 50
+    stored = [
+        NewMessage(topic, f"k{i % keys}:{i // keys + 1}".encode(), f"k{i % keys}".encode(),
+                   headers=[("outbox-id", f"w-{i}".encode())], msg_id=f"w-{i}")
+        for i in range(n)
+    ]
+    with open_outbox(url) as store:
+        for start in range(0, n, 500):
+            store.enqueue(stored[start : start + 500])
+    with sqlite3.connect(path) as c:
+        assert c.execute("SELECT COUNT(*) FROM outbox").fetchone() == (6,)  # six groups
+        c.execute("CREATE TABLE written (id INTEGER)")
+        c.execute("CREATE TRIGGER note_written AFTER INSERT ON outbox BEGIN INSERT INTO written VALUES (new.id); END")
+
+    report = run_job(spark, opts(url, kafka_bootstrap))
+
+    assert (report.total.read, report.total.delivered, report.total.left) == (n, n, 0)
+    with sqlite3.connect(path) as c:
+        assert c.execute("SELECT COUNT(*) FROM written").fetchone() == (0,)
+        assert c.execute("SELECT COUNT(*) FROM outbox").fetchone() == (0,)
+    messages = consume_all(topic, n, timeout=60)
+    assert len(messages) == n
+    assert {tuple(m.headers()) for m in messages if m.value() == b"k7:3"} == {
+        (("outbox-id", f"w-{2 * keys + 7}".encode()), ("outbox-attempt", b"1")),
+    }
+    assert sorted(header(m, "outbox-id") for m in messages) == sorted(f"w-{i}".encode() for i in range(n))
+    for k in range(keys):
+        seqs = [int(m.value().split(b":")[1]) for m in messages if m.key() == f"k{k}".encode()]
+        assert seqs == list(range(1, n // keys + 1))
 
 
 def test_standalone_cluster_drains_a_postgresql_outbox(
