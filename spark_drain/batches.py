@@ -14,16 +14,19 @@ and `grp_n`, its messages), so that a group is settled whole (`spark_drain.send`
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 from outbox.codec import decode_headers, encode_headers
-from outbox.headers import ID_HEADER
+from outbox.headers import ID_HEADER, resent_once
 from outbox.stores import grouped
 from outbox.stores.bulk import BulkMessage
+from outbox.stores.claimed import LazyClaim, Resend
 from outbox.stores.keyrule import waits
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
 #: A message row, in `BulkMessage` order (Spark DDL). `headers` is `outbox.codec`-encoded, and
@@ -110,20 +113,95 @@ def _group_messages(groups: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def messages(
-    batches: Iterator[pa.RecordBatch], blockers: Mapping[tuple[str, bytes], int] | None = None
-) -> Iterator[BulkMessage]:
-    """The messages of message batches, in order, as plain tuples; those an earlier message of
-    their key holds back elsewhere (`outbox.stores.keyrule`) are left out."""
-    new = tuple.__new__
-    id_header = ID_HEADER
+class MessageChunk(LazyClaim[BulkMessage]):
+    """Messages of one send task, as a batch's columns in Python lists (`MESSAGES` order), with
+    each message's group row and its size as arrays (`grp`, `grp_n`; a one-message row is its own).
+
+    Why: a send task re-sends every message once and settles a healthy chunk by id alone, so it
+    needs no `BulkMessage` for most: `resends()` gives the common message's re-send straight from
+    the columns (`outbox-id` header alone, never failed), and a message is made only when one is
+    read (a chunk with failures, `outbox.sendloop.SendLoop.decide`).
+    """
+
+    __slots__ = ("cols", "id_array", "groups", "sizes")
+
+    def __init__(self, cols: Sequence[list[Any]], id_array: np.ndarray, groups: np.ndarray, sizes: np.ndarray) -> None:
+        self.cols = cols
+        self.id_array = id_array
+        self.groups = groups
+        self.sizes = sizes
+
+    @classmethod
+    def of(cls, batch: pa.RecordBatch) -> MessageChunk:
+        """The messages of one batch of `MESSAGES` or `GROUPED_MESSAGES`."""
+        import numpy as np
+
+        ids = batch.column("id").to_numpy()
+        grouped_ = "grp" in batch.schema.names
+        return cls(
+            [batch.column(i).to_pylist() for i in range(len(MESSAGE_NAMES))], ids,
+            batch.column("grp").to_numpy() if grouped_ else ids,
+            batch.column("grp_n").to_numpy() if grouped_ else np.ones(len(ids), np.int64),
+        )
+
+    def __len__(self) -> int:
+        return len(self.id_array)
+
+    @overload
+    def __getitem__(self, i: int) -> BulkMessage: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[BulkMessage]: ...
+    def __getitem__(self, i: int | slice) -> BulkMessage | list[BulkMessage]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        id_, msg_id, topic, key, value, hs, part, att, first, err, ts = (c[i] for c in self.cols)
+        return BulkMessage(
+            id_, msg_id, topic, key, value,
+            [(ID_HEADER, msg_id.encode())] if hs == _ID_ALONE else decode_headers(hs),
+            -1 if part is None else part, att, first, err, ts or 0,
+        )
+
+    def ids(self) -> list[int]:
+        return list(self.cols[0])
+
+    def resends(self, resend: Callable[[BulkMessage], Resend]) -> Iterator[Resend]:
+        id_header = ID_HEADER
+        rows = zip(*self.cols[1:], strict=True)
+        for i, (msg_id, topic, key, value, hs, part, att, first, err, ts) in enumerate(rows):
+            if hs == _ID_ALONE and not att and first is None:  # `resend_headers`' common message
+                yield topic, value, key, -1 if part is None else part, ts or 0, resent_once(
+                    (id_header, msg_id.encode()), err
+                )
+            else:
+                yield resend(self[i])
+
+    def part(self, start: int, stop: int) -> MessageChunk:
+        """Messages [start, stop)."""
+        return MessageChunk(
+            [c[start:stop] for c in self.cols], self.id_array[start:stop], self.groups[start:stop],
+            self.sizes[start:stop],
+        )
+
+    def only(self, keep: Sequence[bool]) -> MessageChunk:
+        """The messages whose `keep` is true, in order."""
+        import numpy as np
+
+        mask = np.asarray(keep, dtype=bool)
+        return MessageChunk(
+            [list(itertools.compress(c, keep)) for c in self.cols], self.id_array[mask], self.groups[mask],
+            self.sizes[mask],
+        )
+
+
+def chunks(
+    batches: Iterator[pa.RecordBatch], size: int, blockers: Mapping[tuple[str, bytes], int] | None = None
+) -> Iterator[MessageChunk]:
+    """The messages of message batches, in order, in chunks of at most `size`; those an earlier
+    message of their key holds back elsewhere (`outbox.stores.keyrule`) are left out."""
     for b in batches:
-        cols = [b.column(i).to_pylist() for i in range(len(MESSAGE_NAMES))]
-        for id_, msg_id, topic, key, value, hs, part, att, first, err, ts in zip(*cols, strict=True):
-            if blockers and waits(topic, key, id_, blockers):
-                continue
-            yield new(BulkMessage, (
-                id_, msg_id, topic, key, value,
-                [(id_header, msg_id.encode())] if hs == _ID_ALONE else decode_headers(hs),
-                -1 if part is None else part, att, first, err, ts or 0,
-            ))
+        chunk = MessageChunk.of(b)
+        if blockers:
+            ids, topics, keys = chunk.cols[0], chunk.cols[2], chunk.cols[3]
+            chunk = chunk.only([not waits(t, k, i, blockers) for i, t, k in zip(ids, topics, keys, strict=True)])
+        for start in range(0, len(chunk), size):
+            yield chunk.part(start, start + size)

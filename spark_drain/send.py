@@ -16,21 +16,22 @@ Safety rules:
       that were delivered but not yet marked: duplicates are possible, losses are not.
 
 The send-and-settle logic is the SDK's own (`outbox.sendloop.SendLoop`, `outbox.settle`): rows
-are sent in chunks of `mark_batch`, and each chunk's decisions are applied in one transaction.
+are sent in chunks of `mark_batch` (at most one Arrow batch, `spark.sql.execution.arrow.maxRecordsPerBatch`),
+and each chunk's decisions are applied in one transaction; a healthy chunk is settled by id alone.
 
 A SQLite group (`outbox.stores.grouped`) is deleted as one row only when a settlement delivers
 all of its messages; settled in part, it is first rewritten as one row per message. The shuffle
 by key gives every send task a part of nearly every group, so a task settles a group's delivered
-messages itself only when it has all of them, and hands the others on (`split_groups`) to the
-job's settle stage (`settle_split`), which sees each group's deliveries from every task at once.
+messages itself only when it has all of them, and hands the others on (`PartitionSender.split`)
+to the job's settle stage (`settle_split`), which sees each group's deliveries from every task at
+once. Such a group stays pending until that stage: a job that fails before it re-sends the
+group's delivered messages when it is run again (duplicates, never a loss).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
-from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -41,10 +42,10 @@ from outbox.sendloop import SendLoop
 from outbox.settle import Verdict, add_to
 from outbox.stores import open_outbox
 from outbox.stores.base import Outbox, Settlement
-from outbox.stores.bulk import BulkMessage
-from spark_drain.batches import COUNT_NAMES, messages
+from spark_drain.batches import COUNT_NAMES, MessageChunk, chunks
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
@@ -74,58 +75,24 @@ class SendConfig:
         )
 
 
-class GroupSpans:
-    """The groups a send task has met (id -> size), and which one a message id belongs to: a
-    group `G` of `n` messages holds the ids `G + 1 … G + n`. Groups are met in id order."""
-
-    def __init__(self) -> None:
-        self._starts: list[int] = []
-        self._sizes: list[int] = []
-        self._last: tuple[int, int] | None = None
-
-    def add(self, group_id: int, size: int) -> None:
-        """Note a group (again: a group may span several batches)."""
-        starts = self._starts
-        if starts and group_id <= starts[-1]:
-            i = bisect.bisect_left(starts, group_id)
-            if starts[i] == group_id:
-                return
-            starts.insert(i, group_id)
-            self._sizes.insert(i, size)
-            return
-        starts.append(group_id)
-        self._sizes.append(size)
-
-    def of(self, message_id: int) -> tuple[int, int] | None:
-        """(group id, size) of the group holding `message_id`, or None for a one-message row."""
-        last = self._last
-        if last is not None and last[0] < message_id <= last[0] + last[1]:
-            return last  # ids come in order: mostly the group of the id before
-        i = bisect.bisect_left(self._starts, message_id) - 1
-        if i >= 0 and message_id <= self._starts[i] + self._sizes[i]:
-            self._last = self._starts[i], self._sizes[i]
-            return self._last
-        return None
-
-
 class PartitionSender:
-    """Sends one partition's rows; `run()` returns per-topic counts."""
+    """Sends one partition's messages; `run()` returns per-topic counts."""
 
     def __init__(self, cfg: SendConfig) -> None:
         self.cfg = cfg
         self.policy = cfg.policy()
         self.counts: dict[str, list[int]] = {}
         self.failed_keys: set[tuple[str, bytes]] = set()
-        self.groups = GroupSpans()
         #: Delivered messages of groups this task has not seen whole yet: group id -> (size, ids).
-        self.split: dict[int, tuple[int, array[int]]] = {}
+        self.split: dict[int, tuple[int, list[np.ndarray]]] = {}
         self._store: Outbox | None = None
 
-    def _count(self, topic: str, what: int, n: int = 1) -> None:
-        c = self.counts.get(topic)
-        if c is None:
-            c = self.counts[topic] = [0] * len(COUNTERS)
-        c[what] += n
+    def _count(self, topics: Iterable[str], what: int) -> None:
+        for topic, n in Counter(topics).items():
+            c = self.counts.get(topic)
+            if c is None:
+                c = self.counts[topic] = [0] * len(COUNTERS)
+            c[what] += n
 
     @property
     def store(self) -> Outbox:
@@ -133,66 +100,86 @@ class PartitionSender:
             self._store = open_outbox(self.cfg.outbox_url, create=False)
         return self._store
 
-    def _delivered(self, settlement: Settlement, message_id: int) -> None:
-        """Settle a delivered message now, or hold it while its group is not whole here."""
-        group = self.groups.of(message_id)
-        if group is None:
-            settlement.delivered.append(message_id)
-            return
-        gid, size = group
-        held = self.split.get(gid)
+    def _hold(self, settlement: Settlement, group: int, size: int, ids: np.ndarray) -> None:
+        """Delivered messages of a group: settled now once this task has all of the group (it is
+        deleted as one row), else held for the settle stage."""
+        held = self.split.get(group)
         if held is None:
-            held = self.split[gid] = (size, array("q"))
-        held[1].append(message_id)
-        if len(held[1]) == size:  # all of it delivered by this task: deleted as one row
-            settlement.delivered.extend(held[1])
-            del self.split[gid]
+            if len(ids) == size:
+                settlement.delivered += ids.tolist()
+                return
+            held = self.split[group] = (size, [])
+        held[1].append(ids)
+        if sum(len(a) for a in held[1]) == size:
+            settlement.delivered += [int(i) for a in held[1] for i in a]
+            del self.split[group]
 
-    def _send(self, loop: SendLoop, chunk: list[BulkMessage]) -> None:
-        """Send one chunk with the SDK's send loop; apply its decisions in one transaction."""
-        if not chunk:
+    def _all_delivered(self, settlement: Settlement, chunk: MessageChunk) -> None:
+        """A healthy chunk's settlement, a group's messages at a time: they are neighbours, since
+        a chunk is in id order and a group's ids are consecutive."""
+        import numpy as np
+
+        ones = chunk.sizes == 1
+        if ones.all():
+            settlement.delivered += chunk.ids()
             return
-        decided = loop.send(chunk, time.time)
-        now = time.time()
+        settlement.delivered += chunk.id_array[ones].tolist()
+        many = ~ones
+        ids, groups, sizes = chunk.id_array[many], chunk.groups[many], chunk.sizes[many]
+        starts = [0, *(np.flatnonzero(np.diff(groups)) + 1).tolist()]
+        for start, stop in zip(starts, [*starts[1:], len(ids)], strict=True):
+            self._hold(settlement, int(groups[start]), int(sizes[start]), ids[start:stop])
+
+    def _send(self, loop: SendLoop, chunk: MessageChunk) -> None:
+        """Send one chunk with the SDK's send loop; apply its decisions in one transaction."""
+        if not len(chunk):
+            return
+        import numpy as np
+
+        batch = loop.start(chunk)
         settlement = Settlement()
+        if loop.wait(batch):
+            self._all_delivered(settlement, chunk)
+            if settlement:
+                self.store.apply(settlement, now=time.time())
+            self._count(chunk.cols[2], 1)
+            return
+        decided = loop.decide(batch, time.time)
+        now = time.time()
+        group_of = dict(zip(chunk.ids(), zip(chunk.groups.tolist(), chunk.sizes.tolist(), strict=True), strict=True))
         for row, d in decided:
             if d.verdict is Verdict.DELIVERED:
-                self._delivered(settlement, row.id)
+                group, size = group_of[row.id]
+                if size > 1:
+                    self._hold(settlement, group, size, np.array([row.id], np.int64))
+                else:
+                    settlement.delivered.append(row.id)
                 continue
             add_to(settlement, row.id, d, now)
             if d.verdict is Verdict.RESCHEDULE and row.key is not None:
                 # This row will be sent again later: its key's later rows must wait for it.
                 self.failed_keys.add((row.topic, row.key))
         dead = {r.id for r in self.store.apply(settlement, now=now).dead} if settlement else set()
-        for topic, n in Counter(row.topic for row, d in decided if d.verdict is Verdict.DELIVERED).items():
-            self._count(topic, 1, n)
-        for row, d in decided:
-            if d.verdict is not Verdict.DELIVERED and d.verdict is not Verdict.RELEASE:
-                self._count(row.topic, 3 if row.id in dead else 2)
+        failed = [(row, d) for row, d in decided if d.verdict not in (Verdict.DELIVERED, Verdict.RELEASE)]
+        self._count((row.topic for row, d in decided if d.verdict is Verdict.DELIVERED), 1)
+        self._count((row.topic for row, _ in failed if row.id in dead), 3)
+        self._count((row.topic for row, _ in failed if row.id not in dead), 2)
         unknown = len(chunk) - len(decided)
         if unknown:
             log.warning("spark_drain: %d messages unacknowledged at the end; they stay pending", unknown)
 
-    def run(self, rows: Iterable[BulkMessage]) -> list[tuple[str, int, int, int, int, int]]:
+    def run(self, chunks: Iterable[MessageChunk]) -> list[tuple[str, int, int, int, int, int]]:
         """Send the messages (in id order per key); return per-topic counts. Delivered messages of
         groups met only in part are left in `split` for the settle stage."""
         loop = SendLoop(dict(self.cfg.producer_config), self.policy)
         try:
-            chunk: list[BulkMessage] = []
-            read: Counter[str] = Counter()
-            for m in rows:
-                if self.failed_keys and m.key is not None and (m.topic, m.key) in self.failed_keys:
-                    read[m.topic] += 1
-                    continue  # stays pending, untouched: its key must wait for the failed row
-                chunk.append(m)
-                if len(chunk) >= self.cfg.mark_batch:
-                    read.update(m.topic for m in chunk)
-                    self._send(loop, chunk)
-                    chunk = []
-            read.update(m.topic for m in chunk)
-            self._send(loop, chunk)
-            for topic, n in read.items():
-                self._count(topic, 0, n)
+            for chunk in chunks:
+                self._count(chunk.cols[2], 0)
+                if self.failed_keys:  # its key must wait for the failed row: stays pending, untouched
+                    failed = self.failed_keys
+                    chunk = chunk.only([k is None or (t, k) not in failed
+                                        for t, k in zip(chunk.cols[2], chunk.cols[3], strict=True)])
+                self._send(loop, chunk)
         finally:
             loop.close(10)
             if self._store is not None:
@@ -202,22 +189,6 @@ class PartitionSender:
             c[4] = c[0] - c[1] - c[2] - c[3]  # left pending, untouched (key waiting, or unacknowledged)
             out.append((topic, c[0], c[1], c[2], c[3], c[4]))
         return out
-
-
-def _noting_groups(batches: Iterator[pa.RecordBatch], groups: GroupSpans) -> Iterator[pa.RecordBatch]:
-    """The batches as they are, noting the groups (`grp`, `grp_n` > 1) their messages belong to."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    for b in batches:
-        if "grp_n" in b.schema.names:
-            of_groups = b.filter(pc.greater(b.column("grp_n"), 1)).select(["grp", "grp_n"])
-            if of_groups.num_rows:
-                found = pa.Table.from_batches([of_groups]).group_by("grp").aggregate([("grp_n", "max")])
-                for gid, size in zip(found.column("grp").to_pylist(), found.column("grp_n_max").to_pylist(),
-                                     strict=True):
-                    groups.add(gid, size)
-        yield b
 
 
 def send_batches(
@@ -232,16 +203,16 @@ def send_batches(
     import pyarrow as pa
 
     sender = PartitionSender(cfg)
-    counts = sender.run(messages(_noting_groups(batches, sender.groups), blockers))
+    counts = sender.run(chunks(batches, cfg.mark_batch, blockers))
     cols: list[pa.Array] = [
         pa.array(list(c), type=pa.string() if i == 0 else pa.int64())
         for i, c in enumerate(zip(*counts, strict=True) if counts else [()] * len(COUNT_NAMES))
     ]
     nulls = [None] * len(counts)
     split = sender.split
-    ids = [held for _, held in split.values()]
+    ids = [np.concatenate(held) for _, held in split.values()]
     offsets = np.cumsum([0, *(len(i) for i in ids)], dtype=np.int32)
-    flat = np.concatenate([np.frombuffer(i, dtype=np.int64) for i in ids]) if ids else np.zeros(0, np.int64)
+    flat = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     yield pa.RecordBatch.from_arrays(
         [
             *(pa.concat_arrays([c, pa.nulls(len(split), c.type)]) for c in cols),

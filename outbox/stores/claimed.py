@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
 
 from ..records import Headers, OutboxMessage
 
@@ -19,13 +20,17 @@ from ..records import Headers, OutboxMessage
 Resend = tuple[str, bytes | None, bytes | None, int, int, Headers]
 
 
-class LazyClaim(Sequence[OutboxMessage], abc.ABC):
+#: The messages a claim holds: a store's `OutboxMessage`, or a bulk reader's row.
+M = TypeVar("M")
+
+
+class LazyClaim(Sequence[M], abc.ABC, Generic[M]):
     """Claimed messages in id order that a store decodes only when they are read."""
 
     __slots__ = ()
 
     @abc.abstractmethod
-    def resends(self, resend: Callable[[OutboxMessage], Resend]) -> Iterable[Resend]:
+    def resends(self, resend: Callable[[M], Resend]) -> Iterable[Resend]:
         """What re-sending the messages produces, in order; `resend` for any message the store
         cannot read a re-send from directly."""
 
@@ -46,4 +51,7 @@ class LazyClaim(Sequence[OutboxMessage], abc.ABC):
 
 def ids_of(rows: Sequence[OutboxMessage]) -> list[int]:
     """The ids of claimed messages (a `LazyClaim`'s without decoding them)."""
-    return rows.ids() if isinstance(rows, LazyClaim) else [r.id for r in rows]
+    if isinstance(rows, LazyClaim):
+        claim: LazyClaim[Any] = rows
+        return claim.ids()
+    return [r.id for r in rows]

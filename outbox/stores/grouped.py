@@ -214,7 +214,7 @@ class Group(NamedTuple):
     body: bytes
 
 
-class Claimed(LazyClaim):
+class Claimed(LazyClaim[OutboxMessage]):
     """A claim's messages in id order, each group's decoded only as they are read.
 
     Why: a claim of 10,000 messages held decoded is ~20,000 objects the garbage collector tracks

@@ -46,7 +46,7 @@ def message_of(r: Row) -> OutboxMessage:
     ))
 
 
-class ClaimedRows(LazyClaim):
+class ClaimedRows(LazyClaim[OutboxMessage]):
     """The claimed rows in id order; each becomes an `OutboxMessage` only when read."""
 
     __slots__ = ("_rows",)

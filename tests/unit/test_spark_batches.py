@@ -1,0 +1,99 @@
+"""A Spark send task's messages (`spark_drain.batches`) against the SDK's own re-sends: pure logic
+on a real SQLite outbox's rows, read as Spark's JDBC reader hands them to `explode_batches`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from outbox.records import NewMessage
+from outbox.sendloop import resend
+from outbox.stores import open_outbox
+from outbox.stores.claimed import Resend
+from outbox.stores.sqlite import SQLiteOutbox
+from spark_drain.batches import MessageChunk, chunks, explode_batches
+
+NOW = 1_000_000.0
+STAMP = 1_795_634_888_790
+#: `BulkRead.rows`' columns, as the job's JDBC read names them.
+COLUMNS = ("id", "msg_id", "topic", "key", "value", "headers", "part", "attempts", "first_failed_at", "last_error",
+           "timestamp", "n", "body")
+
+
+def stored(path: Path) -> tuple[list[pa.RecordBatch], list[Resend]]:
+    """A group of common messages (the `outbox-id` header alone; some with a "not sent" error
+    text) and single rows off the common path; (the rows as the job reads them, the SDK's re-sends)."""
+    common = [
+        NewMessage("t", b"c-%d" % i, b"k%d" % (i % 3) if i % 4 else None,
+                   [("outbox-id", b"c-%d" % i)] if i != 6 else [("app", b"x"), ("outbox-id", b"c-6")], i % 3 - 1,
+                   f"c-{i}", 0, None, "_TRANSPORT (-195): down" if i % 2 else None, 0.0, None, None, STAMP + i)
+        for i in range(20)
+    ]  # one of them with a header of its own
+    odd = [  # headers of their own, none, another id, failed before, no value
+        NewMessage("t", b"v", b"k", [("app", b"1"), ("outbox-attempt", b"3"), ("outbox-id", b"odd-0")], 2,
+                   "odd-0", 2, NOW - 9, "_MSG_TIMED_OUT (-192): slow", NOW, -192, "_MSG_TIMED_OUT", STAMP),
+        NewMessage("t", None, b"", [], -1, "odd-1"),
+        NewMessage("t", b"v", None, [("outbox-id", b"other")], -1, "odd-2"),
+        NewMessage("t", b"v", None, [("outbox-id", b"odd-4")], -1, "odd-4", 0, NOW - 1),
+        NewMessage("t", b"v", None, [("outbox-id", b"odd-5")], 0, "odd-5", 1, None, None, NOW),
+    ]
+    url = f"sqlite:///{path}"
+    with open_outbox(url) as store:
+        assert isinstance(store, SQLiteOutbox)
+        store.enqueue(common)  # one group row
+        store.enqueue(odd)  # too few for a group: one row each
+        sql = store.bulk_read().rows("status = 0", 0, 10**9)
+        with store._snapshot() as c:
+            rows = c.execute(sql).fetchall()
+        expected = [resend(m) for m in store.claim("w", 100, 60.0, now=NOW + 10)]
+    assert len(rows) == 1 + len(odd) and len(expected) == len(common) + len(odd)
+    return [pa.RecordBatch.from_pydict(dict(zip(COLUMNS, map(list, zip(*rows, strict=True)), strict=True)))], expected
+
+
+def in_id_order(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """What the job's `sortWithinPartitions("id")` does to the exploded messages."""
+    out: list[pa.RecordBatch] = pa.Table.from_batches(batches).sort_by("id").to_batches()
+    return out
+
+
+def test_a_send_tasks_resends_are_the_sdks_re_sends_of_the_same_rows(tmp_path: Path) -> None:
+    read, expected = stored(tmp_path / "outbox.db")
+    messages = in_id_order(list(explode_batches(iter(read))))
+    got = [r for chunk in chunks(iter(messages), 7) for r in chunk.resends(resend)]
+    assert got == expected
+    assert got[0] == ("t", b"c-0", None, -1, STAMP, [("outbox-id", b"c-0"), ("outbox-attempt", b"1")])
+    assert got[1][5] == [
+        ("outbox-id", b"c-1"), ("outbox-attempt", b"1"), ("outbox-last-error", b"_TRANSPORT (-195): down"),
+    ]
+    assert got[6][5] == [("app", b"x"), ("outbox-id", b"c-6"), ("outbox-attempt", b"1")]
+
+
+def test_a_chunks_messages_read_one_by_one_are_re_sent_the_same(tmp_path: Path) -> None:
+    read, expected = stored(tmp_path / "outbox.db")
+    parts = list(chunks(iter(in_id_order(list(explode_batches(iter(read))))), 10))
+    assert [len(p) for p in parts] == [10, 10, 5]
+    assert [resend(m) for p in parts for m in p] == expected
+    first = parts[0]
+    assert first[0].headers == [("outbox-id", b"c-0")] and first[0].timestamp == STAMP
+    assert first.groups.tolist() == [first.ids()[0] - 1] * 10 and first.sizes.tolist() == [20] * 10
+    assert parts[2].sizes.tolist() == [1] * 5 and parts[2].groups.tolist() == parts[2].ids()
+
+
+def test_messages_left_out_of_a_chunk_keep_the_others_in_order(tmp_path: Path) -> None:
+    read, expected = stored(tmp_path / "outbox.db")
+    chunk = MessageChunk.of(in_id_order(list(explode_batches(iter(read))))[0])
+    kept = chunk.only([i % 2 == 0 for i in range(len(chunk))])
+    assert list(kept.resends(resend)) == expected[::2]
+    assert kept.ids() == chunk.ids()[::2] and kept.id_array.tolist() == kept.ids()
+    assert kept.part(1, 3).ids() == kept.ids()[1:3]
+
+
+def test_a_message_held_back_by_an_earlier_one_of_its_key_elsewhere_is_left_out(tmp_path: Path) -> None:
+    read, expected = stored(tmp_path / "outbox.db")
+    messages = in_id_order(list(explode_batches(iter(read))))
+    first_k1 = next(m for m in MessageChunk.of(messages[0]) if m.key == b"k1")
+    blockers = {("t", b"k1"): first_k1.id - 1}  # an earlier k1 message, not selected
+    got = [m for chunk in chunks(iter(messages), 100, blockers) for m in chunk]
+    assert [m.key for m in got].count(b"k1") == 0
+    assert len(got) == len(expected) - sum(1 for r in expected if r[2] == b"k1")
