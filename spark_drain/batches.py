@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from outbox.codec import decode_headers, encode_headers
+from outbox.codec import decode_headers
 from outbox.headers import ID_HEADER, resent_once
 from outbox.stores import grouped
 from outbox.stores.bulk import BulkMessage
@@ -36,7 +36,7 @@ MESSAGES = (
     "id LONG, msg_id STRING, topic STRING, key BINARY, value BINARY, headers BINARY, part INT, "
     "attempts INT, first_failed_at DOUBLE, last_error STRING, timestamp LONG"
 )
-_ID_ALONE = b""  # `headers` of a message whose only header is `outbox-id`, its value the msg_id
+_ID_ALONE = grouped.ID_ALONE_HEADERS  # `headers` of a message whose only header is `outbox-id`, its value the msg_id
 #: Names of `MESSAGES`' columns.
 MESSAGE_NAMES = tuple(c.split()[0] for c in MESSAGES.split(", "))
 #: A message of a grouped store: `MESSAGES`, and the row it was read from and that row's messages.
@@ -81,33 +81,31 @@ def _schema() -> pa.Schema:
 
 
 def _group_messages(groups: pa.RecordBatch) -> pa.RecordBatch:
-    """The messages of group rows as one message batch (headers encoded again: the common
-    `outbox-id` alone costs one short bytes join)."""
+    """The messages of group rows as one message batch (`grouped.columns_of`: the common
+    message's headers are not encoded again)."""
     import pyarrow as pa
 
-    cols: list[list[object]] = [[] for _ in range(len(MESSAGE_NAMES) + 2)]
+    cols: list[list[Any]] = [[] for _ in range(len(MESSAGE_NAMES) + 2)]
     ids, msg_ids, topics, keys, values, headers, parts, attempts, firsts, errors, stamps, gids, sizes = cols
     for gid, topic, body in zip(
         groups.column("id").to_pylist(), groups.column("topic").to_pylist(), groups.column("body").to_pylist(),
         strict=True,
     ):
-        found = grouped.decode(body, gid, topic, 0.0)
-        gids += [gid] * len(found)
-        sizes += [len(found)] * len(found)
-        for m in found:
-            h = m.headers
-            ids.append(m.id)
-            msg_ids.append(m.msg_id)
-            topics.append(topic)
-            keys.append(m.key)
-            values.append(m.value)
-            headers.append(_ID_ALONE if len(h) == 1 and h[0][0] == ID_HEADER and h[0][1] == m.msg_id.encode()
-                           else encode_headers(h))
-            parts.append(m.partition)
-            attempts.append(m.attempts)
-            firsts.append(m.first_failed_at)
-            errors.append(m.last_error)
-            stamps.append(m.timestamp)
+        i, m, k, v, h, p, a, f, e, t = grouped.columns_of(body, gid)
+        n = len(i)
+        ids += i
+        msg_ids += m
+        topics += [topic] * n
+        keys += k
+        values += v
+        headers += h
+        parts += p
+        attempts += a
+        firsts += f
+        errors += e
+        stamps += t
+        gids += [gid] * n
+        sizes += [n] * n
     schema = _schema()
     arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -31,7 +31,7 @@ import bisect
 import itertools
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import NamedTuple, overload
+from typing import Any, NamedTuple, overload
 
 from ..codec import TEXTS, decode_headers, encode_headers, text, utf8
 from ..headers import FIRST_ATTEMPT, ID_HEADER, for_resend, resent_once
@@ -147,6 +147,62 @@ def messages_of(body: bytes, group_id: int, topic: str, created_at: float) -> It
             mid, msg_id, topic, key, value, headers, part, pending, attempts, created_at, first_failed,
             first_failed if attempts else None, due, error, code if has_code else None, name, ts,
         ))
+
+
+#: `columns_of`'s headers of a message stored with the `outbox-id` header alone, its value the
+#: msg_id (an encoded header list is never empty: no headers at all is None).
+ID_ALONE_HEADERS = b""
+
+
+def columns_of(body: bytes, group_id: int) -> tuple[list[Any], ...]:
+    """A group's messages as columns, for a bulk reader that hands them on as arrays (the Spark
+    job, `spark_drain.batches`): ids, msg_ids, keys, values, encoded headers (`outbox.codec`;
+    `ID_ALONE_HEADERS` for the common message), partitions, attempts, first_failed_at,
+    last_error and record timestamps.
+
+    Why: building each message (`messages_of`) only to take it apart into columns, and encoding
+    its headers again, cost about half of the 3 µs a Spark executor spent per message here.
+    """
+    cols: tuple[list[Any], ...] = tuple([] for _ in range(10))
+    ids, msg_ids, keys, values, headers, parts, attempts, firsts, errors, stamps = cols
+    pos, end, size, unpack = 0, len(body), _HEAD.size, _HEAD.unpack_from
+    mid = group_id
+    cached = TEXTS.get
+    while pos < end:
+        lk, lv, lh, le, li, ln, part, tries, _, _, first, _, ts = unpack(body, pos)
+        pos += size
+        mid += 1
+        ids.append(mid)
+        if lk >= 0:
+            keys.append(body[pos : pos + lk])
+            pos += lk
+        else:
+            keys.append(None)
+        if lv >= 0:
+            values.append(body[pos : pos + lv])
+            pos += lv
+        else:
+            values.append(None)
+        if lh >= 0:
+            headers.append(body[pos : pos + lh])
+            pos += lh
+        else:
+            headers.append(ID_ALONE_HEADERS if lh == _ID_ALONE else None)
+        msg_ids.append(body[pos : pos + li].decode())
+        pos += li
+        if le >= 0:
+            raw = body[pos : pos + le]
+            errors.append(cached(raw) or text(raw))
+            pos += le
+        else:
+            errors.append(None)
+        if ln >= 0:
+            pos += ln  # the error's name: not re-sent
+        parts.append(part)
+        attempts.append(tries)
+        firsts.append(None if first != first else first)  # NaN: None
+        stamps.append(ts)
+    return cols
 
 
 def resends_of(body: bytes, topic: str) -> Iterator[Resend]:

@@ -23,7 +23,8 @@ COLUMNS = ("id", "msg_id", "topic", "key", "value", "headers", "part", "attempts
 
 def stored(path: Path) -> tuple[list[pa.RecordBatch], list[Resend]]:
     """A group of common messages (the `outbox-id` header alone; some with a "not sent" error
-    text) and single rows off the common path; (the rows as the job reads them, the SDK's re-sends)."""
+    text), single rows off the common path, and a group of such messages; (the rows as the job
+    reads them, the SDK's re-sends)."""
     common = [
         NewMessage("t", b"c-%d" % i, b"k%d" % (i % 3) if i % 4 else None,
                    [("outbox-id", b"c-%d" % i)] if i != 6 else [("app", b"x"), ("outbox-id", b"c-6")], i % 3 - 1,
@@ -43,11 +44,12 @@ def stored(path: Path) -> tuple[list[pa.RecordBatch], list[Resend]]:
         assert isinstance(store, SQLiteOutbox)
         store.enqueue(common)  # one group row
         store.enqueue(odd)  # too few for a group: one row each
+        store.enqueue([m._replace(msg_id=f"g{j}-{m.msg_id}") for j in range(4) for m in odd])  # a group of them
         sql = store.bulk_read().rows("status = 0", 0, 10**9)
         with store._snapshot() as c:
             rows = c.execute(sql).fetchall()
         expected = [resend(m) for m in store.claim("w", 100, 60.0, now=NOW + 10)]
-    assert len(rows) == 1 + len(odd) and len(expected) == len(common) + len(odd)
+    assert len(rows) == 1 + len(odd) + 1 and len(expected) == len(common) + 5 * len(odd)
     return [pa.RecordBatch.from_pydict(dict(zip(COLUMNS, map(list, zip(*rows, strict=True)), strict=True)))], expected
 
 
@@ -72,12 +74,14 @@ def test_a_send_tasks_resends_are_the_sdks_re_sends_of_the_same_rows(tmp_path: P
 def test_a_chunks_messages_read_one_by_one_are_re_sent_the_same(tmp_path: Path) -> None:
     read, expected = stored(tmp_path / "outbox.db")
     parts = list(chunks(iter(in_id_order(list(explode_batches(iter(read))))), 10))
-    assert [len(p) for p in parts] == [10, 10, 5]
+    assert [len(p) for p in parts] == [10, 10, 10, 10, 5]
     assert [resend(m) for p in parts for m in p] == expected
     first = parts[0]
     assert first[0].headers == [("outbox-id", b"c-0")] and first[0].timestamp == STAMP
     assert first.groups.tolist() == [first.ids()[0] - 1] * 10 and first.sizes.tolist() == [20] * 10
-    assert parts[2].sizes.tolist() == [1] * 5 and parts[2].groups.tolist() == parts[2].ids()
+    singles, group = parts[2].ids()[:5], parts[2].ids()[5:]
+    assert parts[2].sizes.tolist() == [1] * 5 + [20] * 5
+    assert parts[2].groups.tolist() == singles + [group[0] - 1] * 5
 
 
 def test_messages_left_out_of_a_chunk_keep_the_others_in_order(tmp_path: Path) -> None:
