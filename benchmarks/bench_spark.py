@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -75,17 +76,69 @@ class Outboxes:
         return url
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """(wall seconds, CPU seconds of the process and its children, stdout) of one command."""
+def tree(pid: int) -> list[int]:
+    """A process and all its descendants now (/proc)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            continue
+        found.append(p)
+    return found
+
+
+def _status(pid: int, field: str) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(field + ":")), "")
+    except FileNotFoundError:
+        return ""
+
+
+def live_heap(pid: int) -> int:
+    """Bytes a JVM's live objects hold: `jcmd GC.class_histogram` collects the heap first (so the
+    JVM's resident size, which tells how far its heap has grown, is not what is measured)."""
+    out = subprocess.run(["jcmd", str(pid), "GC.class_histogram"], capture_output=True, text=True, timeout=60)
+    total = [line.split() for line in out.stdout.splitlines() if line.startswith("Total")]
+    return int(total[-1][2]) if total else 0
+
+
+def timed(
+    cmd: list[str], env: dict[str, str], *, heap_every: float | None = None
+) -> tuple[float, float, str, int, int]:
+    """(wall seconds, CPU seconds of the process and its children, stdout, peak resident bytes of
+    the process and its descendants, sampled every 0.1 s, and the peak of its JVMs' live heaps,
+    sampled every `heap_every` seconds when given: each sample is a full collection) of one command."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peak = [0, 0]
+
+    def sample() -> None:
+        next_heap = time.monotonic() + (heap_every or 0)
+        while proc.poll() is None:
+            pids = tree(proc.pid)
+            peak[0] = max(peak[0], sum(int((_status(p, "VmRSS") or "0 kB").split()[0]) * 1024 for p in pids))
+            if heap_every is not None and time.monotonic() >= next_heap:
+                jvms = [p for p in pids if _status(p, "Name") == "java"]
+                peak[1] = max([peak[1], *(live_heap(p) for p in jvms)])
+                next_heap = time.monotonic() + heap_every
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = proc.communicate(timeout=3600)
     wall = time.perf_counter() - started
+    sampler.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])} failed ({out.returncode}): {out.stderr[-2000:]}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} failed ({proc.returncode}): {stderr[-2000:]}")
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    return wall, cpu, out.stdout
+    return wall, cpu, stdout, peak[0], peak[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -95,23 +148,28 @@ def _env(**extra: str) -> dict[str, str]:
                 SPARK_LOCAL_IP="127.0.0.1", **extra)
 
 
-def spark_drain(url: str, bootstrap: str, master: str, cores_max: int | None = None) -> tuple[float, float]:
-    """(wall, CPU) of `python -m spark_drain` draining `url` to empty."""
+def spark_drain(
+    url: str, bootstrap: str, master: str, cores_max: int | None = None, *, heap_every: float | None = None
+) -> tuple[float, float, int, int]:
+    """(wall, CPU, the driver's peak resident bytes, its JVM's peak live heap) of
+    `python -m spark_drain` draining `url` to empty. The driver is the Python process and its
+    JVM: on a standalone cluster the executors run in the workers' JVMs, in `local[*]` in the
+    driver's."""
     extra = {}
     if cores_max is not None:  # one core per executor on the test bed's workers
         extra["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.cores.max={cores_max} pyspark-shell"
-    wall, cpu, out = timed(
+    wall, cpu, out, peak, heap = timed(
         [sys.executable, "-m", "spark_drain", "--master", master, "--outbox", url, "--bootstrap-servers",
-         bootstrap, "--partitions", "2"], _env(**extra),
+         bootstrap, "--partitions", "2"], _env(**extra), heap_every=heap_every,
     )
     assert "TOTAL" in out, out
-    return wall, cpu
+    return wall, cpu, peak, heap
 
 
 def cli_drain(url: str, bootstrap: str) -> tuple[float, float]:
     """(wall, CPU) of `outbox drain --until-empty` draining `url`."""
     code = "from outbox_cli.main import main; main()"
-    wall, cpu, _ = timed(
+    wall, cpu, _, _, _ = timed(
         [sys.executable, "-c", code, "drain", "--outbox", url, "-b", bootstrap, "--until-empty"], _env()
     )
     return wall, cpu
@@ -140,6 +198,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="bench-spark-")
     walls: dict[str, list[float]] = {"spark local[2]": [], "outbox drain": []}
     cpus: dict[str, list[float]] = {"spark local[2]": [], "outbox drain": []}
+    driver_memory: dict[int, tuple[int, int]] = {}  # rows -> the standalone driver's peak (resident, live heap)
     try:
         boxes = Outboxes("sqlite", rows, args.keys, topic, work, None)
         for rep in range(args.reps):
@@ -148,7 +207,7 @@ def main() -> None:
                 if name == "outbox drain":
                     wall, cpu = cli_drain(url, bootstrap)
                 else:
-                    wall, cpu = spark_drain(url, bootstrap, "local[2]")
+                    wall, cpu, _, _ = spark_drain(url, bootstrap, "local[2]")
                 walls[name].append(wall)
                 cpus[name].append(cpu)
                 print(f"rep {rep + 1}: {name}: {wall:.1f} s ({rows / wall:,.0f} rows/s)", file=sys.stderr, flush=True)
@@ -160,9 +219,16 @@ def main() -> None:
                 for n in (1, 2):
                     name = f"standalone, {n} executor(s)"
                     url = boxes.fresh()
-                    wall, cpu = spark_drain(url, bootstrap, sa.master_url, cores_max=n)
+                    wall, cpu, _, _ = spark_drain(url, bootstrap, sa.master_url, cores_max=n)
                     walls[name], cpus[name] = [wall], [cpu]
                     print(f"{name}: {wall:.1f} s", file=sys.stderr, flush=True)
+                    os.remove(url.removeprefix("sqlite:///"))
+                # The driver's memory at the backlog and at a tenth of it, in runs of their own (a
+                # live-heap sample is a full collection): nothing on the driver grows with the rows.
+                for box in (Outboxes("sqlite", rows // 10, args.keys, topic, work, None), boxes):
+                    url = box.fresh()
+                    _, _, rss, heap = spark_drain(url, bootstrap, sa.master_url, cores_max=2, heap_every=2.0)
+                    driver_memory[box.rows] = (rss, heap)
                     os.remove(url.removeprefix("sqlite:///"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -182,10 +248,18 @@ def main() -> None:
           "its JVM and the Python workers under it are not waited for): a lower bound for Spark")
     verdict = "met" if spark <= 1.5 * cli else "NOT met"
     print(f"target: spark local[2] <= 1.5x outbox drain: {verdict} ({spark / cli:.2f}x)")
+    if driver_memory:
+        print("the driver on the standalone cluster (its Python process and JVM; the executors run in the workers), "
+              "peaks: resident (how far the JVM's heap grew) / the JVM's live heap (after a full collection, "
+              "every 2 s)")
+        for n, (rss, heap) in sorted(driver_memory.items()):
+            print(f"  {n:>9,} rows: {rss / 2**20:,.0f} MB resident, {heap / 2**20:,.1f} MB live heap")
     if "standalone, 1 executor(s)" in walls:
         print(paper(rows / walls["standalone, 1 executor(s)"][0], rows / walls["standalone, 2 executor(s)"][0]))
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"args": vars(args), "walls": walls, "cpus": cpus}, indent=2))
+        Path(args.json_path).write_text(json.dumps(
+            {"args": vars(args), "walls": walls, "cpus": cpus, "driver_memory_bytes": driver_memory}, indent=2
+        ))
 
 
 def paper(one: float, two: float) -> str:
