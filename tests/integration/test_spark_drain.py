@@ -211,6 +211,41 @@ def test_a_row_kafka_rejects_for_good_is_dead_lettered_not_retried(
     assert run_job(spark, opts(url, kafka_bootstrap)).total.read == 0
 
 
+def test_a_message_dead_lettered_inside_a_split_group_leaves_the_rest_delivered_once(
+    spark: Any, tmp_path: Path, kafka_bootstrap: str, make_topic: Callable[..., str],
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """One message of a SQLite group that both send tasks share is refused for good: its task
+    settles the failure at once (the group becomes one-message rows), the settle stage deletes
+    the other messages delivered from the group by both tasks, and only the refused one is left,
+    as a dead letter."""
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    small = make_topic(partitions=2, config={"max.message.bytes": "4096"})
+    keys = 20
+    stored = [
+        NewMessage(small, b"x" * 20000 if i == 25 else f"k{i % keys}:{i // keys + 1}".encode(),
+                   f"k{i % keys}".encode(), msg_id=f"s-{i}")
+        for i in range(200)
+    ]
+    with open_outbox(url) as store:
+        store.enqueue(stored)
+        assert store.capabilities.grouped_rows
+    with sqlite3.connect(tmp_path / "outbox.db") as c:
+        assert c.execute("SELECT COUNT(*), MAX(n) FROM outbox").fetchone() == (1, 200)  # one group
+
+    report = run_job(spark, opts(url, kafka_bootstrap, max_attempts=5, retry_delay=0))
+
+    assert (report.total.read, report.total.delivered, report.total.dead, report.total.left) == (200, 199, 1, 0)
+    with open_outbox(url, create=False) as store:
+        assert [d.msg_id for d in store.list_dead()] == ["s-25"]
+        assert store.stats(now=time.time() + 3600).pending == 0
+    got = consume_all(small, 199, timeout=60)
+    assert sorted(header(m, "outbox-id") for m in got) == sorted(f"s-{i}".encode() for i in range(200) if i != 25)
+    for k in range(keys):
+        seqs = [int(m.value().split(b":")[1]) for m in got if m.key() == f"k{k}".encode()]
+        assert seqs == [s for s in range(1, 11) if (k, s) != (5, 2)]
+
+
 def in_topic(bootstrap: str, topic: str) -> int:
     """How many records the topic's partitions hold (their high watermarks)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
