@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from outbox.codec import decode_headers
 from outbox.headers import ID_HEADER, resent_once
@@ -145,13 +145,7 @@ class MessageChunk(LazyClaim[BulkMessage]):
     def __len__(self) -> int:
         return len(self.id_array)
 
-    @overload
-    def __getitem__(self, i: int) -> BulkMessage: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[BulkMessage]: ...
-    def __getitem__(self, i: int | slice) -> BulkMessage | list[BulkMessage]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+    def _read(self, i: int) -> BulkMessage:
         id_, msg_id, topic, key, value, hs, part, att, first, err, ts = (c[i] for c in self.cols)
         return BulkMessage(
             id_, msg_id, topic, key, value,
@@ -171,7 +165,7 @@ class MessageChunk(LazyClaim[BulkMessage]):
                     (id_header, msg_id.encode()), err
                 )
             else:
-                yield resend(self[i])
+                yield resend(self._read(i))
 
     def part(self, start: int, stop: int) -> MessageChunk:
         """Messages [start, stop)."""

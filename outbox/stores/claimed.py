@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from ..records import Headers, OutboxMessage
 
@@ -33,6 +33,24 @@ class LazyClaim(Sequence[M], abc.ABC, Generic[M]):
     def resends(self, resend: Callable[[M], Resend]) -> Iterable[Resend]:
         """What re-sending the messages produces, in order; `resend` for any message the store
         cannot read a re-send from directly."""
+
+    @abc.abstractmethod
+    def _read(self, i: int) -> M:
+        """The message at index `i`, 0 <= i < len(self)."""
+
+    @overload
+    def __getitem__(self, i: int) -> M: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[M]: ...
+    def __getitem__(self, i: int | slice) -> M | list[M]:
+        n = len(self)
+        if isinstance(i, slice):
+            return [self._read(j) for j in range(*i.indices(n))]
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("claimed message index out of range")
+        return self._read(i)
 
     @abc.abstractmethod
     def ids(self) -> list[int]:

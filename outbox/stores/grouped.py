@@ -31,7 +31,7 @@ import bisect
 import itertools
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple, overload
+from typing import Any, NamedTuple
 
 from ..codec import TEXTS, decode_headers, encode_headers, text, utf8
 from ..headers import FIRST_ATTEMPT, ID_HEADER, for_resend, resent_once
@@ -314,17 +314,7 @@ class Claimed(LazyClaim[OutboxMessage]):
             for p in self._parts
         )
 
-    @overload
-    def __getitem__(self, i: int) -> OutboxMessage: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[OutboxMessage]: ...
-    def __getitem__(self, i: int | slice) -> OutboxMessage | list[OutboxMessage]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._len))]
-        if i < 0:
-            i += self._len
-        if not 0 <= i < self._len:
-            raise IndexError("claimed message index out of range")
+    def _read(self, i: int) -> OutboxMessage:
         at = bisect.bisect_right(self._starts, i) - 1
         p = self._parts[at]
         if type(p) is not Group:

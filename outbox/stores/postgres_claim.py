@@ -9,7 +9,7 @@ and a message is built only when one is read (a batch with failures, a listener)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, overload
+from typing import Any
 
 from ..codec import decode_headers, encode_headers
 from ..headers import FIRST_ATTEMPT, ID_HEADER, resent_once
@@ -60,13 +60,7 @@ class ClaimedRows(LazyClaim[OutboxMessage]):
     def __iter__(self) -> Iterator[OutboxMessage]:
         return map(message_of, self._rows)
 
-    @overload
-    def __getitem__(self, i: int) -> OutboxMessage: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[OutboxMessage]: ...
-    def __getitem__(self, i: int | slice) -> OutboxMessage | list[OutboxMessage]:
-        if isinstance(i, slice):
-            return [message_of(r) for r in self._rows[i]]
+    def _read(self, i: int) -> OutboxMessage:
         return message_of(self._rows[i])
 
     def ids(self) -> list[int]:
