@@ -25,6 +25,7 @@ from outbox.stores.postgres import PostgresOutbox
 from outbox.stores.postgres_claim import ClaimedRows
 from outbox.urls import StoreURL, parse_url
 
+from ..resend_cases import odd_messages
 from ..waiting import wait_until
 
 SECRET = "s3cr3t-pw"
@@ -567,14 +568,7 @@ def test_a_claims_resends_are_what_resending_each_of_its_messages_gives(store: P
                    0, None, "_TRANSPORT (-195): down" if i % 2 else None, 0.0, None, None, stamp + i)
         for i in range(4)
     ]
-    odd = [  # off the common path: headers of their own, none, another id, failed before, no value
-        NewMessage("t", b"v", b"k", [("app", b"1"), ("outbox-attempt", b"3"), ("outbox-id", b"odd-0")], 2,
-                   "odd-0", 2, now - 9, "_MSG_TIMED_OUT (-192): slow", now, -192, "_MSG_TIMED_OUT", stamp),
-        NewMessage("t", None, b"", [], -1, "odd-1"),
-        NewMessage("t", b"v", None, [("outbox-id", b"other")], -1, "odd-2"),
-        NewMessage("t", b"v", None, [("outbox-id", b"odd-4")], -1, "odd-4", 0, now - 1),
-        NewMessage("t", b"v", None, [("outbox-id", b"odd-5")], 0, "odd-5", 1, None, None, now),
-    ]
+    odd = odd_messages(now, stamp)  # off the common path
     store.enqueue(common + odd)
     claimed = store.claim("w", 100, 60.0, now=now + 10)
     assert isinstance(claimed, ClaimedRows)

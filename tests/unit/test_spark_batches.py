@@ -14,6 +14,8 @@ from outbox.stores.claimed import Resend
 from outbox.stores.sqlite import SQLiteOutbox
 from spark_drain.batches import MessageChunk, chunks, explode_batches
 
+from ..resend_cases import odd_messages
+
 NOW = 1_000_000.0
 STAMP = 1_795_634_888_790
 #: `BulkRead.rows`' columns, as the job's JDBC read names them.
@@ -31,14 +33,7 @@ def stored(path: Path) -> tuple[list[pa.RecordBatch], list[Resend]]:
                    f"c-{i}", 0, None, "_TRANSPORT (-195): down" if i % 2 else None, 0.0, None, None, STAMP + i)
         for i in range(20)
     ]  # one of them with a header of its own
-    odd = [  # headers of their own, none, another id, failed before, no value
-        NewMessage("t", b"v", b"k", [("app", b"1"), ("outbox-attempt", b"3"), ("outbox-id", b"odd-0")], 2,
-                   "odd-0", 2, NOW - 9, "_MSG_TIMED_OUT (-192): slow", NOW, -192, "_MSG_TIMED_OUT", STAMP),
-        NewMessage("t", None, b"", [], -1, "odd-1"),
-        NewMessage("t", b"v", None, [("outbox-id", b"other")], -1, "odd-2"),
-        NewMessage("t", b"v", None, [("outbox-id", b"odd-4")], -1, "odd-4", 0, NOW - 1),
-        NewMessage("t", b"v", None, [("outbox-id", b"odd-5")], 0, "odd-5", 1, None, None, NOW),
-    ]
+    odd = odd_messages(NOW, STAMP)[:5]  # off the common path
     url = f"sqlite:///{path}"
     with open_outbox(url) as store:
         assert isinstance(store, SQLiteOutbox)

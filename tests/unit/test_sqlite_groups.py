@@ -17,6 +17,7 @@ from outbox.stores.base import Failure, Settlement
 from outbox.stores.claimed import ids_of
 from outbox.stores.sqlite import SQLiteOutbox
 
+from .. import resend_cases
 from ..old_schema import sqlite_v5, v5_body
 
 NOW = 1_000_000.0
@@ -131,19 +132,8 @@ def test_a_claim_reads_its_groups_as_decoded_messages_by_iteration_index_and_sli
 
 
 def odd_messages() -> list[NewMessage]:
-    """Messages off the drain's common path: headers of their own (earlier retry headers among
-    them), none at all, an id header that is not the msg_id, an error text without an attempt,
-    a first failure without one, no value, an empty key."""
-    return [
-        NewMessage("t", b"v", b"k", [("app", b"1"), ("outbox-attempt", b"3"), ("outbox-id", b"odd-0")], 2,
-                   "odd-0", 2, NOW - 9, "_MSG_TIMED_OUT (-192): slow", NOW, -192, "_MSG_TIMED_OUT", STAMP),
-        NewMessage("t", None, b"", [], -1, "odd-1"),
-        NewMessage("t", b"v", None, [("outbox-id", b"other")], -1, "odd-2"),
-        NewMessage("t", b"v", None, [("outbox-id", b"odd-3")], -1, "odd-3", 0, None, "_TRANSPORT (-195): down"),
-        NewMessage("t", b"v", None, [("outbox-id", b"odd-4")], -1, "odd-4", 0, NOW - 1),
-        NewMessage("t", b"v", None, [("outbox-id", b"odd-5"), ("app", None)], 0, "odd-5", 1, NOW - 2, None, NOW,
-                   None, "_TRANSPORT"),
-    ]
+    """`tests.resend_cases.odd_messages` at this module's time and timestamp."""
+    return resend_cases.odd_messages(NOW, STAMP)
 
 
 def test_a_claims_resends_are_what_resending_each_of_its_messages_gives(store: SQLiteOutbox) -> None:
