@@ -333,7 +333,8 @@ def cpu_by_stage(
     application's, the drain's, is compared stage for stage with the baseline's application
     thread). Returns text, markdown, rows."""
     medians = {key: stage_medians(runs.get(key, [])) for _, key, _ in rows}
-    used = [s for s in (*(st for _, st in STAGES), OTHER) if any(m and m.get(s, 0) >= 0.05 for m in medians.values())]
+    stages = dict.fromkeys((*(st for _, st in STAGES), OTHER))  # in order, each once: two prefixes share a stage
+    used = [s for s in stages if any(m and m.get(s, 0) >= 0.05 for m in medians.values())]
     head = ["scenario", *used, "this process", BROKERS, "msgs/batch", "more than its baseline, by stage"]
     cells: list[list[str]] = []
     out: list[Result] = []
@@ -971,7 +972,7 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
                 ratio=ratio(f"raw_cb/{size}", f"raw/{size}"),
                 target="(vs R0)",
             )
-        for name, label, aside, base in (
+        for name, label, aside, baseline in (
             ("fallback", "fallback mode, happy path", " (aim >= 0.90)", "raw_hdr"),
             (
                 "fallback_oe", "fallback, happy path, delivery.report.only.error", "; on_delivery hears failures only",
@@ -983,7 +984,7 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
             for key, build in ((f"{name}/{size}", ""), (f"{name}_c/{size}", COMPILED_LABEL)):
                 if key not in summary:
                     continue
-                r1 = ratio(key, f"{base}/{size}")
+                r1 = ratio(key, f"{baseline}/{size}")
                 r0 = ratio(key, f"raw/{size}")
                 spilled = med(runs[key], "outboxed")
                 note = f"vs R0: {r0:.2f}{aside}" if r0 else ""
