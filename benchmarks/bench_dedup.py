@@ -34,7 +34,7 @@ from outbox import ResilientConsumer, RetryTopics
 from outbox.testing import KafkaCluster
 from outbox.testing.cluster import create_topic
 
-from .bench_consumer import Counter, Sample, measure
+from .bench_consumer import FULL_SPEED_FETCH, Counter, Sample, measure
 
 LOOPS = ("plain", "dedup", "dedup-tx")
 
@@ -70,7 +70,7 @@ def run(bootstrap: str, topic: str, n: int, store: str, loop: str) -> Sample:
         def handler(m: Message, tx: Any) -> None:
             counter(m)
     rc = ResilientConsumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"bench-dedup-{uuid.uuid4().hex[:8]}"},
+        {"bootstrap.servers": bootstrap, "group.id": f"bench-dedup-{uuid.uuid4().hex[:8]}", **FULL_SPEED_FETCH},
         topics=[topic], handler=handler, strategy=RetryTopics(delays=[0.0]), outbox=store, dedup=loop != "plain",
     )
 
