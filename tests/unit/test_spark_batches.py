@@ -33,7 +33,8 @@ def stored(path: Path) -> tuple[list[pa.RecordBatch], list[Resend]]:
                    f"c-{i}", 0, None, "_TRANSPORT (-195): down" if i % 2 else None, 0.0, None, None, STAMP + i)
         for i in range(20)
     ]  # one of them with a header of its own
-    odd = odd_messages(NOW, STAMP)[:5]  # off the common path
+    # Off the common path; five of them, so that the chunk sizes below come out as 45 messages.
+    odd = odd_messages(NOW, STAMP)[:5]
     url = f"sqlite:///{path}"
     with open_outbox(url) as store:
         assert isinstance(store, SQLiteOutbox)
