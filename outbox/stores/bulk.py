@@ -95,11 +95,14 @@ class BulkRead:
         grouped: a row may hold a group of messages (its `n` and `body` columns).
         schema: column types the reader must be told ("name TYPE, ...": sqlite-jdbc reports a
             BIGINT as DECIMAL, and no type for an expression column).
+        body_table: where a group's `body` and `keys` are, by the group's id (SQLite's
+            `outbox_body`); None: in the row itself (PostgreSQL).
     """
 
     table: str
     grouped: bool
     schema: str
+    body_table: str | None = None
 
     @property
     def count(self) -> str:
@@ -142,10 +145,12 @@ class BulkRead:
     def rows(self, where: str, lo: int, hi: int) -> str:
         """The selected rows with ids in [lo, hi], each row's columns as `explode` reads them."""
         columns = ", ".join(MESSAGE_COLUMNS)
-        if self.grouped:
-            # A group's body (outbox_body), read where the row is exploded; one-message rows have none.
+        if self.grouped and self.body_table is None:
+            columns += ", n, body"  # NULL in a one-message row
+        elif self.grouped:
+            # A group's body, read where the row is exploded; one-message rows have none.
             columns += (
-                f", n, CASE WHEN n > 1 THEN (SELECT b.body FROM outbox_body AS b WHERE b.id = {self.table}.id) "
+                f", n, CASE WHEN n > 1 THEN (SELECT b.body FROM {self.body_table} AS b WHERE b.id = {self.table}.id) "
                 "END AS body"
             )
         return f"SELECT {columns} FROM {self.table} WHERE {where} AND id BETWEEN {lo} AND {hi}"
@@ -165,9 +170,13 @@ class BulkRead:
         """Columns id, topic, keys of the blocking groups (`explode_keys` reads them); None: no groups."""
         if not self.grouped:
             return None
+        if self.body_table is None:
+            return (
+                f"SELECT id, topic, keys FROM {self.table} WHERE n > 1 AND keys IS NOT NULL AND {blocked_where}"
+            )
         return (
             f"SELECT o.id AS id, o.topic AS topic, b.keys AS keys FROM {self.table} AS o "
-            f"JOIN outbox_body AS b ON b.id = o.id WHERE o.n > 1 AND b.keys IS NOT NULL AND o.id IN "
+            f"JOIN {self.body_table} AS b ON b.id = o.id WHERE o.n > 1 AND b.keys IS NOT NULL AND o.id IN "
             f"(SELECT id FROM {self.table} WHERE {blocked_where})"
         )
 

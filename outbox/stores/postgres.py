@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError, StoreError
 from ..owners import Liveness, describe_owner, local_liveness, parse_owner
 from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status
+from . import grouped
 from .base import (
     COLUMNS,
     INSERT_COLUMNS,
@@ -76,7 +77,8 @@ from .base import (
     insert_values,
     row_from_columns,
 )
-from .postgres_claim import ClaimedRows, Row
+from .grouping import NewGroup, prepare
+from .postgres_claim import ClaimedRows, Row, message_of
 from .postgres_schema import NEXT_DUE_SQL, SCHEMA_VERSION
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
@@ -101,9 +103,14 @@ _COPY_TYPES = ["int8", *(
      "bigint": "int8"}[_TYPES[c]]
     for c in INSERT_COLUMNS
 )]
-_COPY_TYPES.append("float8")  # ready_at
-_COPY = "COPY {t} (id, " + ", ".join(INSERT_COLUMNS) + ", ready_at) FROM STDIN (FORMAT BINARY)"
+_COPY_TYPES += ["float8", "int4", "bytea", "bytea"]  # ready_at, n, body, keys
+_COPY = "COPY {t} (id, " + ", ".join(INSERT_COLUMNS) + ", ready_at, n, body, keys) FROM STDIN (FORMAT BINARY)"
 _NEXT_ATTEMPT = INSERT_COLUMNS.index("next_attempt_at")
+# A row's group columns: n, body, keys (a one-message row's).
+_SINGLE = (1, None, None)
+# What a claim selects: `COLUMNS`, then the group columns at these positions.
+_CLAIMED = f"{COLUMNS}, n, body, keys"
+N, BODY, KEYS = 17, 18, 19
 
 # Rows due at %s (both placeholders: the same time): found on the ready_at index, judged exactly.
 _DUE = "status = 0 AND ready_at <= %s AND next_attempt_at <= %s"
@@ -142,6 +149,10 @@ def _id_array(ids: Sequence[int]) -> str:
     return "{" + ",".join(map(str, ids)) + "}"
 
 
+def _row_id(r: Row) -> int:
+    return int(r[0])
+
+
 # Up to this many due rows, claim sorts them instead of walking the pending rows in id order.
 _SORT_DUE_UP_TO = 5_000
 
@@ -160,7 +171,7 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         StoreNotFoundError: `create` is False and the outbox table does not exist.
     """
 
-    capabilities = Capabilities(transactional_enqueue=True, owner_liveness=True, bulk_read=True)
+    capabilities = Capabilities(transactional_enqueue=True, owner_liveness=True, grouped_rows=True, bulk_read=True)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -172,28 +183,65 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         lease_owner: str | None,
         lease_until: float | None,
         now: float,
+        *,
+        lock_ids: bool = False,
     ) -> list[int]:
+        """Store `messages` (as groups where `outbox.stores.grouping` says so); their ids, in order.
+
+        Ids are drawn from the table's identity sequence first, then the rows are streamed with
+        binary COPY (one round trip each; ~5x the rows/s of a multi-row INSERT of the same
+        rows). Sorted ids follow the input order, which is what orders a key's rows, even when
+        other writers draw ids at the same time.
+
+        A group takes n + 1 consecutive ids: its own, then its messages'. Another writer drawing
+        at the same moment can break the run; then the group's messages are stored one row each
+        with the ids drawn, which are as good. `lock_ids` (an autocommit write: the lock ends
+        with the statement) draws under a lock per table, so that concurrent spills keep their
+        groups; inside a transaction it would be held until the commit, so it is not taken.
+        """
         if not messages:
             return []
         if lease_owner is not None and lease_until is not None:
             self._hold_owner(str(lease_owner))
-        # Ids are drawn from the table's identity sequence first, then the rows are streamed
-        # with binary COPY (one round trip each; ~5x the rows/s of a multi-row INSERT of the
-        # same rows). Sorted ids follow the input order, which is what orders a key's rows,
-        # even when other writers draw ids at the same time.
-        ids = sorted(
-            r[0] for r in conn.execute(
-                "SELECT nextval(%s::regclass) FROM generate_series(1, %s)", [self._id_seq, len(messages)]
-            ).fetchall()
-        )
+        parts = prepare(messages, status, lease_owner, lease_until, now)
+        count = sum(p.n + 1 if isinstance(p, NewGroup) else len(p) for p in parts)
+        if lock_ids and any(isinstance(p, NewGroup) for p in parts):
+            draw = conn.execute(
+                "SELECT nextval(%s::regclass) FROM (SELECT pg_advisory_xact_lock(%s)) AS l, generate_series(1, %s)",
+                [self._id_seq, self._id_lock, count],
+            )
+        else:
+            draw = conn.execute("SELECT nextval(%s::regclass) FROM generate_series(1, %s)", [self._id_seq, count])
+        ids = sorted(r[0] for r in draw.fetchall())
+        stored: list[int] = []
         with conn.cursor().copy(_COPY.format(t=self._t)) as copy:
             copy.set_types(_COPY_TYPES)
             write = copy.write_row
-            # ready_at: next_attempt_at, or for a row born leased its due time without the lease.
-            for i, m in zip(ids, messages, strict=True):
-                v = insert_values(m, status, lease_owner, lease_until, now)
-                write((i, *v, min(m.next_attempt_at, v[_NEXT_ATTEMPT])))
-        return ids
+            at = 0  # the next id to use
+            pos = 0  # the next message
+            for part in parts:
+                if isinstance(part, NewGroup):
+                    gid, n = ids[at], part.n
+                    if ids[at + n] == gid + n:
+                        write((gid, "", part.topic, None, None, None, -1, int(status), 0, now, None, None,
+                               part.due, None, None, None, part.owner, 0, part.ready_at, n, part.body, part.keys))
+                        stored += range(gid + 1, gid + n + 1)
+                        at += n + 1
+                        pos += n
+                        continue
+                    until = part.due if part.owner is not None else None
+                    rows = [insert_values(m, status, part.owner, until, now) for m in part.messages]
+                    at += 1  # the group's own id, not needed
+                else:
+                    rows = part
+                for v in rows:
+                    # ready_at: next_attempt_at, or for a row born leased its due time without the lease.
+                    i = ids[at]
+                    write((i, *v, min(messages[pos].next_attempt_at, v[_NEXT_ATTEMPT]), *_SINGLE))
+                    stored.append(i)
+                    at += 1
+                    pos += 1
+        return stored
 
     def enqueue(
         self,
@@ -205,10 +253,12 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         if not messages:
             return []
         with self._conn() as conn:
-            return self._insert(conn, messages, Status.PENDING, lease_owner, lease_until, time.time())
+            return self._insert(
+                conn, messages, Status.PENDING, lease_owner, lease_until, time.time(), lock_ids=True
+            )
 
     def bulk_read(self) -> BulkRead:
-        return BulkRead(table=self._t, grouped=False, schema="timestamp LONG")
+        return BulkRead(table=self._t, grouped=True, schema="timestamp LONG, n LONG, body BINARY")
 
     def enqueue_in_transaction(self, conn: Any, messages: Sequence[NewMessage]) -> list[int]:
         """Write PENDING rows with the caller's own open psycopg connection; never commit.
@@ -331,6 +381,91 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         )
         return sorted((row_from_columns(r) for r in cur.fetchall()), key=lambda m: m.id)
 
+    def _groups_touched(self, conn: psycopg.Connection[Any], settlement: Settlement) -> list[tuple[int, int]]:
+        """(id, n) of the group rows whose messages the settlement names (on the group index)."""
+        touched = [*settlement.delivered, *settlement.released, *(f.id for f in settlement.failures)]
+        if not touched:
+            return []
+        return conn.execute(
+            f"SELECT id, n FROM {self._t} WHERE n > 1 AND id BETWEEN %s AND %s AND status = 0",
+            [min(touched) - grouped.GROUP_MAX - 1, max(touched)],
+        ).fetchall()
+
+    def _settle_groups(
+        self, conn: psycopg.Connection[Any], settlement: Settlement, now: float, found: Sequence[tuple[int, int]]
+    ) -> tuple[int, list[int]]:
+        """The groups among a settlement's messages: deleted when every message of one was
+        delivered, released as one row when every message was given back, else exploded into
+        one-message rows (less the delivered ones) that the rest of `apply` settles like any row.
+
+        Returns how many delivered messages left with their groups, and the delivered ids that
+        are not these groups' (one-message rows, for `_delete`)."""
+        delivered = set(settlement.delivered)
+        released = set(settlement.released)
+        other = {f.id for f in settlement.failures} | released
+        whole: list[int] = []
+        members: set[int] = set()
+        gone = 0
+        for gid, n in found:
+            ids = range(gid + 1, gid + n + 1)
+            if delivered.issuperset(ids):
+                whole.append(gid)
+                members.update(ids)
+            elif released.issuperset(ids):
+                # Given back whole (a stop, the cluster gone, a drain's next batch not sent): the
+                # group stays one row, due now.
+                conn.execute(
+                    f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s, ready_at = %s "
+                    "WHERE id = %s AND status = 0",
+                    [now, now, gid],
+                )
+            else:
+                done = delivered.intersection(ids)
+                if done or not other.isdisjoint(ids):
+                    self._explode(conn, gid, skip=done)
+                    gone += len(done)
+                    members.update(done)
+        if whole:
+            gone += sum(r[0] for r in conn.execute(
+                f"DELETE FROM {self._t} WHERE id = ANY(%s::bigint[]) AND n > 1 AND status = 0 RETURNING n",
+                [_id_array(whole)],
+            ).fetchall())
+        rest = [i for i in settlement.delivered if i not in members] if members else list(settlement.delivered)
+        return gone, rest
+
+    def _explode(self, conn: psycopg.Connection[Any], gid: int, *, skip: Collection[int] = ()) -> int:
+        """Replace a group row with one row per message (their own ids; lease and created_at
+        kept), leaving out the ids in `skip`. Returns how many rows it wrote.
+
+        Run in a transaction: the group row is locked until it commits."""
+        row = conn.cursor(binary=True).execute(
+            f"SELECT topic, created_at, next_attempt_at, lease_owner, body FROM {self._t} "
+            "WHERE id = %s AND n > 1 AND status = 0 FOR UPDATE",
+            [gid],
+        ).fetchone()
+        if row is None:
+            return 0
+        topic, created_at, due, owner, body = row
+        conn.execute(f"DELETE FROM {self._t} WHERE id = %s", [gid])
+        until = due if owner is not None else None
+        written = 0
+        with conn.cursor().copy(_COPY.format(t=self._t)) as copy:
+            copy.set_types(_COPY_TYPES)
+            for m in grouped.decode(bytes(body), gid, topic, created_at):
+                if m.id not in skip:
+                    v = insert_values(grouped.as_new(m), Status.PENDING, owner, until, created_at)
+                    # ready_at: the message's own due time (the group's is its latest message's).
+                    copy.write_row((m.id, *v, min(m.next_attempt_at, v[_NEXT_ATTEMPT]), *_SINGLE))
+                    written += 1
+        return written
+
+    def explode_groups(self) -> int:
+        """Store every pending group as one-message rows; return how many rows that wrote (for a
+        reader of the table that cannot decode a group, as `SQLiteOutbox.explode_groups`)."""
+        with self._tx() as conn:
+            gids = [r[0] for r in conn.execute(f"SELECT id FROM {self._t} WHERE n > 1").fetchall()]
+            return sum(self._explode(conn, gid) for gid in gids)
+
     def apply(
         self,
         settlement: Settlement,
@@ -343,13 +478,20 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         if not settlement and not new:
             return Applied([], 0, [])
         if not (new or settlement.failures or settlement.released):
-            # The common settlement, a delivered batch: one set-based DELETE that commits on its
-            # own (autocommit), without the BEGIN and COMMIT round trips of a transaction.
+            # The common settlement, a delivered batch: set-based DELETEs that commit on their
+            # own (autocommit), without the BEGIN and COMMIT round trips of a transaction; each
+            # deletes only what was delivered, so a crash between them loses nothing.
             with self._conn() as conn:
-                return Applied([], self._delete(conn, settlement.delivered), [])
+                found = self._groups_touched(conn, settlement)
+                if not found:
+                    return Applied([], self._delete(conn, settlement.delivered), [])
+                if all(set(settlement.delivered).issuperset(range(g + 1, g + n + 1)) for g, n in found):
+                    deleted, rest = self._settle_groups(conn, settlement, now, found)
+                    return Applied([], deleted + self._delete(conn, rest), [])
         with self._tx() as conn:
             ids = self._insert(conn, new, Status.PENDING, lease_owner, lease_until, now)
-            deleted = self._delete(conn, settlement.delivered)
+            deleted, rest = self._settle_groups(conn, settlement, now, self._groups_touched(conn, settlement))
+            deleted += self._delete(conn, rest)
             dead = self._fail(conn, settlement.failures)
             if settlement.released:
                 conn.execute(
@@ -400,22 +542,44 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 if n_due is None or n_due[0] == 0:
                     return []
                 order = "id + 0" if n_due[0] < _SORT_DUE_UP_TO else "id"
-            sql = f"SELECT {COLUMNS} FROM {self._t} WHERE {where} ORDER BY {order} LIMIT %s"
-            full, rows, leased = self._claim_tx(
-                conn, sql, [*args, limit], order, limit, in_flight, owner, now, lease_seconds
+            # The first due rows up to `limit` messages: a group counts its n, and one larger than
+            # what is left of the limit is taken whole only as the first row. Bodies are not read
+            # (TOAST) for the rows the outer filter drops.
+            sql = (
+                f"SELECT {_CLAIMED} FROM (SELECT {_CLAIMED}, sum(n) OVER (ORDER BY {order} ROWS UNBOUNDED "
+                f"PRECEDING) - n AS before FROM {self._t} WHERE {where} ORDER BY {order} LIMIT %s) AS c "
+                "WHERE c.before = 0 OR c.before + c.n <= %s"
             )
-            self._dense_backlog = order == "id" and full
-            if len(leased) != len(rows):
-                rows = self._give_back_lost(conn, rows, leased, now)
+            for _ in range(2):
+                full, rows, leased, split = self._claim_tx(
+                    conn, sql, [*args, limit, limit], order, limit, in_flight, owner, now, lease_seconds
+                )
+                self._dense_backlog = order == "id" and full
+                if len(leased) != len(rows):
+                    rows = self._give_back_lost(conn, rows, leased, now)
+                if split is None:
+                    break
+                # A group holding a key that waits behind a back-off becomes one-message rows, so
+                # that the per-key rule holds back only that key's messages, and the claim goes
+                # on with the others.
+                with conn.transaction():
+                    self._explode(conn, split)  # leased meanwhile: it keeps its lease
+                if rows:
+                    break
+        if all(r[N] == 1 for r in rows):
             return ClaimedRows(rows)
+        # Groups stay encoded until read (`grouped.Claimed`).
+        return grouped.Claimed([
+            message_of(r) if r[N] == 1 else grouped.Group(r[0], r[N], r[2], r[9], r[BODY]) for r in rows
+        ])
 
     def _claim_tx(
         self, conn: psycopg.Connection[Any], sql: str, args: list[Any], order: str, limit: int,
         in_flight: Collection[int], owner: str, now: float, lease_seconds: float,
-    ) -> tuple[bool, list[Row], set[int]]:
+    ) -> tuple[bool, list[Row], set[int], int | None]:
         """One claim's transaction: read the candidates, keep each key's order, lease them,
-        commit. Returns whether the read was full (`limit` candidates), the rows kept, and the
-        ids leased.
+        commit. Returns whether the read was full (`limit` candidate rows), the rows kept, the
+        ids leased, and a group to split (`_keep_key_order`).
 
         In pipeline mode: the lease and the COMMIT go to the server together, so the claim lock
         ends with that COMMIT, on the server, however long this thread then waits for the
@@ -439,10 +603,11 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             # Binary results: bytea arrives as is, not as hex text to decode (the values
             # are most of a row's bytes).
             rows = conn.cursor(binary=True).execute(sql, args).fetchall()
-            full = len(rows) == limit
-            rows = self._keep_key_order(conn, rows, in_flight)
+            rows.sort(key=_row_id)  # read in order (a filter keeps it), but SQL does not promise it
+            full = sum(r[N] for r in rows) >= limit
+            rows, split = self._keep_key_order(conn, rows, in_flight)
             if not rows:  # nothing due, or every candidate waits for an earlier row of its key
-                return full, rows, set()
+                return full, rows, set(), split
             ids = [r[0] for r in rows]
             where, where_args = _pending_ids(ids)
             until = now + lease_seconds
@@ -452,33 +617,38 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 [owner, until, *where_args, now],
             )
         if lease.rowcount == len(ids):  # the rule: no `RETURNING id` (~0.7 µs a row) to learn it
-            return full, rows, set(ids)
+            return full, rows, set(ids), split
         got = conn.execute(
             f"SELECT id FROM {self._t} WHERE id = ANY(%s::bigint[]) AND lease_owner = %s AND next_attempt_at = %s",
             [_id_array(ids), owner, until],
         )
-        return full, rows, {r[0] for r in got.fetchall()}
+        return full, rows, {r[0] for r in got.fetchall()}, split
 
     def _give_back_lost(
         self, conn: psycopg.Connection[Any], rows: list[Row], leased: set[int], now: float
     ) -> list[Row]:
-        """The claimed rows (`COLUMNS`: id, msg_id, topic, key, ...), once some candidates were
+        """The claimed rows (`_CLAIMED`: id, msg_id, topic, key, ...), once some candidates were
         not leased.
 
         Rare: a candidate changed between the read and the lease. Its key's later candidates
         must wait for it, so their fresh leases are given back at once (after the claim's
-        commit: until then they are leased to this claimer, and nobody else can take them).
+        commit: until then they are leased to this claimer, and nobody else can take them). A
+        lost group's keys are not read: every row after it is given back.
         """
         lost_keys = {(r[2], r[3]) for r in rows if r[0] not in leased}
         keep: list[Row] = []
         back: list[int] = []
         blocked: set[tuple[str, bytes | None]] = set()
+        after_lost_group = False
         for r in rows:
             k = (r[2], r[3])
             if r[0] not in leased:
                 if r[3] is not None:
                     blocked.add(k)
-            elif r[3] is not None and k in lost_keys and k in blocked:
+                after_lost_group = after_lost_group or r[N] > 1
+            elif after_lost_group or (r[3] is not None and k in lost_keys and k in blocked) or (
+                r[N] > 1 and blocked
+            ):
                 back.append(r[0])
             else:
                 keep.append(r)
@@ -491,37 +661,76 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         return keep
 
     def _keep_key_order(
-        self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]], in_flight: Collection[int]
-    ) -> list[tuple[Any, ...]]:
+        self, conn: psycopg.Connection[Any], rows: list[Row], in_flight: Collection[int]
+    ) -> tuple[list[Row], int | None]:
         """Drop candidates that an earlier PENDING row of the same key, not claimed now, precedes.
 
         Candidates are the first due, unlocked rows in id order; an earlier pending row of the
         key that is not among them is leased, backing off, or locked by an acknowledging writer,
         and the key's later rows wait for it. The claimer's own rows in flight do not block (see
-        `Outbox.claim`).
+        `Outbox.claim`); a group is in flight when its first message is. A group's keys are
+        those of its `keys` blob, on both sides.
+
+        The claim ends before the first candidate group that holds a blocked key (what follows
+        may continue its keys). Returns the rows to claim, and that group's id if one of its keys
+        waits behind a back-off rather than a lease (None otherwise): the caller splits it.
         """
         last_of_key: dict[tuple[str, bytes], int] = {}
         for r in rows:
-            if r[3] is not None:
+            if r[N] > 1:
+                for k in grouped.keys_of(r[KEYS]):
+                    last_of_key[(r[2], k)] = r[0]
+            elif r[3] is not None:
                 last_of_key[(r[2], r[3])] = r[0]
         if not last_of_key:
-            return rows
+            return rows, None
         ids = [r[0] for r in rows] + list(in_flight)
-        topics = [k[0] for k in last_of_key]
-        keys = [k[1] for k in last_of_key]
-        lasts = list(last_of_key.values())
         found = conn.execute(
-            "SELECT c.t, c.k, (SELECT min(o.id) FROM "
+            "SELECT c.t, c.k, b.id, b.lease_owner IS NULL FROM unnest(%s::text[], %s::bytea[], %s::bigint[]) "
+            "AS c(t, k, last) JOIN LATERAL (SELECT o.id, o.lease_owner FROM "
             f"{self._t} AS o WHERE o.status = 0 AND o.key IS NOT NULL AND o.topic = c.t "
             "AND md5(o.key) = md5(c.k) AND o.key = c.k AND o.id < c.last "
-            "AND o.id NOT IN (SELECT unnest(%s::bigint[]))) "
-            "FROM unnest(%s::text[], %s::bytea[], %s::bigint[]) AS c(t, k, last)",
-            [ids, topics, keys, lasts],
+            "AND o.id NOT IN (SELECT unnest(%s::bigint[])) ORDER BY o.id LIMIT 1) AS b ON true",
+            [[k[0] for k in last_of_key], [k[1] for k in last_of_key], list(last_of_key.values()), ids],
         ).fetchall()
-        blocked_from = {(t, bytes(k)): b for t, k, b in found if b is not None}
-        if not blocked_from:
-            return rows
-        return [r for r in rows if r[3] is None or r[0] < blocked_from.get((r[2], r[3]), r[0] + 1)]
+        blocked: dict[tuple[str, bytes], int] = {}
+        backing_off: set[tuple[str, bytes]] = set()
+        for t, k, b, free in found:
+            blocked[(t, bytes(k))] = b
+            if free:
+                backing_off.add((t, bytes(k)))
+        # Earlier groups not claimed now (their keys read here, in Python): newest first, so
+        # that an older group's id overwrites a newer one's and each key keeps its first.
+        flying = set(in_flight)
+        for gid, t, blob, free in conn.execute(
+            f"SELECT id, topic, keys, lease_owner IS NULL FROM {self._t} WHERE n > 1 AND id < %s "
+            "AND keys IS NOT NULL AND status = 0 AND id <> ALL(%s::bigint[]) ORDER BY id DESC",
+            [rows[-1][0], _id_array([r[0] for r in rows])],
+        ).fetchall():
+            if gid + 1 in flying:
+                continue
+            for k in grouped.keys_of(blob):
+                if (t, k) in last_of_key and blocked.get((t, k), gid + 1) > gid:
+                    blocked[(t, k)] = gid
+                    if free:
+                        backing_off.add((t, k))
+                    else:
+                        backing_off.discard((t, k))
+        if not blocked:
+            return rows, None
+        kept: list[Row] = []
+        for r in rows:
+            rid = r[0]
+            if r[N] > 1:
+                waits = [(r[2], k) for k in grouped.keys_of(r[KEYS]) if blocked.get((r[2], k), rid + 1) < rid]
+                if waits:
+                    # Behind a back-off (maybe long): split it. Behind a lease only (another
+                    # worker's batch, settled in moments): leave it whole for the next claim.
+                    return kept, rid if any(w in backing_off for w in waits) else None
+                kept.append(r)
+            elif r[3] is None or rid < blocked.get((r[2], r[3]), rid + 1):
+                kept.append(r)
+        return kept, None
 
     def has_pending(self, topic: str, key: bytes) -> bool:
         return bool(
@@ -530,11 +739,19 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 "AND md5(key) = md5(%s::bytea) AND key = %s::bytea LIMIT 1",
                 [topic, key, key],
             )
+            or self._read(
+                f"SELECT 1 FROM {self._t} WHERE n > 1 AND status = 0 AND topic = %s "
+                "AND position(%s::bytea in keys) > 0 LIMIT 1",
+                [topic, grouped.key_token(key)],
+            )
         )
 
     def pending_keys(self) -> set[tuple[str, bytes]]:
         rows = self._read(f"SELECT DISTINCT topic, key FROM {self._t} WHERE status = 0 AND key IS NOT NULL")
-        return {(t, bytes(k)) for t, k in rows}
+        keys = {(t, bytes(k)) for t, k in rows}
+        for topic, blob in self._read(f"SELECT topic, keys FROM {self._t} WHERE n > 1 AND keys IS NOT NULL"):
+            keys.update((topic, k) for k in grouped.keys_of(bytes(blob)))
+        return keys
 
     def keys_with_pending(self, keys: Sequence[tuple[str, bytes]]) -> set[tuple[str, bytes]]:
         if not keys:
@@ -545,7 +762,31 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             "AND md5(o.key) = md5(c.k) AND o.key = c.k)",
             [[t for t, _ in keys], [k for _, k in keys]],
         )
-        return {(t, bytes(k)) for t, k in rows}
+        found = {(t, bytes(k)) for t, k in rows}
+        rest = {k for k in keys if k not in found}
+        return found | self._keys_in_groups(rest) if rest else found
+
+    def _keys_in_groups(self, keys: set[tuple[str, bytes]]) -> set[tuple[str, bytes]]:
+        """Which of these keys some group holds. Newest groups first, a page at a time, stopping
+        once all are found: a key still in use is in the latest groups, so only a key that has
+        left the store (or a rare one) costs a look at every group's key list."""
+        wanted: dict[str, set[bytes]] = {}
+        for topic, key in keys:
+            wanted.setdefault(topic, set()).add(key)
+        found: set[tuple[str, bytes]] = set()
+        before = 2**63 - 1
+        while len(found) < len(keys):
+            page = self._read(
+                f"SELECT id, topic, keys FROM {self._t} WHERE n > 1 AND id < %s AND keys IS NOT NULL "
+                "AND topic = ANY(%s::text[]) ORDER BY id DESC LIMIT 100",
+                [before, list(wanted)],
+            )
+            for gid, topic, blob in page:
+                before = gid
+                found.update((topic, k) for k in wanted[topic] & grouped.keys_of(bytes(blob)))
+            if len(page) < 100:
+                break
+        return found
 
     def next_due_at(self) -> float | None:
         rows = self._read(NEXT_DUE_SQL.format(t=self._t))

@@ -3,12 +3,13 @@ and redrive, trace, the audit log, stats and the backlog (`outbox.stores.base.St
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..backlog import Backlog, backlog_from_rows, backlog_sql
 from ..codec import encode_headers
 from ..errors import UnknownMessageError
 from ..records import AuditEntry, DeadLetterFilter, OutboxMessage, Status, StoreStats
+from . import grouped
 from .base import (
     COLUMNS,
     StoreAdmin,
@@ -31,10 +32,40 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
     """The administration half of `PostgresOutbox` (one class of the store, kept in its own module)."""
 
     def get(self, id: int) -> OutboxMessage:
-        rows = self._read(f"SELECT {COLUMNS} FROM {self._t} WHERE id = %s", [id])
-        if not rows:
-            raise UnknownMessageError(f"no message with id {id} in outbox {self.location}")
-        return row_from_columns(rows[0])
+        rows = self._read(f"SELECT {COLUMNS} FROM {self._t} WHERE id = %s AND n = 1", [id])
+        if rows:
+            return row_from_columns(rows[0])
+        # A message of a group: the group with the largest id below it, if its ids reach it.
+        for m in self._group_messages(
+            "id < %s AND id >= %s ORDER BY id DESC LIMIT 1", [id, id - grouped.GROUP_MAX]
+        ):
+            if m.id == id:
+                return m
+        raise UnknownMessageError(f"no message with id {id} in outbox {self.location}")
+
+    def messages(self) -> list[OutboxMessage]:
+        """Every message in the store, pending and dead, in id order (groups read message by
+        message): for inspection and tests, not for hot paths."""
+        with self._conn() as conn:  # one statement: one snapshot
+            rows = conn.cursor(binary=True).execute(
+                f"SELECT {COLUMNS}, n, body FROM {self._t} ORDER BY id"
+            ).fetchall()
+        out: list[OutboxMessage] = []
+        for r in rows:
+            if r[17] == 1:
+                out.append(row_from_columns(r))
+            else:
+                out += [m._replace(next_attempt_at=r[12]) for m in grouped.decode(bytes(r[18]), r[0], r[2], r[9])]
+        return out
+
+    def _group_messages(self, where: str, args: list[Any]) -> list[OutboxMessage]:
+        """The messages of the groups matching `where`, each due when its group is (its lease)."""
+        out: list[OutboxMessage] = []
+        for gid, topic, created_at, due, body in self._read(
+            f"SELECT id, topic, created_at, next_attempt_at, body FROM {self._t} WHERE n > 1 AND {where}", args
+        ):
+            out += [m._replace(next_attempt_at=due) for m in grouped.decode(bytes(body), gid, topic, created_at)]
+        return out
 
     def list_dead(self, flt: DeadLetterFilter = _ALL) -> list[OutboxMessage]:
         where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)
@@ -95,7 +126,12 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
             f"SELECT {COLUMNS} FROM {self._t} WHERE msg_id = %s AND status = 0 ORDER BY 1",
             [msg_id, msg_id],
         )
-        return [row_from_columns(r) for r in rows]
+        found = [row_from_columns(r) for r in rows]
+        found += [
+            m for m in self._group_messages("position(%s::bytea in body) > 0", [msg_id.encode()])
+            if m.msg_id == msg_id
+        ]
+        return sorted(found, key=lambda m: m.id)
 
     def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:
         with self._conn() as conn:
@@ -117,8 +153,8 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
     def stats(self, *, now: float) -> StoreStats:
         with self._conn() as conn:
             by_state = conn.execute(
-                "SELECT status, topic, count(*), min(created_at), "
-                "count(*) FILTER (WHERE lease_owner IS NOT NULL AND next_attempt_at > %s) "
+                "SELECT status, topic, sum(n), min(created_at), "
+                "sum(n) FILTER (WHERE lease_owner IS NOT NULL AND next_attempt_at > %s) "
                 f"FROM {self._t} GROUP BY status, topic",
                 [now],
             ).fetchall()
@@ -133,11 +169,11 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
         leased = 0
         for status, topic, count, created, leased_n in by_state:
             if status == Status.PENDING:
-                pending_by_topic[topic] = count
+                pending_by_topic[topic] = int(count)
                 oldest = created if oldest is None else min(oldest, created)
-                leased += leased_n or 0
+                leased += int(leased_n or 0)
             else:
-                dead_by_topic[topic] = count
+                dead_by_topic[topic] = int(count)
         return StoreStats(
             pending=sum(pending_by_topic.values()),
             dead=sum(dead_by_topic.values()),
@@ -150,6 +186,6 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
         )
 
     def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
-        sql, args = backlog_sql(self._t, "%s", now, topic)
+        sql, args = backlog_sql(self._t, "%s", now, topic, count="SUM(r.n)")
         return backlog_from_rows(self._read(sql, args), self.owner_liveness)
 

@@ -74,6 +74,8 @@ class PostgresConnection:
         self._version_t = f'"{url.schema}"."{url.table}_schema_version"'
         self._audit_t = f'"{url.schema}"."{url.table}_audit"'
         self._claim_lock = _lock_key(f"kafka-outbox:claim:{url.schema}.{url.table}")
+        # Concurrent spills draw their ids one at a time, so that each group gets consecutive ids.
+        self._id_lock = _lock_key(f"kafka-outbox:ids:{url.schema}.{url.table}")
         self._migrate_lock = _lock_key(f"kafka-outbox:migrate:{url.schema}.{url.table}")
         self._create = create
         self._psycopg = _import_psycopg()

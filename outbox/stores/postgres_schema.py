@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 #: Table pages are filled to this percentage: a claim's lease rewrites each row it takes, and a
 #: rewrite that fits in its own page is a heap-only (HOT) update, which adds no index entries.
@@ -102,6 +102,17 @@ def migrations(schema: str, table: str) -> dict[int, list[str]]:
             f'DROP INDEX IF EXISTS "{schema}"."{table}_due"',
             # New pages only; the rows already stored keep their pages.
             f"ALTER TABLE {t} SET (fillfactor = {FILLFACTOR})",
+        ],
+        # Group rows (`outbox.stores.grouped`): one row holds a batch of messages, as in SQLite.
+        # A group row is always PENDING, its key/value/headers NULL, its messages in `body` and
+        # its distinct keys in `keys`. The body is stored out of line and uncompressed: it is
+        # written once and read once, and pglz spent ~2 µs a message compressing it.
+        6: [
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS n INTEGER NOT NULL DEFAULT 1",
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS body BYTEA",
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS keys BYTEA",
+            f"ALTER TABLE {t} ALTER COLUMN body SET STORAGE EXTERNAL",
+            f'CREATE INDEX IF NOT EXISTS "{table}_group" ON {t} (id) WHERE n > 1',
         ],
     }
 

@@ -21,7 +21,6 @@ import sqlite3
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
@@ -40,6 +39,7 @@ from .base import (
     row_from_columns,
 )
 from .bulk import BulkRead
+from .grouping import NewGroup, Part, prepare
 from .sqlite_admin import SQLiteAdmin
 from .sqlite_schema import (
     BODY,
@@ -109,22 +109,6 @@ def _zeroing_only_written_pages(c: sqlite3.Connection) -> Iterator[None]:
         c.execute("PRAGMA secure_delete = ON")
 
 
-@dataclass(frozen=True, slots=True)
-class _Group:
-    """A group row ready to insert (`outbox.stores.grouped`)."""
-
-    topic: str
-    n: int
-    due: float
-    body: bytes
-    keys: bytes | None
-    owner: str | None  # born leased (write-ahead): due when the lease ends
-
-
-#: Part of a write: one-message rows (`insert_values` tuples), or one group.
-_Part = list[tuple[Any, ...]] | _Group
-
-
 class SQLiteOutbox(SQLiteAdmin, Outbox):
     """The default outbox store, in one SQLite file.
 
@@ -143,52 +127,11 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
     # -- writes ------------------------------------------------------------------------------
 
     @staticmethod
-    def _prepare(
-        messages: Sequence[NewMessage],
-        status: Status,
-        lease_owner: str | None,
-        lease_until: float | None,
-        now: float,
-    ) -> list[_Part]:
-        """What storing `messages` writes, computed before the write lock is taken (encoding is
-        per-message work; under the lock it held up every other writer of the process).
-
-        A pending batch of GROUP_MIN or more becomes group rows (`outbox.stores.grouped`): each
-        run of one topic, up to GROUP_MAX messages a row; a run shorter than GROUP_MIN, and any
-        other batch, one row per message. Rows born leased (write-ahead) are grouped too: the
-        writer hands their deliveries back per batch (`outbox.writeahead`), so a group is
-        deleted whole.
-        """
-        if status is not Status.PENDING or len(messages) < grouped.GROUP_MIN:
-            return [[insert_values(m, status, lease_owner, lease_until, now) for m in messages]] if messages else []
-        owner = lease_owner if lease_until is not None else None  # as insert_values: both or neither
-        if owner is None:
-            lease_until = None
-        parts: list[_Part] = []
-        start = 0
-        while start < len(messages):
-            topic = messages[start].topic
-            end = start + 1
-            while end < len(messages) and end - start < grouped.GROUP_MAX and messages[end].topic == topic:
-                end += 1
-            run = messages[start:end]
-            if len(run) < grouped.GROUP_MIN:
-                parts.append([insert_values(m, status, owner, lease_until, now) for m in run])
-            else:
-                body, keys = grouped.encode(run)
-                # Due when its lease ends, or when its latest message is: none of them is sent
-                # before its time.
-                due = max(m.next_attempt_at for m in run) if lease_until is None else lease_until
-                parts.append(_Group(topic, len(run), due, body, keys, owner))
-            start = end
-        return parts
-
-    @staticmethod
-    def _insert(c: sqlite3.Connection, parts: Sequence[_Part], now: float) -> list[int]:
+    def _insert(c: sqlite3.Connection, parts: Sequence[Part], now: float) -> list[int]:
         """Write prepared rows and groups in this transaction; the stored messages' ids, in order."""
         ids: list[int] = []
         for part in parts:
-            if isinstance(part, _Group):
+            if isinstance(part, NewGroup):
                 seq = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
                 gid = (seq[0] if seq else 0) + 1
                 c.execute(
@@ -216,7 +159,7 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         lease_until: float | None = None,
     ) -> list[int]:
         now = time.time()
-        parts = self._prepare(messages, Status.PENDING, lease_owner, lease_until, now)
+        parts = prepare(messages, Status.PENDING, lease_owner, lease_until, now)
         with self._write() as c:
             return self._insert(c, parts, now)
 
@@ -247,13 +190,13 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
             )
         now = time.time()
         try:
-            return self._insert(conn, self._prepare(messages, Status.PENDING, None, None, now), now)
+            return self._insert(conn, prepare(messages, Status.PENDING, None, None, now), now)
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
 
 
     def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:
-        parts = self._prepare(messages, Status.DEAD, None, None, failed_at)
+        parts = prepare(messages, Status.DEAD, None, None, failed_at)
         with self._write() as c:
             return self._insert(c, parts, failed_at)
 
@@ -376,7 +319,8 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
 
     def bulk_read(self) -> BulkRead:
         # sqlite-jdbc reports a BIGINT as DECIMAL and no type for the body's expression column.
-        return BulkRead(table='"outbox"', grouped=True, schema="timestamp LONG, n LONG, body BINARY")
+        return BulkRead(table='"outbox"', grouped=True, schema="timestamp LONG, n LONG, body BINARY",
+                        body_table="outbox_body")
 
     def explode_groups(self) -> int:
         """Store every pending group as one-message rows; return how many rows that wrote.
@@ -400,7 +344,7 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
     ) -> Applied:
         if not settlement and not new:
             return Applied([], 0, [])
-        parts = self._prepare(new, Status.PENDING, lease_owner, lease_until, now)
+        parts = prepare(new, Status.PENDING, lease_owner, lease_until, now)
         # Failures must last (attempt counts decide dead letters); new rows must last.
         with self._write(stores_messages=bool(new or settlement.failures)) as c:
             ids = self._insert(c, parts, now)

@@ -21,7 +21,7 @@ from outbox.owners import Liveness, OwnerId, new_owner, parse_owner
 from outbox.records import NewMessage, Status
 from outbox.sendloop import resend
 from outbox.stores import open_outbox
-from outbox.stores.postgres import PostgresOutbox
+from outbox.stores.postgres import SCHEMA_VERSION, PostgresOutbox
 from outbox.stores.postgres_claim import ClaimedRows
 from outbox.urls import StoreURL, parse_url
 
@@ -211,7 +211,7 @@ def test_schema_and_table_from_the_jdbc_url_and_versioned(postgres_url: str) -> 
             assert conn.execute(f"SELECT count(*) FROM {schema}.events_outbox").fetchone() == (1,)
             assert conn.execute(
                 f"SELECT max(version) FROM {schema}.events_outbox_schema_version"
-            ).fetchone() == (5,)
+            ).fetchone() == (SCHEMA_VERSION,)
             indexes = {
                 r[0]
                 for r in conn.execute(
@@ -387,6 +387,9 @@ def test_version_4_outbox_is_migrated_to_leases_no_index_covers(postgres_url: st
     now = time.time()
     try:
         with psycopg.connect(postgres_url, autocommit=True) as conn:  # back to version 4
+            conn.execute(f'DROP INDEX "{schema}".outbox_group')
+            conn.execute(f"ALTER TABLE {t} DROP COLUMN n, DROP COLUMN body, DROP COLUMN keys")
+            conn.execute(f'DELETE FROM "{schema}".outbox_schema_version WHERE version = 6')
             conn.execute(f'DROP INDEX "{schema}".outbox_ready')
             conn.execute(f"ALTER TABLE {t} DROP COLUMN ready_at")
             conn.execute(f"ALTER TABLE {t} RESET (fillfactor)")
@@ -401,7 +404,8 @@ def test_version_4_outbox_is_migrated_to_leases_no_index_covers(postgres_url: st
         store = PostgresOutbox(url, create=False)
         try:
             with psycopg.connect(postgres_url) as conn:
-                assert conn.execute(f'SELECT max(version) FROM "{schema}".outbox_schema_version').fetchone() == (5,)
+                version = conn.execute(f'SELECT max(version) FROM "{schema}".outbox_schema_version').fetchone()
+                assert version == (SCHEMA_VERSION,)
                 ready = conn.execute(f"SELECT msg_id, ready_at, next_attempt_at FROM {t} ORDER BY id").fetchall()
                 assert [(m, r == n) for m, r, n in ready] == [("leased", True), ("backing-off", True), ("due", True)]
                 indexes = [d for (d,) in conn.execute(

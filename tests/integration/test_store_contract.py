@@ -587,7 +587,7 @@ def test_capabilities_are_declared_by_each_store(store: Outbox) -> None:
     caps = store.capabilities
     assert caps.durable is (not isinstance(store, MemoryOutbox))
     assert caps.shared is caps.durable and caps.bulk_read is caps.durable
-    assert caps.grouped_rows is isinstance(store, SQLiteOutbox)
+    assert caps.grouped_rows is caps.durable
     assert caps.transactional_enqueue is caps.durable
     if not caps.transactional_enqueue:
         with pytest.raises(ConfigError, match="cannot enqueue in the caller's transaction"):
