@@ -4,6 +4,9 @@ Run by ``python -m benchmarks --scenarios fleet`` with the brokers up. Spills go
 unreachable bootstrap (a closed local port, circuit open), so every message is stored; drains are
 the real ``outbox drain --until-empty`` CLI against the cluster, process start included.
 
+N is `SCALE` times ``--messages`` (1,000,000 by default), and every spill keeps its circuit open
+throughout (no probe message half-opens it midway).
+
 1. One process: spill N messages to SQLite and to PostgreSQL (the `spill` scenario), then drain
    each with one ``outbox drain`` process. PostgreSQL's rates are compared with SQLite's.
 2. Four producer processes spill N/4 each into one fresh PostgreSQL table at once (they wait for a
@@ -38,6 +41,11 @@ PROCESSES = 4
 SPILL_VS_SQLITE = 0.6
 DRAIN_VS_SQLITE = 0.8
 FLEET_VS_ONE = 1.5
+#: The fleet runs store and drain this many times `--messages`: four `outbox drain` processes
+#: start in about 0.3 s of CPU each, which at 100,000 messages was most of a four-process drain.
+SCALE = 10
+#: Longer than any spill here: the circuit stays open throughout (`scenarios.spill`).
+NO_PROBE = 3600.0
 ID_HEADER = "outbox-id"
 
 
@@ -157,6 +165,7 @@ def run(
     from outbox.testing import create_topic
 
     bootstrap = common["bootstrap"]
+    n *= SCALE
     for rep in range(reps):
         log(f"fleet, repetition {rep + 1}/{reps}")
         stem = f"f{uuid.uuid4().hex[:8]}"
@@ -165,7 +174,8 @@ def run(
             topic = create_topic(bootstrap, f"fleet-{stem}-{store}", 3, 3, {})
             sqlite_path = os.path.join(workdir, f"fleet-{stem}.db")
             url = f"sqlite:///{sqlite_path}" if store == "sqlite" else _pg_url(postgres, f"{stem}_one")
-            p = {**common, "bootstrap": down, "topic": topic, "n": n, "size": 200, "outbox": url}
+            p = {**common, "bootstrap": down, "topic": topic, "n": n, "size": 200, "outbox": url,
+                 "circuit_reset_timeout": NO_PROBE}
             servers = ServersCPU().start()
             record(f"fleet/spill/{store}", servers.add_to(runner.run("spill", p), n))
             d = drain_all([url], bootstrap, workdir, n)
@@ -177,7 +187,7 @@ def run(
         share = n // PROCESSES
         start_at = time.time() + 10.0
         p = {**common, "bootstrap": down, "topic": topic, "n": share, "size": 200, "outbox": url,
-             "start_at": start_at}
+             "start_at": start_at, "circuit_reset_timeout": NO_PROBE}
         total = share * PROCESSES
         record("fleet/spill/postgresql x4", spill_together(runner, p, PROCESSES))
         d = drain_all([url] * PROCESSES, bootstrap, workdir, total)

@@ -459,6 +459,11 @@ def spill(p: Params) -> Result:
     # `outbox`: another store (the fleet runs); `start_at`: an epoch time to wait for once set up,
     # so that processes started together spill together.
     outbox = p.get("outbox") or f"sqlite:///{path}"
+    # `circuit_reset_timeout`: longer than the spill, so that no probe message half-opens the
+    # circuit midway (after the default 5 s a probe waits in librdkafka for its timeout, and the
+    # run measures that wait).
+    if p.get("circuit_reset_timeout"):
+        budget["circuit_reset_timeout"] = float(p["circuit_reset_timeout"])
     rp = ResilientProducer(kafka_config(p), outbox=outbox, mode="fallback", **budget)
     if p.get("start_at"):
         time.sleep(max(0.0, float(p["start_at"]) - time.time()))

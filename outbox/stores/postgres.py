@@ -564,8 +564,6 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 # on with the others.
                 with conn.transaction():
                     self._explode(conn, split)  # leased meanwhile: it keeps its lease
-                if rows:
-                    break
         if all(r[N] == 1 for r in rows):
             return ClaimedRows(rows)
         # Groups stay encoded until read (`grouped.Claimed`).
@@ -606,8 +604,10 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             rows.sort(key=_row_id)  # read in order (a filter keeps it), but SQL does not promise it
             full = sum(r[N] for r in rows) >= limit
             rows, split = self._keep_key_order(conn, rows, in_flight)
-            if not rows:  # nothing due, or every candidate waits for an earlier row of its key
-                return full, rows, set(), split
+            # Nothing due, or every candidate waits for an earlier row of its key; or a group is
+            # to be split first, and the claim read again.
+            if not rows or split is not None:
+                return full, [], set(), split
             ids = [r[0] for r in rows]
             where, where_args = _pending_ids(ids)
             until = now + lease_seconds
@@ -671,9 +671,11 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         `Outbox.claim`); a group is in flight when its first message is. A group's keys are
         those of its `keys` blob, on both sides.
 
-        The claim ends before the first candidate group that holds a blocked key (what follows
-        may continue its keys). Returns the rows to claim, and that group's id if one of its keys
-        waits behind a back-off rather than a lease (None otherwise): the caller splits it.
+        A candidate group that holds a blocked key is left out, and its keys then block the
+        later candidates too, so other drainers' claims skip past a group another one holds and
+        take the groups of other keys. Returns the rows to claim, and the first left-out group
+        one of whose keys waits behind a back-off rather than a lease (None otherwise): the
+        caller splits it.
         """
         last_of_key: dict[tuple[str, bytes], int] = {}
         for r in rows:
@@ -719,18 +721,28 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         if not blocked:
             return rows, None
         kept: list[Row] = []
+        split: int | None = None
         for r in rows:
-            rid = r[0]
-            if r[N] > 1:
-                waits = [(r[2], k) for k in grouped.keys_of(r[KEYS]) if blocked.get((r[2], k), rid + 1) < rid]
-                if waits:
-                    # Behind a back-off (maybe long): split it. Behind a lease only (another
-                    # worker's batch, settled in moments): leave it whole for the next claim.
-                    return kept, rid if any(w in backing_off for w in waits) else None
+            rid, t = r[0], r[2]
+            if r[N] == 1:
+                if r[3] is None or rid < blocked.get((t, r[3]), rid + 1):
+                    kept.append(r)
+                continue
+            keys = grouped.keys_of(r[KEYS])
+            waits = [(t, k) for k in keys if blocked.get((t, k), rid + 1) < rid]
+            if not waits:
                 kept.append(r)
-            elif r[3] is None or rid < blocked.get((r[2], r[3]), rid + 1):
-                kept.append(r)
-        return kept, None
+                continue
+            # Left out, and so are the later candidates of any of its keys: they come after its
+            # messages. Behind a back-off (maybe long) it is split, so that its other keys go
+            # from the next claim on; behind a lease only (another claimer's batch, settled in
+            # moments) it stays whole.
+            for k in keys:
+                if blocked.get((t, k), rid + 1) > rid:
+                    blocked[(t, k)] = rid
+            if split is None and any(w in backing_off for w in waits):
+                split = rid
+        return kept, split
 
     def has_pending(self, topic: str, key: bytes) -> bool:
         return bool(

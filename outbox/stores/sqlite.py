@@ -388,12 +388,11 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
                 rows, blocked_group = self._keep_key_order(c, candidates, now, in_flight)
             if blocked_group is None:
                 break
-            # A group holding a blocked key becomes one-message rows, so that the per-key rule
-            # holds back only that key's messages and the claim goes on with the others.
+            # A group holding a key that waits behind a back-off becomes one-message rows, so
+            # that the per-key rule holds back only that key's messages, and the claim is read
+            # again.
             with self._write(stores_messages=False) as c:
                 self._explode(c, blocked_group)  # leased meanwhile: it keeps its lease
-            if rows:
-                break
         if not rows:
             return []
         rows = self._lease(rows, owner, now, now + lease_seconds)
@@ -510,9 +509,11 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         message is. Keys are compared as the groups store them (`grouped.key_token` without its
         NULs), so a group's key list is split, never decoded.
 
-        The claim ends before the first candidate group that holds a blocked key (what follows
-        may continue its keys). Returns the rows to claim, and that group's id if one of its keys
-        waits behind a back-off rather than a lease (None otherwise): the caller splits it.
+        A candidate group that holds a key blocked by a lease is left out, and its keys then
+        block the later candidates too (they follow its messages), so a claim skips past a group
+        another worker holds and takes the groups of other keys. Returns the rows to claim and
+        None; or no rows and a group one of whose blocked keys waits behind a back-off: the
+        caller splits it and claims again.
         """
         last = rows[-1][0]
         sql = (
@@ -562,14 +563,18 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
                     kept.append(r)
             else:
                 entries = grouped.key_entries(r[KEYS]) if r[KEYS] is not None else []
-                if not of_topic.keys().isdisjoint(entries):
-                    waits = [e for e in entries if of_topic.get(e, rid + 1) < rid]
-                    if waits:
-                        # Behind a back-off (maybe long): split it. Behind a lease only (another
-                        # worker's batch, settled in moments): leave it whole for the next claim.
-                        split = any((r[2], e) in backing_off for e in waits)
-                        return kept, rid if split else None
-                kept.append(r)
+                waits = [e for e in entries if of_topic.get(e, rid + 1) < rid]
+                if not waits:
+                    kept.append(r)
+                elif any((r[2], e) in backing_off for e in waits):
+                    # Behind a back-off (maybe long): split it first, and claim again.
+                    return [], rid
+                else:
+                    # Behind a lease only (another worker's batch, settled in moments): it stays
+                    # whole, and its keys hold back the later candidates (they follow it).
+                    for e in entries:
+                        if of_topic.get(e, rid + 1) > rid:
+                            of_topic[e] = rid
         return kept, None
 
     def has_pending(self, topic: str, key: bytes) -> bool:

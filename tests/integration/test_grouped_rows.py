@@ -205,15 +205,17 @@ def test_a_settlement_deletes_groups_whole_and_rows_of_a_group_split_while_in_fl
     assert rows_in_table(store) == 0
 
 
-def test_a_group_behind_another_claimers_lease_waits_whole(store: GroupedStore) -> None:
+def test_a_group_behind_another_claimers_lease_waits_whole_and_the_claim_skips_its_keys(store: GroupedStore) -> None:
     [early] = store.enqueue(one(b"k1", "early"))
     assert ids(store.claim("other", 1, 60, now=NOW)) == [early]  # leased: settled in moments
     group = store.enqueue(batch(20, keys=(b"k1", b"k2")))
-    [k9] = store.enqueue(one(b"k9", "k9"))
-    assert store.claim("w", 100, 60, now=NOW) == []  # the claim ends before the group: kept whole
-    assert rows_in_table(store) == 3
+    [k2_later] = store.enqueue(one(b"k2", "k2-later"))
+    other = store.enqueue(batch(20, keys=(b"k8", b"k9"), tag="o"))
+    # The group waits whole; k2's later message waits behind it; the group of other keys goes.
+    assert ids(store.claim("w", 100, 60, now=NOW)) == other
+    assert rows_in_table(store) == 4
     store.mark_delivered([early])
-    assert ids(store.claim("w", 100, 60, now=NOW)) == [*group, k9]
+    assert ids(store.claim("w", 100, 60, now=NOW)) == [*group, k2_later]
 
 
 def test_a_leased_group_blocks_its_keys_except_for_its_own_claimer(store: GroupedStore) -> None:
