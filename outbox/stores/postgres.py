@@ -205,14 +205,20 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             self._hold_owner(str(lease_owner))
         parts = prepare(messages, status, lease_owner, lease_until, now)
         count = sum(p.n + 1 if isinstance(p, NewGroup) else len(p) for p in parts)
+        source = "generate_series(1, %s)"
+        args: list[Any] = [self._id_seq, count]
         if lock_ids and any(isinstance(p, NewGroup) for p in parts):
-            draw = conn.execute(
-                "SELECT nextval(%s::regclass) FROM (SELECT pg_advisory_xact_lock(%s)) AS l, generate_series(1, %s)",
-                [self._id_seq, self._id_lock, count],
-            )
-        else:
-            draw = conn.execute("SELECT nextval(%s::regclass) FROM generate_series(1, %s)", [self._id_seq, count])
-        ids = sorted(r[0] for r in draw.fetchall())
+            source = "(SELECT pg_advisory_xact_lock(%s)) AS l, " + source
+            args.insert(1, self._id_lock)
+        # The ids come back as their bounds when they are one run (the rule under the lock), not
+        # one row each; the list itself only when another writer's ids are among them.
+        row = conn.execute(
+            "SELECT min(i), max(i), CASE WHEN max(i) - min(i) + 1 = count(*) THEN NULL "
+            f"ELSE array_agg(i ORDER BY i) END FROM (SELECT nextval(%s::regclass) AS i FROM {source}) AS d",
+            args,
+        ).fetchone()
+        assert row is not None  # an aggregate's one row
+        ids: Sequence[int] = range(row[0], row[1] + 1) if row[2] is None else row[2]
         stored: list[int] = []
         with conn.cursor().copy(_COPY.format(t=self._t)) as copy:
             copy.set_types(_COPY_TYPES)

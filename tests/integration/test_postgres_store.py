@@ -617,3 +617,25 @@ def test_a_candidate_changed_before_the_lease_is_left_out_and_its_keys_later_row
         leases = dict(conn.execute(f"SELECT id, lease_owner FROM {store._t} ORDER BY id").fetchall())
     assert leases == {a1: None, a2: None, free: "o"}
     assert [m.id for m in store.claim("o2", 10, 30.0, now=now + 21)] == [a1, a2]  # "free" still leased
+
+
+def test_a_batch_whose_ids_are_not_one_run_is_stored_one_row_per_message(store: PostgresOutbox) -> None:
+    """A group needs consecutive ids; when another writer's ids land among a batch's (here: a
+    sequence that steps by 2), the batch is stored one row per message, in order, and drains
+    as any rows do."""
+    with store._conn() as conn:
+        conn.execute(f"ALTER SEQUENCE {store._id_seq} INCREMENT BY 2")
+    new = [NewMessage("t", b"%d" % i, b"k%d" % (i % 3), [], -1, f"m{i}") for i in range(40)]
+    got = store.enqueue(new)
+    assert got == sorted(got) and len(set(got)) == 40
+    assert store._read(f"SELECT count(*), max(n) FROM {store._t}") == [(40, 1)]
+    assert [m.msg_id for m in store.messages()] == [m.msg_id for m in new]
+    with store._conn() as conn:
+        conn.execute(f"ALTER SEQUENCE {store._id_seq} INCREMENT BY 1")
+    claimed = store.claim("w", 100, 60, now=time.time())
+    assert [m.id for m in claimed] == got
+    assert store.mark_delivered(got) == 40 and store.messages() == []
+    # With one run of ids again, the next batch is one group row.
+    again = store.enqueue(new)
+    assert store._read(f"SELECT count(*), max(n) FROM {store._t}") == [(1, 40)]
+    assert again == list(range(again[0], again[0] + 40))
