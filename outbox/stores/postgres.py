@@ -229,6 +229,8 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 if isinstance(part, NewGroup):
                     gid, n = ids[at], part.n
                     if ids[at + n] == gid + n:
+                        # The group row (`INSERT_COLUMNS`, then ready_at and the group columns):
+                        # its messages' own columns are in its body.
                         write((gid, "", part.topic, None, None, None, -1, int(status), 0, now, None, None,
                                part.due, None, None, None, part.owner, 0, part.ready_at, n, part.body, part.keys))
                         stored += range(gid + 1, gid + n + 1)
