@@ -3,7 +3,7 @@
 Why: a Spark `Row` (and a pickled RDD element) costs Python objects and calls per value on the
 way in and out of every Python stage. With Arrow, Spark hands each Python worker whole column
 batches, and the shuffle that puts each key's messages in one send task runs in the JVM on
-Arrow-converted rows. Python touches a message twice: once to explode a SQLite group (when the
+Arrow-converted rows. Python touches a message twice: once to explode a group row (when the
 store groups rows) and once to send it.
 
 Columns of a message batch (`MESSAGES`), as `outbox.stores.bulk.BulkRead.rows` reads a

@@ -155,7 +155,7 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     except Exception as exc:
         raise _jdbc_error(exc, options) from exc
 
-    # Rows become messages on the executors (a SQLite group: its messages), as Arrow batches; the
+    # Rows become messages on the executors (a group row: its messages), as Arrow batches; the
     # driver never holds a message's bytes.
     messages = rows.mapInArrow(explode_batches, GROUPED_MESSAGES) if bulk.grouped else rows.select(
         *(F.col(c).cast(t) for c, t in (col.split() for col in MESSAGES.split(", ")))

@@ -85,7 +85,7 @@ class Reader:
         return int(row["lo"]), int(row["hi"]), int(row["n"]), blocked
 
     def rows(self, where: str, lo: int, hi: int, partitions: int) -> DataFrame:
-        """The selected rows, read in `partitions` slices of the id range [lo, hi] (a SQLite group
+        """The selected rows, read in `partitions` slices of the id range [lo, hi] (a group
         is one row with its body: `outbox.stores.bulk.explode` turns it into messages)."""
         n = max(1, min(partitions, hi - lo + 1))
         return self.spark.read.jdbc(

@@ -19,7 +19,7 @@ The send-and-settle logic is the SDK's own (`outbox.sendloop.SendLoop`, `outbox.
 are sent in chunks of `mark_batch` (at most one Arrow batch, `spark.sql.execution.arrow.maxRecordsPerBatch`),
 and each chunk's decisions are applied in one transaction; a healthy chunk is settled by id alone.
 
-A SQLite group (`outbox.stores.grouped`) is deleted as one row only when a settlement delivers
+A group row (`outbox.stores.grouped`) is deleted as one row only when a settlement delivers
 all of its messages; settled in part, it is first rewritten as one row per message. The shuffle
 by key gives every send task a part of nearly every group, so a task settles a group's delivered
 messages itself only when it has all of them, and hands the others on (`PartitionSender.split`)

@@ -3,7 +3,7 @@
 The store describes its own table (`Outbox.bulk_read()` -> `BulkRead`): the selection of pending
 or dead rows, the rows that hold their keys back, the SQL of a read by id range and how to count
 messages. Readers run that SQL as it is and turn each row read into messages with `explode`,
-where the rows land (a SQLite row may hold a group of messages, `outbox.stores.grouped`): the
+where the rows land (a row may hold a group of messages, `outbox.stores.grouped`): the
 reader's driver reads id bounds and counts only, never a message's bytes. The per-key order rule
 is `outbox.stores.keyrule`'s.
 
@@ -190,7 +190,7 @@ class BulkRead:
 
 
 def explode(row: Sequence[Any]) -> list[BulkMessage]:
-    """The messages of one row read by `BulkRead.rows`: the row's own, or its group's (SQLite)."""
+    """The messages of one row read by `BulkRead.rows`: the row's own, or its group's."""
     body = row[12] if len(row) > 12 else None
     if body is not None:
         topic = row[2]

@@ -1,4 +1,5 @@
-"""Several messages in one SQLite row (a *group*): the row format, in one module.
+"""Several messages in one store row (a *group*, in SQLite and PostgreSQL): the row format, in
+one module.
 
 Why: one row per message costs a row inserted, leased and deleted, ~60 µs of store CPU, most of
 it B-tree work per row that no schema tuning removes (docs/DESIGN.md). A writer batch of
@@ -16,13 +17,15 @@ Columns of a group row: `topic`, `status` 0, `created_at`, `next_attempt_at` (th
 time of its messages, or its lease), `lease_owner`, `n` (messages), `body` (the messages, below)
 and `keys` (its distinct keys: `k` and the key in hex, each between NUL bytes, so that a
 substring search finds exactly one key and never part of another). `key`, `value` and `headers` are NULL.
+(SQLite keeps `body` and `keys` in its `outbox_body` table, PostgreSQL in the row.)
 
 Body, per message: a fixed head (`_HEAD`) then key, value, encoded headers, msg_id, last_error
 and error_name, each as long as its head says (-1: None). The head ends with the record
-timestamp (ms); bodies written at schema version 5 have none, and the store's migration to
-version 6 rewrites them (`upgrade_v5`), with timestamp 0. A headers length of -2 stands for
-"the `outbox-id` header alone, its value the msg_id": what the producer stores for a message
-sent without headers of its own, so neither encoded nor decoded per message.
+timestamp (ms); bodies written at SQLite's schema version 5 have none, and its migration to
+version 6 rewrites them (`upgrade_v5`), with timestamp 0 (PostgreSQL groups came later). A
+headers length of -2 stands for "the `outbox-id` header alone, its value the msg_id": what the
+producer stores for a message sent without headers of its own, so neither encoded nor decoded
+per message.
 """
 
 from __future__ import annotations
