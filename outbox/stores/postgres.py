@@ -400,25 +400,25 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         ).fetchall()
 
     def _settle_groups(
-        self, conn: psycopg.Connection[Any], settlement: Settlement, now: float, found: Sequence[tuple[int, int]]
+        self, conn: psycopg.Connection[Any], settlement: Settlement, now: float, found: Sequence[tuple[int, int]],
+        delivered: set[int],
     ) -> tuple[int, list[int]]:
         """The groups among a settlement's messages: deleted when every message of one was
         delivered, released as one row when every message was given back, else exploded into
         one-message rows (less the delivered ones) that the rest of `apply` settles like any row.
 
         Returns how many delivered messages left with their groups, and the delivered ids that
-        are not these groups' (one-message rows, for `_delete`)."""
-        delivered = set(settlement.delivered)
+        are not these groups' (one-message rows, for `_delete`): none, without a look at each
+        id, when every delivered message was a whole group's (a healthy drain's settlement)."""
         released = set(settlement.released)
         other = {f.id for f in settlement.failures} | released
-        whole: list[int] = []
-        members: set[int] = set()
+        whole: list[range] = []  # the messages' ids of the groups deleted whole
+        split: set[int] = set()  # delivered messages of the groups split
         gone = 0
         for gid, n in found:
             ids = range(gid + 1, gid + n + 1)
             if delivered.issuperset(ids):
-                whole.append(gid)
-                members.update(ids)
+                whole.append(ids)
             elif released.issuperset(ids):
                 # Given back whole (a stop, the cluster gone, a drain's next batch not sent): the
                 # group stays one row, due now.
@@ -432,14 +432,15 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 if done or not other.isdisjoint(ids):
                     self._explode(conn, gid, skip=done)
                     gone += len(done)
-                    members.update(done)
+                    split.update(done)
         if whole:
             gone += sum(r[0] for r in conn.execute(
                 f"DELETE FROM {self._t} WHERE id = ANY(%s::bigint[]) AND n > 1 AND status = 0 RETURNING n",
-                [_id_array(whole)],
+                [_id_array([ids.start - 1 for ids in whole])],
             ).fetchall())
-        rest = [i for i in settlement.delivered if i not in members] if members else list(settlement.delivered)
-        return gone, rest
+        if sum(map(len, whole)) == len(delivered):
+            return gone, []
+        return gone, [i for i in settlement.delivered if i not in split and not any(i in ids for ids in whole)]
 
     def _explode(self, conn: psycopg.Connection[Any], gid: int, *, skip: Collection[int] = ()) -> int:
         """Replace a group row with one row per message (their own ids; lease and created_at
@@ -493,12 +494,14 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 found = self._groups_touched(conn, settlement)
                 if not found:
                     return Applied([], self._delete(conn, settlement.delivered), [])
-                if all(set(settlement.delivered).issuperset(range(g + 1, g + n + 1)) for g, n in found):
-                    deleted, rest = self._settle_groups(conn, settlement, now, found)
+                delivered = set(settlement.delivered)
+                if all(delivered.issuperset(range(g + 1, g + n + 1)) for g, n in found):
+                    deleted, rest = self._settle_groups(conn, settlement, now, found, delivered)
                     return Applied([], deleted + self._delete(conn, rest), [])
         with self._tx() as conn:
             ids = self._insert(conn, new, Status.PENDING, lease_owner, lease_until, now)
-            deleted, rest = self._settle_groups(conn, settlement, now, self._groups_touched(conn, settlement))
+            found = self._groups_touched(conn, settlement)
+            deleted, rest = self._settle_groups(conn, settlement, now, found, set(settlement.delivered))
             deleted += self._delete(conn, rest)
             dead = self._fail(conn, settlement.failures)
             if settlement.released:

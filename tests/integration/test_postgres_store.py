@@ -20,7 +20,7 @@ from outbox.errors import ConfigError, StoreError, StoreNotFoundError
 from outbox.owners import Liveness, OwnerId, new_owner, parse_owner
 from outbox.records import NewMessage, Status
 from outbox.sendloop import resend
-from outbox.stores import open_outbox
+from outbox.stores import grouped, open_outbox
 from outbox.stores.postgres import SCHEMA_VERSION, PostgresOutbox
 from outbox.stores.postgres_claim import ClaimedRows
 from outbox.urls import StoreURL, parse_url
@@ -81,8 +81,12 @@ def test_four_processes_claim_every_row_once_and_keep_per_key_order(store: Postg
     n_rows, n_keys = 20_000, 50
     keys = [rng.randrange(n_keys) for _ in range(n_rows)]
     key_of: dict[int, int] = {}
-    for start in range(0, n_rows, 1000):
-        chunk = keys[start : start + 1000]
+    # Written GROUP_MIN - 1 at a time: one row per message, so that the claimers contend for
+    # rows (group rows of many keys are claimed in turn; tests/integration/test_postgres_fleet.py
+    # has four processes draining groups).
+    step = grouped.GROUP_MIN - 1
+    for start in range(0, n_rows, step):
+        chunk = keys[start : start + step]
         got = store.enqueue([NewMessage("t", b"v", f"key-{k}".encode()) for k in chunk])
         key_of.update(zip(got, chunk, strict=True))
     ctx = multiprocessing.get_context("spawn")
