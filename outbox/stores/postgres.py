@@ -572,9 +572,11 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                     break
                 # A group holding a key that waits behind a back-off becomes one-message rows, so
                 # that the per-key rule holds back only that key's messages, and the claim goes
-                # on with the others.
+                # on with the others (read again if nothing came before the group).
                 with conn.transaction():
                     self._explode(conn, split)  # leased meanwhile: it keeps its lease
+                if rows:
+                    break
         if all(r[N] == 1 for r in rows):
             return ClaimedRows(rows)
         # Groups stay encoded until read (`grouped.Claimed`).
@@ -615,10 +617,8 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             rows.sort(key=_row_id)  # read in order (a filter keeps it), but SQL does not promise it
             full = sum(r[N] for r in rows) >= limit
             rows, split = self._keep_key_order(conn, rows, in_flight)
-            # Nothing due, or every candidate waits for an earlier row of its key; or a group is
-            # to be split first, and the claim read again.
-            if not rows or split is not None:
-                return full, [], set(), split
+            if not rows:  # nothing due, or every candidate waits for an earlier row of its key
+                return full, rows, set(), split
             ids = [r[0] for r in rows]
             where, where_args = _pending_ids(ids)
             until = now + lease_seconds
@@ -682,11 +682,11 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         `Outbox.claim`); a group is in flight when its first message is. A group's keys are
         those of its `keys` blob, on both sides.
 
-        A candidate group that holds a blocked key is left out, and its keys then block the
-        later candidates too, so other drainers' claims skip past a group another one holds and
-        take the groups of other keys. Returns the rows to claim, and the first left-out group
-        one of whose keys waits behind a back-off rather than a lease (None otherwise): the
-        caller splits it.
+        A candidate group that holds a key blocked by a lease is left out, and its keys then
+        block the later candidates too, so other drainers' claims skip past a group another one
+        holds and take the groups of other keys. The claim ends before a group one of whose keys
+        waits behind a back-off. Returns the rows to claim, and that group's id (None
+        otherwise): the caller splits it.
         """
         last_of_key: dict[tuple[str, bytes], int] = {}
         for r in rows:
@@ -732,7 +732,6 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         if not blocked:
             return rows, None
         kept: list[Row] = []
-        split: int | None = None
         for r in rows:
             rid, t = r[0], r[2]
             if r[N] == 1:
@@ -744,16 +743,16 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             if not waits:
                 kept.append(r)
                 continue
-            # Left out, and so are the later candidates of any of its keys: they come after its
-            # messages. Behind a back-off (maybe long) it is split, so that its other keys go
-            # from the next claim on; behind a lease only (another claimer's batch, settled in
-            # moments) it stays whole.
+            if any(w in backing_off for w in waits):
+                # Behind a back-off (maybe long): the claim ends here, and the caller splits it.
+                return kept, rid
+            # Behind a lease only (another claimer's batch, settled in moments): it stays whole
+            # and is left out, and so are the later candidates of any of its keys (they come
+            # after its messages).
             for k in keys:
                 if blocked.get((t, k), rid + 1) > rid:
                     blocked[(t, k)] = rid
-            if split is None and any(w in backing_off for w in waits):
-                split = rid
-        return kept, split
+        return kept, None
 
     def has_pending(self, topic: str, key: bytes) -> bool:
         return bool(

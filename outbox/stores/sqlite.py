@@ -389,10 +389,12 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
             if blocked_group is None:
                 break
             # A group holding a key that waits behind a back-off becomes one-message rows, so
-            # that the per-key rule holds back only that key's messages, and the claim is read
-            # again.
+            # that the per-key rule holds back only that key's messages, and the claim goes on
+            # with the others (read again if nothing came before the group).
             with self._write(stores_messages=False) as c:
                 self._explode(c, blocked_group)  # leased meanwhile: it keeps its lease
+            if rows:
+                break
         if not rows:
             return []
         rows = self._lease(rows, owner, now, now + lease_seconds)
@@ -511,9 +513,9 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
 
         A candidate group that holds a key blocked by a lease is left out, and its keys then
         block the later candidates too (they follow its messages), so a claim skips past a group
-        another worker holds and takes the groups of other keys. Returns the rows to claim and
-        None; or no rows and a group one of whose blocked keys waits behind a back-off: the
-        caller splits it and claims again.
+        another worker holds and takes the groups of other keys. The claim ends before a group
+        one of whose keys waits behind a back-off. Returns the rows to claim, and that group's id
+        (None otherwise): the caller splits it.
         """
         last = rows[-1][0]
         sql = (
@@ -567,8 +569,8 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
                 if not waits:
                     kept.append(r)
                 elif any((r[2], e) in backing_off for e in waits):
-                    # Behind a back-off (maybe long): split it first, and claim again.
-                    return [], rid
+                    # Behind a back-off (maybe long): the claim ends here, and the caller splits it.
+                    return kept, rid
                 else:
                     # Behind a lease only (another worker's batch, settled in moments): it stays
                     # whole, and its keys hold back the later candidates (they follow it).

@@ -191,6 +191,21 @@ def test_a_group_holding_a_key_that_backs_off_is_split_and_only_that_key_waits(s
     assert ids(store.claim("w", 100, 60, now=NOW + 30)) == [early, *k1]
 
 
+def test_a_claim_ends_before_a_group_behind_a_back_off_and_the_next_claim_goes_on_without_its_key(
+    store: GroupedStore,
+) -> None:
+    [early] = store.enqueue(one(b"k1", "early"))
+    store.claim("other", 1, 60, now=NOW)
+    store.record_failures([fail(early, NOW + 30)])  # k1 backs off for 30 s
+    [first] = store.enqueue(one(b"k9", "first"))
+    group = store.enqueue(batch(20, keys=(b"k1", b"k2")))
+    # The rows before the group are claimed; the group is split meanwhile.
+    assert ids(store.claim("w", 100, 60, now=NOW)) == [first]
+    assert rows_in_table(store) == 2 + 20
+    k1 = [i for i, m in zip(group, batch(20, keys=(b"k1", b"k2")), strict=True) if m.key == b"k1"]
+    assert ids(store.claim("w", 100, 60, now=NOW)) == [i for i in group if i not in k1]
+
+
 def test_a_settlement_deletes_groups_whole_and_rows_of_a_group_split_while_in_flight(store: GroupedStore) -> None:
     whole = store.enqueue(batch(20))
     split = store.enqueue(batch(20, tag="s"))
