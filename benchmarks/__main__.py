@@ -819,7 +819,7 @@ def main(argv: list[str] | None = None) -> int:
             pg = create_database(prefix="outbox_bench_fleet_")
             down, hold = closed_port()
             try:
-                fleet.run(runner, common, n, reps, down, pg, workdir, record, log)
+                fleet.run(runner, common, n if quick else n * fleet.SCALE, reps, down, pg, workdir, record, log)
             finally:
                 hold.close()
                 drop_database(pg)

@@ -4,8 +4,8 @@ Run by ``python -m benchmarks --scenarios fleet`` with the brokers up. Spills go
 unreachable bootstrap (a closed local port, circuit open), so every message is stored; drains are
 the real ``outbox drain --until-empty`` CLI against the cluster, process start included.
 
-N is `SCALE` times ``--messages`` (1,000,000 by default), and every spill keeps its circuit open
-throughout (no probe message half-opens it midway).
+N is `SCALE` times ``--messages`` (1,000,000 by default; ``--quick``: ``--messages``), and every
+spill keeps its circuit open throughout (no probe message half-opens it midway).
 
 1. One process: spill N messages to SQLite and to PostgreSQL (the `spill` scenario), then drain
    each with one ``outbox drain`` process. PostgreSQL's rates are compared with SQLite's.
@@ -41,8 +41,9 @@ PROCESSES = 4
 SPILL_VS_SQLITE = 0.6
 DRAIN_VS_SQLITE = 0.8
 FLEET_VS_ONE = 1.5
-#: The fleet runs store and drain this many times `--messages`: four `outbox drain` processes
-#: start in about 0.3 s of CPU each, which at 100,000 messages was most of a four-process drain.
+#: A full run's fleet rows store and drain this many times `--messages` (`--quick`: once): four
+#: `outbox drain` processes start in about 0.3 s of CPU each, which at 100,000 messages was most
+#: of a four-process drain.
 SCALE = 10
 #: Longer than any spill here: the circuit stays open throughout (`scenarios.spill`).
 NO_PROBE = 3600.0
@@ -165,7 +166,6 @@ def run(
     from outbox.testing import create_topic
 
     bootstrap = common["bootstrap"]
-    n *= SCALE
     for rep in range(reps):
         log(f"fleet, repetition {rep + 1}/{reps}")
         stem = f"f{uuid.uuid4().hex[:8]}"
