@@ -4,8 +4,6 @@ as with one row per message. Real SQLite files and a real PostgreSQL server; no 
 
 from __future__ import annotations
 
-import dataclasses
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,30 +17,17 @@ from outbox.stores.base import Settlement
 from outbox.stores.claimed import ids_of
 from outbox.stores.postgres import PostgresOutbox
 from outbox.stores.sqlite import SQLiteOutbox
-from outbox.urls import parse_url
 
 from .. import resend_cases
 from ..group_cases import NOW, STAMP, G, batch, fail, ids, one
+from .durable_stores import durable_store
 
 GroupedStore = SQLiteOutbox | PostgresOutbox
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GroupedStore]:
-    if request.param == "sqlite":
-        s: GroupedStore = SQLiteOutbox(str(tmp_path / "o.db"))
-        yield s
-        s.close()
-        return
-    import psycopg
-
-    base: str = request.getfixturevalue("postgres_url")
-    schema = f"groups_{uuid.uuid4().hex[:10]}"
-    s = PostgresOutbox(dataclasses.replace(parse_url(base), schema=schema), pool_size=2)
-    yield s
-    s.close()
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    yield from durable_store(request, tmp_path, "groups")
 
 
 def rows_in_table(store: GroupedStore) -> int:

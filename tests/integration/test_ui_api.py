@@ -5,7 +5,6 @@ and no password in any answer."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import time
@@ -26,28 +25,15 @@ from outbox.testing.consume import consume
 from outbox.ui import create_app
 from outbox.urls import parse_url
 
+from .durable_stores import durable_store
+
 NOW = time.time()
 TOKEN = "s3cret-token-0123456789"
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Outbox]:
-    if request.param == "sqlite":
-        s: Outbox = SQLiteOutbox(str(tmp_path / "ui.db"))
-        yield s
-        s.close()
-        return
-    import psycopg
-
-    from outbox.stores.postgres import PostgresOutbox
-
-    base: str = request.getfixturevalue("postgres_url")
-    schema = f"ui_{uuid.uuid4().hex[:10]}"
-    s = PostgresOutbox(dataclasses.replace(parse_url(base), schema=schema), pool_size=2)
-    yield s
-    s.close()
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    yield from durable_store(request, tmp_path, "ui")
 
 
 def client(store: Outbox, **kw: Any) -> TestClient:
