@@ -440,7 +440,8 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             ).fetchall())
         if sum(map(len, whole)) == len(delivered):
             return gone, []
-        return gone, [i for i in settlement.delivered if i not in split and not any(i in ids for ids in whole)]
+        of_groups = split.union(*whole)
+        return gone, [i for i in settlement.delivered if i not in of_groups]
 
     def _explode(self, conn: psycopg.Connection[Any], gid: int, *, skip: Collection[int] = ()) -> int:
         """Replace a group row with one row per message (their own ids; lease and created_at
@@ -689,9 +690,10 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         otherwise): the caller splits it.
         """
         last_of_key: dict[tuple[str, bytes], int] = {}
+        group_keys = {r[0]: grouped.keys_of(r[KEYS]) for r in rows if r[N] > 1}  # read once
         for r in rows:
             if r[N] > 1:
-                for k in grouped.keys_of(r[KEYS]):
+                for k in group_keys[r[0]]:
                     last_of_key[(r[2], k)] = r[0]
             elif r[3] is not None:
                 last_of_key[(r[2], r[3])] = r[0]
@@ -738,7 +740,7 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 if r[3] is None or rid < blocked.get((t, r[3]), rid + 1):
                     kept.append(r)
                 continue
-            keys = grouped.keys_of(r[KEYS])
+            keys = group_keys[rid]
             waits = [(t, k) for k in keys if blocked.get((t, k), rid + 1) < rid]
             if not waits:
                 kept.append(r)
