@@ -106,7 +106,8 @@ def migrations(schema: str, table: str) -> dict[int, list[str]]:
         # Group rows (`outbox.stores.grouped`): one row holds a batch of messages, as in SQLite.
         # A group row is always PENDING, its key/value/headers NULL, its messages in `body` and
         # its distinct keys in `keys`. The body is stored out of line and uncompressed: it is
-        # written once and read once, and pglz spent ~2 µs a message compressing it.
+        # written once and read once, and compressing JSON-like bodies made their COPY take
+        # nearly three times as long (docs/DESIGN.md).
         6: [
             f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS n INTEGER NOT NULL DEFAULT 1",
             f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS body BYTEA",
