@@ -28,6 +28,11 @@ _KEY_MATCH = "md5(key) = md5({p}::bytea) AND key = {p}::bytea"
 _HEADERS_CONTAIN = "position({p}::bytea in headers) > 0"
 
 
+def _group_of(gid: int, topic: str, created_at: float, due: float, body: bytes) -> list[OutboxMessage]:
+    """A group row's messages, each due when its group is (its lease)."""
+    return [m._replace(next_attempt_at=due) for m in grouped.decode(bytes(body), gid, topic, created_at)]
+
+
 class PostgresAdmin(PostgresConnection, StoreAdmin):
     """The administration half of `PostgresOutbox` (one class of the store, kept in its own module)."""
 
@@ -52,19 +57,19 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
             ).fetchall()
         out: list[OutboxMessage] = []
         for r in rows:
-            if r[17] == 1:
+            if r[17] == 1:  # n
                 out.append(row_from_columns(r))
-            else:
-                out += [m._replace(next_attempt_at=r[12]) for m in grouped.decode(bytes(r[18]), r[0], r[2], r[9])]
+            else:  # id, topic, created_at, next_attempt_at, body
+                out += _group_of(r[0], r[2], r[9], r[12], r[18])
         return out
 
     def _group_messages(self, where: str, args: list[Any]) -> list[OutboxMessage]:
-        """The messages of the groups matching `where`, each due when its group is (its lease)."""
+        """The messages of the groups matching `where` (`_group_of`)."""
         out: list[OutboxMessage] = []
-        for gid, topic, created_at, due, body in self._read(
+        for r in self._read(
             f"SELECT id, topic, created_at, next_attempt_at, body FROM {self._t} WHERE n > 1 AND {where}", args
         ):
-            out += [m._replace(next_attempt_at=due) for m in grouped.decode(bytes(body), gid, topic, created_at)]
+            out += _group_of(*r)
         return out
 
     def list_dead(self, flt: DeadLetterFilter = _ALL) -> list[OutboxMessage]:
