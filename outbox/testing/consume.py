@@ -9,7 +9,29 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-__all__ = ["consume", "consume_to_end"]
+__all__ = ["consume", "consume_to_end", "readable_partitions"]
+
+
+def readable_partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
+    """The partitions of ``topic``, once the broker that answers knows it.
+
+    A topic just created (or written) can still be unknown to the broker a metadata request
+    reaches: each broker applies the cluster's metadata on its own, a lagging one answers
+    ``UNKNOWN_TOPIC_OR_PART`` with no partitions. Reading that answer as "no partitions" would
+    assign nothing and read nothing, so ask again until the topic is known.
+
+    Raises:
+        TimeoutError: the topic was still unknown after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        md = consumer.list_topics(topic, timeout=max(0.5, min(5.0, deadline - time.monotonic())))
+        tmd = md.topics.get(topic)
+        if tmd is not None and tmd.error is None and tmd.partitions:
+            return sorted(tmd.partitions)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topic {topic!r} is not readable after {timeout} s: {tmd.error if tmd else 'unknown'}")
+        time.sleep(0.2)
 
 
 def _reader(bootstrap: str, config: Mapping[str, Any] | None, *, eof: bool) -> Consumer:
@@ -57,16 +79,10 @@ def consume(
     consumer = _reader(bootstrap, config, eof=False)
     out: list[Message] = []
     try:
-        partitions: list[int] = []
-        while not partitions:
-            md = consumer.list_topics(topic, timeout=max(0.5, min(5.0, deadline - time.monotonic())))
-            tmd = md.topics.get(topic)
-            if tmd is not None and tmd.error is None:
-                partitions = sorted(tmd.partitions)
-            elif time.monotonic() > deadline:
-                return out
-            else:
-                time.sleep(0.2)
+        try:
+            partitions = readable_partitions(consumer, topic, deadline - time.monotonic())
+        except TimeoutError:
+            return out
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         while len(out) < expected:
             remaining = deadline - time.monotonic()
@@ -101,15 +117,11 @@ def consume_to_end(
     consumer = _reader(bootstrap, config, eof=True)
     out: list[Message] = []
     try:
-        md = consumer.list_topics(topic, timeout=max(1.0, min(10.0, timeout)))
-        tmd = md.topics.get(topic)
-        if tmd is None or tmd.error is not None:
-            raise RuntimeError(f"topic {topic!r} is not readable: {tmd.error if tmd else 'unknown topic'}")
         ends: dict[int, int] = {}
-        for p in sorted(tmd.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        for part in readable_partitions(consumer, topic, timeout):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=10)
             if high > low:
-                ends[p] = high
+                ends[part] = high
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
         while ends:
             if time.monotonic() > deadline:

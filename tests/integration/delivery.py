@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from outbox import ID_HEADER
+from outbox.testing.consume import readable_partitions
 
 
 def header(msg: Message, name: str) -> bytes | None:
@@ -68,8 +69,7 @@ def read_topic(bootstrap: str, topic: str, expect_unique: int, timeout: float = 
     )
     out = Arrivals()
     try:
-        md = consumer.list_topics(topic, timeout=30)
-        parts = sorted(md.topics[topic].partitions)
+        parts = readable_partitions(consumer, topic, 30)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
         deadline = time.monotonic() + timeout
         quiet_until: float | None = None

@@ -9,6 +9,7 @@ Consumer hops and dead letters keep the consumed record's own timestamp.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any
 
 import psycopg
 from click.testing import CliRunner, Result
-from confluent_kafka import TIMESTAMP_CREATE_TIME, Message, Producer
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, Message, Producer, TopicPartition
 from outbox_cli.main import cli
 
 from outbox import DeadLetter, ResilientConsumer, ResilientProducer, RetryTopics
@@ -27,6 +28,7 @@ from outbox.stores import grouped, open_outbox
 from outbox.stores.postgres import SCHEMA_VERSION, PostgresOutbox
 from outbox.stores.sqlite import SQLiteOutbox
 from outbox.testing import KafkaCluster
+from outbox.testing.consume import readable_partitions
 from outbox.urls import parse_url
 
 from ..old_schema import sqlite_v5
@@ -43,6 +45,16 @@ def run(*args: str) -> Result:
     return CliRunner().invoke(
         cli, list(args), env={"OUTBOX_URL": "", "KAFKA_BOOTSTRAP_SERVERS": ""}, catch_exceptions=False
     )
+
+
+def written(bootstrap: str, topic: str) -> int:
+    """Records in `topic`: the sum of its partitions' high watermarks."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"watermarks-{uuid.uuid4().hex}"})
+    try:
+        parts = readable_partitions(consumer, topic, 30)
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
+    finally:
+        consumer.close()
 
 
 def ms(t: float) -> int:
@@ -193,6 +205,10 @@ def test_dead_letter_replay_and_an_edited_redrive_send_the_stored_timestamp(
     assert run("dlq", "replay", "--outbox", url, "--id", str(d2), "--to-topic", other).exit_code == 0
     r = run("drain", "--outbox", url, "-b", kafka_bootstrap, "--json")
     assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["delivered"] == 4
+    # What the drain counted as delivered is in Kafka: each topic's high watermarks (read from
+    # the partitions' leaders) hold it, before anything is read back.
+    assert written(kafka_bootstrap, topic) == 3 and written(kafka_bootstrap, other) == 1
     assert stamps(read_topic(kafka_bootstrap, topic, 3)) == {
         f"d{i}": (TIMESTAMP_CREATE_TIME, EXPLICIT + i) for i in (0, 1, 3)
     }
