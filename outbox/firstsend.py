@@ -73,6 +73,7 @@ class FirstSend:
         self._link = link
         self._hold_longest = hold_longest
         self._spill = spill
+        self._fence = spill.fence
         self._writer = writer
         self._circuit = circuit
         self._retry = retry
@@ -90,10 +91,17 @@ class FirstSend:
         headers, not only the id; `timestamp`: produce()'s, 0 for now). Stored instead if
         librdkafka's queue stays full."""
         report: _Report
+        fenced: Key | None = None
+        previous: str | None = None
+        if key is not None and self._fence.tracking:
+            k = key if key.__class__ is bytes else as_bytes(key)
+            if k is not None:
+                fenced = (topic, k)
+                previous = self._fence.sending(fenced, msg_id)
         if cb is None and partition == -1 and not timestamp and not app_headers:
-            report = _Report(self, msg_id)  # the common message: its id is all a failure needs
+            report = _Report(self, msg_id, fenced)  # the common message: its id is all a failure needs
         else:
-            report = _FullReport(self, msg_id, hdrs if app_headers else None, cb, partition, timestamp)
+            report = _FullReport(self, msg_id, fenced, hdrs if app_headers else None, cb, partition, timestamp)
         link = self._link
         try:
             try:
@@ -117,10 +125,14 @@ class FirstSend:
                     self._spill.hold_after_open(self._hold_longest)
             link.handed.add()
         except BufferError:
+            if fenced is not None:
+                self._fence.not_sent(fenced, msg_id, previous)
             self._spill.store_unsent(
                 topic, value, key, hdrs, partition, msg_id, cb, NOT_SENT_QUEUE_FULL, timestamp, wait=True
             )
         except KafkaException as exc:
+            if fenced is not None:
+                self._fence.not_sent(fenced, msg_id, previous)
             self.failed_send(exc.args[0], topic, value, key, hdrs, partition, msg_id, cb, None, timestamp)
 
     def send_unprotected(
@@ -158,8 +170,11 @@ class FirstSend:
             self._spill.store_held(key, held)
             return
         produce = self._link.kafka.produce
+        fence = self._fence
         for i, (msg, cb) in enumerate(held):
-            report = _FullReport(self, msg.msg_id, msg.headers, cb, msg.partition, msg.timestamp)
+            fenced = key if fence.tracking else None
+            previous = fence.sending(key, msg.msg_id) if fenced is not None else None
+            report = _FullReport(self, msg.msg_id, fenced, msg.headers, cb, msg.partition, msg.timestamp)
             try:
                 produce(
                     msg.topic, msg.value, msg.key, msg.partition, report, None, msg.timestamp,
@@ -167,15 +182,23 @@ class FirstSend:
                 )
                 self._link.handed.add()
             except BufferError:  # no waiting under the lock: the delivery thread may need it
+                if fenced is not None:
+                    fence.not_sent(key, msg.msg_id, previous)
                 self._spill.store_held(key, held[i:])
                 return
             except KafkaException as exc:
+                if fenced is not None:
+                    fence.not_sent(key, msg.msg_id, previous)
                 self.failed_send(
                     exc.args[0], msg.topic, msg.value, msg.key, msg.headers or [], msg.partition, msg.msg_id, cb, None,
                     msg.timestamp,
                 )
                 self._spill.store_held(key, held[i + 1 :])
                 return
+
+    def reported(self, key: Key, msg_id: str) -> None:
+        """Delivery thread: a first send of `key` was reported (`outbox.sendfence`)."""
+        self._spill.sent_reported(key, msg_id)
 
     def on_failure(self, r: _Report, err: KafkaError, msg: Message) -> None:
         """Delivery thread: the failure report of a first send (`_Report.__call__` serves successes)."""
@@ -261,7 +284,7 @@ class _Report:
     header list and its tuple cost 2.9 µs of collection). Its success report returns at once.
     """
 
-    __slots__ = ("first", "msg_id")
+    __slots__ = ("first", "msg_id", "key")
 
     # What `_FullReport` holds per message; these are the common message's.
     headers: Headers | None = None  # None: the id header alone (rebuilt on failure)
@@ -269,13 +292,16 @@ class _Report:
     partition = -1
     timestamp = 0  # given to produce(); 0: librdkafka's (a failure: its latency)
 
-    def __init__(self, first: FirstSend, msg_id: str) -> None:
+    def __init__(self, first: FirstSend, msg_id: str, key: Key | None) -> None:
         self.first = first
         self.msg_id = msg_id
+        self.key = key  # (topic, key) while its key's later outbox-bound messages may wait on it
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             self.first.on_failure(self, err, msg)
+        if self.key is not None:  # after a failure is stored: ahead of what waited behind it
+            self.first.reported(self.key, self.msg_id)
 
 
 @mypyc_attr(acyclic=True)
@@ -286,11 +312,12 @@ class _FullReport(_Report):
     __slots__ = ("headers", "cb", "partition", "timestamp")
 
     def __init__(
-        self, first: FirstSend, msg_id: str, headers: Headers | None, cb: DeliveryCallback | None, partition: int,
-        timestamp: int,
+        self, first: FirstSend, msg_id: str, key: Key | None, headers: Headers | None, cb: DeliveryCallback | None,
+        partition: int, timestamp: int,
     ) -> None:
         self.first = first
         self.msg_id = msg_id
+        self.key = key
         self.headers = headers
         self.cb = cb
         self.partition = partition
@@ -299,7 +326,11 @@ class _FullReport(_Report):
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             self.first.on_failure(self, err, msg)
+            if self.key is not None:
+                self.first.reported(self.key, self.msg_id)
             return
+        if self.key is not None:
+            self.first.reported(self.key, self.msg_id)
         cb = self.cb
         if cb is not None:  # reported only with successes heard (delivery.report.only.error unset)
             cb(None, msg)

@@ -339,6 +339,8 @@ class ResilientProducer(PythonObject):
         self._spill = Spill(
             self.store, self.writer, self._link, self.circuit, self._fates,
             events=self._events, gate=mode == "fallback", keyed_probes=drain_workers == 0,
+            track_sends=mode == "fallback" and not self._config["delivery.report.only.error"],
+            fence_longest=self._message_timeout + 1.0,
         )
         self._route = self._spill.admission.route  # produce()'s one decision (outbox.admission)
         self._backlog = self._spill.backlog

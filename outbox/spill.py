@@ -33,6 +33,7 @@ from .keyorder import Key, KeyBacklog
 from .link import KafkaLink
 from .payload import as_bytes
 from .records import Headers, NewMessage
+from .sendfence import Held, SendFence
 from .stores import Outbox
 from .tally import Tally
 from .writer import GroupCommitWriter
@@ -64,6 +65,9 @@ class Spill:
             messages may probe the half-open circuit; not in write-ahead mode, which stores
             every message anyway.
         keyed_probes: fallback mode: a keyed message may probe the circuit (`outbox.admission`).
+        track_sends: success reports are heard, so a key's outbox-bound messages can wait behind
+            its first sends still in librdkafka (`outbox.sendfence`).
+        fence_longest: the most such a wait lasts (`message.timeout.ms` + 1 s).
 
     `admission` decides each message's route from the circuit, the key backlog and the
     hold-back built here (`outbox.admission`).
@@ -80,6 +84,8 @@ class Spill:
         events: Listener,
         gate: bool,
         keyed_probes: bool = False,
+        track_sends: bool = False,
+        fence_longest: float = 31.0,
     ) -> None:
         self._writer = writer
         self._link = link
@@ -92,6 +98,10 @@ class Spill:
         self.hold: Holdback[NewMessage] = Holdback(
             _sequence, budget=self.budget, on_full=link.purge_all_soon, clock=time.monotonic
         )
+        self.fence = SendFence(
+            tracking=track_sends, budget=self.budget, on_full=link.purge_all_soon, clock=time.monotonic,
+            longest=fence_longest,
+        )
         # A hold after the circuit opened purges librdkafka's queue at every tick (stragglers
         # queued just after the open); one behind a probe does not (the probe is in that queue
         # while a broker reconnects).
@@ -102,7 +112,7 @@ class Spill:
         self.backlog = KeyBacklog(
             store,
             flush=lambda: writer.flush(),
-            holding=lambda: self.hold.active,
+            holding=lambda: self.hold.active or self.fence.active,
             may_check=lambda: circuit.state is not CircuitState.OPEN,
             send=events.key_released if gate else None,
             store_held=self.store_held if gate else None,
@@ -112,7 +122,7 @@ class Spill:
 
     def held(self) -> int:
         """Messages bound for the outbox but in memory here (hold-back and gate), not queued."""
-        return len(self.hold) + self.backlog.held
+        return len(self.hold) + self.backlog.held + len(self.fence)
 
     # -- paths in ----------------------------------------------------------------------------
 
@@ -185,8 +195,24 @@ class Spill:
         self.note(msg, cb)
         if not cost:
             cost = message_cost(msg)
+        if msg.key is not None and self.fence.hold(msg, cb, cost):
+            return
+        self._to_writer(msg, cost)
+
+    def _to_writer(self, msg: NewMessage, cost: int) -> None:
         if not (self.admission.holding_back() and self.hold.offer(msg, cost)):
             self._writer.add_new(msg, cost=cost)
+
+    def sent_reported(self, key: Key, msg_id: str) -> None:
+        """Delivery thread: librdkafka reported a first send of `key`; if it was the key's newest,
+        the messages that waited behind it go on to the writer, in produce order."""
+        self._queue_fenced(self.fence.reported(key, msg_id))
+
+    def _queue_fenced(self, held: list[Held]) -> None:
+        if held:
+            with self.backlog.lock:  # a backlog check must see them either held or in the writer
+                for msg, _, cost in held:
+                    self._to_writer(msg, cost)
 
     def wait_for_room(self, cost: int) -> None:
         """Application threads: block while the memory budget has no room for `cost` more bytes.
@@ -222,9 +248,14 @@ class Spill:
         """Delivery thread, after each poll: end a hold-back whose time has come."""
         if self.hold.active:
             self.release_held()
+        if self.fence.active:
+            self._queue_fenced(self.fence.overdue())
 
     def release_held(self, *, force: bool = False) -> None:
-        """Delivery thread: store held messages in produce order once librdkafka returned the rest."""
+        """Delivery thread: store held messages in produce order once librdkafka returned the rest
+        (`force`: at once, with every fenced key's, at close())."""
+        if force:
+            self._queue_fenced(self.fence.overdue(force=True))
         closed = self._circuit.closed
         if not force and not closed and self._purge_stragglers:
             # Purge again: a produce() that saw the circuit closed just before it opened may have

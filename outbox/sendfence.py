@@ -1,0 +1,155 @@
+"""SendFence: a key's outbox-bound messages wait while librdkafka still holds its older first sends.
+
+The drain re-sends stored messages with producers of its own. A message stored while the
+circuit is closed (librdkafka's queue stayed full, or its key already waits in the outbox) can
+have older messages of its key still queued in the fast path's producer: one partition's leader
+is gone for a few seconds, say, while the others take messages. Stored at once, it could be
+drained before librdkafka delivers them, and a key's messages would reach Kafka out of order.
+
+So a keyed message bound for the outbox, produced after a first send of its key that librdkafka
+has not reported yet, is held here, in memory, with every later message of its key bound for
+the outbox. When librdkafka reports that key's newest first send (delivered, or failed and
+stored), the held messages are handed on in produce order (the `outbox-id` counter's order),
+behind any of the key's first sends that failed meanwhile.
+
+Knowing which keys librdkafka holds needs success reports: with `delivery.report.only.error`
+they are not heard, nothing is tracked and nothing is held (the window in docs/guarantees.md).
+
+Bounds: held messages count against the memory budget; once it is full the owner is asked to
+purge what librdkafka holds, whose reports end every fence. And a fence lasts at most
+`longest` seconds (`message.timeout.ms` + 1 s: by then librdkafka has reported every message
+older than it), so a report that never comes cannot keep messages in memory for good.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .budget import MemoryBudget
+from .keyorder import Key
+from .records import NewMessage
+
+#: A held message: the row, its `on_delivery`, its cost in bytes.
+Held = tuple[NewMessage, Any, int]
+
+
+class SendFence:
+    """Keys with first sends in librdkafka, and the outbox-bound messages that wait behind them.
+
+    Args:
+        tracking: whether success reports are heard (see the module doc); False: a no-op.
+        budget: the memory budget the held messages count against (this is one of its parts).
+        on_full: called when the budget is full while messages are held (purge librdkafka).
+        clock: monotonic seconds.
+        longest: the most a fence lasts, in seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracking: bool,
+        budget: MemoryBudget,
+        on_full: Callable[[], None],
+        clock: Callable[[], float],
+        longest: float,
+    ) -> None:
+        self.tracking = tracking
+        self._on_full = on_full
+        self._clock = clock
+        self._longest = longest
+        self._lock = threading.Lock()
+        self._sending: dict[Key, str] = {}  # key -> id of its newest first send librdkafka holds
+        self._held: dict[Key, list[Held]] = {}
+        self._since: dict[Key, float] = {}
+        self.held_bytes = 0  # under the lock (outbox.budget)
+        self.fences = 0  # fences begun (stats, tests)
+        self._budget = budget
+        budget.add_part(self)
+
+    @property
+    def active(self) -> bool:
+        """Whether any message is held (one attribute read: the key backlog asks it often)."""
+        return bool(self._held)
+
+    def __len__(self) -> int:
+        return sum(len(h) for h in self._held.values())
+
+    # -- first sends (application threads, the delivery thread) ------------------------------
+
+    def sending(self, key: Key, msg_id: str) -> str | None:
+        """Before librdkafka is given `msg_id` of `key`: it is the key's newest first send.
+        Returns the previous newest, for `not_sent`."""
+        with self._lock:
+            previous = self._sending.get(key)
+            self._sending[key] = msg_id
+            return previous
+
+    def not_sent(self, key: Key, msg_id: str, previous: str | None) -> None:
+        """librdkafka did not take `msg_id` after all (`sending` was told it)."""
+        with self._lock:
+            if self._sending.get(key) == msg_id:
+                if previous is None:
+                    del self._sending[key]
+                else:
+                    self._sending[key] = previous
+
+    def reported(self, key: Key, msg_id: str) -> list[Held]:
+        """Delivery thread: librdkafka reported `msg_id` of `key`. If it was the key's newest
+        first send, the key's held messages are returned, in produce order, to be queued."""
+        with self._lock:
+            if self._sending.get(key) != msg_id:
+                return []
+            del self._sending[key]
+            return self._end(key)
+
+    # -- messages bound for the outbox (under the key backlog's lock) -----------------------
+
+    def hold(self, msg: NewMessage, cb: Any, cost: int) -> bool:
+        """Hold a keyed message bound for the outbox if it must wait behind its key's first sends
+        (or behind messages already held for its key). False: queue it now."""
+        if not self.tracking or msg.key is None:
+            return False
+        key = (msg.topic, msg.key)
+        with self._lock:
+            held = self._held.get(key)
+            if held is None:
+                newest = self._sending.get(key)
+                # Ids are one generator's fixed-width prefix + counter: string order is produce
+                # order. A failed first send (not newer) is stored at once: what is newer of its
+                # key is in librdkafka already, holding it back would not put it ahead of them.
+                if newest is None or msg.msg_id <= newest:
+                    return False
+                held = self._held[key] = []
+                self._since[key] = self._clock()
+                self.fences += 1
+            if self._budget.full(cost):
+                self._on_full()
+            held.append((msg, cb, cost))
+            self.held_bytes += cost
+            return True
+
+    def overdue(self, *, force: bool = False) -> list[Held]:
+        """Delivery thread: the messages of fences past `longest` (all, with `force`), in produce
+        order per key."""
+        if not self._held:
+            return []
+        now = self._clock()
+        out: list[Held] = []
+        with self._lock:
+            for key in [k for k, t in self._since.items() if force or now - t >= self._longest]:
+                self._sending.pop(key, None)
+                out += self._end(key)
+        return out
+
+    def _end(self, key: Key) -> list[Held]:
+        """Under the lock: the key's held messages, sorted by produce order, and its fence ended."""
+        held = self._held.pop(key, None)
+        if held is None:
+            return []
+        del self._since[key]
+        self._budget.sample()  # the most held is reached just before a decrease
+        self.held_bytes -= sum(cost for _, _, cost in held)
+        held.sort(key=lambda h: h[0].msg_id)
+        return held

@@ -1,0 +1,141 @@
+"""One history checker: what was accepted, against what a topic holds, read per partition.
+
+A test records every message whose `produce()` returned (`History.accepted`), then reads the
+topic back partition by partition in offset order (`History.check`) and gets a `Verdict`:
+
+- **lost**: accepted messages with no copy in the topic;
+- **reordered keys**: keys whose first copies did not arrive in produce order (a copy after the
+  first, with the same `outbox-id`, is a duplicate: consumers that deduplicate drop it);
+- **duplicates**: copies beyond the first of a message;
+- **without id**: records that carry no `outbox-id` header.
+
+The accepted order of a key is the order its `produce()` calls returned in on the thread that
+made them; a key produced from several threads at once has no single produce order, so a
+history records each key from one thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from outbox.headers import ID_HEADER
+from outbox.testing.consume import readable_partitions
+
+__all__ = ["History", "Verdict"]
+
+
+@dataclass
+class Verdict:
+    """What `History.check` found; `ok` when nothing was lost or reordered and every record has its id."""
+
+    accepted: int
+    records: int
+    lost: list[str] = field(default_factory=list)
+    reordered: dict[bytes, list[str]] = field(default_factory=dict)
+    duplicates: int = 0
+    without_id: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.lost and not self.reordered and not self.without_id
+
+    def summary(self) -> str:
+        """One line: messages, records, lost, reordered keys, duplicates, records without id."""
+        return (
+            f"{self.accepted} messages, {self.records} records: {len(self.lost)} lost, "
+            f"{len(self.reordered)} reordered keys, {self.duplicates} duplicates, {self.without_id} without id"
+        )
+
+    def first_inversions(self, most: int = 3) -> list[str]:
+        """A few reordered keys with the ids around their first inversion, for a failure message."""
+        out = []
+        for key, ids in list(self.reordered.items())[:most]:
+            out.append(f"{key!r}: arrived in the order {ids[:12]}{' ...' if len(ids) > 12 else ''}")
+        return out
+
+
+class History:
+    """Accepted messages by topic and key, in produce order; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._order: dict[tuple[str, bytes | None], list[str]] = defaultdict(list)
+        self._topics: dict[str, set[str]] = defaultdict(set)
+
+    def accepted(self, topic: str, key: bytes | None, msg_id: str) -> None:
+        """`produce()` returned for the message `msg_id` (its `outbox-id`)."""
+        with self._lock:
+            self._order[(topic, key)].append(msg_id)
+            self._topics[topic].add(msg_id)
+
+    def __len__(self) -> int:
+        return sum(len(ids) for ids in self._topics.values())
+
+    def check(self, bootstrap: str, topic: str, *, timeout: float = 120.0) -> Verdict:
+        """Read `topic` to its end, partition by partition in offset order, and judge it.
+
+        Raises:
+            TimeoutError: a partition was not read to its high watermark within `timeout`.
+        """
+        first_seen: dict[str, tuple[int, int]] = {}  # id -> (partition, offset) of its first copy
+        records = duplicates = without_id = 0
+        for part, msg_ids in _read(bootstrap, topic, timeout):
+            for offset, msg_id in msg_ids:
+                records += 1
+                if msg_id is None:
+                    without_id += 1
+                elif msg_id in first_seen:
+                    duplicates += 1
+                else:
+                    first_seen[msg_id] = (part, offset)
+        accepted = self._topics.get(topic, set())
+        verdict = Verdict(len(accepted), records, duplicates=duplicates, without_id=without_id)
+        verdict.lost = sorted(accepted - first_seen.keys())
+        for (t, key), ids in self._order.items():
+            if t != topic or key is None:
+                continue
+            arrived = sorted((first_seen[i], n) for n, i in enumerate(ids) if i in first_seen)
+            positions = [n for _, n in arrived]
+            if positions != sorted(positions):
+                verdict.reordered[key] = [ids[n] for n in positions]
+        return verdict
+
+
+def _read(bootstrap: str, topic: str, timeout: float) -> list[tuple[int, list[tuple[int, str | None]]]]:
+    """Every record of `topic` as (partition, [(offset, outbox-id or None)]), up to the high watermarks."""
+    deadline = time.monotonic() + timeout
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"outbox-history-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
+    out: list[tuple[int, list[tuple[int, str | None]]]] = []
+    try:
+        for part in readable_partitions(consumer, topic, timeout):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=30)
+            got: list[tuple[int, str | None]] = []
+            consumer.assign([TopicPartition(topic, part, OFFSET_BEGINNING)])
+            position = low
+            while position < high:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{topic!r} [{part}]: read to offset {position} of {high} in {timeout} s")
+                msg = consumer.poll(1.0)
+                if msg is None or msg.error() is not None:
+                    continue
+                offset = msg.offset() or 0
+                position = offset + 1
+                ids = [v for h, v in msg.headers() or [] if h == ID_HEADER]
+                got.append((offset, ids[0].decode() if ids and ids[0] is not None else None))
+            out.append((part, got))
+        return out
+    finally:
+        consumer.close()
