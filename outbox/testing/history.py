@@ -133,9 +133,16 @@ def _read(bootstrap: str, topic: str, timeout: float) -> list[tuple[int, list[tu
                     continue
                 offset = msg.offset() or 0
                 position = offset + 1
-                ids = [v for h, v in msg.headers() or [] if h == ID_HEADER]
-                got.append((offset, ids[0].decode() if ids and ids[0] is not None else None))
+                headers = msg.headers() or []
+                got.append((offset, _id_of(list(headers.items()) if isinstance(headers, dict) else headers)))
             out.append((part, got))
         return out
     finally:
         consumer.close()
+
+
+def _id_of(headers: list[tuple[str, str | bytes | None]]) -> str | None:
+    for name, value in headers:
+        if name == ID_HEADER and value is not None:
+            return value.decode() if isinstance(value, bytes) else value
+    return None
