@@ -3,8 +3,10 @@
 :class:`KafkaCluster` runs a pinned Apache Kafka (KRaft mode, no ZooKeeper) as
 local JVM processes: one dedicated controller plus ``N`` brokers, all listening
 on free ports of ``127.0.0.1``, with their data and logs in a temporary
-directory. Brokers can be stopped (SIGTERM), killed (SIGKILL) and restarted, so
-tests can exercise real failure modes.
+directory. Brokers can be stopped (SIGTERM), killed (SIGKILL), frozen (SIGSTOP)
+and restarted, so tests can exercise real failure modes. With ``proxied=True``
+every client connection passes through a :class:`~outbox.testing.netfaults.FaultProxy`
+that can delay, throttle, black-hole or reset the traffic to each broker.
 
 The Kafka jars are fetched from Maven Central on first use with ``mvn`` (the
 ``pom.xml`` shipped next to this module) and cached under
@@ -43,6 +45,7 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type
 
 from outbox.testing.maven import KAFKA, KAFKA_VERSION, MavenFetchError
 from outbox.testing.maven import fetch as maven_fetch
+from outbox.testing.netfaults import FaultProxy
 from outbox.testing.ports import free_port
 
 __all__ = [
@@ -323,6 +326,20 @@ class KafkaCluster:
             cluster.start_broker(1)
             cluster.wait_for_isr("orders")
 
+    Faults short of a crash: :meth:`freeze_broker` / :meth:`freeze_all` stop a
+    broker's JVM with SIGSTOP (it holds its connections and answers nothing, as a
+    long GC pause or a hung host would) until :meth:`thaw_broker` / :meth:`thaw_all`.
+    With ``proxied=True`` each broker has two listeners: ``CLIENT``, advertised
+    at a port of :attr:`network` (a :class:`~outbox.testing.netfaults.FaultProxy`,
+    so every client connection, metadata included, goes through it), and
+    ``INTERNAL``, for replication between brokers, which the proxy does not
+    touch: a network fault cuts clients off from a broker, not the broker from
+    its peers::
+
+        with KafkaCluster(brokers=3, proxied=True) as cluster:
+            cluster.network.blackhole(0)   # clients of broker 0 time out
+            cluster.network.heal(0)
+
     Broker ``i`` (``0 <= i < brokers``) has node id ``i``; the controller has
     node id :data:`CONTROLLER_NODE_ID`. Ports are picked once at
     :meth:`start` and kept across broker restarts.
@@ -341,6 +358,8 @@ class KafkaCluster:
         controller_heap: ``-Xmx`` of the controller JVM.
         jvm_opts: JVM flags (default :data:`DEFAULT_JVM_OPTS`).
         startup_timeout: Seconds to wait for a process to serve.
+        proxied: Route every client connection through a fault proxy
+            (:attr:`network`); replication between brokers stays direct.
     """
 
     def __init__(
@@ -355,6 +374,7 @@ class KafkaCluster:
         controller_heap: str = "256m",
         jvm_opts: tuple[str, ...] | list[str] = DEFAULT_JVM_OPTS,
         startup_timeout: float = 90.0,
+        proxied: bool = False,
     ) -> None:
         if brokers < 1:
             raise ValueError("brokers must be >= 1")
@@ -371,6 +391,10 @@ class KafkaCluster:
         self._cluster_id = _new_cluster_id()
         self._controller_port = 0
         self._broker_ports: list[int] = []
+        self._internal_ports: list[int] = []
+        self._proxied = proxied
+        self._network: FaultProxy | None = None
+        self._frozen: set[int] = set()
         self._controller: subprocess.Popen[bytes] | None = None
         self._brokers: list[subprocess.Popen[bytes] | None] = [None] * brokers
         self._log_files: list[IO[bytes]] = []
@@ -407,8 +431,34 @@ class KafkaCluster:
 
     @property
     def broker_ports(self) -> list[int]:
-        """Port of each broker's PLAINTEXT listener on 127.0.0.1, by broker index."""
+        """Port clients reach each broker at on 127.0.0.1, by broker index.
+
+        The broker's own listener, or with ``proxied=True`` the proxy's port in front of it.
+        """
+        if self._network is not None:
+            return self._network.ports
         return list(self._broker_ports)
+
+    @property
+    def proxied(self) -> bool:
+        """Whether client connections go through the fault proxy (:attr:`network`)."""
+        return self._proxied
+
+    @property
+    def network(self) -> FaultProxy:
+        """The fault proxy between clients and brokers; target ``i`` is broker ``i``.
+
+        Raises:
+            RuntimeError: The cluster was not made with ``proxied=True``, or is not started.
+        """
+        if self._network is None:
+            raise RuntimeError("network faults need KafkaCluster(proxied=True), started")
+        return self._network
+
+    @property
+    def frozen_brokers(self) -> list[int]:
+        """Indices of brokers frozen with SIGSTOP (:meth:`freeze_broker`), sorted."""
+        return sorted(self._frozen)
 
     @property
     def controller_port(self) -> int:
@@ -417,7 +467,12 @@ class KafkaCluster:
 
     @property
     def bootstrap_servers(self) -> str:
-        """Comma-separated ``127.0.0.1:port`` of all brokers (running or not)."""
+        """Comma-separated ``127.0.0.1:port`` of all brokers (running or not); the proxy's ports if proxied."""
+        return ",".join(f"127.0.0.1:{p}" for p in self.broker_ports)
+
+    @property
+    def _direct_bootstrap(self) -> str:
+        # The cluster's own start-up checks bypass the proxy, so a fault left on cannot stall them.
         return ",".join(f"127.0.0.1:{p}" for p in self._broker_ports)
 
     def pids(self) -> list[int]:
@@ -468,6 +523,11 @@ class KafkaCluster:
             (self.dir / "log4j2.properties").write_text(_LOG4J2)
             self._controller_port = free_port()
             self._broker_ports = [free_port() for _ in range(self.num_brokers)]
+            if self._proxied:
+                self._internal_ports = [free_port() for _ in range(self.num_brokers)]
+                self._network = FaultProxy()
+                for port in self._broker_ports:
+                    self._network.add(port)
             self._write_configs()
             self._format_all()
             self._controller = self._spawn("controller", self._controller_heap)
@@ -493,6 +553,8 @@ class KafkaCluster:
         if os.getpid() != self._owner_pid:  # forked child: the processes are not ours
             return
         try:
+            # A stopped JVM would hold SIGTERM pending until it is killed after the timeout.
+            self.thaw_all()
             for i in range(self.num_brokers):
                 p = self._brokers[i]
                 if p is not None and p.poll() is None:
@@ -506,6 +568,8 @@ class KafkaCluster:
                         self._controller.send_signal(signal.SIGTERM)
                 self._reap(self._controller, timeout=10.0)
         finally:
+            if self._network is not None:
+                self._network.close()
             for f in self._log_files:
                 with contextlib.suppress(Exception):
                     f.close()
@@ -526,6 +590,7 @@ class KafkaCluster:
             return
         with contextlib.suppress(ProcessLookupError):
             p.send_signal(signal.SIGTERM)
+        self.thaw_broker(i)  # a frozen JVM acts on the pending SIGTERM only once continued
         self._reap(p, timeout)
 
     def kill_broker(self, i: int) -> None:
@@ -534,8 +599,52 @@ class KafkaCluster:
         if p is None or p.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
-            p.kill()
+            p.kill()  # SIGKILL ends a stopped process too
         p.wait()
+        self._frozen.discard(i)
+
+    def freeze_broker(self, i: int) -> None:
+        """Freeze broker ``i`` with SIGSTOP: its JVM stops, its sockets stay open and answer nothing.
+
+        Clients see requests time out rather than connections refused; after
+        ``broker.session.timeout.ms`` (5 s here) the controller fences it and
+        moves its partition leaderships. No-op if it is not running or already frozen.
+        """
+        p = self._broker(i)
+        if p is None or p.poll() is not None or i in self._frozen:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGSTOP)
+            self._frozen.add(i)
+
+    def thaw_broker(self, i: int) -> None:
+        """Continue broker ``i`` after :meth:`freeze_broker` (SIGCONT). No-op if it is not frozen."""
+        p = self._broker(i)
+        if i not in self._frozen:
+            return
+        self._frozen.discard(i)
+        if p is not None and p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
+
+    def freeze_all(self) -> None:
+        """Freeze every running broker (SIGSTOP). The controller keeps running.
+
+        The controller is left up so the cluster keeps its metadata quorum: the
+        brokers come back on :meth:`thaw_all` by re-registering, as after a long
+        pause, instead of waiting for a controller election.
+        """
+        for i in self.running_brokers():
+            self.freeze_broker(i)
+
+    def thaw_all(self) -> None:
+        """Continue every frozen broker (SIGCONT)."""
+        for i in sorted(self._frozen):
+            p = self._brokers[i]
+            self._frozen.discard(i)
+            if p is not None and p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGCONT)
 
     def start_broker(self, i: int, timeout: float | None = None) -> None:
         """Start broker ``i`` (no-op if running) and wait until it serves.
@@ -559,6 +668,7 @@ class KafkaCluster:
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(signal.SIGTERM)
+        self.thaw_all()
         for p in procs:
             self._reap(p, timeout)
 
@@ -622,7 +732,11 @@ class KafkaCluster:
         return {
             "controller.quorum.voters": f"{CONTROLLER_NODE_ID}@127.0.0.1:{self._controller_port}",
             "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "listener.security.protocol.map": (
+                "CONTROLLER:PLAINTEXT,CLIENT:PLAINTEXT,INTERNAL:PLAINTEXT"
+                if self._proxied
+                else "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+            ),
             "broker.session.timeout.ms": 5000,
             "broker.heartbeat.interval.ms": 500,
             "num.network.threads": 2,
@@ -649,9 +763,7 @@ class KafkaCluster:
                 **self._common_config(),
                 "process.roles": "broker",
                 "node.id": i,
-                "listeners": f"PLAINTEXT://127.0.0.1:{port}",
-                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
-                "inter.broker.listener.name": "PLAINTEXT",
+                **self._listeners(i, port),
                 "log.dirs": bdir / "data",
                 "num.partitions": 3,
                 "default.replication.factor": rf,
@@ -676,6 +788,21 @@ class KafkaCluster:
             }
             bdir.mkdir()
             (bdir / "server.properties").write_text(_props(broker))
+
+    def _listeners(self, i: int, port: int) -> dict[str, object]:
+        if self._network is None:
+            return {
+                "listeners": f"PLAINTEXT://127.0.0.1:{port}",
+                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+                "inter.broker.listener.name": "PLAINTEXT",
+            }
+        internal = self._internal_ports[i]
+        # Clients learn the proxy's port from metadata; the brokers replicate over INTERNAL, direct.
+        return {
+            "listeners": f"CLIENT://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal}",
+            "advertised.listeners": f"CLIENT://127.0.0.1:{self._network.port(i)},INTERNAL://127.0.0.1:{internal}",
+            "inter.broker.listener.name": "INTERNAL",
+        }
 
     def _config_path(self, name: str) -> Path:
         return self.dir / name / "server.properties"
@@ -767,7 +894,7 @@ class KafkaCluster:
         deadline = time.monotonic() + timeout
         for i in wanted:
             self._wait_port(f"broker-{i}", self._brokers[i], self._broker_ports[i], self.broker_log(i))
-        admin = _admin(self.bootstrap_servers)
+        admin = _admin(self._direct_bootstrap)
         while True:
             seen: set[int] = set()
             with contextlib.suppress(Exception):
@@ -787,4 +914,7 @@ class KafkaCluster:
             time.sleep(0.2)
 
     def __repr__(self) -> str:
-        return f"KafkaCluster(brokers={self.num_brokers}, bootstrap={self.bootstrap_servers!r}, dir={self._dir})"
+        proxied = ", proxied=True" if self._proxied else ""
+        return (
+            f"KafkaCluster(brokers={self.num_brokers}{proxied}, bootstrap={self.bootstrap_servers!r}, dir={self._dir})"
+        )
