@@ -62,10 +62,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # -- Kafka -----------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
-    """A running 3-broker Kafka cluster shared by the session; logs are kept if any test failed."""
-    cluster = KafkaCluster(brokers=3)
+def running_cluster(request: pytest.FixtureRequest, cluster: KafkaCluster) -> Iterator[KafkaCluster]:
+    """The body of a cluster fixture: start `cluster` (a failure fails the test, it is no skip),
+    yield it, and close it, keeping its logs if any test of the session failed."""
     try:
         cluster.start()
     except KafkaSetupError as exc:
@@ -74,6 +73,12 @@ def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
         yield cluster
     finally:
         cluster.close(keep=True if request.session.testsfailed else None)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
+    """A running 3-broker Kafka cluster shared by the session; logs are kept if any test failed."""
+    yield from running_cluster(request, KafkaCluster(brokers=3))
 
 
 @pytest.fixture(scope="session")

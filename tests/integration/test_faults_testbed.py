@@ -21,21 +21,14 @@ from confluent_kafka.admin import AdminClient
 from outbox.errors import StoreError
 from outbox.records import NewMessage
 from outbox.stores import open_outbox
-from outbox.testing import KafkaCluster, KafkaSetupError, resize_disk, small_disk
+from outbox.testing import KafkaCluster, resize_disk, small_disk
 from outbox.testing.consume import consume
+from outbox.testing.plugin import running_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
-    c = KafkaCluster(brokers=3, proxied=True)
-    try:
-        c.start()
-    except KafkaSetupError as exc:
-        pytest.fail(f"could not start the proxied Kafka test cluster: {exc}", pytrace=False)
-    try:
-        yield c
-    finally:
-        c.close(keep=True if request.session.testsfailed else None)
+    yield from running_cluster(request, KafkaCluster(brokers=3, proxied=True))
 
 
 @pytest.fixture
