@@ -88,6 +88,7 @@ class Spill:
         fence_longest: float = 31.0,
     ) -> None:
         self._writer = writer
+        self._gate = gate
         self._link = link
         self._circuit = circuit
         self._waiting = fates.waiting
@@ -262,10 +263,13 @@ class Spill:
             # queued a message after the first purge; without this it would hold everything
             # back until message.timeout.ms.
             self._link.purge_again()
-        # Closed again (a drain delivery proved the cluster back): new sends fill librdkafka, so
-        # "empty" may never come; what is still on the wire from before is the README's window.
+        # Closed again (a drain delivery proved the cluster back): in fallback mode new sends
+        # fill librdkafka, so "empty" may never come; what is still on the wire from before is
+        # the README's window. Write-ahead mode sends nothing new while the hold lasts
+        # (`outbox.admission`), so it waits for "empty" (or the hold's time).
+        empty = force or (closed and self._gate) or len(self._link) == 0
         with self.backlog.lock:  # a backlog check must see these either held or in the writer
-            for msg in self.hold.release(source_empty=force or closed or len(self._link) == 0):
+            for msg in self.hold.release(source_empty=empty):
                 self._writer.add_new(msg)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from .admission import SEND
-from .circuit import CircuitBreaker, CircuitState
+from .circuit import CircuitBreaker
 from .fates import DeliveryCallback, Fates
 from .link import KafkaLink
 from .payload import as_bytes
@@ -48,6 +48,10 @@ log = logging.getLogger("outbox")
 Outcomes = Callable[[list[int], list[tuple[int, Decision, float]]], None]
 
 _new_tuple = tuple.__new__
+
+#: Why a committed row admitted as SEND was given to the drain instead (`WriteAhead.send`):
+#: settled as a message that was never sent (no attempt counted, due now).
+_NOT_SENT = KafkaError(KafkaError._PURGE_QUEUE, "not sent: the circuit opened or its key waits in the outbox")
 
 
 class WriteAhead:
@@ -130,7 +134,16 @@ class WriteAhead:
         )
         produce, handed = self._link.kafka.produce, self._link.handed.add
         shared = None if batch.successes_heard else batch.report  # one callback for every send
+        # Admitted as SEND when written, but sent only now, after the commit. Meanwhile the
+        # circuit may have opened and librdkafka handed back older rows of the same keys (to
+        # the drain, their keys now pending): sent now, a row would overtake them. So the
+        # admission is asked again here, and a row that may no longer go is given to the drain.
+        pending, hold, circuit = self._backlog.pending, self._spill.hold, self._circuit
         for i, msg in enumerate(msgs):
+            if not circuit.closed or hold.active or (msg.key is not None and (msg.topic, msg.key) in pending):
+                handed()  # counted as taken and failed: _failed counts the failure
+                batch.refused(i, *self._failed(msg, cbs[i], _NOT_SENT))
+                continue
             report = shared or SentReport(batch, i)
             while True:
                 try:
@@ -146,8 +159,8 @@ class WriteAhead:
                     handed()  # counted as taken and failed: _failed counts the failure
                     batch.refused(i, *self._failed(msg, cbs[i], exc.args[0]))
                     break
-        if self._circuit.state is CircuitState.OPEN:
-            # Committed while Kafka was up, sent after the circuit opened and purged the queue:
+        if not circuit.closed or hold.active:
+            # Committed while Kafka was up, sent as the circuit opened and purged the queue:
             # hand these back to the drain now, not at `message.timeout.ms`.
             self._link.purge_queue_soon()
 

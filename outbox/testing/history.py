@@ -40,6 +40,10 @@ class Verdict:
     reordered: dict[bytes, list[str]] = field(default_factory=dict)
     duplicates: int = 0
     without_id: int = 0
+    #: Of reordered keys' messages: (partition, offset, `outbox-attempt` of the first copy or None).
+    where: dict[str, tuple[int, int, str | None]] = field(default_factory=dict)
+    #: Of reordered keys' messages: the position in its key's produce order.
+    produced: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -56,8 +60,17 @@ class Verdict:
         """A few reordered keys with the ids around their first inversion, for a failure message."""
         out = []
         for key, ids in list(self.reordered.items())[:most]:
-            out.append(f"{key!r}: arrived in the order {ids[:12]}{' ...' if len(ids) > 12 else ''}")
+            first = next(n for n in range(len(ids) - 1) if self.produced[ids[n]] > self.produced[ids[n + 1]])
+            late, early = ids[first], ids[first + 1]
+            out.append(
+                f"{key!r}: {late} {self._at(late)} arrived before {early} {self._at(early)}; "
+                f"in all: {ids[:12]}{' ...' if len(ids) > 12 else ''}"
+            )
         return out
+
+    def _at(self, msg_id: str) -> str:
+        part, offset, attempt = self.where.get(msg_id, (-1, -1, None))
+        return f"(partition {part} offset {offset}, {'first send' if attempt is None else 'attempt ' + attempt})"
 
 
 class History:
@@ -84,9 +97,10 @@ class History:
             TimeoutError: a partition was not read to its high watermark within `timeout`.
         """
         first_seen: dict[str, tuple[int, int]] = {}  # id -> (partition, offset) of its first copy
+        attempts: dict[str, str] = {}
         records = duplicates = without_id = 0
         for part, msg_ids in _read(bootstrap, topic, timeout):
-            for offset, msg_id in msg_ids:
+            for offset, msg_id, attempt in msg_ids:
                 records += 1
                 if msg_id is None:
                     without_id += 1
@@ -94,6 +108,8 @@ class History:
                     duplicates += 1
                 else:
                     first_seen[msg_id] = (part, offset)
+                    if attempt is not None:
+                        attempts[msg_id] = attempt
         accepted = self._topics.get(topic, set())
         verdict = Verdict(len(accepted), records, duplicates=duplicates, without_id=without_id)
         verdict.lost = sorted(accepted - first_seen.keys())
@@ -104,11 +120,17 @@ class History:
             positions = [n for _, n in arrived]
             if positions != sorted(positions):
                 verdict.reordered[key] = [ids[n] for n in positions]
+                verdict.where.update((i, (*first_seen[i], attempts.get(i))) for i in ids if i in first_seen)
+                verdict.produced.update((i, n) for n, i in enumerate(ids))
         return verdict
 
 
-def _read(bootstrap: str, topic: str, timeout: float) -> list[tuple[int, list[tuple[int, str | None]]]]:
-    """Every record of `topic` as (partition, [(offset, outbox-id or None)]), up to the high watermarks."""
+Read = tuple[int, str | None, str | None]  # offset, outbox-id, outbox-attempt
+
+
+def _read(bootstrap: str, topic: str, timeout: float) -> list[tuple[int, list[Read]]]:
+    """Every record of `topic` as (partition, [(offset, outbox-id, outbox-attempt)]), up to the
+    high watermarks."""
     deadline = time.monotonic() + timeout
     consumer = Consumer(
         {
@@ -118,11 +140,11 @@ def _read(bootstrap: str, topic: str, timeout: float) -> list[tuple[int, list[tu
             "enable.partition.eof": False,
         }
     )
-    out: list[tuple[int, list[tuple[int, str | None]]]] = []
+    out: list[tuple[int, list[Read]]] = []
     try:
         for part in readable_partitions(consumer, topic, timeout):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=30)
-            got: list[tuple[int, str | None]] = []
+            got: list[Read] = []
             consumer.assign([TopicPartition(topic, part, OFFSET_BEGINNING)])
             position = low
             while position < high:
@@ -134,15 +156,17 @@ def _read(bootstrap: str, topic: str, timeout: float) -> list[tuple[int, list[tu
                 offset = msg.offset() or 0
                 position = offset + 1
                 headers = msg.headers() or []
-                got.append((offset, _id_of(list(headers.items()) if isinstance(headers, dict) else headers)))
+                pairs = list(headers.items()) if isinstance(headers, dict) else headers
+                got.append((offset, _header(pairs, ID_HEADER), _header(pairs, "outbox-attempt")))
             out.append((part, got))
         return out
     finally:
         consumer.close()
 
 
-def _id_of(headers: list[tuple[str, str | bytes | None]]) -> str | None:
+def _header(headers: list[tuple[str, str | bytes | None]], wanted: str) -> str | None:
     for name, value in headers:
-        if name == ID_HEADER and value is not None:
+        if name == wanted and value is not None:
             return value.decode() if isinstance(value, bytes) else value
     return None
+

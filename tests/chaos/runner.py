@@ -1,0 +1,142 @@
+"""One run of a fault schedule: threads produce keyed messages through a `ResilientProducer` while
+the schedule plays on a proxied cluster, then everything is delivered and the history checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from outbox import ResilientProducer
+from outbox.testing import KafkaCluster
+from outbox.testing.history import History, Verdict
+from outbox.testing.schedule import Fault, play
+
+from ..waiting import wait_until
+
+#: Distinct keys per producing thread (each thread has its own: a key's order is one thread's).
+KEYS_PER_THREAD = 30
+#: A message past this many bytes runs with a small memory budget, so queue-full waits happen.
+LARGE = 4096
+SMALL_BUDGET = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The producer's configuration in one run."""
+
+    mode: str = "fallback"  # or "write-ahead"
+    drain_in: str = "threads"  # or "process"
+    store: str = "sqlite"  # or "postgresql"
+    size: int = 200  # value bytes
+    threads: int = 3
+
+    def __str__(self) -> str:
+        return f"{self.mode}, drain in {self.drain_in}, {self.store}, {self.size} B, {self.threads} threads"
+
+
+@dataclass
+class Run:
+    setup: Setup
+    schedule: list[Fault]
+    verdict: Verdict
+    dead: int
+    pending: int
+    circuit_opens: int
+
+    def line(self) -> str:
+        return (
+            f"[{self.setup}] {len(self.schedule)} faults ({'; '.join(map(str, self.schedule)) or 'none'}): "
+            f"{self.verdict.summary()}, {self.dead} dead, {self.pending} pending, circuit opened {self.circuit_opens}x"
+        )
+
+    def record(self) -> dict[str, Any]:
+        v = self.verdict
+        return {
+            "setup": asdict(self.setup),
+            "schedule": [asdict(f) for f in self.schedule],
+            "messages": v.accepted,
+            "records": v.records,
+            "lost": len(v.lost),
+            "reordered_keys": len(v.reordered),
+            "duplicates": v.duplicates,
+            "without_id": v.without_id,
+            "dead": self.dead,
+            "pending": self.pending,
+            "circuit_opens": self.circuit_opens,
+        }
+
+
+def run(cluster: KafkaCluster, setup: Setup, schedule: list[Fault], *, store_url: str | None = None) -> Run:
+    """Produce while `schedule` plays (and 1 s more, 2 s at least), deliver everything, check."""
+    topic = cluster.create_topic(
+        f"chaos-{os.urandom(4).hex()}", partitions=6, replication_factor=3, config={"min.insync.replicas": "2"}
+    )
+    history = History()
+    with tempfile.TemporaryDirectory() as tmp:
+        url = store_url or f"sqlite:///{Path(tmp) / 'o.db'}"
+        producer = ResilientProducer(
+            {"bootstrap.servers": cluster.bootstrap_servers},
+            outbox=url,
+            mode=setup.mode,
+            drain_in=setup.drain_in,
+            memory_budget=SMALL_BUDGET if setup.size >= LARGE else 16 * 1024 * 1024,
+        )
+        try:
+            player = play(cluster, schedule)
+            ends = max((f.at + f.seconds for f in schedule), default=0.0) + 1.0
+            produce_until(producer, topic, history, setup, ends)
+            player.join()
+            assert not player.errors, player.errors
+            cluster.wait_until_healthy()
+            delivered_everything(producer)
+            stats = producer.stats()
+            opens = producer.circuit.opened_count
+        finally:
+            producer.close()
+    verdict = history.check(cluster.bootstrap_servers, topic)
+    return Run(setup, schedule, verdict, stats["dead"] or 0, stats["pending"] or 0, opens)
+
+
+def produce_until(producer: ResilientProducer, topic: str, history: History, setup: Setup, seconds: float) -> None:
+    pad = b"x" * setup.size
+    deadline = time.monotonic() + max(seconds, 2.0)
+
+    def work(w: int) -> None:
+        i = 0
+        while time.monotonic() < deadline:
+            key = b"w%d-k%d" % (w, i % KEYS_PER_THREAD)
+            msg_id = f"w{w}-{i}"
+            producer.produce(topic, pad, key=key, headers=[("outbox-id", msg_id.encode())])
+            history.accepted(topic, key, msg_id)
+            i += 1
+            time.sleep(0.0005)  # a steady stream through the whole schedule
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(setup.threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def delivered_everything(producer: ResilientProducer) -> None:
+    def done() -> bool:
+        producer.flush(2)
+        stats = producer.stats()
+        return len(producer) == 0 and stats["pending"] == 0 and stats["in_memory"] == 0
+
+    wait_until(done, 240, "every accepted message delivered and the outbox empty")
+
+
+def report(run_: Run) -> None:
+    """Append the run to `$CHAOS_REPORT` (JSON lines), if set, and print its line."""
+    print(run_.line())
+    path = os.environ.get("CHAOS_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(run_.record()) + "\n")
