@@ -7,7 +7,8 @@ what produce() did meanwhile (it returned: the messages waited in memory), and t
 message whose produce() returned is delivered, without restarting the producer, and nothing
 else is: the outbox-ids read back are exactly those produce() returned. Delivery is at least
 once: a drain cut off between Kafka's acknowledgement and the store's delete sends again, so
-duplicates are counted by outbox-id and printed, not forbidden. The small file system is a real tmpfs mounted for the test (root only, as in CI).
+duplicates are counted by outbox-id and printed, not forbidden. The small file system is a real
+tmpfs mounted for the test (root only, as in CI).
 
 Read-only: a file system with a file open for writing cannot be remounted read-only (EBUSY), and
 root ignores file modes, so the test makes the live outbox's files immutable (`chattr +i`, ext4):
