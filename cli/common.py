@@ -8,6 +8,7 @@ one-line `click.ClickException` with the documented exit code, with any secret s
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ import click
 from confluent_kafka import KafkaError, KafkaException
 
 from outbox import exitcodes
-from outbox.errors import ConfigError, KafkaUnavailableError, OutboxError
+from outbox.errors import ConfigError, KafkaUnavailableError, MissingDependencyError, OutboxError
 from outbox.filters import parse_time
 from outbox.stores import Outbox, open_outbox
 from outbox.urls import StoreURL, parse_url
@@ -30,6 +31,7 @@ EXIT_USAGE = exitcodes.USAGE  # the command line is wrong
 EXIT_PENDING = exitcodes.PENDING  # drain: messages are still pending
 EXIT_KAFKA_UNAVAILABLE = exitcodes.KAFKA_UNAVAILABLE  # no broker answered
 EXIT_INTERRUPTED = exitcodes.INTERRUPTED  # drain --until-empty stopped by Ctrl-C (128 + SIGINT)
+EXIT_BROKEN_PIPE = exitcodes.BROKEN_PIPE  # stdout's reader went away (128 + SIGPIPE)
 
 EXIT_CODES_HELP = exitcodes.help_text()
 
@@ -73,8 +75,22 @@ def kafka_error_text(exc: KafkaException) -> str:
     return arg.str() if isinstance(arg, KafkaError) else str(arg)
 
 
+@contextmanager
+def _quiet_broken_pipe() -> Iterator[None]:
+    """A BrokenPipeError on stdout becomes a quiet exit 141 (click's own would be exit 1)."""
+    try:
+        yield
+    except BrokenPipeError:
+        stdout_gone()
+        raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
+
+
 class OutboxCommand(click.Command):
     """A click command whose library errors become one line on stderr and an exit code."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _quiet_broken_pipe():  # --help is printed here
+            return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
         _check_text(ctx)
@@ -87,6 +103,11 @@ class OutboxCommand(click.Command):
             raise CliError(clean, exc.exit_code) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:
+            stdout_gone()
+            raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
+        except MissingDependencyError as exc:  # an extra to install, not a wrong command line
+            raise CliError(scrub(ctx, str(exc)), EXIT_ERROR) from exc
         except ConfigError as exc:
             raise CliError(scrub(ctx, str(exc)), EXIT_USAGE) from exc
         except KafkaUnavailableError as exc:
@@ -97,6 +118,15 @@ class OutboxCommand(click.Command):
             raise CliError(scrub(ctx, "Kafka: " + kafka_error_text(exc)), EXIT_ERROR) from exc
         except OSError as exc:
             raise CliError(scrub(ctx, str(exc)), EXIT_ERROR) from exc
+
+
+def stdout_gone() -> None:
+    """Stdout's reader went away (`outbox status | head -1`): point stdout at /dev/null, so that
+    neither an error message nor Python's flush at exit writes to the closed pipe again. The
+    caller then exits 141, as a tool that SIGPIPE ended, with nothing printed."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _check_text(ctx: click.Context) -> None:
@@ -127,6 +157,10 @@ class OutboxGroup(click.Group):
 
     command_class = OutboxCommand
     group_class = type  # sub-groups are OutboxGroups too
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _quiet_broken_pipe():  # --help and --version are printed here
+            return super().make_context(*args, **kwargs)
 
     def main(
         self,
@@ -220,6 +254,8 @@ def open_store(url: str) -> Iterator[tuple[Outbox, StoreURL]]:
     parsed = parse_store_url(ctx, url)
     try:
         store = open_outbox(parsed, create=False)
+    except MissingDependencyError as exc:
+        raise CliError(scrub(ctx, str(exc))) from exc
     except ImportError as exc:
         raise CliError(
             f"cannot open {parsed.redacted()}: {exc.name or 'a driver'} is not installed "

@@ -76,16 +76,47 @@ def filter_options(f: F) -> F:
     return f
 
 
+class RowIdParam(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
+    """A message id, as `outbox dlq list` shows it: a bad one is said as such (exit 2), not as
+    click's "not a valid integer range"."""
+
+    name = "ID"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if not text.isdigit() or int(text) < 1:
+            self.fail(f"{value!r} is not a message id: ids are whole numbers from 1, as `outbox dlq list` shows",
+                      param, ctx)
+        return int(text)
+
+
+ROW_ID = RowIdParam()
+
+
 def id_option(f: F) -> F:
     """--id ID (repeatable)."""
     return click.option(
         "--id",
         "ids",
-        type=click.IntRange(min=1),
+        type=ROW_ID,
         multiple=True,
         metavar="ID",
-        help="Only this dead letter (repeatable). Combined with filters, a message must match both.",
+        help="Only this dead letter (repeatable). Not with the filters: either ids or filters.",
     )(f)
+
+
+def _ids_alone(ids: Sequence[int], **filters: object) -> None:
+    """--id names dead letters exactly: a filter beside it could only narrow it, silently, to
+    fewer than were named (often none), so the combination is refused."""
+    given = [name for name, value in filters.items() if value is not None]
+    if ids and given:
+        raise CliError(
+            f"--id cannot be combined with --{given[0]}: give either ids or filters (--topic, --error, --since, "
+            "--until, --group)",
+            EXIT_USAGE,
+        )
 
 
 def _filter(
@@ -97,6 +128,13 @@ def _filter(
     limit: int | None = None,
     group: str | None = None,
 ) -> DeadLetterFilter:
+    _ids_alone(ids, topic=topic, error=error, since=since, until=until, group=group)
+    if since is not None and until is not None and since >= until:
+        raise CliError(
+            f"--since ({fmt.when(since)}) is not before --until ({fmt.when(until)}): no dead letter can match "
+            "an empty range",
+            EXIT_USAGE,
+        )
     return DeadLetterFilter(
         ids=tuple(ids), topic=topic, error=_check_error(error), since=since, until=until, limit=limit, group=group
     )
@@ -237,7 +275,7 @@ Examples:
 
 {EXIT_CODES_HELP}""",
 )
-@click.argument("message_id", metavar="ID", type=click.IntRange(min=1))
+@click.argument("message_id", metavar="ID", type=ROW_ID)
 @outbox_option
 @click.option(
     "--encoding",
@@ -343,12 +381,15 @@ def purge(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Delete dead letters for good: all of them, or those the filters and --id name.
+    """Delete dead letters for good: all of them, those the filters match, or those --id names.
 
     Asks for confirmation (on stderr) unless --yes is given; without a terminal to answer, a
-    purge without --yes is aborted (exit 1). Only dead letters are ever deleted, never pending
-    messages.
+    purge without --yes is aborted (exit 1), and --json needs --yes (exit 2). Only dead letters
+    are ever deleted, never pending messages.
     """
+    if as_json and not yes:
+        raise CliError("--json needs --yes: a purge asks for confirmation, and a JSON reader cannot answer it",
+                       EXIT_USAGE)
     flt = _filter(topic, error, since, until, ids, group=group)
     with open_store(outbox_url) as (store, url):
         _check_ids(store, ids)
@@ -405,7 +446,7 @@ def replay(
     """Put dead letters back into the pending queue, attempts reset, so the next drain sends them.
 
     Key, value and headers are kept byte for byte; --to-topic only changes where they go.
-    With no filter and no --id, every dead letter is replayed. A ResilientConsumer's dead letter
+    Either --id or filters; with neither, every dead letter is replayed. A ResilientConsumer's dead letter
     goes to its group's first retry tier (<topic>.<group>.retry-1), never to the main topic that
     other groups read as well.
     """

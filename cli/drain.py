@@ -35,6 +35,7 @@ from . import format as fmt
 from .common import (
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
+    EXIT_KAFKA_UNAVAILABLE,
     EXIT_PENDING,
     EXIT_USAGE,
     CliError,
@@ -146,8 +147,9 @@ def drain(
     Each message is leased while it is sent and deleted only after Kafka acknowledged it, so
     drain can run beside a live application using the same outbox, and an interrupted drain
     loses nothing. The cluster is checked first: if no broker answers, nothing is touched and
-    the exit code is 3. Messages that keep failing are retried later and dead-lettered after
-    --max-attempts failed sends (see `outbox dlq`). A progress bar with rate and ETA is shown
+    the exit code is 3 when messages are pending (0 when none are; 4 with --follow). Messages
+    that keep failing are retried later and dead-lettered after --max-attempts failed sends
+    (see `outbox dlq`). A progress bar with rate and ETA is shown
     when stdout is a terminal.
     """
     ctx = click.get_current_context()
@@ -156,20 +158,33 @@ def drain(
     policy = RetryPolicy(max_attempts=max_attempts, backoff=backoff, initial_delay=initial_delay)
     with open_store(outbox_url) as (store, url):
         drainer = Drainer(store, config, retry=policy, workers=workers, topic=topic)
+        reached = True
         try:
             drainer.check_cluster(connect_timeout)
         except KafkaUnavailableError as exc:
-            raise CliError(
-                f"cannot reach Kafka: {exc}; nothing was sent, {_pending(store, topic)} message(s) stay "
-                f"pending in {url.redacted()}",
-                EXIT_PENDING,
-            ) from exc
+            pending = _pending(store, topic)
+            if pending:
+                raise CliError(
+                    f"cannot reach Kafka: {exc}; nothing was sent, {pending} message(s) stay pending in "
+                    f"{url.redacted()}",
+                    EXIT_PENDING,
+                ) from exc
+            # Exit 3 promises that something is still pending: a retry loop on it would never end.
+            # --until-empty has nothing left to do, so it succeeds; --follow cannot follow.
+            if not until_empty:
+                raise CliError(f"cannot reach Kafka: {exc}; nothing is pending in {url.redacted()}",
+                               EXIT_KAFKA_UNAVAILABLE) from exc
+            click.echo(f"warning: cannot reach Kafka: {exc}; nothing is pending, so nothing was sent", err=True)
+            reached = False
         except KafkaException as exc:
             code = EXIT_USAGE if _is_config_error(exc) else EXIT_PENDING
             raise CliError(f"Kafka producer: {kafka_error_text(exc)}", code) from exc
 
         started = time.time()
-        result, interrupted = _run(drainer, store, topic, until_empty, max_messages, as_json)
+        if reached:
+            result, interrupted = _run(drainer, store, topic, until_empty, max_messages, as_json)
+        else:
+            result, interrupted = DrainResult(), False
         remaining = result.remaining  # read once the run ended (for `topic`, if given)
         now = time.time()
         left = store.backlog(now=now, topic=topic) if remaining else None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import socket
+
 import click
 
 from outbox.logs import redact_in_logs
@@ -75,5 +78,30 @@ def ui(
         for secret in secrets:
             if secret:
                 redact_in_logs(secret, _SERVER_LOGGERS)
-        click.echo(f"outbox console for {url.redacted()} on http://{host}:{port}/", err=True)
-        uvicorn.Server(config).run()
+        # Bound here, before saying where the console is: a port in use is an error (exit 1), not
+        # uvicorn's log line and exit code after the console was announced.
+        with _listen(host, port) as sock:
+            port = sock.getsockname()[1]  # --port 0: the one the system chose
+            click.echo(f"outbox console for {url.redacted()} on http://{host}:{port}/", err=True)
+            server = uvicorn.Server(config)
+            server.run(sockets=[sock])
+        if not server.started:
+            raise CliError(f"the console on {host}:{port} did not start (see the lines above)")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (uvicorn listens on it).
+
+    Raises:
+        CliError: the address cannot be bound (in use, not this machine's, not allowed).
+    """
+    name = host.strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in name else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a port in TIME_WAIT is free
+    try:
+        sock.bind((name, port))
+    except OSError as exc:
+        sock.close()
+        reason = "the address is already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+        raise CliError(f"cannot listen on {host}:{port}: {reason} (--port, --host)") from None
+    return sock

@@ -11,6 +11,14 @@ class ConfigError(OutboxError, ValueError):
     """A setting, URL or argument is invalid. Nothing was stored."""
 
 
+class MissingDependencyError(ConfigError, ImportError):
+    """An optional dependency the asked-for feature needs is not installed (an extra to install).
+
+    A ConfigError (the setup cannot work as it is) and an ImportError (what it is underneath), so
+    code catching either keeps working; the `outbox` command exits 1 for it, not 2 (usage).
+    """
+
+
 class StoreError(OutboxError):
     """The outbox store failed (corrupt, locked, read-only, full, unreachable).
 

@@ -23,6 +23,7 @@ USAGE = 2
 PENDING = 3
 KAFKA_UNAVAILABLE = 4
 INTERRUPTED = 130
+BROKEN_PIPE = 141
 
 TABLE: tuple[ExitCode, ...] = (
     ExitCode(OK, "ok", "success"),
@@ -40,6 +41,9 @@ TABLE: tuple[ExitCode, ...] = (
         KAFKA_UNAVAILABLE, "kafka_unavailable", "no Kafka broker answered; nothing was changed (dlq replay-topic)"
     ),
     ExitCode(INTERRUPTED, "interrupted", "drain --until-empty interrupted by Ctrl-C (leases released)"),
+    ExitCode(
+        BROKEN_PIPE, "broken_pipe", "stdout closed by its reader (| head): stopped quietly, as a tool SIGPIPE ends"
+    ),
 )
 
 _NAMES = {e.code: e.name for e in TABLE}

@@ -80,7 +80,12 @@ def redrive_topic(
         try:
             md = consumer.list_topics(dlq_topic, timeout=timeout)
         except KafkaException as exc:
-            raise KafkaUnavailableError(f"could not read topic metadata: {exc.args[0]}") from None
+            # The KafkaError's own sentence: its str() is a repr, KafkaError{code=...,str="..."}.
+            err = exc.args[0]
+            why = f"{err.name()}: {err.str()}" if isinstance(err, KafkaError) else str(err)
+            raise KafkaUnavailableError(
+                f"no Kafka broker answered at {base.get('bootstrap.servers', '?')} within {timeout:g}s ({why})"
+            ) from None
         tmd = md.topics.get(dlq_topic)
         if tmd is None or tmd.error is not None or not tmd.partitions:
             raise ConfigError(f"topic {dlq_topic!r} does not exist")

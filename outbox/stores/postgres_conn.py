@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, StoreError, StoreNotFoundError
+from ..errors import ConfigError, MissingDependencyError, StoreError, StoreNotFoundError
 from ..owners import SweepSchedule
 from ..urls import StoreURL, parse_url
 from .postgres_schema import SCHEMA_VERSION, migrations
@@ -47,7 +47,7 @@ def _import_psycopg() -> Any:
     try:
         import psycopg
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise ConfigError("a PostgreSQL outbox needs psycopg: pip install 'kafka-outbox[postgres]'") from exc
+        raise MissingDependencyError("a PostgreSQL outbox needs psycopg: pip install 'kafka-outbox[postgres]'") from exc
     return psycopg
 
 

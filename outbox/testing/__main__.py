@@ -18,8 +18,8 @@ from outbox.testing.maven import JDBC, MavenFetchError, fetch
 from outbox.testing.postgres import PostgresSetupError, embedded_running, ensure_server, redact, stop_server
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m outbox.testing``."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (its sub-commands are what the docs must list)."""
     parser = argparse.ArgumentParser(
         prog="python -m outbox.testing",
         description=__doc__,
@@ -32,7 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="run a local Kafka cluster until interrupted")
     up.add_argument("-n", "--brokers", type=int, default=3)
     sub.add_parser("postgres", help="make sure of a PostgreSQL server for the tests and print its URL")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m outbox.testing``."""
+    args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         if args.cmd == "fetch":

@@ -8,7 +8,6 @@ value holding `<script>` is text. See `outbox.ui.security` for the token, host a
 
 from __future__ import annotations
 
-import binascii
 import dataclasses
 import json
 import time
@@ -311,7 +310,9 @@ def create_app(
     @app.post("/api/dead-letters/{row_id}/redrive", tags=["api"], summary="Edit one dead letter, then redrive it")
     async def api_redrive_edited(row_id: int, request: Request) -> dict[str, Any]:
         """Body: `value` (text, or hex with `value_encoding: "hex"`, or null) and `headers`
-        (a list of [name, text-or-null]); both optional (kept as they are when absent)."""
+        (a list of [name, text-or-null], or of {name, value, encoding} as GET shows them, with
+        encoding "utf-8", "hex" or null); both optional (kept as they are when absent). What GET
+        /api/dead-letters/{id} shows, posted back unchanged, stores the same bytes."""
         body = await _json(request)
         unknown = sorted(set(body) - {"value", "value_encoding", "headers"})
         if unknown:
@@ -387,7 +388,9 @@ def create_app(
     def detail_page(request: Request, row_id: int) -> HTMLResponse:
         row = store.get(row_id)
         doc = present.detail(row)
+        edit_text, edit_encoding = present.edit_value(row.value)
         return page(request, "detail.html", m=doc, headers_text=present.headers_as_text(row.headers),
+                    edit_text=edit_text, edit_encoding=edit_encoding,
                     notice=request.query_params.get("notice"))
 
     @app.post("/dead-letters/{row_id}/redrive", include_in_schema=False)
@@ -395,9 +398,9 @@ def create_app(
         form = await _form(request)
         try:
             headers = present.parse_headers(str(form.get("headers", "")))
+            value = present.form_value(str(form.get("value", "")), str(form.get("value_encoding", "utf-8")))
         except ValueError as exc:
             raise FilterError(str(exc)) from None
-        value = _value(str(form.get("value", "")), str(form.get("value_encoding", "utf-8")))
         redrive_edited(row_id, value, headers)
         notice = "Edited and redriven: pending again, attempts reset; the drain sends it."
         return RedirectResponse(f"/dead-letters/{row_id}?{urlencode({'notice': notice})}", status_code=303)
@@ -509,9 +512,9 @@ def _value(value: object, encoding: object) -> bytes | None:
         return value.encode("utf-8")
     if encoding == "hex":
         try:
-            return binascii.unhexlify("".join(value.split()))
-        except (binascii.Error, ValueError):
-            raise FilterError("value: not valid hex") from None
+            return present.from_hex(value, "value")
+        except ValueError as exc:
+            raise FilterError(str(exc)) from None
     raise FilterError("value_encoding: must be utf-8 or hex")
 
 
@@ -520,10 +523,26 @@ def _headers_json(value: object) -> Headers:
         raise FilterError("headers: must be a list of [name, value] pairs")
     out: Headers = []
     for n, h in enumerate(value):
-        if not (isinstance(h, list) and len(h) == 2 and isinstance(h[0], str) and h[0]
-                and (h[1] is None or isinstance(h[1], str))):
-            raise FilterError(f"headers[{n}]: must be [name, text or null] with a non-empty name")
-        out.append((h[0], None if h[1] is None else h[1].encode("utf-8")))
+        if isinstance(h, dict) and set(h) <= {"name", "value", "encoding"}:
+            name, text, encoding = h.get("name"), h.get("value"), h.get("encoding", "utf-8")
+        elif isinstance(h, list) and len(h) == 2:
+            (name, text), encoding = h, "utf-8"
+        else:
+            name = None
+        if not (isinstance(name, str) and name and (text is None or isinstance(text, str))):
+            raise FilterError(f"headers[{n}]: must be [name, text or null] or {{name, value, encoding}}"
+                              " with a non-empty name")
+        if text is None:
+            out.append((name, None))
+        elif encoding in ("utf-8", None):
+            out.append((name, text.encode("utf-8")))
+        elif encoding == "hex":
+            try:
+                out.append((name, present.from_hex(text, f"headers[{n}]")))
+            except ValueError as exc:
+                raise FilterError(str(exc)) from None
+        else:
+            raise FilterError(f"headers[{n}]: encoding must be utf-8, hex or null")
     return out
 
 

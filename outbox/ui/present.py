@@ -1,12 +1,14 @@
 """How the console shows a stored message: as JSON for the API, as fields for the pages.
 
-Message bytes come from applications and may be anything. Values are pretty-printed JSON when
-they parse, UTF-8 text when they decode, hex otherwise; headers are text when they decode (hex
-otherwise). The pages escape all of it (Jinja2 autoescape): nothing here produces HTML.
+Message bytes come from applications and may be anything. Values and headers are shown as UTF-8
+text when they decode, hex otherwise; a JSON value is also pretty-printed, for reading only. What
+is shown for editing encodes every byte, so a form submitted unchanged stores the same bytes.
+The pages escape all of it (Jinja2 autoescape): nothing here produces HTML.
 """
 
 from __future__ import annotations
 
+import binascii
 import json
 import re
 from datetime import UTC, datetime
@@ -27,20 +29,71 @@ def iso(ts: float | None) -> str | None:
 
 
 def decode(data: bytes | None) -> tuple[str | None, str | None]:
-    """(text, encoding): "json" (pretty-printed), "utf-8", "hex", or (None, None) for None."""
+    """(text, encoding): the bytes as "utf-8" text when they decode, else "hex"; (None, None) for None."""
     if data is None:
         return None, None
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         return data.hex(), "hex"
+
+
+def pretty(data: bytes | None) -> str | None:
+    """A JSON object or array re-indented for reading; None for anything else. Never the value
+    itself: an edit sends back the stored text, not this."""
+    text, encoding = decode(data)
+    if encoding != "utf-8" or text is None:
+        return None
     try:
         doc = json.loads(text)
     except ValueError:
+        return None
+    return json.dumps(doc, indent=2, ensure_ascii=False) if isinstance(doc, (dict, list)) else None
+
+
+# Characters a browser's textarea does not give back as they were: it posts every line break as
+# CRLF (so a CR of the value's own is lost) and replaces NUL; other controls are invisible.
+_FORM_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def edit_value(data: bytes | None) -> tuple[str, str]:
+    """(text, encoding) for the edit form: "utf-8" text when a textarea gives it back unchanged,
+    else "hex"; ("", "null") for no value. `form_value` is its inverse."""
+    if data is None:
+        return "", "null"
+    text, encoding = decode(data)
+    if encoding == "utf-8" and text is not None and not _FORM_UNSAFE.search(text):
         return text, "utf-8"
-    if isinstance(doc, (dict, list)):
-        return json.dumps(doc, indent=2, ensure_ascii=False), "json"
-    return text, "utf-8"
+    return data.hex(), "hex"
+
+
+def form_value(text: str, encoding: str) -> bytes | None:
+    """The bytes of an edit form's value: the inverse of `edit_value`.
+
+    Raises:
+        ValueError: hex that does not parse, text with the "null" encoding, an unknown encoding.
+    """
+    if encoding == "utf-8":
+        return text.replace("\r\n", "\n").encode("utf-8")  # a browser sends LF as CRLF
+    if encoding == "hex":
+        return from_hex(text, "value")
+    if encoding == "null":
+        if text.strip():
+            raise ValueError("value: must be empty when the encoding is null (no value)")
+        return None
+    raise ValueError("value_encoding: must be utf-8, hex or null")
+
+
+def from_hex(text: str, what: str) -> bytes:
+    """Hex digits, blanks and line breaks allowed between them.
+
+    Raises:
+        ValueError: not hex.
+    """
+    try:
+        return binascii.unhexlify("".join(text.split()))
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{what}: not valid hex") from None
 
 
 def header_text(value: bytes | None) -> tuple[str | None, str | None]:
@@ -103,6 +156,7 @@ def detail(row: OutboxMessage) -> dict[str, Any]:
     doc = summary(row)
     del doc["value_preview"]
     doc["value"], doc["value_encoding"] = decode(row.value)
+    doc["value_pretty"] = pretty(row.value)
     doc["status"] = row.status.name.lower()
     doc["partition"] = row.partition
     doc["created_at"] = iso(row.created_at)
@@ -142,28 +196,64 @@ def audit(e: AuditEntry) -> dict[str, Any]:
 
 
 def parse_headers(text: str) -> Headers:
-    """Headers edited as text: one `name: value` per line (UTF-8); a line `name` without a
-    colon is a header with no value (None). Blank lines are skipped.
+    """Headers edited as text, one per line: `name: text` (UTF-8, blanks around it dropped),
+    `name:: hex` (any bytes), `name` alone (no value, None). A name that would not read back
+    plainly is written as a JSON string, e.g. `"a: b": 1`. Blank lines are skipped.
 
     Raises:
-        ValueError: a line with an empty name.
+        ValueError: a line with an empty name, a quoted name that does not end, hex that does not parse.
     """
     out: Headers = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        name, sep, value = line.partition(":")
-        name = name.strip()
+        where = f"headers line {n}"
+        rest = line.lstrip()
+        if rest.startswith('"'):
+            try:
+                name, end = json.JSONDecoder().raw_decode(rest)
+            except ValueError:
+                raise ValueError(f"{where}: the quoted name does not end as a JSON string") from None
+            rest = rest[end:].lstrip()
+            sep = rest[:1]
+            value = rest[1:]
+            if sep not in ("", ":"):
+                raise ValueError(f"{where}: a colon must follow the quoted name")
+        else:
+            name, sep, value = rest.partition(":")
+            name = name.strip()
         if not name:
-            raise ValueError(f"headers line {n}: a header needs a name before the colon")
-        out.append((name, value.strip().encode("utf-8") if sep else None))
+            raise ValueError(f"{where}: a header needs a name before the colon")
+        if not sep:
+            out.append((name, None))
+        elif value.startswith(":"):
+            try:
+                out.append((name, from_hex(value[1:], where)))
+            except ValueError:
+                raise ValueError(f"{where}: {value[1:].strip()!r} is not hex") from None
+        else:
+            out.append((name, value.strip().encode("utf-8")))
     return out
 
 
+def _plain(text: str) -> bool:
+    """Can `text` stand in a header line as it is: no controls, no blanks at its ends?"""
+    return not _FORM_UNSAFE.search(text) and "\r" not in text and "\n" not in text and text == text.strip()
+
+
 def headers_as_text(headers: Headers) -> str:
-    """The inverse of `parse_headers`, for the edit form (values that are not UTF-8 become hex)."""
+    """The inverse of `parse_headers`, for the edit form: values that are not plain UTF-8 text
+    (not UTF-8, line breaks, blanks at either end) are written in hex after a double colon."""
     lines = []
     for name, value in headers:
-        text, _enc = header_text(value)
-        lines.append(name if text is None else f"{name}: {text}")
+        plain_name = name and _plain(name) and ":" not in name and not name.startswith('"')
+        label = name if plain_name else json.dumps(name, ensure_ascii=False)
+        if value is None:
+            lines.append(label)
+            continue
+        text, encoding = decode(value)
+        if encoding == "utf-8" and text is not None and _plain(text):
+            lines.append(f"{label}: {text}" if text else f"{label}:")
+        else:
+            lines.append(f"{label}:: {value.hex()}")
     return "\n".join(lines)

@@ -186,9 +186,12 @@ def test_async_write_ahead_sync_returns_after_commit(kafka_bootstrap: str, topic
     assert got.unique == 200 and set(got.by_id) == set(ids)
 
 
-def test_async_outage_of_all_brokers_loses_nothing_and_keeps_the_loop_responsive(
+def test_async_outage_of_all_brokers_loses_nothing_and_the_loop_keeps_serving(
     chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
+    """While every broker is down, produce() keeps answering and other tasks keep running; no
+    message is lost. How late the loop woke its tasks is printed, not asserted: on a shared
+    machine that is a measurement, not a property."""
     topic = make_topic(config={"min.insync.replicas": "2"})
     bs = chaos_cluster.bootstrap_servers
     ticker = Ticker()
@@ -208,6 +211,7 @@ def test_async_outage_of_all_brokers_loses_nothing_and_keeps_the_loop_responsive
             lease_seconds=10.0,
         )
         ids: list[str] = []
+        answered: list[float] = []  # when each produce() returned
         seq = [0] * 10
         done = asyncio.Event()
         tick = asyncio.create_task(ticker.run())
@@ -219,6 +223,7 @@ def test_async_outage_of_all_brokers_loses_nothing_and_keeps_the_loop_responsive
                     key, value = keyed_value(k, seq[k])
                     seq[k] += 1
                     ids.append(await p.produce(topic, value, key=key))
+                    answered.append(time.monotonic())
                 await asyncio.sleep(0.01)
 
         async def chaos() -> None:
@@ -239,6 +244,7 @@ def test_async_outage_of_all_brokers_loses_nothing_and_keeps_the_loop_responsive
         ticker.stopped = True
         await tick
         await p.close()
+        window["answered_while_down"] = sum(window["down"] <= t <= window["restart"] for t in answered)
         return ids, st
 
     try:
@@ -257,6 +263,8 @@ def test_async_outage_of_all_brokers_loses_nothing_and_keeps_the_loop_responsive
     w = (window["start"], window["end"])
     down = (window["down"], window["restart"])  # every broker stopped, none stopping or starting
     before = (0.0, window["start"])
+    assert window["answered_while_down"] > 0, "no produce() returned while every broker was down"
+    assert any(down[0] <= t <= down[1] for t, _ in ticker.delays), "the loop ran no other task while Kafka was down"
 
     def line(what: str, span: tuple[float, float]) -> str:
         return (

@@ -652,17 +652,21 @@ class _SilentBroker:
             c.close()
 
 
-def test_messages_librdkafka_holds_when_the_circuit_opens_keep_their_place_per_key(tmp_path: Path) -> None:
+def test_messages_librdkafka_holds_when_the_circuit_opens_keep_their_place_per_key(
+    tmp_path: Path, kafka_bootstrap: str, make_topic: Callable[..., str]
+) -> None:
     """The race behind a whole-cluster outage: messages queued in librdkafka when the circuit
     opens come back (purged) after later messages of their key were already spilled. Each key's
-    rows must still be stored in produce order, so the drain sends them in that order.
-    No real cluster needed: a silent listener keeps librdkafka queueing, then vanishes."""
+    rows must still be stored in produce order, so the drain sends them in that order: a drain
+    to a real cluster afterwards, read back, gives every key's messages in produce order.
+    A silent listener plays the cluster that goes away: it keeps librdkafka queueing, then vanishes."""
+    topic = make_topic(partitions=3)
     broker = _SilentBroker()
     queued, spilled_per_round, keys = 5000, 200, 10
     try:
         with make_producer(broker.address, tmp_path / "o.db", message_timeout_ms=6000, drain_workers=1) as p:
             for i in range(queued):
-                p.produce("orders", b"q%d" % i, key=b"k%d" % (i % keys))
+                p.produce(topic, b"q%d" % i, key=b"k%d" % (i % keys))
             assert len(p) == queued and p.stats()["outboxed"] == 0, "everything waits in librdkafka"
             stop = threading.Event()
 
@@ -671,7 +675,7 @@ def test_messages_librdkafka_holds_when_the_circuit_opens_keep_their_place_per_k
                 # Until told to stop, and at least 4,000 messages once the circuit is open (those
                 # are the spills that race the purged messages; a slow open must not leave none).
                 while not stop.is_set() or after_open < 20 * spilled_per_round:
-                    p.produce("orders", b"s%d" % n, key=b"k%d" % (n % keys))
+                    p.produce(topic, b"s%d" % n, key=b"k%d" % (n % keys))
                     n += 1
                     if not p.circuit.closed:
                         after_open += 1
@@ -698,6 +702,17 @@ def test_messages_librdkafka_holds_when_the_circuit_opens_keep_their_place_per_k
         by_key.setdefault(key, []).append(msg_id)
     out_of_order = {k.decode(): sum(a > b for a, b in zip(ids, ids[1:], strict=False)) for k, ids in by_key.items()}
     assert all(n == 0 for n in out_of_order.values()), f"rows stored out of produce order per key: {out_of_order}"
+
+    with SQLiteOutbox(str(tmp_path / "o.db"), create=False) as store:
+        assert Drainer(store, {"bootstrap.servers": kafka_bootstrap}).run(until_empty=True).delivered == len(rows)
+    got = read_topic(kafka_bootstrap, topic, len(rows))
+    assert got.unique == len(rows)
+    sent: dict[bytes, list[str]] = {}
+    for m in got.messages:
+        msg_id = (header(m, ID_HEADER) or b"").decode()
+        if got.by_id[msg_id][0] is m:  # a duplicate is judged at its first arrival
+            sent.setdefault(m.key(), []).append(msg_id)
+    assert sent == by_key, "Kafka holds a key's messages in another order than the outbox stored them"
 
 
 def test_an_outage_of_large_messages_far_past_the_memory_budget_stores_each_once_in_key_order(

@@ -119,7 +119,8 @@ def test_one_dead_letter_decoded(store: Outbox) -> None:
     ], failed_at=NOW)
     c = client(store)
     doc = c.get(f"/api/dead-letters/{j}").json()
-    assert doc["value"] == '{\n  "a": [\n    1,\n    2\n  ]\n}' and doc["value_encoding"] == "json"
+    assert (doc["value"], doc["value_encoding"]) == ('{"a": [1, 2]}', "utf-8")  # the stored bytes' text
+    assert doc["value_pretty"] == '{\n  "a": [\n    1,\n    2\n  ]\n}'  # for reading only
     assert doc["headers"] == [{"name": "trace", "value": "abc", "encoding": "utf-8"},
                               {"name": "bin", "value": "ff00", "encoding": "hex"},
                               {"name": "none", "value": None, "encoding": None}]
@@ -228,6 +229,28 @@ def test_edit_then_redrive_one(store: Outbox) -> None:
     r = c.post(f"/api/dead-letters/{d}/redrive", json={"value": "again"})
     assert r.status_code == 409 and "pending, not a dead letter" in r.json()["error"]
     assert c.get("/api/audit").json()["entries"][0]["action"] == "edit-redrive"
+
+
+# Values and headers an unchanged edit must send back byte for byte.
+AWKWARD = [
+    NewMessage("t", b'{"note":"compact","n":[1,2,3]}', headers=[("h", b"\xff\xfe binary"), ("j", b'{"a":1}')]),
+    NewMessage("t", b"\xff\xfe\x00 binary", headers=[("empty", b""), ("none", None), ("pad", b" x ")]),
+    NewMessage("t", b"", headers=[("crlf", b"a\r\nb")]),
+    NewMessage("t", None, headers=[]),
+]
+
+
+def test_edit_unchanged_through_the_api_keeps_every_byte(store: Outbox) -> None:
+    """What GET /api/dead-letters/{id} shows, posted back as is, stores the same bytes."""
+    ids = store.add_dead(AWKWARD, failed_at=NOW)
+    c = client(store)
+    for i, sent in zip(ids, AWKWARD, strict=True):
+        doc = c.get(f"/api/dead-letters/{i}").json()
+        r = c.post(f"/api/dead-letters/{i}/redrive", json={
+            "value": doc["value"], "value_encoding": doc["value_encoding"], "headers": doc["headers"]})
+        assert r.status_code == 200, r.text
+        row = store.get(i)
+        assert (row.status, row.value, row.headers) == (Status.PENDING, sent.value, sent.headers)
 
 
 def test_trace_by_outbox_id(store: Outbox) -> None:

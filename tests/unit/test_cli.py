@@ -721,3 +721,52 @@ def test_dlq_list_error_matches_a_consumer_exception_class(tmp_path: Path) -> No
     assert (
         json.loads(run("dlq", "list", "--outbox", path, "--json", "--error", "msg_timed_out").stdout)[0]["id"] != kept
     )
+
+
+# -- what a command line gets wrong is said, naming the option --------------------------------
+
+
+@pytest.mark.parametrize("args", [("dlq", "show", "abc"), ("dlq", "purge", "--id", "abc", "--yes"),
+                                  ("dlq", "replay", "--id", "0")])
+def test_a_bad_id_says_what_an_id_is(db: tuple[str, SQLiteOutbox], args: tuple[str, ...]) -> None:
+    path, store = db
+    result = run(*args, "--outbox", path)
+    assert result.exit_code == 2
+    bad = "'0'" if "0" in args else "'abc'"
+    assert f"{bad} is not a message id: ids are whole numbers from 1, as `outbox dlq list` shows" in result.stderr
+    assert "integer range" not in result.stderr
+    assert len(store.list_dead()) == 3
+
+
+@pytest.mark.parametrize("command", ["purge", "replay"])
+def test_id_with_a_filter_is_a_usage_error(db: tuple[str, SQLiteOutbox], command: str) -> None:
+    """--id names dead letters exactly; a filter beside it would silently narrow it to nothing."""
+    path, store = db
+    yes = ["--yes"] if command == "purge" else []
+    result = run("dlq", command, "--outbox", path, "--id", "4", "--topic", "payments", *yes)
+    assert result.exit_code == 2
+    assert one_error_line(result) == (
+        "--id cannot be combined with --topic: give either ids or filters (--topic, --error, --since, "
+        "--until, --group)")
+    assert len(store.list_dead()) == 3 and store.get(4).status is Status.DEAD
+
+
+@pytest.mark.parametrize("command", ["list", "purge", "replay"])
+def test_an_empty_time_range_is_a_usage_error(db: tuple[str, SQLiteOutbox], command: str) -> None:
+    path, store = db
+    yes = ["--yes"] if command == "purge" else []
+    result = run("dlq", command, "--outbox", path, "--since", "1h", "--until", "1d", *yes)
+    assert result.exit_code == 2
+    assert re.fullmatch(r"--since \(\S+ \S+Z\) is not before --until \(\S+ \S+Z\): no dead letter can match an "
+                        r"empty range", one_error_line(result))
+    assert len(store.list_dead()) == 3
+
+
+def test_purge_json_without_yes_is_refused_without_a_prompt(db: tuple[str, SQLiteOutbox]) -> None:
+    path, store = db
+    result = run("dlq", "purge", "--outbox", path, "--json", input="y\n")
+    assert result.exit_code == 2 and result.stderr == ""
+    error = json.loads(result.stdout)["error"]
+    assert (error["type"], error["message"]) == (
+        "usage", "--json needs --yes: a purge asks for confirmation, and a JSON reader cannot answer it")
+    assert len(store.list_dead()) == 3

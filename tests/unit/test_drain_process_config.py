@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox import ConfigError, ResilientProducer, RetryPolicy, SQLiteOutbox
+from outbox import ConfigError, NewMessage, ResilientProducer, RetryPolicy, SQLiteOutbox
 
 from ..waiting import wait_until
 
@@ -67,18 +67,22 @@ def test_a_drain_process_that_cannot_import_the_policy_fails_the_constructor(tmp
 
 
 def test_a_drain_process_starts_stops_and_hands_back_its_leases(tmp_path: Path) -> None:
+    """Rows the drain process holds (leased, sent to a broker that never answers) are pending
+    again, unleased, once the producer closed: a next drain need not wait for the leases to expire."""
     db = tmp_path / "o.db"
-    p = ResilientProducer(NO_BROKER, outbox=f"sqlite:///{db}", drain_in="process", drain_poll_interval=0.1)
-    pid = p.drainer.pid
-    assert pid is not None
-    p.produce("t", b"v", key=b"k")  # the broker never answers: it ends in the outbox at close
-    assert p.close(30) == 0
-    assert p.drainer.pid is None
-    with pytest.raises(ProcessLookupError):  # stopped and reaped
-        os.kill(pid, 0)
     store = SQLiteOutbox(str(db))
     try:
-        assert store.stats(now=0).pending == 1
+        store.enqueue([NewMessage("t", b"v%d" % i, msg_id=f"m{i}") for i in range(5)])
+        p = ResilientProducer(NO_BROKER, outbox=f"sqlite:///{db}", drain_in="process", drain_poll_interval=0.1)
+        pid = p.drainer.pid
+        assert pid is not None
+        wait_until(lambda: store.stats(now=0).leased > 0, 60, "the drain process leases the stored rows")
+        assert p.close(30) == 0
+        assert p.drainer.pid is None
+        with pytest.raises(ProcessLookupError):  # stopped and reaped
+            os.kill(pid, 0)
+        st = store.stats(now=0)
+        assert (st.pending, st.leased) == (5, 0)
     finally:
         store.close()
 

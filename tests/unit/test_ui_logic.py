@@ -41,15 +41,67 @@ def test_describe_and_query_round_trip() -> None:
 def test_headers_as_text_round_trip() -> None:
     headers = [("a", b"1"), ("a", b"x: y"), ("none", None), ("empty", b"")]
     text = present.headers_as_text(headers)
-    assert text == "a: 1\na: x: y\nnone\nempty: "
+    assert text == "a: 1\na: x: y\nnone\nempty:"
     assert present.parse_headers(text + "\n\n") == headers
     with pytest.raises(ValueError, match="line 2"):
         present.parse_headers("a: 1\n: 2")
 
 
+# Every header the form cannot show as plain `name: text` still comes back as the same bytes.
+AWKWARD_HEADERS = [
+    ("h", b"\xff\xfe binary"),  # not UTF-8
+    ("json", b'{"a": [1, 2]}'),
+    ("spaced", b"  padded  "),  # leading and trailing blanks a text line would lose
+    ("lines", b"one\r\ntwo"),  # a line break inside a value
+    ("colon", b":starts with a colon"),
+    ("nul", b"a\x00b"),
+    ("name: with colon", b"v"),
+    (" spaced name", None),
+    ('"quoted"', b"q"),
+    ("empty", b""),
+    ("none", None),
+]
+
+
+def test_headers_as_text_is_lossless_for_any_bytes() -> None:
+    text = present.headers_as_text(AWKWARD_HEADERS)
+    assert "h:: fffe2062696e617279" in text.splitlines()  # hex, marked by the double colon
+    assert present.parse_headers(text) == AWKWARD_HEADERS
+    assert present.parse_headers(text.replace("\n", "\r\n")) == AWKWARD_HEADERS  # as a browser posts it
+    with pytest.raises(ValueError, match="headers line 1: 'zz' is not hex"):
+        present.parse_headers("h:: zz")
+    with pytest.raises(ValueError, match="headers line 1: the quoted name does not end"):
+        present.parse_headers('"open: 1')
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    (b'{"note":"compact","n":[1,2]}', ('{"note":"compact","n":[1,2]}', "utf-8")),  # as stored, not re-indented
+    (b"two\nlines", ("two\nlines", "utf-8")),
+    (b"\nleading newline", ("\nleading newline", "utf-8")),
+    (b"crlf\r\n", ("63726c660d0a", "hex")),  # a browser posts every line break as CRLF
+    (b"\xff\xfe binary", ("fffe2062696e617279", "hex")),
+    (b"", ("", "utf-8")),
+    (None, ("", "null")),
+])
+def test_edit_value_round_trips_through_the_form(value: bytes | None, shown: tuple[str, str]) -> None:
+    assert present.edit_value(value) == shown
+    text, encoding = shown
+    assert present.form_value(text.replace("\n", "\r\n"), encoding) == value
+
+
+def test_form_value_errors() -> None:
+    with pytest.raises(ValueError, match="value: not valid hex"):
+        present.form_value("zz", "hex")
+    with pytest.raises(ValueError, match="value: must be empty when the encoding is null"):
+        present.form_value("x", "null")
+    with pytest.raises(ValueError, match="value_encoding: must be utf-8, hex or null"):
+        present.form_value("x", "latin-1")
+
+
 def test_decode_values() -> None:
-    assert present.decode(b'{"a":1}') == ('{\n  "a": 1\n}', "json")
-    assert present.decode(b"12") == ("12", "utf-8")  # JSON scalars stay as written
+    assert present.decode(b'{"a":1}') == ('{"a":1}', "utf-8")  # the stored text, never re-indented
+    assert present.pretty(b'{"a":1}') == '{\n  "a": 1\n}'  # shown apart, never submitted
+    assert present.pretty(b"12") is None  # JSON scalars stay as written
     assert present.decode(b"<p>") == ("<p>", "utf-8")  # escaping is the template's job
     assert present.decode(b"\xff\x00") == ("ff00", "hex")
     assert present.decode(None) == (None, None)
