@@ -10,7 +10,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: prereqs test-prereqs venv kafka fetch services test test-unit demo bench lint docs docs-serve clean distclean
+.PHONY: prereqs test-prereqs venv kafka fetch services test test-unit demo bench chaos lint docs docs-serve clean distclean
 
 # Each missing prerequisite stops make at once with one line naming it ($(error) prints just
 # that line); expanded only when a target that needs the prerequisites runs.
@@ -58,6 +58,17 @@ test: test-prereqs venv kafka
 
 test-unit: venv
 	$(VPY) -m pytest tests/unit -q
+
+# Random fault schedules on a proxied cluster (tests/chaos), about an hour: CHAOS_EXAMPLES (200)
+# schedules with random seeds and shrinking; each run is a line of build/chaos-report.jsonl, and
+# the summary is printed at the end (also when a schedule failed: its seed is printed above).
+CHAOS_EXAMPLES ?= 200
+
+chaos: venv kafka
+	@mkdir -p build && rm -f build/chaos-report.jsonl
+	CHAOS_LONG=1 CHAOS_EXAMPLES=$(CHAOS_EXAMPLES) CHAOS_REPORT=build/chaos-report.jsonl \
+		$(VPY) -m pytest tests/chaos -q -s -p no:cacheprovider -k random_fault_schedule; rc=$$?; \
+		$(VPY) -m tests.chaos.report build/chaos-report.jsonl; exit $$rc
 
 demo: venv kafka
 	$(VPY) examples/demo.py
