@@ -165,7 +165,9 @@ def _read(bootstrap: str, topic: str, timeout: float) -> list[tuple[int, list[Re
 
 
 def _header(headers: list[tuple[str, str | bytes | None]], wanted: str) -> str | None:
-    for name, value in headers:
+    """The last header named `wanted` (the producer appends its `outbox-id` after the application's
+    headers, as Kafka's own clients read the last of a name)."""
+    for name, value in reversed(headers):
         if name == wanted and value is not None:
             return value.decode() if isinstance(value, bytes) else value
     return None

@@ -111,9 +111,7 @@ def produce_until(producer: ResilientProducer, topic: str, history: History, set
         i = 0
         while time.monotonic() < deadline:
             key = b"w%d-k%d" % (w, i % KEYS_PER_THREAD)
-            msg_id = f"w{w}-{i}"
-            producer.produce(topic, pad, key=key, headers=[("outbox-id", msg_id.encode())])
-            history.accepted(topic, key, msg_id)
+            history.accepted(topic, key, producer.produce(topic, pad, key=key))
             i += 1
             time.sleep(0.0005)  # a steady stream through the whole schedule
 

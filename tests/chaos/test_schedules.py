@@ -6,7 +6,7 @@ messages, delivers everything and reads the topic back per partition in offset o
 must lose nothing, keep every key's produce order, carry every record's `outbox-id`, leave
 nothing pending and dead-letter nothing (no fault here makes a message permanently bad).
 
-`make test` runs a small fixed set (`CHAOS_EXAMPLES`, default 6, derandomized: the same
+`make test` runs a small fixed set (`CHAOS_EXAMPLES`, default 12, derandomized: the same
 schedules each run, no shrinking). `make chaos` runs 200 random ones with shrinking, so a
 failure ends at a small schedule, printed with the seed that replays it, and writes
 `$CHAOS_REPORT` (one JSON line per run) for `python -m tests.chaos.report`.
@@ -28,7 +28,7 @@ from outbox.testing.schedule import KINDS, Fault
 
 from .runner import Setup, report, run
 
-EXAMPLES = int(os.environ.get("CHAOS_EXAMPLES", "6"))
+EXAMPLES = int(os.environ.get("CHAOS_EXAMPLES", "12"))
 LONG = os.environ.get("CHAOS_LONG") == "1"  # make chaos: random seeds, shrinking
 
 

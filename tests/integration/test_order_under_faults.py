@@ -33,9 +33,7 @@ def produce_through(
     def work(w: int) -> None:
         for i in range(per_thread):
             key = b"w%d-k%d" % (w, i % KEYS_PER_THREAD)
-            msg_id = f"w{w}-{i}"
-            producer.produce(topic, pad, key=key, headers=[("outbox-id", msg_id.encode())])
-            history.accepted(topic, key, msg_id)
+            history.accepted(topic, key, producer.produce(topic, pad, key=key))
             time.sleep(0.0002)  # a steady stream, not one burst: the fault lands mid-stream
 
     threads = [threading.Thread(target=work, args=(w,)) for w in range(THREADS)]
