@@ -386,7 +386,7 @@ class Drainer:
                 if not queued and claiming is None and not loop.cluster_down:
                     holding = self._mark_holding(True, holding)  # before its lease: see _holding
                     in_flight = ids_of(current.rows) if current else []
-                    claiming = claims.submit(self._claim, limit, background, in_flight)
+                    claiming = _submit(claims, self._claim, limit, background, in_flight)
                 if current is not None:
                     delivered_all = self._settle(loop, current, background)
                     current = None
@@ -405,7 +405,7 @@ class Drainer:
                 if queued:
                     if not loop.cluster_down:  # the next claim runs while this batch is produced
                         holding = self._mark_holding(True, holding)
-                        claiming = claims.submit(self._claim, limit, background, ids_of(queued))
+                        claiming = _submit(claims, self._claim, limit, background, ids_of(queued))
                     current, queued = loop.start(queued), []
                     continue
                 if limit is not None and limit[0] is not None and limit[0] <= 0:
@@ -636,3 +636,23 @@ class Drainer:
                 len(delivered), failed - len(dead), len(dead), last_error,
             )
         return len(delivered) == len(batch.rows)
+
+
+def _submit(
+    pool: ThreadPoolExecutor, fn: Callable[..., Sequence[OutboxMessage]], *args: Any
+) -> Future[Sequence[OutboxMessage]]:
+    """`pool.submit(fn, *args)`, or `fn(*args)` run here once the interpreter is shutting down.
+
+    At exit, concurrent.futures refuses new work before the producer's exit hook has stopped the
+    drain; the worker then claimed nothing and was restarted, logging each time at ERROR, while
+    the hook committed what was left. Claiming on the worker's own thread keeps it draining.
+    """
+    try:
+        return pool.submit(fn, *args)
+    except RuntimeError:
+        done: Future[Sequence[OutboxMessage]] = Future()
+        try:
+            done.set_result(fn(*args))
+        except Exception as exc:  # noqa: BLE001 - raised where the worker reads the result
+            done.set_exception(exc)
+        return done

@@ -103,6 +103,24 @@ HEALTHY = textwrap.dedent(
     """
 )
 
+# The drain is busy at exit: 20,000 rows left by an earlier process, one new message, a return.
+BACKLOG = textwrap.dedent(
+    """
+    import logging, sys
+    from outbox import ResilientProducer, SQLiteOutbox
+    from outbox.records import NewMessage
+    logging.basicConfig(level=logging.WARNING)
+    bootstrap, path, topic = sys.argv[1:4]
+    with SQLiteOutbox(path) as store:
+        store.enqueue([
+            NewMessage(topic, b"b:%d" % i, b"k%d" % (i % 10), [("outbox-id", b"b%d" % i)], -1, "b%d" % i)
+            for i in range(20000)
+        ])
+    p = ResilientProducer({"bootstrap.servers": bootstrap}, outbox=f"sqlite:///{path}", drain_batch_size=500)
+    print(p.produce(topic, b"last", key=b"k0"))
+    """
+)
+
 
 def _run(script: str, *args: str) -> tuple[list[str], str]:
     done = subprocess.run(
@@ -198,3 +216,17 @@ def test_a_plain_exit_with_the_cluster_up_delivers_all_4000(kafka_bootstrap: str
     # Delivered, or (a slow machine's exit_timeout ran out) committed for the next drain: never lost.
     assert set(got.by_id) | set(stored) == set(ids), stderr
     assert got.unique == 4000, f"{4000 - got.unique} not delivered ({len(stored)} in the outbox): {stderr}"
+
+
+def test_a_plain_exit_while_the_drain_is_busy_stops_it_without_a_worker_failure(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    # At exit, concurrent.futures refuses new work before the producer's exit hook stops the
+    # drain: a worker's next claim raised, and the worker was logged as failed and restarted.
+    path = tmp_path / "exit.db"
+    ids, stderr = _run(BACKLOG, kafka_bootstrap, str(path), topic)
+    assert len(ids) == 1
+    assert "drain worker" not in stderr and "cannot schedule new futures" not in stderr, stderr
+    _drain(path, kafka_bootstrap)
+    got = read_topic(kafka_bootstrap, topic, 20001)
+    assert got.unique == 20001 and set(ids) <= set(got.by_id)
