@@ -92,12 +92,11 @@ class FirstSend:
         librdkafka's queue stays full."""
         report: _Report
         fenced: Key | None = None
-        previous: str | None = None
         if key is not None and self._fence.tracking:
             k = key if key.__class__ is bytes else as_bytes(key)
             if k is not None:
                 fenced = (topic, k)
-                previous = self._fence.sending(fenced, msg_id)
+                self._fence.sending(fenced)
         if cb is None and partition == -1 and not timestamp and not app_headers:
             report = _Report(self, msg_id, fenced)  # the common message: its id is all a failure needs
         else:
@@ -126,13 +125,13 @@ class FirstSend:
             link.handed.add()
         except BufferError:
             if fenced is not None:
-                self._fence.not_sent(fenced, msg_id, previous)
+                self._spill.not_sent(fenced)
             self._spill.store_unsent(
                 topic, value, key, hdrs, partition, msg_id, cb, NOT_SENT_QUEUE_FULL, timestamp, wait=True
             )
         except KafkaException as exc:
             if fenced is not None:
-                self._fence.not_sent(fenced, msg_id, previous)
+                self._spill.not_sent(fenced)
             self.failed_send(exc.args[0], topic, value, key, hdrs, partition, msg_id, cb, None, timestamp)
 
     def send_unprotected(
@@ -173,7 +172,8 @@ class FirstSend:
         fence = self._fence
         for i, (msg, cb) in enumerate(held):
             fenced = key if fence.tracking else None
-            previous = fence.sending(key, msg.msg_id) if fenced is not None else None
+            if fenced is not None:
+                fence.sending(key)
             report = _FullReport(self, msg.msg_id, fenced, msg.headers, cb, msg.partition, msg.timestamp)
             try:
                 produce(
@@ -183,12 +183,12 @@ class FirstSend:
                 self._link.handed.add()
             except BufferError:  # no waiting under the lock: the delivery thread may need it
                 if fenced is not None:
-                    fence.not_sent(key, msg.msg_id, previous)
+                    self._spill.not_sent(key)
                 self._spill.store_held(key, held[i:])
                 return
             except KafkaException as exc:
                 if fenced is not None:
-                    fence.not_sent(key, msg.msg_id, previous)
+                    self._spill.not_sent(key)
                 self.failed_send(
                     exc.args[0], msg.topic, msg.value, msg.key, msg.headers or [], msg.partition, msg.msg_id, cb, None,
                     msg.timestamp,
@@ -196,9 +196,9 @@ class FirstSend:
                 self._spill.store_held(key, held[i + 1 :])
                 return
 
-    def reported(self, key: Key, msg_id: str) -> None:
+    def reported(self, key: Key) -> None:
         """Delivery thread: a first send of `key` was reported (`outbox.sendfence`)."""
-        self._spill.sent_reported(key, msg_id)
+        self._spill.sent_reported(key)
 
     def on_failure(self, r: _Report, err: KafkaError, msg: Message) -> None:
         """Delivery thread: the failure report of a first send (`_Report.__call__` serves successes)."""
@@ -301,7 +301,7 @@ class _Report:
         if err is not None:
             self.first.on_failure(self, err, msg)
         if self.key is not None:  # after a failure is stored: ahead of what waited behind it
-            self.first.reported(self.key, self.msg_id)
+            self.first.reported(self.key)
 
 
 @mypyc_attr(acyclic=True)
@@ -327,10 +327,10 @@ class _FullReport(_Report):
         if err is not None:
             self.first.on_failure(self, err, msg)
             if self.key is not None:
-                self.first.reported(self.key, self.msg_id)
+                self.first.reported(self.key)
             return
         if self.key is not None:
-            self.first.reported(self.key, self.msg_id)
+            self.first.reported(self.key)
         cb = self.cb
         if cb is not None:  # reported only with successes heard (delivery.report.only.error unset)
             cb(None, msg)

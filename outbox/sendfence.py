@@ -1,16 +1,17 @@
-"""SendFence: a key's outbox-bound messages wait while librdkafka still holds its older first sends.
+"""SendFence: a key's outbox-bound messages wait while librdkafka still holds first sends of it.
 
 The drain re-sends stored messages with producers of its own. A message stored while the
 circuit is closed (librdkafka's queue stayed full, or its key already waits in the outbox) can
-have older messages of its key still queued in the fast path's producer: one partition's leader
-is gone for a few seconds, say, while the others take messages. Stored at once, it could be
+have older messages of its key still in the fast path's producer: one partition's leader is
+gone for a few seconds, say, while the others take messages. Stored at once, it could be
 drained before librdkafka delivers them, and a key's messages would reach Kafka out of order.
+Nor do librdkafka's reports of one key come in produce order once some are handed back: a purge
+reports what waits in the queue at once, and what is on the wire only when its request ends.
 
-So a keyed message bound for the outbox, produced after a first send of its key that librdkafka
-has not reported yet, is held here, in memory, with every later message of its key bound for
-the outbox. When librdkafka reports that key's newest first send (delivered, or failed and
-stored), the held messages are handed on in produce order (the `outbox-id` counter's order),
-behind any of the key's first sends that failed meanwhile.
+So while librdkafka holds any first send of a key, every message of that key bound for the
+outbox is held here, in memory. When librdkafka has reported the last of them (delivered, or
+failed and so held here too), the held messages are handed on sorted by the `outbox-id` counter,
+which is produce order.
 
 Knowing which keys librdkafka holds needs success reports: with `delivery.report.only.error`
 they are not heard, nothing is tracked and nothing is held (the window in docs/guarantees.md).
@@ -18,7 +19,7 @@ they are not heard, nothing is tracked and nothing is held (the window in docs/g
 Bounds: held messages count against the memory budget; once it is full the owner is asked to
 purge what librdkafka holds, whose reports end every fence. And a fence lasts at most
 `longest` seconds (`message.timeout.ms` + 1 s: by then librdkafka has reported every message
-older than it), so a report that never comes cannot keep messages in memory for good.
+it held), so a report that never comes cannot keep messages in memory for good.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class SendFence:
         self._clock = clock
         self._longest = longest
         self._lock = threading.Lock()
-        self._sending: dict[Key, str] = {}  # key -> id of its newest first send librdkafka holds
+        self._sending: dict[Key, int] = {}  # key -> its first sends librdkafka holds
         self._held: dict[Key, list[Held]] = {}
         self._since: dict[Key, float] = {}
         self.held_bytes = 0  # under the lock (outbox.budget)
@@ -78,48 +79,39 @@ class SendFence:
 
     # -- first sends (application threads, the delivery thread) ------------------------------
 
-    def sending(self, key: Key, msg_id: str) -> str | None:
-        """Before librdkafka is given `msg_id` of `key`: it is the key's newest first send.
-        Returns the previous newest, for `not_sent`."""
+    def sending(self, key: Key) -> None:
+        """Before librdkafka is given a message of `key`: one more first send of it held there."""
         with self._lock:
-            previous = self._sending.get(key)
-            self._sending[key] = msg_id
-            return previous
+            self._sending[key] = self._sending.get(key, 0) + 1
 
-    def not_sent(self, key: Key, msg_id: str, previous: str | None) -> None:
-        """librdkafka did not take `msg_id` after all (`sending` was told it)."""
-        with self._lock:
-            if self._sending.get(key) == msg_id:
-                if previous is None:
-                    del self._sending[key]
-                else:
-                    self._sending[key] = previous
+    def not_sent(self, key: Key) -> list[Held]:
+        """librdkafka did not take the message after all (`sending` was told of it). Returns the
+        key's held messages, in produce order, if it was the last one librdkafka held."""
+        return self.reported(key)
 
-    def reported(self, key: Key, msg_id: str) -> list[Held]:
-        """Delivery thread: librdkafka reported `msg_id` of `key`. If it was the key's newest
-        first send, the key's held messages are returned, in produce order, to be queued."""
+    def reported(self, key: Key) -> list[Held]:
+        """Delivery thread: librdkafka reported a first send of `key`. If it was the last one it
+        held, the key's held messages are returned, in produce order, to be queued."""
         with self._lock:
-            if self._sending.get(key) != msg_id:
+            left = self._sending.get(key, 0) - 1
+            if left > 0:
+                self._sending[key] = left
                 return []
-            del self._sending[key]
+            self._sending.pop(key, None)
             return self._end(key)
 
     # -- messages bound for the outbox (under the key backlog's lock) -----------------------
 
     def hold(self, msg: NewMessage, cb: Any, cost: int) -> bool:
-        """Hold a keyed message bound for the outbox if it must wait behind its key's first sends
-        (or behind messages already held for its key). False: queue it now."""
+        """Hold a keyed message bound for the outbox while librdkafka holds a first send of its
+        key (or messages of its key are held already). False: queue it now."""
         if not self.tracking or msg.key is None:
             return False
         key = (msg.topic, msg.key)
         with self._lock:
             held = self._held.get(key)
             if held is None:
-                newest = self._sending.get(key)
-                # Ids are one generator's fixed-width prefix + counter: string order is produce
-                # order. A failed first send (not newer) is stored at once: what is newer of its
-                # key is in librdkafka already, holding it back would not put it ahead of them.
-                if newest is None or msg.msg_id <= newest:
+                if not self._sending.get(key):
                     return False
                 held = self._held[key] = []
                 self._since[key] = self._clock()

@@ -141,6 +141,10 @@ class PostgresConnection:
             conn = psycopg.connect(**self._kwargs, autocommit=True)
         except psycopg.Error as exc:
             raise self._error(exc) from None
+        except UnicodeError:  # the resolver's IDNA encoding refused a label (empty, or over 63)
+            raise StoreError(
+                f"PostgreSQL outbox {self._where}: host {self._kwargs.get('host')!r} is not a valid host name"
+            ) from None
         try:
             yield conn
         except psycopg.Error as exc:

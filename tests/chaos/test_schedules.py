@@ -79,7 +79,7 @@ def test_a_random_fault_schedule_loses_nothing_and_keeps_every_keys_order(
     report(result)
     v = result.verdict
     assert v.lost == [], result.line()
-    assert v.reordered == {}, (result.line(), v.first_inversions())
+    assert v.reordered == {}, "\n".join([result.line(), *v.first_inversions()])
     assert v.without_id == 0, result.line()
     assert result.dead == 0 and result.pending == 0, result.line()
 
@@ -103,4 +103,4 @@ def test_write_ahead_rows_sent_as_the_circuit_opens_go_behind_their_keys_older_r
         drop_database(store_url, postgres_server)
     report(result)
     assert result.verdict.lost == [] and result.verdict.without_id == 0, result.line()
-    assert result.verdict.reordered == {}, (result.line(), result.verdict.first_inversions())
+    assert result.verdict.reordered == {}, "\n".join([result.line(), *result.verdict.first_inversions()])

@@ -109,3 +109,13 @@ def test_drain_follow_with_nothing_pending_and_kafka_down_is_kafka_unavailable(e
     assert proc.returncode == 4
     assert proc.stderr.strip().startswith(f"Error: cannot reach Kafka: no Kafka broker answered at 127.0.0.1:{port}")
     assert proc.stderr.strip().endswith(f"nothing is pending in sqlite:///{empty_db}")
+
+
+def test_a_postgresql_url_whose_host_is_not_a_host_name_is_one_line_not_a_traceback() -> None:
+    # `,.` is the URL's host (the authority ends at the first "/"): libpq's host list of "" and
+    # ".", which the resolver's IDNA encoding refuses with a UnicodeError.
+    done = outbox("status", "--outbox", "postgresql://,./@127.0.0.1:1/db")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "Error: PostgreSQL outbox ,.:5432/@127.0.0.1:1/db: host ',.' is not a valid host name"
+    ]

@@ -1,4 +1,4 @@
-"""SendFence: a key's outbox-bound messages wait while librdkafka holds its older first sends."""
+"""SendFence: a key's outbox-bound messages wait while librdkafka holds first sends of the key."""
 
 from __future__ import annotations
 
@@ -27,64 +27,68 @@ def ids(held: list[tuple[NewMessage, object, int]]) -> list[str]:
     return [m.msg_id for m, _, _ in held]
 
 
-def test_a_newer_message_waits_until_its_keys_newest_first_send_is_reported() -> None:
+def test_a_message_waits_until_librdkafka_has_reported_every_first_send_of_its_key() -> None:
     f, _, _ = fence()
-    f.sending(KEY, "0001")
-    f.sending(KEY, "0002")
-    assert f.hold(row("0003"), None, 10) and f.hold(row("0004"), None, 10)
+    f.sending(KEY)
+    f.sending(KEY)
+    assert f.hold(row("0004"), None, 10) and f.hold(row("0003"), None, 10)
     assert f.active and len(f) == 2 and f.held_bytes == 20
-    assert f.reported(KEY, "0001") == []  # an older send: the newest is still in librdkafka
-    assert ids(f.reported(KEY, "0002")) == ["0003", "0004"]
+    assert f.reported(KEY) == []  # one first send is still in librdkafka
+    assert ids(f.reported(KEY)) == ["0003", "0004"]  # in produce order
     assert not f.active and f.held_bytes == 0
 
 
-def test_a_failed_older_send_goes_ahead_of_what_waited_behind_it() -> None:
+def test_reports_in_any_order_a_purge_first_and_the_wire_last() -> None:
+    # An older send on the wire, newer ones purged from the queue: the purged ones fail first,
+    # and wait (held) until the one on the wire is reported too.
     f, _, _ = fence()
-    f.sending(KEY, "0001")
-    assert f.hold(row("0002"), None, 10)
-    assert f.hold(row("0001"), None, 10)  # its failure, stored while the key waits: held too
-    assert ids(f.reported(KEY, "0001")) == ["0001", "0002"]
+    for _ in range(3):
+        f.sending(KEY)
+    assert f.reported(KEY) == [] and f.hold(row("0003"), None, 10)  # purged, stored: held
+    assert f.reported(KEY) == [] and f.hold(row("0002"), None, 10)
+    assert ids(f.reported(KEY)) == ["0002", "0003"]  # the oldest delivered: the rest go on
 
 
 def test_nothing_waits_without_a_first_send_in_librdkafka_or_a_key_or_tracking() -> None:
     f, _, _ = fence()
     assert not f.hold(row("0001"), None, 10)
-    f.sending(KEY, "0005")
-    assert not f.hold(row("0004"), None, 10)  # older than the newest send: a failure, stored now
-    assert not f.hold(row("0006", key=None), None, 10)
-    untracked, _, _ = fence(tracking=False)
-    untracked.sending(KEY, "0001")
-    assert not untracked.hold(row("0002"), None, 10)
-
-
-def test_a_send_librdkafka_did_not_take_is_forgotten() -> None:
-    f, _, _ = fence()
-    previous = f.sending(KEY, "0001")
-    f.not_sent(KEY, "0001", previous)
+    f.sending(("t", b"other"))
     assert not f.hold(row("0002"), None, 10)
-    f.sending(KEY, "0003")
-    previous = f.sending(KEY, "0004")
-    f.not_sent(KEY, "0004", previous)
-    assert f.hold(row("0005"), None, 10)
-    assert ids(f.reported(KEY, "0003")) == ["0005"]
+    assert not f.hold(row("0003", key=None), None, 10)
+    untracked, _, _ = fence(tracking=False)
+    untracked.sending(KEY)
+    assert not untracked.hold(row("0004"), None, 10)
+
+
+def test_a_send_librdkafka_did_not_take_counts_as_reported() -> None:
+    f, _, _ = fence()
+    f.sending(KEY)
+    assert f.not_sent(KEY) == []
+    assert not f.hold(row("0002"), None, 10)
+    f.sending(KEY)
+    f.sending(KEY)
+    assert f.hold(row("0003"), None, 10)
+    assert f.not_sent(KEY) == []
+    assert ids(f.reported(KEY)) == ["0003"]
 
 
 def test_a_fence_ends_after_its_longest_wait_and_all_at_once_when_forced() -> None:
     f, _, now = fence()
-    f.sending(KEY, "0001")
-    f.sending(("t", b"other"), "0002")
+    f.sending(KEY)
+    f.sending(("t", b"other"))
     assert f.hold(row("0003"), None, 10) and f.hold(NewMessage("t", b"v", b"other", [], -1, "0004"), None, 10)
     assert f.overdue() == []
     now[0] = 31.0
     assert ids(f.overdue()) == ["0003", "0004"] and not f.active
-    f.sending(KEY, "0005")
+    f.sending(KEY)
     assert f.hold(row("0006"), None, 10)
     assert ids(f.overdue(force=True)) == ["0006"]
+    assert f.reported(KEY) == []  # a late report of a fence that ended: nothing held, no error
 
 
 def test_a_full_budget_asks_for_a_purge() -> None:
     f, purges, _ = fence(limit=15)
-    f.sending(KEY, "0001")
+    f.sending(KEY)
     assert f.hold(row("0002"), None, 10)
     assert purges == []
     assert f.hold(row("0003"), None, 10)
