@@ -17,7 +17,7 @@ from outbox import ResilientProducer
 from outbox.testing import KafkaCluster
 from outbox.testing.history import History
 
-from ..waiting import wait_until
+from ..chaos.runner import delivered_everything
 
 THREADS = 3
 KEYS_PER_THREAD = 40
@@ -43,15 +43,6 @@ def produce_through(
     fault()
     for t in threads:
         t.join()
-
-
-def delivered_everything(producer: ResilientProducer) -> None:
-    def done() -> bool:
-        producer.flush(2)
-        stats = producer.stats()
-        return len(producer) == 0 and stats["pending"] == 0 and stats["in_memory"] == 0
-
-    wait_until(done, 180, "every accepted message delivered and the outbox empty")
 
 
 def test_one_broker_killed_while_8kib_messages_fill_the_memory_budget_keeps_every_keys_order(
