@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from .budget import MESSAGE_OVERHEAD
 from .circuit import CircuitBreaker
@@ -214,12 +214,16 @@ class KafkaLink:
         messages on one local broker), each at several times a send's cost, and every later
         message of a stored key followed it into the outbox until the drain caught up.
 
-        `open_if_stalled`: a wait that ends with nothing delivered during it opens the circuit.
-        The cluster is not taking messages, whether or not librdkafka has said so yet (it reports
-        all brokers down only once every connection has failed, and never for a hung broker).
-        Opening moves what librdkafka still holds to the outbox through the hold-back, in produce
-        order, ahead of this message and its key's later ones; left in librdkafka, those earlier
-        messages would be stored behind them when they failed.
+        `open_if_stalled`: a wait that ends with nothing delivered during it opens the circuit,
+        unless a broker still answers a metadata request within `queue_full_timeout`. Nothing
+        delivered and no answer: the cluster is not taking messages, whether or not librdkafka
+        has said so yet (it reports all brokers down only once every connection has failed, and
+        never for a hung broker). Opening moves what librdkafka still holds to the outbox through
+        the hold-back, in produce order, ahead of this message and its key's later ones; left in
+        librdkafka, those earlier messages would be stored behind them when they failed. An
+        answer: one broker is gone and its partitions' messages fill the queue, which the others
+        cannot drain; the message is stored with the circuit closed (`outbox.sendfence` keeps it
+        behind its key's messages in librdkafka), and the other brokers go on taking the rest.
         """
         if self._queue_stalled or self._queue_full_timeout <= 0:
             return False
@@ -234,12 +238,24 @@ class KafkaLink:
             except BufferError:
                 if time.monotonic() >= deadline:
                     self._queue_stalled = True
-                    if open_if_stalled and self.first_sends_delivered() <= delivered_before:
+                    if (
+                        open_if_stalled
+                        and self.first_sends_delivered() <= delivered_before
+                        and not self._a_broker_answers()
+                    ):
                         self._circuit.trip(
-                            f"librdkafka's queue stayed full for {self._queue_full_timeout:g} s with nothing delivered"
+                            f"librdkafka's queue stayed full for {self._queue_full_timeout:g} s with nothing "
+                            "delivered, and no broker answered"
                         )
                     return False
         return False
+
+    def _a_broker_answers(self) -> bool:
+        """Does a broker answer a metadata request within `queue_full_timeout` seconds?"""
+        try:
+            return bool(self.kafka.list_topics(timeout=self._queue_full_timeout).brokers)
+        except KafkaException:
+            return False
 
     # -- the delivery thread -----------------------------------------------------------------
 

@@ -31,6 +31,9 @@ def summarize(lines: list[dict]) -> str:  # type: ignore[type-arg]
         "duplicates in schedules with each kind (of their messages): "
         + ", ".join(f"{k} {dups[k]} of {msgs[k]} ({100 * dups[k] / max(1, msgs[k]):.2f} %)" for k in sorted(dups)),
     ]
+    single = [r for r in lines if r.get("one_broker_at_a_time")]
+    opened = sum(1 for r in single if r.get("circuit_opens"))
+    out.append(f"circuit opened in {opened} of {len(single)} schedules that faulted one broker at a time")
     return "\n".join(out)
 
 

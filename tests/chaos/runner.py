@@ -69,6 +69,7 @@ class Run:
             "dead": self.dead,
             "pending": self.pending,
             "circuit_opens": self.circuit_opens,
+            "one_broker_at_a_time": one_broker_at_a_time(self.schedule),
         }
 
 
@@ -138,3 +139,15 @@ def report(run_: Run) -> None:
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(run_.record()) + "\n")
+
+
+def one_broker_at_a_time(schedule: list[Fault]) -> bool:
+    """Whether at most one broker is faulted at any moment (replication 3: the cluster can take
+    every write, so the circuit has no reason to open)."""
+    if any(f.broker is None for f in schedule):
+        return False
+    return not any(
+        a.broker != b.broker and a.at < b.at + b.seconds and b.at < a.at + a.seconds
+        for i, a in enumerate(schedule)
+        for b in schedule[i + 1 :]
+    )
