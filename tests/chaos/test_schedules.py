@@ -57,6 +57,9 @@ faults = st.builds(
 schedules = st.lists(faults, min_size=1, max_size=3)
 
 
+# pytest-timeout bounds a whole test, and this one is all its examples: a schedule runs for some
+# 10 to 60 s (produce, deliver, read back), so `make chaos` gets 2 minutes per example.
+@pytest.mark.timeout(max(600, 120 * EXAMPLES))
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
