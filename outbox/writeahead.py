@@ -140,12 +140,14 @@ class WriteAhead:
         # admission is asked again here, and a row that may no longer go is given to the drain.
         pending, hold, circuit = self._backlog.pending, self._spill.hold, self._circuit
         for i, msg in enumerate(msgs):
-            if not circuit.closed or hold.active or (msg.key is not None and (msg.topic, msg.key) in pending):
-                handed()  # counted as taken and failed: _failed counts the failure
-                batch.refused(i, *self._failed(msg, cbs[i], _NOT_SENT))
-                continue
             report = shared or SentReport(batch, i)
             while True:
+                # Asked again before every try: a send that waited for room in a full queue may
+                # outlast the circuit's opening and the purge of its key's older rows.
+                if not circuit.closed or hold.active or (msg.key is not None and (msg.topic, msg.key) in pending):
+                    handed()  # counted as taken and failed: _failed counts the failure
+                    batch.refused(i, *self._failed(msg, cbs[i], _NOT_SENT))
+                    break
                 try:
                     produce(
                         msg.topic, msg.value, msg.key, msg.partition, report, None, msg.timestamp,
