@@ -129,7 +129,7 @@ def test_a_write_ahead_send_waiting_for_room_through_an_outage_goes_behind_its_k
 ) -> None:
     # Every broker black-holed for 5.9 s, write-ahead, the drain in a process: the writer's send
     # of a row admitted before the circuit opened waited for room in the full queue through the
-    # opening and the purge of its key's older rows, then went out first (1 key in 5 of 5 runs,
+    # opening and the purge of its key's older rows, then went out first (1 key in 6 of 6 runs,
     # always the row that filled the memory budget).
     setup = Setup(mode="write-ahead", drain_in="process", store="postgresql", size=200, threads=4)
     store_url = create_database(postgres_server)
