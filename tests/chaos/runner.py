@@ -82,7 +82,9 @@ def run(cluster: KafkaCluster, setup: Setup, schedule: list[Fault], *, store_url
     with tempfile.TemporaryDirectory() as tmp:
         url = store_url or f"sqlite:///{Path(tmp) / 'o.db'}"
         producer = ResilientProducer(
-            {"bootstrap.servers": cluster.bootstrap_servers},
+            # Idempotence: librdkafka's own retries keep a partition's order only with it
+            # (docs/guarantees.md, "Order per key").
+            {"bootstrap.servers": cluster.bootstrap_servers, "enable.idempotence": True},
             outbox=url,
             mode=setup.mode,
             drain_in=setup.drain_in,
