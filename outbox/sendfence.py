@@ -65,6 +65,7 @@ class SendFence:
         self._held: dict[Key, list[Held]] = {}
         self._since: dict[Key, float] = {}
         self.held_bytes = 0  # under the lock (outbox.budget)
+        self._count = 0  # messages held, under the lock
         self.fences = 0  # fences begun (stats, tests)
         self._budget = budget
         budget.add_part(self)
@@ -75,7 +76,7 @@ class SendFence:
         return bool(self._held)
 
     def __len__(self) -> int:
-        return sum(len(h) for h in self._held.values())
+        return self._count  # a plain read: no walk of a dict another thread may change
 
     # -- first sends (application threads, the delivery thread) ------------------------------
 
@@ -120,6 +121,7 @@ class SendFence:
                 self._on_full()
             held.append((msg, cb, cost))
             self.held_bytes += cost
+            self._count += 1
             return True
 
     def overdue(self, *, force: bool = False) -> list[Held]:
@@ -143,5 +145,6 @@ class SendFence:
         del self._since[key]
         self._budget.sample()  # the most held is reached just before a decrease
         self.held_bytes -= sum(cost for _, _, cost in held)
+        self._count -= len(held)
         held.sort(key=lambda h: h[0].msg_id)
         return held
