@@ -36,7 +36,7 @@ sys.path.append(str(ROOT))  # after PYTHONPATH: the Spark workers see PYTHONPATH
 from outbox.records import NewMessage  # noqa: E402
 from outbox.stores import open_outbox  # noqa: E402
 
-VALUE = b"v" * 200  # PERF-NOTES' message size
+VALUE = b"v" * 200  # the benchmarks' message size (docs/benchmarks.md)
 
 
 def fill(url: str, topic: str, rows: int, keys: int) -> None:
