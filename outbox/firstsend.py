@@ -125,13 +125,13 @@ class FirstSend:
             link.handed.add()
         except BufferError:
             if fenced is not None:
-                self._spill.not_sent(fenced)
+                self._spill.sent_reported(fenced)
             self._spill.store_unsent(
                 topic, value, key, hdrs, partition, msg_id, cb, NOT_SENT_QUEUE_FULL, timestamp, wait=True
             )
         except KafkaException as exc:
             if fenced is not None:
-                self._spill.not_sent(fenced)
+                self._spill.sent_reported(fenced)
             self.failed_send(exc.args[0], topic, value, key, hdrs, partition, msg_id, cb, None, timestamp)
 
     def send_unprotected(
@@ -183,12 +183,12 @@ class FirstSend:
                 self._link.handed.add()
             except BufferError:  # no waiting under the lock: the delivery thread may need it
                 if fenced is not None:
-                    self._spill.not_sent(key)
+                    self._spill.sent_reported(key)
                 self._spill.store_held(key, held[i:])
                 return
             except KafkaException as exc:
                 if fenced is not None:
-                    self._spill.not_sent(key)
+                    self._spill.sent_reported(key)
                 self.failed_send(
                     exc.args[0], msg.topic, msg.value, msg.key, msg.headers or [], msg.partition, msg.msg_id, cb, None,
                     msg.timestamp,
@@ -324,15 +324,9 @@ class _FullReport(_Report):
         self.timestamp = timestamp
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            self.first.on_failure(self, err, msg)
-            if self.key is not None:
-                self.first.reported(self.key)
-            return
-        if self.key is not None:
-            self.first.reported(self.key)
+        _Report.__call__(self, err, msg)
         cb = self.cb
-        if cb is not None:  # reported only with successes heard (delivery.report.only.error unset)
+        if err is None and cb is not None:  # successes heard (delivery.report.only.error unset)
             cb(None, msg)
             self.first.served.delivery_thread_calls += 1
 

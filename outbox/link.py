@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, Producer
 
 from .budget import MESSAGE_OVERHEAD
 from .circuit import CircuitBreaker
-from .retry import UNREACHABLE_CODES, describe
+from .retry import UNREACHABLE_CODES, a_broker_answers, describe
 from .served import Served
 from .tally import Tally
 
@@ -241,7 +241,7 @@ class KafkaLink:
                     if (
                         open_if_stalled
                         and self.first_sends_delivered() <= delivered_before
-                        and not self._a_broker_answers()
+                        and not a_broker_answers(self.kafka, self._queue_full_timeout)
                     ):
                         self._circuit.trip(
                             f"librdkafka's queue stayed full for {self._queue_full_timeout:g} s with nothing "
@@ -249,13 +249,6 @@ class KafkaLink:
                         )
                     return False
         return False
-
-    def _a_broker_answers(self) -> bool:
-        """Does a broker answer a metadata request within `queue_full_timeout` seconds?"""
-        try:
-            return bool(self.kafka.list_topics(timeout=self._queue_full_timeout).brokers)
-        except KafkaException:
-            return False
 
     # -- the delivery thread -----------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import tenacity
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException, Producer
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
@@ -84,6 +84,15 @@ UNREACHABLE_CODES: frozenset[int] = frozenset(
         E.NOT_LEADER_FOR_PARTITION,
     }
 )
+
+
+def a_broker_answers(producer: Producer, timeout: float) -> bool:
+    """Does any broker answer `producer`'s metadata request within `timeout` seconds? What tells a
+    cluster that is there from one that is gone or hung, whatever librdkafka has reported."""
+    try:
+        return bool(producer.list_topics(timeout=timeout).brokers)
+    except KafkaException:
+        return False
 
 # Failures a resend of the same bytes can never fix: they go to the dead-letter store at once.
 PERMANENT_CODES: frozenset[int] = frozenset(

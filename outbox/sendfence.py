@@ -85,14 +85,10 @@ class SendFence:
         with self._lock:
             self._sending[key] = self._sending.get(key, 0) + 1
 
-    def not_sent(self, key: Key) -> list[Held]:
-        """librdkafka did not take the message after all (`sending` was told of it). Returns the
-        key's held messages, in produce order, if it was the last one librdkafka held."""
-        return self.reported(key)
-
     def reported(self, key: Key) -> list[Held]:
-        """Delivery thread: librdkafka reported a first send of `key`. If it was the last one it
-        held, the key's held messages are returned, in produce order, to be queued."""
+        """librdkafka reported a first send of `key` (delivery thread), or did not take it after
+        all (the sending thread). If it was the last one it held, the key's held messages are
+        returned, in produce order, to be queued."""
         with self._lock:
             left = self._sending.get(key, 0) - 1
             if left > 0:

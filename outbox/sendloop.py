@@ -41,7 +41,7 @@ from .errors import ConfigError
 from .headers import ID_HEADER, for_resend, resent_once
 from .logs import with_librdkafka_log
 from .records import Headers
-from .retry import UNREACHABLE_CODES, RetryPolicy
+from .retry import UNREACHABLE_CODES, RetryPolicy, a_broker_answers
 from .settle import DELIVERED, Decision, Verdict, settle
 from .stores.claimed import LazyClaim, Resend
 
@@ -321,10 +321,7 @@ class SendLoop:
 
     def cluster_up(self, timeout: float = _PROBE_TIMEOUT) -> bool:
         """Does any broker answer a metadata request within `timeout` seconds?"""
-        try:
-            return bool(self.producer.list_topics(timeout=timeout).brokers)
-        except KafkaException:
-            return False
+        return a_broker_answers(self.producer, timeout)
 
     def recreate(self) -> None:
         """A new producer after a fatal error (the old one's idempotence state is lost)."""

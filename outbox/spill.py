@@ -205,13 +205,9 @@ class Spill:
             self._writer.add_new(msg, cost=cost)
 
     def sent_reported(self, key: Key) -> None:
-        """Delivery thread: librdkafka reported a first send of `key`; if it held no other, the
-        key's messages that waited go on to the writer, in produce order."""
+        """librdkafka reported a first send of `key`, or did not take it after all; if it held no
+        other, the key's messages that waited go on to the writer, in produce order."""
         self._queue_fenced(self.fence.reported(key))
-
-    def not_sent(self, key: Key) -> None:
-        """librdkafka did not take a first send of `key` that `fence.sending` was told of."""
-        self._queue_fenced(self.fence.not_sent(key))
 
     def _queue_fenced(self, held: list[Held]) -> None:
         if held:

@@ -138,13 +138,13 @@ class WriteAhead:
         # circuit may have opened and librdkafka handed back older rows of the same keys (to
         # the drain, their keys now pending): sent now, a row would overtake them. So the
         # admission is asked again here, and a row that may no longer go is given to the drain.
-        pending, hold, circuit = self._backlog.pending, self._spill.hold, self._circuit
+        route = self._route
         for i, msg in enumerate(msgs):
             report = shared or SentReport(batch, i)
             while True:
                 # Asked again before every try: a send that waited for room in a full queue may
                 # outlast the circuit's opening and the purge of its key's older rows.
-                if not circuit.closed or hold.active or (msg.key is not None and (msg.topic, msg.key) in pending):
+                if route(msg.topic, msg.key) is not SEND:
                     handed()  # counted as taken and failed: _failed counts the failure
                     batch.refused(i, *self._failed(msg, cbs[i], _NOT_SENT))
                     break
@@ -161,7 +161,7 @@ class WriteAhead:
                     handed()  # counted as taken and failed: _failed counts the failure
                     batch.refused(i, *self._failed(msg, cbs[i], exc.args[0]))
                     break
-        if not circuit.closed or hold.active:
+        if not self._circuit.closed or self._spill.hold.active:
             # Committed while Kafka was up, sent as the circuit opened and purged the queue:
             # hand these back to the drain now, not at `message.timeout.ms`.
             self._link.purge_queue_soon()

@@ -60,15 +60,15 @@ def test_nothing_waits_without_a_first_send_in_librdkafka_or_a_key_or_tracking()
     assert not untracked.hold(row("0004"), None, 10)
 
 
-def test_a_send_librdkafka_did_not_take_counts_as_reported() -> None:
+def test_a_send_librdkafka_did_not_take_is_reported_as_such() -> None:
     f, _, _ = fence()
     f.sending(KEY)
-    assert f.not_sent(KEY) == []
+    assert f.reported(KEY) == []
     assert not f.hold(row("0002"), None, 10)
     f.sending(KEY)
     f.sending(KEY)
     assert f.hold(row("0003"), None, 10)
-    assert f.not_sent(KEY) == []
+    assert f.reported(KEY) == []
     assert ids(f.reported(KEY)) == ["0003"]
 
 
