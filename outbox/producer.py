@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin._metadata import ClusterMetadata
 
-from . import exithook
+from . import exithook, idempotence
 from .admission import HOLD, PROBE, SEND, STORE
 from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from .circuit import CircuitBreaker
@@ -130,8 +130,11 @@ class ResilientProducer(PythonObject):
     same methods and arguments; `docs/confluent-compatibility.md` lists where it differs and why.
 
     Args:
-        config: confluent_kafka.Producer settings, passed through unchanged except that
-            `message.timeout.ms` defaults to 30000 (librdkafka: 300000). As with confluent_kafka,
+        config: confluent_kafka.Producer settings, passed through unchanged except for two
+            defaults: `message.timeout.ms` is 30000 (librdkafka: 300000), and
+            `enable.idempotence` is True (librdkafka: False) unless `acks`, `max.in.flight` or
+            `retries` rule it out, as in the Java producer since Kafka 3.0: per-key order needs
+            it (`outbox.idempotence`). As with confluent_kafka,
             they may also be given as keyword arguments (``ResilientProducer(**conf)``), and
             `logger=` sets the `logger` setting. Its `error_cb`,
             `throttle_cb`, `stats_cb` and `oauth_cb` serve every librdkafka client the producer
@@ -271,7 +274,9 @@ class ResilientProducer(PythonObject):
         )
         if self._default_on_delivery is not None and not callable(self._default_on_delivery):
             raise TypeError(f"on_delivery must be callable, got {type(self._default_on_delivery).__name__}")
-        self._config = {**PRODUCER_DEFAULTS, **config}
+        # Idempotent unless the caller's settings rule it out: per-key order on the fast path
+        # needs it (`outbox.idempotence`).
+        self._config = idempotence.with_default({**PRODUCER_DEFAULTS, **config})
         self._config.setdefault("logger", LIBRDKAFKA_LOG)  # librdkafka's lines to logging, summarised
         rdkafka_queue, rdkafka_reserve = queue_limits(self._config, memory_budget)
         self._config.update(rdkafka_queue)

@@ -39,6 +39,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from .errors import ConfigError
 from .headers import ID_HEADER, for_resend, resent_once
+from .idempotence import KEY as IDEMPOTENCE
+from .idempotence import conflicts, is_set, number
 from .logs import with_librdkafka_log
 from .records import Headers
 from .retry import UNREACHABLE_CODES, RetryPolicy, a_broker_answers
@@ -162,11 +164,11 @@ def resend_config(config: Mapping[str, Any]) -> dict[str, Any]:
     out = {**RESEND_DEFAULTS, **with_librdkafka_log(config)}
     out.pop("on_delivery", None)
     acks = config.get("acks", config.get("request.required.acks"))
-    if acks is not None and str(acks) not in ("all", "-1") and "enable.idempotence" not in config:
+    if acks is not None and str(acks) not in ("all", "-1") and IDEMPOTENCE not in config:
         # The caller chose weaker acknowledgements (acks=1 was Kafka's default before 3.0):
         # idempotence needs acks=all, so the re-senders keep the caller's acks and keep each
         # key's order with one request in flight instead.
-        out["enable.idempotence"] = False
+        out[IDEMPOTENCE] = False
         out.setdefault("max.in.flight.requests.per.connection", 1)
     out["delivery.report.only.error"] = True  # see the module doc
     lingers = [out.pop(k) for k in ("queue.buffering.max.ms", "linger.ms") if k in out]
@@ -176,8 +178,8 @@ def resend_config(config: Mapping[str, Any]) -> dict[str, Any]:
         out["linger.ms"] = lingers[-1]
     # librdkafka refuses a linger as long as the time-out (the last alias set wins): a caller's
     # short time-out (confluent's own tests use 10 ms) shortens the re-senders' linger instead.
-    timeouts = [_number(v) for k, v in out.items() if k in ("message.timeout.ms", "delivery.timeout.ms")]
-    linger = _number(out["linger.ms"])
+    timeouts = [number(v) for k, v in out.items() if k in ("message.timeout.ms", "delivery.timeout.ms")]
+    linger = number(out["linger.ms"])
     if timeouts and timeouts[-1] and linger is not None and linger >= timeouts[-1]:
         out["linger.ms"] = max(0.0, timeouts[-1] - 1)
     return out
@@ -193,19 +195,10 @@ def check_resend_config(config: Mapping[str, Any]) -> None:
     """
     out = resend_config(config)
     bad: list[str] = []
-    if _is_set(out.get("enable.idempotence")):
+    if is_set(out.get(IDEMPOTENCE)):
         why = "the re-senders are idempotent (enable.idempotence) so that a batch keeps each key's order"
-        acks = out.get("acks", out.get("request.required.acks"))
-        if acks is not None and str(acks) not in ("all", "-1"):
-            bad.append(f"acks={acks} ({why}, which needs acks=all; or set enable.idempotence=False)")
-        for name in ("max.in.flight.requests.per.connection", "max.in.flight"):
-            n = _number(out.get(name))
-            if n is not None and n > 5:
-                bad.append(f"{name}={out[name]} ({why}, which needs at most 5)")
-        for name in ("retries", "message.send.max.retries"):
-            n = _number(out.get(name))
-            if n is not None and n < 1:
-                bad.append(f"{name}={out[name]} ({why}, which needs at least 1)")
+        for setting, need in conflicts(out):
+            bad.append(f"{setting} ({why}, which needs {need}; or set enable.idempotence=False)")
     if out.get("transactional.id") is not None:
         bad.append(
             f"transactional.id={out['transactional.id']} (an outbox cannot hold part of a Kafka transaction, "
@@ -213,17 +206,6 @@ def check_resend_config(config: Mapping[str, Any]) -> None:
         )
     if bad:
         raise ConfigError("settings the drain workers' producers cannot use: " + "; ".join(bad))
-
-
-def _number(value: object) -> float | None:
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-
-
-def _is_set(value: object) -> bool:
-    return value is True or str(value).lower() == "true"
 
 
 class SendLoop:

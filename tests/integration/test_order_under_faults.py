@@ -54,7 +54,7 @@ def test_one_broker_killed_while_8kib_messages_fill_the_memory_budget_keeps_ever
     topic = make_topic(partitions=6, replication_factor=3, config={"min.insync.replicas": "2"})
     history = History()
     producer = ResilientProducer(
-        {"bootstrap.servers": chaos_cluster.bootstrap_servers, "enable.idempotence": True},
+        {"bootstrap.servers": chaos_cluster.bootstrap_servers},
         outbox=f"sqlite:///{tmp_path / 'o.db'}",
         memory_budget=4 * 1024 * 1024,
     )
