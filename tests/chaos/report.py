@@ -14,12 +14,16 @@ def summarize(lines: list[dict]) -> str:  # type: ignore[type-arg]
     kinds: Counter[str] = Counter()
     dups: Counter[str] = Counter()
     msgs: Counter[str] = Counter()
+    raw_dups: Counter[str] = Counter()
+    raw_msgs: Counter[str] = Counter()
     for r in lines:
         for f in r["schedule"]:
             kinds[f["kind"]] += 1
         for k in {f["kind"] for f in r["schedule"]}:
             dups[k] += r["duplicates"]
             msgs[k] += r["messages"]
+            raw_dups[k] += r.get("raw_duplicates", 0)
+            raw_msgs[k] += r.get("raw_messages", 0)
     counted = ("messages", "records", "lost", "reordered_keys", "duplicates", "without_id", "dead", "pending")
     total = {k: sum(r[k] for r in lines) for k in counted}
     out = [
@@ -29,12 +33,31 @@ def summarize(lines: list[dict]) -> str:  # type: ignore[type-arg]
         f"{total['without_id']} without outbox-id, {total['dead']} dead-lettered, {total['pending']} left pending",
         "faults by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
         "duplicates in schedules with each kind (of their messages): "
-        + ", ".join(f"{k} {dups[k]} of {msgs[k]} ({100 * dups[k] / max(1, msgs[k]):.2f} %)" for k in sorted(dups)),
+        + ", ".join(f"{k} {dups[k]} of {msgs[k]} ({percent(dups[k], msgs[k])})" for k in sorted(dups)),
     ]
+    if any("raw_messages" in r for r in lines):
+        # The wrapper's own re-sends: its duplicate rate beyond the raw producer's beside it.
+        out.append(
+            "beside a raw producer with the same settings (its duplicates; the wrapper's excess): "
+            + ", ".join(
+                f"{k} {raw_dups[k]} of {raw_msgs[k]} ({percent(raw_dups[k], raw_msgs[k])}; "
+                f"excess {100 * (dups[k] / max(1, msgs[k]) - raw_dups[k] / max(1, raw_msgs[k])):+.2f} points)"
+                for k in sorted(raw_dups)
+            )
+        )
+        raw_total = {k: sum(r.get("raw_" + k, 0) for r in lines) for k in ("messages", "lost", "reordered_keys")}
+        out.append(
+            f"the raw producer: {raw_total['messages']} messages, {raw_total['lost']} lost, "
+            f"{raw_total['reordered_keys']} reordered keys"
+        )
     single = [r for r in lines if r.get("one_broker_at_a_time")]
     opened = sum(1 for r in single if r.get("circuit_opens"))
     out.append(f"circuit opened in {opened} of {len(single)} schedules that faulted one broker at a time")
     return "\n".join(out)
+
+
+def percent(part: int, whole: int) -> str:
+    return f"{100 * part / max(1, whole):.2f} %"
 
 
 def main() -> None:

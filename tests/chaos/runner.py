@@ -12,7 +12,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from outbox import ResilientProducer
+from confluent_kafka import Producer
+
+from outbox import PRODUCER_DEFAULTS, ResilientProducer
+from outbox.headers import ID_HEADER
 from outbox.testing import KafkaCluster
 from outbox.testing.history import History, Verdict
 from outbox.testing.schedule import Fault, play
@@ -48,11 +51,14 @@ class Run:
     dead: int
     pending: int
     circuit_opens: int
+    #: A plain `confluent_kafka.Producer` with the same settings beside it, under the same faults.
+    raw: Verdict
 
     def line(self) -> str:
         return (
             f"[{self.setup}] {len(self.schedule)} faults ({'; '.join(map(str, self.schedule)) or 'none'}): "
-            f"{self.verdict.summary()}, {self.dead} dead, {self.pending} pending, circuit opened {self.circuit_opens}x"
+            f"{self.verdict.summary()}, {self.dead} dead, {self.pending} pending, "
+            f"circuit opened {self.circuit_opens}x; raw producer beside it: {self.raw.summary()}"
         )
 
     def record(self) -> dict[str, Any]:
@@ -70,30 +76,47 @@ class Run:
             "pending": self.pending,
             "circuit_opens": self.circuit_opens,
             "one_broker_at_a_time": one_broker_at_a_time(self.schedule),
+            "raw_messages": self.raw.accepted,
+            "raw_lost": len(self.raw.lost),
+            "raw_reordered_keys": len(self.raw.reordered),
+            "raw_duplicates": self.raw.duplicates,
         }
 
 
 def run(cluster: KafkaCluster, setup: Setup, schedule: list[Fault], *, store_url: str | None = None) -> Run:
-    """Produce while `schedule` plays (and 1 s more, 2 s at least), deliver everything, check."""
-    topic = cluster.create_topic(
-        f"chaos-{os.urandom(4).hex()}", partitions=6, replication_factor=3, config={"min.insync.replicas": "2"}
+    """Produce while `schedule` plays (and 1 s more, 2 s at least), deliver everything, check.
+
+    A plain `confluent_kafka.Producer` with the same settings produces beside it, one thread at
+    one thread's pace, to a topic of its own: its duplicates are what the schedule costs any
+    idempotent librdkafka producer, the baseline of the wrapper's."""
+    topic, raw_topic = (
+        cluster.create_topic(
+            f"chaos-{os.urandom(4).hex()}", partitions=6, replication_factor=3, config={"min.insync.replicas": "2"}
+        )
+        for _ in range(2)
     )
-    history = History()
+    history, raw_history = History(), History()
     with tempfile.TemporaryDirectory() as tmp:
         url = store_url or f"sqlite:///{Path(tmp) / 'o.db'}"
+        config = {"bootstrap.servers": cluster.bootstrap_servers}
         producer = ResilientProducer(
             # Default settings: the producer is idempotent by default, which per-key order needs
             # (docs/guarantees.md, "Order per key").
-            {"bootstrap.servers": cluster.bootstrap_servers},
+            config,
             outbox=url,
             mode=setup.mode,
             drain_in=setup.drain_in,
             memory_budget=SMALL_BUDGET if setup.size >= LARGE else 16 * 1024 * 1024,
         )
         try:
+            # The raw producer gets what the wrapper's own librdkafka producer runs with.
+            raw = Producer({**PRODUCER_DEFAULTS, "enable.idempotence": True, **config})
             player = play(cluster, schedule)
             ends = max((f.at + f.seconds for f in schedule), default=0.0) + 1.0
+            beside = threading.Thread(target=produce_raw_until, args=(raw, raw_topic, raw_history, setup, ends))
+            beside.start()
             produce_until(producer, topic, history, setup, ends)
+            beside.join()
             player.join()
             assert not player.errors, player.errors
             cluster.wait_until_healthy()
@@ -103,7 +126,8 @@ def run(cluster: KafkaCluster, setup: Setup, schedule: list[Fault], *, store_url
         finally:
             producer.close()
     verdict = history.check(cluster.bootstrap_servers, topic)
-    return Run(setup, schedule, verdict, stats["dead"] or 0, stats["pending"] or 0, opens)
+    raw_verdict = raw_history.check(cluster.bootstrap_servers, raw_topic)
+    return Run(setup, schedule, verdict, stats["dead"] or 0, stats["pending"] or 0, opens, raw_verdict)
 
 
 def produce_until(producer: ResilientProducer, topic: str, history: History, setup: Setup, seconds: float) -> None:
@@ -123,6 +147,30 @@ def produce_until(producer: ResilientProducer, topic: str, history: History, set
         t.start()
     for t in threads:
         t.join()
+
+
+def produce_raw_until(producer: Producer, topic: str, history: History, setup: Setup, seconds: float) -> None:
+    """One thread's stream through a plain producer, as an application writes it: wait while the
+    queue is full, give each message an id header; then wait for every report (a message that
+    timed out is lost, which the verdict counts)."""
+    pad = b"x" * setup.size
+    deadline = time.monotonic() + max(seconds, 2.0)
+    i = 0
+    while time.monotonic() < deadline:
+        key = b"raw-k%d" % (i % KEYS_PER_THREAD)
+        msg_id = f"raw-{i}"
+        while True:
+            try:
+                producer.produce(topic, pad, key=key, headers=[(ID_HEADER, msg_id)])
+                break
+            except BufferError:
+                producer.poll(0.1)
+        history.accepted(topic, key, msg_id)
+        producer.poll(0)
+        i += 1
+        time.sleep(0.0005)
+    if producer.flush(240):
+        raise AssertionError(f"the raw producer still holds {len(producer)} messages after 240 s")
 
 
 def delivered_everything(producer: ResilientProducer) -> None:
