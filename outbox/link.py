@@ -20,7 +20,8 @@ from confluent_kafka import KafkaError, Producer
 
 from .budget import MESSAGE_OVERHEAD
 from .circuit import CircuitBreaker
-from .retry import UNREACHABLE_CODES, a_broker_answers, describe
+from .probe import ClusterProbe
+from .retry import UNREACHABLE_CODES, describe
 from .served import Served
 from .tally import Tally
 
@@ -103,6 +104,7 @@ class KafkaLink:
         self._circuit = circuit
         self._user_error_cb = user_error_cb
         self.kafka = Producer(self._config)
+        self._probe = ClusterProbe(self._config)  # "is the cluster there?" when the queue stays full
         # Tallies: several threads count into each (see Tally).
         self.handed = Tally()  # messages librdkafka took (first sends, write-ahead sends): any producing thread
         # Failures of those: their reports (delivery thread), and write-ahead sends produce() refused
@@ -165,6 +167,7 @@ class KafkaLink:
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """New SASL credentials for this producer, and for the one that replaces it."""
         self.kafka.set_sasl_credentials(username, password)
+        self._probe.set_sasl_credentials(username, password)
         self._config["sasl.username"] = username
         self._config["sasl.password"] = password
 
@@ -215,7 +218,8 @@ class KafkaLink:
         message of a stored key followed it into the outbox until the drain caught up.
 
         `open_if_stalled`: a wait that ends with nothing delivered during it opens the circuit,
-        unless a broker still answers a metadata request within `queue_full_timeout`. Nothing
+        unless a broker still answers a metadata request within `queue_full_timeout`, asked on a
+        client of its own (`outbox.probe`: the busy producer's own request waits behind its traffic). Nothing
         delivered and no answer: the cluster is not taking messages, whether or not librdkafka
         has said so yet (it reports all brokers down only once every connection has failed, and
         never for a hung broker). Opening moves what librdkafka still holds to the outbox through
@@ -241,7 +245,7 @@ class KafkaLink:
                     if (
                         open_if_stalled
                         and self.first_sends_delivered() <= delivered_before
-                        and not a_broker_answers(self.kafka, self._queue_full_timeout)
+                        and not self._probe.answers(self._queue_full_timeout)
                     ):
                         self._circuit.trip(
                             f"librdkafka's queue stayed full for {self._queue_full_timeout:g} s with nothing "
@@ -258,6 +262,7 @@ class KafkaLink:
         if self._thread.is_alive():
             self._thread.join(5)
         self._serve(0)
+        self._probe.close()
 
     def _serve(self, timeout: float) -> int:
         """Poll librdkafka: serve reports and callbacks, keep what they raised, publish how
