@@ -92,8 +92,9 @@ class AsyncResilientProducer:
       the ``outbox-id`` header.
     * No ``purge()``: nothing accepted is dropped. ``close(timeout)`` gives what is not
       delivered in time to the outbox instead.
-    * ``close(timeout)`` takes a timeout and returns how many messages were neither delivered
-      nor stored (0 on a clean close).
+    * ``close(timeout)`` takes a timeout and returns ResilientProducer.close()'s answer: True
+      when every message is delivered or stored, False when some are neither (their number is
+      in ``stats()["unsaved_at_close"]``); AIOProducer's returns None.
     * The client callbacks in ``config`` (``error_cb``, ``throttle_cb``, ``stats_cb``,
       ``oauth_cb``) are plain functions run on the producer's threads, as for
       ResilientProducer; AIOProducer takes coroutine functions and blocks librdkafka's polling
@@ -129,6 +130,7 @@ class AsyncResilientProducer:
         self._pool = ThreadPoolExecutor(sync_workers, thread_name_prefix="outbox-aio-sync") if self._sync else None
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closed = False
+        self._closed_clean = False  # close()'s answer, for a later call
         self._thread = threading.Thread(target=self._submit_loop, name="outbox-aio-submit", daemon=True)
         self._thread.start()
 
@@ -257,14 +259,16 @@ class AsyncResilientProducer:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self.producer.stats)
 
-    async def close(self, timeout: float | None = None) -> int:
+    async def close(self, timeout: float | None = None) -> bool:
         """Hand over every pending produce(), then close the producer (flush, stop its threads).
 
         Returns:
-            How many messages are neither delivered nor in the outbox (0 on a clean close).
+            True when every message is delivered or in the outbox; False when some are neither
+            (`ResilientProducer.close`). A later call returns the first one's answer (False
+            while the first is still closing).
         """
         if self._closed:
-            return 0
+            return self._closed_clean
         await self._barrier()
         self._closed = True
         self._queue.put(_STOP)
@@ -272,7 +276,8 @@ class AsyncResilientProducer:
         await loop.run_in_executor(None, self._thread.join)
         if self._pool is not None:
             await loop.run_in_executor(None, self._pool.shutdown)
-        return await loop.run_in_executor(None, self.producer.close, timeout)
+        self._closed_clean = await loop.run_in_executor(None, self.producer.close, timeout)
+        return self._closed_clean
 
     async def __aenter__(self) -> AsyncResilientProducer:
         return self

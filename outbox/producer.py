@@ -199,6 +199,9 @@ class ResilientProducer(PythonObject):
     #: Until __init__ has run (a subclass that does not call it), every call says "closed", as
     #: confluent_kafka's does.
     _closed = True
+    #: What close() counted as neither delivered nor stored (`stats()["unsaved_at_close"]`): None
+    #: until close() has counted it; 0 for a producer whose __init__ never ran, which holds nothing.
+    _unsaved_at_close: int | None = 0
     #: produce()'s one check before its fast path: closed, or a produce hook is set.
     _produce_guard = True
     _produce_hook: ProduceHook | None = None
@@ -364,6 +367,7 @@ class ResilientProducer(PythonObject):
             ),
             internal=True,
         )
+        self._unsaved_at_close = None
         self._closed = False
         self._produce_guard = False
         self._link.start(tick=self._spill.tick)
@@ -742,6 +746,7 @@ class ResilientProducer(PythonObject):
             "in_memory": len(self._link),
             "keys_waiting": len(self._backlog.pending),
             "unsaved": self.writer.pending() + self._spill.held(),
+            "unsaved_at_close": self._unsaved_at_close,
             "memory_held_bytes": self.memory.held(),
             "memory_held_peak": self.memory.peak_now(),
             "memory_budget": self.memory.limit,
@@ -753,24 +758,39 @@ class ResilientProducer(PythonObject):
             "outbox": self.store.location,
         }
 
-    def close(self, timeout: float | None = None) -> int:
+    def close(self, timeout: float | None = None) -> bool:
         """Flush, stop the drain workers and the delivery thread, close the outbox.
 
         With a `timeout`, deliveries get the first half of it. Then what librdkafka still holds,
         queued or on the wire, is purged and committed to the outbox with the rest of it (a
         message purged from the wire may have been delivered: it can arrive twice, with the same
-        `outbox-id`, which beats losing it); messages not committed by then are counted in the
-        return value. A callback's exception does not stop close(): it is logged and counted
-        (`stats()["callback_errors"]`), never raised here, so that closing always finishes.
+        `outbox-id`, which beats losing it). Messages not committed by then (the timeout ran out,
+        or the outbox could not be written) may be lost: close() returns False, logs their
+        number at ERROR and keeps it in `stats()["unsaved_at_close"]`. A callback's exception
+        does not stop close(): it is logged and counted (`stats()["callback_errors"]`), never
+        raised here, so that closing always finishes.
 
         Returns:
-            How many messages are neither delivered nor in the outbox (0 on a clean close).
+            True when every message is delivered or in the outbox, as confluent_kafka's close()
+            returns True; False when some are neither. A later call returns the first one's
+            answer (False while the first is still closing: its count is not known yet).
         """
         if self._closed:
-            return 0
+            return self._unsaved_at_close == 0
         self._closed = True
         self._produce_guard = True
         exithook.forget(self)
+        unsaved = self._close(timeout)
+        self._unsaved_at_close = unsaved
+        if unsaved:
+            log.error(
+                "outbox: %d messages were neither delivered nor stored at close() "
+                "(stats()['unsaved_at_close'])", unsaved,
+            )
+        return unsaved == 0
+
+    def _close(self, timeout: float | None) -> int:
+        """close()'s work; returns how many messages are neither delivered nor in the outbox."""
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> float | None:
@@ -799,14 +819,13 @@ class ResilientProducer(PythonObject):
         unsaved = self.writer.close(left()) + in_librdkafka
         if self._owns_store:
             self.store.close()
-        if unsaved:
-            log.error("outbox: %d messages were neither delivered nor stored at close()", unsaved)
         return unsaved
 
     def close_at_exit(self) -> None:
         """`outbox.exithook`: close within `exit_timeout` at interpreter exit, and log the counts."""
         committed = self.writer.committed_rows
-        unsaved = self.close(self._exit_timeout)
+        self.close(self._exit_timeout)
+        unsaved = self._unsaved_at_close
         stored = self.writer.committed_rows - committed
         if unsaved:
             log.error(

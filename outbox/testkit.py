@@ -203,9 +203,10 @@ class TestProducer:
         self.poll()
         return 0
 
-    def close(self, timeout: float | None = None) -> int:
-        """Flush; return 0 (nothing is left unsaved)."""
-        return self.flush()
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush; return True (nothing is left unsaved), as ResilientProducer.close() on a clean close."""
+        self.flush()
+        return True
 
     def __len__(self) -> int:
         with self._lock:

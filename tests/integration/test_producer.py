@@ -553,7 +553,7 @@ def test_close_then_produce_raises(kafka_bootstrap: str, tmp_path: Path) -> None
     from outbox import ProducerClosedError
 
     p = make_producer(kafka_bootstrap, tmp_path / "o.db")
-    assert p.close(10) == 0
+    assert p.close(10) is True
     with pytest.raises(ProducerClosedError):
         p.produce("t", b"v")
 

@@ -150,5 +150,5 @@ def test_drop_in_for_confluent_producer(kafka_bootstrap: str, topic: str, tmp_pa
         assert p.flush() == 0
         assert reports == [None] * 5
     finally:
-        assert p.close(30) == 0
+        assert p.close(30) is True
     assert sorted(m.value() for m in consume_all(topic, 5)) == [b"%d" % i for i in range(5)]

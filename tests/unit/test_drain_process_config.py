@@ -77,7 +77,7 @@ def test_a_drain_process_starts_stops_and_hands_back_its_leases(tmp_path: Path) 
         pid = p.drainer.pid
         assert pid is not None
         wait_until(lambda: store.stats(now=0).leased > 0, 60, "the drain process leases the stored rows")
-        assert p.close(30) == 0
+        assert p.close(30) is True
         assert p.drainer.pid is None
         with pytest.raises(ProcessLookupError):  # stopped and reaped
             os.kill(pid, 0)

@@ -4,6 +4,7 @@ without a broker."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from outbox import ConfigError, ProducerClosedError, ResilientProducer
 from outbox.producer import _is_true
+from outbox.stores import SQLiteOutbox
 
 
 @pytest.mark.parametrize("setting", [True, False])
@@ -116,7 +118,7 @@ def test_purge_reports_each_message_with_its_callback_and_stores_none(url: str) 
         stats = p.stats()
         assert (stats["outboxed"], stats["pending"]) == (0, 0)
     finally:
-        assert p.close(5) == 0
+        assert p.close(5) is True
 
 
 def test_a_callback_exception_is_raised_by_poll_and_flush_and_counted(producer: ResilientProducer) -> None:
@@ -184,7 +186,9 @@ def test_produce_batch_checks_all_first_and_marks_what_produce_refused(producer:
 def test_a_closed_producer_raises_confluents_runtime_error(url: str) -> None:
     p = ResilientProducer({}, outbox=url, drain_workers=0)
     assert bool(p) and len(p) == 0
-    assert p.close(5) == 0
+    assert p.close(5) is True
+    assert p.stats()["unsaved_at_close"] == 0
+    assert p.close(5) is True  # closing again: confluent_kafka's answer, True
     calls: list[Callable[[], object]] = [
         lambda: p.produce("t", b"v"), lambda: p.poll(0), lambda: p.flush(0), lambda: p.purge(),
         lambda: p.produce_batch("t", [{"value": b"v"}]), lambda: p.list_topics(timeout=0.1),
@@ -196,6 +200,41 @@ def test_a_closed_producer_raises_confluents_runtime_error(url: str) -> None:
             call()
         assert isinstance(info.value, RuntimeError)
     assert len(p) == 0 and bool(p)
+
+
+def test_close_is_true_once_every_message_is_stored_and_says_so_again(url: str) -> None:
+    """No broker: the messages wait in librdkafka's queue until close() purges them into the
+    outbox. Each is stored, so close() is True, as confluent_kafka's, and so is a second call."""
+    p = ResilientProducer({"message.timeout.ms": 600000}, outbox=url, drain_workers=0)
+    ids = [p.produce("t", b"v%d" % i) for i in range(3)]
+    assert p.stats()["unsaved_at_close"] is None  # not closed yet
+    assert p.close(10) is True  # half of it waits for a delivery that cannot come
+    assert p.stats()["unsaved_at_close"] == 0
+    assert p.close(10) is True
+    with SQLiteOutbox(url.removeprefix("sqlite:///")) as store:
+        assert [m.msg_id for m in store.messages()] == ids
+
+
+def test_close_is_false_and_counts_the_messages_it_could_neither_deliver_nor_store(tmp_path: Path) -> None:
+    """No broker, and another connection holds the SQLite outbox's write lock for the whole of
+    close(): the purged messages cannot be committed. close() says False, stats() counts them,
+    and a second close() gives the same answer."""
+    db = tmp_path / "o.db"
+    store = SQLiteOutbox(str(db), busy_timeout=0.2)
+    try:
+        p = ResilientProducer({"message.timeout.ms": 600000}, outbox=store, drain_workers=0)
+        for i in range(3):
+            p.produce("t", b"v%d" % i)
+        locker = sqlite3.connect(db, isolation_level=None)
+        try:
+            locker.execute("BEGIN IMMEDIATE")  # another writer, for as long as close() runs
+            assert p.close(2) is False
+            assert p.close(2) is False
+        finally:
+            locker.close()  # its transaction is rolled back
+        assert p.stats()["unsaved_at_close"] == 3
+    finally:
+        store.close()
 
 
 def test_transaction_methods_answer_as_for_a_producer_without_transactional_id(producer: ResilientProducer) -> None:

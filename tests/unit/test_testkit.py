@@ -46,6 +46,14 @@ def test_fail_reports_the_error_to_the_callback() -> None:
     assert [e.code() if e else None for e in errors] == [KafkaError.MSG_SIZE_TOO_LARGE, None]
 
 
+def test_close_runs_the_waiting_callbacks_and_is_true_as_a_clean_close() -> None:
+    p = TestProducer()
+    seen: list[bytes] = []
+    p.produce("t", b"v", on_delivery=lambda err, m: seen.append(m.value()))
+    assert p.close() is True
+    assert seen == [b"v"] and len(p) == 0
+
+
 def test_bad_arguments_are_refused_as_by_the_real_producer() -> None:
     p = TestProducer()
     with pytest.raises(TypeError, match="value must be bytes, str or None"):
