@@ -217,16 +217,28 @@ class FirstSend:
             hdrs = r.headers
         else:
             hdrs = [(self._id_header, r.msg_id.encode())] if self._id_header is not None else []
-        self.failed_send(
+        to_resend = self.failed_send(
             err, msg.topic() or "", msg.value(), msg.key(), hdrs, r.partition, r.msg_id, r.cb, msg, r.timestamp
         )
+        if (
+            to_resend and r.key is not None and self._circuit.closed and err.code() not in PURGE_CODES
+            and self._fence.others_sending(r.key)
+        ):
+            # It failed on its own (its partition leaderless past message.timeout.ms, say) while
+            # later messages of its key wait in librdkafka: delivered once the leader is back,
+            # they would overtake it. librdkafka hands back only a whole queue, and a produce()
+            # that sees the circuit closed sends on: opening the circuit does both, in order
+            # (the hold-back stores what librdkafka hands back, and what is produced meanwhile,
+            # in produce order). What is already on the wire may still overtake it.
+            self._circuit.trip("a message failed while later ones of its key waited in librdkafka")
 
     def failed_send(
         self, err: KafkaError, topic: str, value: Any, key: Any, hdrs: Headers, partition: int,
         msg_id: str, cb: DeliveryCallback | None, msg: Message | None, timestamp: int,
-    ) -> None:
+    ) -> bool:
         """A first send failed: outbox it (retriable) or dead-letter it (permanent). `timestamp`:
-        the one produce() was given, 0 if none (then the time of the produce() call, module doc)."""
+        the one produce() was given, 0 if none (then the time of the produce() call, module doc).
+        Returns whether it is stored to be sent again (False: dead-lettered)."""
         now = time.time()
         if not timestamp:
             latency = msg.latency() if msg is not None else None  # seconds since produce(); -1: unknown
@@ -240,7 +252,7 @@ class FirstSend:
             self._spill.store(
                 NewMessage(topic, v, k, hdrs, partition, msg_id, 0, None, d.error, now, d.code, d.name, timestamp), cb
             )
-            return
+            return True
         if d.verdict is Verdict.RESEND_ALONE:
             # The broker refused the record batch it was in: maybe another message's fault.
             # Stored due now; a drain worker re-sends it alone and dead-letters it only if it
@@ -248,15 +260,16 @@ class FirstSend:
             alone = NewMessage(topic, v, k, hdrs, partition, msg_id, 1, now, d.error, now, d.code, d.name, timestamp)
             self._spill.store(alone, cb)
             self._wake_drain()
-            return
+            return True
         failed = NewMessage(
             topic, v, k, hdrs, partition, msg_id, d.attempts, now, d.error, d.at or now, d.code, d.name, timestamp
         )
         if d.verdict is Verdict.DEAD_LETTER:
             self._writer.add_dead(failed, cb)
-            return
+            return False
         self._link.note_transport_failure(err.code())
         self._spill.store(failed, cb)
+        return True
 
     def _on_unprotected_report(self, cb: DeliveryCallback | None, err: KafkaError | None, msg: Message) -> None:
         if err is not None:

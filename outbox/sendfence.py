@@ -97,6 +97,10 @@ class SendFence:
             self._sending.pop(key, None)
             return self._end(key)
 
+    def others_sending(self, key: Key) -> bool:
+        """Delivery thread, serving a report of `key`: does librdkafka hold other first sends of it?"""
+        return self._sending.get(key, 0) > 1  # the reported one is counted until `reported`
+
     # -- messages bound for the outbox (under the key backlog's lock) -----------------------
 
     def hold(self, msg: NewMessage, cb: Any, cost: int) -> bool:

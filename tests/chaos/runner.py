@@ -83,22 +83,36 @@ class Run:
         }
 
 
-def run(cluster: KafkaCluster, setup: Setup, schedule: list[Fault], *, store_url: str | None = None) -> Run:
+def run(
+    cluster: KafkaCluster,
+    setup: Setup,
+    schedule: list[Fault],
+    *,
+    store_url: str | None = None,
+    replication: int = 3,
+    settings: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
+) -> Run:
     """Produce while `schedule` plays (and 1 s more, 2 s at least), deliver everything, check.
 
     A plain `confluent_kafka.Producer` with the same settings produces beside it, one thread at
     one thread's pace, to a topic of its own: its duplicates are what the schedule costs any
-    idempotent librdkafka producer, the baseline of the wrapper's."""
+    idempotent librdkafka producer, the baseline of the wrapper's. `replication`: of both topics
+    (with 1, a stopped broker leaves its partitions leaderless); `settings`: producer settings
+    for both producers beside the bootstrap servers; `options`: more `ResilientProducer` arguments."""
     topic, raw_topic = (
         cluster.create_topic(
-            f"chaos-{os.urandom(4).hex()}", partitions=6, replication_factor=3, config={"min.insync.replicas": "2"}
+            f"chaos-{os.urandom(4).hex()}",
+            partitions=6,
+            replication_factor=replication,
+            config={"min.insync.replicas": str(min(2, replication))},
         )
         for _ in range(2)
     )
     history, raw_history = History(), History()
     with tempfile.TemporaryDirectory() as tmp:
         url = store_url or f"sqlite:///{Path(tmp) / 'o.db'}"
-        config = {"bootstrap.servers": cluster.bootstrap_servers}
+        config = {"bootstrap.servers": cluster.bootstrap_servers, **(settings or {})}
         producer = ResilientProducer(
             # Default settings: the producer is idempotent by default, which per-key order needs
             # (docs/guarantees.md, "Order per key").
@@ -107,6 +121,7 @@ def run(cluster: KafkaCluster, setup: Setup, schedule: list[Fault], *, store_url
             mode=setup.mode,
             drain_in=setup.drain_in,
             memory_budget=SMALL_BUDGET if setup.size >= LARGE else 16 * 1024 * 1024,
+            **(options or {}),
         )
         try:
             # The raw producer gets what the wrapper's own librdkafka producer runs with.
