@@ -59,15 +59,21 @@ test: test-prereqs venv kafka
 test-unit: venv
 	$(VPY) -m pytest tests/unit -q
 
-# Random fault schedules on a proxied cluster (tests/chaos), about an hour: CHAOS_EXAMPLES (200)
-# schedules with random seeds and shrinking; each run is a line of build/chaos-report.jsonl, and
-# the summary is printed at the end (also when a schedule failed: its seed is printed above).
+# Random fault schedules on a proxied cluster (tests/chaos): CHAOS_EXAMPLES (200) producer
+# schedules, about an hour, then CHAOS_CONSUMER_EXAMPLES (20) consumer schedules with kill -9s of
+# the consumer, about 20 minutes more; random seeds and shrinking. Each run is a line of
+# build/chaos-report.jsonl, and the summary is printed at the end (also when a schedule failed:
+# its seed is printed above).
 CHAOS_EXAMPLES ?= 200
+CHAOS_CONSUMER_EXAMPLES ?= 20
 
 chaos: venv kafka
 	@mkdir -p build && rm -f build/chaos-report.jsonl
 	CHAOS_LONG=1 CHAOS_EXAMPLES=$(CHAOS_EXAMPLES) CHAOS_REPORT=build/chaos-report.jsonl \
-		$(VPY) -m pytest tests/chaos -q -s -p no:cacheprovider -k random_fault_schedule; rc=$$?; \
+		$(VPY) -m pytest tests/chaos/test_schedules.py -q -s -p no:cacheprovider -k random_fault_schedule; rc=$$?; \
+	CHAOS_LONG=1 CHAOS_EXAMPLES=$(CHAOS_CONSUMER_EXAMPLES) CHAOS_REPORT=build/chaos-report.jsonl \
+		$(VPY) -m pytest tests/chaos/test_consumer_schedules.py -q -s -p no:cacheprovider -k random_fault_schedule \
+		|| rc=$$?; \
 		$(VPY) -m tests.chaos.report build/chaos-report.jsonl; exit $$rc
 
 demo: venv kafka

@@ -1,6 +1,9 @@
 """Summarize a chaos run's report (`$CHAOS_REPORT`, one JSON line per schedule).
 
     python -m tests.chaos.report chaos-report.jsonl
+
+Producer schedules (tests/chaos/test_schedules.py) and consumer schedules
+(tests/chaos/test_consumer_schedules.py, lines with ``"side": "consumer"``) are summed apart.
 """
 
 from __future__ import annotations
@@ -11,6 +14,20 @@ from collections import Counter
 
 
 def summarize(lines: list[dict]) -> str:  # type: ignore[type-arg]
+    producer = [r for r in lines if r.get("side", "producer") == "producer"]
+    consumer = [r for r in lines if r.get("side") == "consumer"]
+    parts = ([summarize_producer(producer)] if producer or not consumer else []) + (
+        [summarize_consumer(consumer)] if consumer else []
+    )
+    return "\n".join(parts)
+
+
+def fault_kinds(lines: list[dict]) -> str:  # type: ignore[type-arg]
+    kinds: Counter[str] = Counter(f["kind"] for r in lines for f in r["schedule"])
+    return "faults by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+
+
+def summarize_producer(lines: list[dict]) -> str:  # type: ignore[type-arg]
     kinds: Counter[str] = Counter()
     dups: Counter[str] = Counter()
     msgs: Counter[str] = Counter()
@@ -31,7 +48,7 @@ def summarize(lines: list[dict]) -> str:  # type: ignore[type-arg]
         f"{total['messages']} messages, {total['records']} records: "
         f"{total['lost']} lost, {total['reordered_keys']} reordered keys, {total['duplicates']} duplicates, "
         f"{total['without_id']} without outbox-id, {total['dead']} dead-lettered, {total['pending']} left pending",
-        "faults by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())),
+        fault_kinds(lines),
         "duplicates in schedules with each kind (of their messages): "
         + ", ".join(f"{k} {dups[k]} of {msgs[k]} ({percent(dups[k], msgs[k])})" for k in sorted(dups)),
     ]
@@ -58,6 +75,23 @@ def summarize(lines: list[dict]) -> str:  # type: ignore[type-arg]
 
 def percent(part: int, whole: int) -> str:
     return f"{100 * part / max(1, whole):.2f} %"
+
+
+def summarize_consumer(lines: list[dict]) -> str:  # type: ignore[type-arg]
+    counted = ("messages", "effects", "missing", "twice", "reordered_keys", "unknown", "dlq", "lag", "failing",
+               "retried", "parked", "duplicates_skipped", "topic_reordered_keys")
+    t = {k: sum(r.get(k, 0) for r in lines) for k in counted}
+    kills = sum(len(r["setup"]["kills"]) for r in lines)
+    return "\n".join([
+        f"consumer: {len(lines)} schedules, {sum(len(r['schedule']) for r in lines)} faults, {kills} consumer kills, "
+        f"{t['messages']} messages ({t['failing']} failing at first), {t['effects']} effects: {t['missing']} missing, "
+        f"{t['twice']} applied twice, {t['reordered_keys']} reordered keys, {t['unknown']} unknown, "
+        f"{t['dlq']} dead-lettered, {t['lag']} left uncommitted",
+        "consumer " + fault_kinds(lines),
+        f"consumer work: {t['retried']} hops, {t['parked']} parkings ({t['parked'] / max(1, t['messages']):.1f} a "
+        f"message), {t['duplicates_skipped']} copies skipped; keys reordered in the topic by the producer: "
+        f"{t['topic_reordered_keys']}",
+    ])
 
 
 def main() -> None:
