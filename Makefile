@@ -70,7 +70,7 @@ CHAOS_CONSUMER_EXAMPLES ?= 20
 chaos: venv kafka
 	@mkdir -p build && rm -f build/chaos-report.jsonl
 	CHAOS_LONG=1 CHAOS_EXAMPLES=$(CHAOS_EXAMPLES) CHAOS_REPORT=build/chaos-report.jsonl \
-		$(VPY) -m pytest tests/chaos/test_schedules.py -q -s -p no:cacheprovider -k random_fault_schedule; rc=$$?; \
+		$(VPY) -m pytest tests/chaos/test_schedules.py -q -s -p no:cacheprovider -k "random_fault_schedule or documented_window"; rc=$$?; \
 	CHAOS_LONG=1 CHAOS_EXAMPLES=$(CHAOS_CONSUMER_EXAMPLES) CHAOS_REPORT=build/chaos-report.jsonl \
 		$(VPY) -m pytest tests/chaos/test_consumer_schedules.py -q -s -p no:cacheprovider -k random_fault_schedule \
 		|| rc=$$?; \

@@ -14,12 +14,23 @@ from collections import Counter
 
 
 def summarize(lines: list[dict]) -> str:  # type: ignore[type-arg]
-    producer = [r for r in lines if r.get("side", "producer") == "producer"]
+    producer = [r for r in lines if r.get("side", "producer") == "producer" and not r.get("window")]
+    window = [r for r in lines if r.get("window")]
     consumer = [r for r in lines if r.get("side") == "consumer"]
-    parts = ([summarize_producer(producer)] if producer or not consumer else []) + (
-        [summarize_consumer(consumer)] if consumer else []
-    )
+    parts = ([summarize_producer(producer)] if producer or not (consumer or window) else []) + (
+        [summarize_window(window)] if window else []
+    ) + ([summarize_consumer(consumer)] if consumer else [])
     return "\n".join(parts)
+
+
+def summarize_window(lines: list[dict]) -> str:  # type: ignore[type-arg]
+    """Schedules aimed at the documented window (one partition leaderless past message.timeout.ms)."""
+    hit = [r for r in lines if r["reordered_keys"]]
+    return (
+        f"the documented window: {len(lines)} schedules, {sum(r['messages'] for r in lines)} messages: "
+        f"{sum(r['lost'] for r in lines)} lost, keys reordered in {len(hit)} schedules "
+        f"({', '.join(str(r['reordered_keys']) for r in hit) or 'none'} keys)"
+    )
 
 
 def fault_kinds(lines: list[dict]) -> str:  # type: ignore[type-arg]

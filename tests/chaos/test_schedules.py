@@ -28,7 +28,7 @@ from outbox.testing.schedule import KINDS, Fault
 
 from .runner import Setup, report, run
 
-EXAMPLES = int(os.environ.get("CHAOS_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("CHAOS_EXAMPLES", "8"))
 LONG = os.environ.get("CHAOS_LONG") == "1"  # make chaos: random seeds, shrinking
 
 
@@ -85,6 +85,32 @@ def test_a_random_fault_schedule_loses_nothing_and_keeps_every_keys_order(
     assert v.reordered == {}, "\n".join([result.line(), *v.first_inversions()])
     assert v.without_id == 0, result.line()
     assert result.dead == 0 and result.pending == 0, result.line()
+
+
+#: How long broker 1 is stopped in the window's schedules (`make chaos` sweeps; `make test` runs one).
+WINDOW_STOPS = [3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0] * 2 if LONG else [4.0]
+
+
+@pytest.mark.parametrize("seconds", WINDOW_STOPS)
+def test_the_documented_window_one_partition_leaderless_past_the_message_timeout(
+    cluster: KafkaCluster, seconds: float
+) -> None:
+    # docs/guarantees.md leaves one window: with the circuit closed, a message that fails on its
+    # own while later messages of its key are in librdkafka. Aimed at it: topics of replication
+    # 1, so stopping broker 1 leaves its partitions leaderless (about `seconds` plus its restart)
+    # against a 5 s message.timeout.ms, with the circuit's failure count out of the way so that
+    # only the failure itself can open it. Before the circuit opened on such a failure, about 30
+    # keys (every key of those partitions) were reordered in 10 of 12 runs of 3 to 5.5 s.
+    setup = Setup(mode="fallback", drain_in="threads", store="sqlite", size=200, threads=3)
+    result = run(
+        cluster, setup, [Fault("stop", 1, 1.0, seconds)], replication=1,
+        settings={"message.timeout.ms": 5000}, options={"circuit_failure_threshold": 1_000_000},
+    )
+    report(result, window=True)
+    assert result.verdict.lost == [] and result.verdict.without_id == 0, result.line()
+    assert result.dead == 0 and result.pending == 0, result.line()
+    if not LONG:  # the sweep counts what the window does; this one schedule must keep order
+        assert result.verdict.reordered == {}, "\n".join([result.line(), *result.verdict.first_inversions()])
 
 
 # Shrunk schedules that once broke a promise, replayed as they are.
