@@ -6,7 +6,7 @@ messages, delivers everything and reads the topic back per partition in offset o
 must lose nothing, keep every key's produce order, carry every record's `outbox-id`, leave
 nothing pending and dead-letter nothing (no fault here makes a message permanently bad).
 
-`make test` runs a small fixed set (`CHAOS_EXAMPLES`, default 12, derandomized: the same
+`make test` runs a small fixed set (`CHAOS_EXAMPLES`, default 8, derandomized: the same
 schedules each run, no shrinking). `make chaos` runs 200 random ones with shrinking, so a
 failure ends at a small schedule, printed with the seed that replays it, and writes
 `$CHAOS_REPORT` (one JSON line per run) for `python -m tests.chaos.report`.
