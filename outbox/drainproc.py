@@ -40,14 +40,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .callbacks import CallbackErrors
 from .drain import Drainer, DrainHealth, DrainResult
 from .errors import ConfigError, StoreError
-from .events import Events, Listener
-from .headers import ID_HEADER, id_alone
-from .records import DeadLetter, Headers, OutboxMessage
+from .events import Drained, Events, Listener
+from .headers import id_alone
+from .records import DeadLetter, OutboxMessage
 from .retry import RetryPolicy
 from .sendloop import check_resend_config
 from .stores import open_outbox
@@ -66,31 +66,6 @@ _CHILD = (
 )
 _START_TIMEOUT = 60.0  # seconds for the child to import, open the store and say "ready"
 _RESTART_PAUSE = 1.0  # seconds before a dead child is started again
-
-
-class Drained(NamedTuple):
-    """A row the drain process delivered: the fields the producer's callbacks read.
-
-    Not the whole `OutboxMessage`: its value would be pickled and read back for nothing (1.4 vs
-    6.5 us per row to pickle, measured over 5,000 rows). Nor, for most rows, its headers: when
-    they are the `outbox-id` header alone, `stored_headers` is None and `headers` rebuilds them
-    if someone reads them (the OpenTelemetry hook). The application's process read 5,000 rows
-    back in 2.4-3.5 us per row with their headers and `_make`, 1.2-1.4 without; its events thread
-    had a fifth of the recovering process's py-spy samples.
-    """
-
-    msg_id: str
-    topic: str
-    key: bytes | None
-    stored_headers: Headers | None
-    attempts: int
-    created_at: float
-
-    @property
-    def headers(self) -> Headers:
-        """The row's headers, as stored."""
-        h = self.stored_headers
-        return [(ID_HEADER, self.msg_id.encode())] if h is None else h
 
 
 def _drained(rows: list[OutboxMessage]) -> list[tuple[Any, ...]]:

@@ -14,10 +14,9 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import KafkaError, Message
 
-from .drainproc import Drained
+from .events import Committed, Drained
 from .records import DeadLetter, OutboxMessage
 from .served import Served
-from .writer import Committed
 
 DeliveryCallback = Callable[[KafkaError | None, Message | None], None]
 DeadLetterCallback = Callable[[DeadLetter], None]

@@ -54,12 +54,10 @@ from .aio import AsyncResilientProducer
 from .consumer import AsyncResilientConsumer, ResilientConsumer
 from .consumer import headers as consumer_headers
 from .drain import Drainer
-from .drainproc import Drained
-from .events import Listener
+from .events import Committed, Drained, Listener
 from .headers import ID_HEADER
 from .producer import HookedHeaders, ResilientProducer
 from .records import DeadLetter, OutboxMessage
-from .writer import Committed
 
 __all__ = ["TRACE_HEADERS", "instrument", "message_context"]
 

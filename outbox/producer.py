@@ -39,7 +39,7 @@ from .compiling import PythonObject
 from .drain import DEFAULT_BATCH_SIZE, Drainer
 from .drainproc import DrainProcess
 from .errors import ConfigError, ProducerClosedError, StoreError
-from .events import Events, Listener
+from .events import Committed, Events, Listener
 from .fates import DeadLetterCallback, DeliveryCallback, Fates
 from .firstsend import FirstSend
 from .headers import ID_HEADER, HookedHeaders, IdGenerator
@@ -66,7 +66,7 @@ from .spill import NOT_SENT_CIRCUIT_OPEN, Spill
 from .stores import Outbox, open_outbox
 from .transactions import enqueue_in_transaction
 from .writeahead import WriteAhead
-from .writer import Committed, GroupCommitWriter
+from .writer import GroupCommitWriter
 
 if TYPE_CHECKING:
     from .events import Rows

@@ -33,6 +33,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from .admission import SEND
 from .circuit import CircuitBreaker
+from .events import Committed
 from .fates import DeliveryCallback, Fates
 from .link import KafkaLink
 from .payload import as_bytes
@@ -40,7 +41,7 @@ from .records import Headers, NewMessage
 from .retry import RetryPolicy
 from .settle import Decision, Verdict, settle
 from .spill import Spill
-from .writer import Committed, GroupCommitWriter
+from .writer import GroupCommitWriter
 
 log = logging.getLogger("outbox")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget, message_cost
 from .errors import StoreError
-from .events import Listener
+from .events import Committed, Listener
 from .latency import LatencyHistogram
 from .records import NewMessage, OutboxMessage
 from .settle import Decision, add_to
@@ -43,20 +43,6 @@ class Batch:
     def size(self) -> int:
         st = self.settled
         return len(self.new) + len(self.dead) + len(st.delivered) + len(st.failures) + len(st.released)
-
-
-@dataclass
-class Committed:
-    """A committed batch, told to the `committed` event (`outbox.events`)."""
-
-    new_ids: list[int]
-    new: list[NewMessage]
-    new_meta: list[Any]
-    leased: list[bool]
-    dead_ids: list[int]
-    dead: list[NewMessage]
-    dead_meta: list[Any]
-    dead_failed: list[OutboxMessage]  # rows that record_failures dead-lettered now
 
 
 class GroupCommitWriter:

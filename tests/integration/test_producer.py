@@ -791,7 +791,7 @@ def test_a_subscribed_listener_hears_committed_delivered_and_dead_and_its_raise_
     dead-lettered (`dead`). A listener that raises: counted, raised by the next flush(), and the
     producer and the other listener go on."""
     from outbox import Listener
-    from outbox.writer import Committed
+    from outbox.events import Committed
 
     topic = make_topic(config={"max.message.bytes": "2000"})
     store = SQLiteOutbox(str(tmp_path / "o.db"))

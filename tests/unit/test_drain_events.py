@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pickle
 
-from outbox.drainproc import Drained, _drained
+from outbox.drainproc import _drained
+from outbox.events import Drained
 from outbox.headers import ID_HEADER
 from outbox.records import OutboxMessage, Status
 

@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 
 from outbox import Listener, ResilientProducer
-from outbox.events import EVENTS, Events
+from outbox.events import EVENTS, Committed, Events
 from outbox.records import DeadLetter
 from outbox.served import Served
-from outbox.writer import Committed
 
 
 def _letter(msg_id: str = "m1") -> DeadLetter:

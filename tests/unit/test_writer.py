@@ -15,12 +15,12 @@ import pytest
 
 from outbox.budget import MemoryBudget, message_cost
 from outbox.errors import StoreError, UnknownMessageError
-from outbox.events import Listener
+from outbox.events import Committed, Listener
 from outbox.records import NewMessage, Status
 from outbox.settle import Decision, Verdict
 from outbox.stores import SQLiteOutbox
 from outbox.stores.base import Applied, Settlement
-from outbox.writer import Committed, GroupCommitWriter
+from outbox.writer import GroupCommitWriter
 
 from ..waiting import wait_until
 
