@@ -44,7 +44,6 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from .circuit import CircuitState
 from .consumer import ResilientConsumer
-from .consumer.circuit import CircuitState as ConsumerCircuitState
 from .errors import StoreError
 from .producer import ResilientProducer
 from .records import StoreStats
@@ -319,7 +318,7 @@ class ConsumerCollector(Collector):
         state = StateSetMetricFamily(
             "outbox_consumer_circuit_state", "Main-topic circuit state (all false: no circuit).", labels=names
         )
-        state.add_metric(values, {s.value: st["circuit"] == s.value for s in ConsumerCircuitState})
+        state.add_metric(values, {s.value: st["circuit"] == s.value for s in CircuitState})
         yield state
         yield one(
             CounterMetricFamily, "outbox_consumer_circuit_opened", "Times the main-topic circuit opened.",

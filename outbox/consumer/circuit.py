@@ -11,20 +11,16 @@ about the downstream's health.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections import deque
 from dataclasses import dataclass
 
+from ..circuit import CircuitState
 from ..errors import ConfigError
 
+__all__ = ["CircuitState", "MainTopicBreaker", "MainTopicCircuit"]
+
 log = logging.getLogger(__name__)
-
-
-class CircuitState(enum.Enum):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half-open"
 
 
 @dataclass(frozen=True)
@@ -55,8 +51,10 @@ class MainTopicCircuit:
             raise ConfigError("window must be >= 1 and reset_timeout > 0")
 
 
-class CircuitBreaker:
-    """The circuit's state machine (pure: the caller passes the time)."""
+class MainTopicBreaker:
+    """The main topic's circuit, as a state machine (pure: the caller passes the time). The
+    producer's `outbox.circuit.CircuitBreaker` guards the cluster; this one the handler's
+    downstream. They share `CircuitState`."""
 
     def __init__(self, policy: MainTopicCircuit) -> None:
         self.policy = policy

@@ -39,7 +39,7 @@ from ..producer import ResilientProducer
 from ..records import DeadLetter, Headers
 from ..retry import RetryPolicy
 from ..stores import Outbox, open_outbox
-from .circuit import CircuitBreaker, CircuitState, MainTopicCircuit
+from .circuit import CircuitState, MainTopicBreaker, MainTopicCircuit
 from .deadletters import DeadLetters, check_mode
 from .headers import due_at, failure_headers, ladder_position, record_timestamp
 from .inbox import DEFAULT_WINDOW, Inbox, InboxCommitFailed, takes_transaction
@@ -197,7 +197,7 @@ class ResilientConsumer:
         self._hop_keys: dict[int, tuple[TP, bytes, int]] = {}  # ordering: hop token → its ladder entry
         ensure_tiers(admin_conf, self.ladder, create=create_topics, same_partitions=self._order is not None)
 
-        self.circuit = CircuitBreaker(circuit) if circuit is not None else None
+        self.circuit = MainTopicBreaker(circuit) if circuit is not None else None
         self._ids = IdGenerator()
         #: Hops made into each retry tier (index 0: tier 1); a list the loop thread alone increments.
         self.retried_by_tier = [0] * tiers

@@ -158,9 +158,9 @@ def test_scheduler_pops_due_holds_in_time_order_and_forgets_revoked() -> None:
 
 
 def test_circuit_opens_after_consecutive_failures_probes_and_closes() -> None:
-    from outbox.consumer.circuit import CircuitBreaker, CircuitState, MainTopicCircuit
+    from outbox.consumer.circuit import CircuitState, MainTopicBreaker, MainTopicCircuit
 
-    c = CircuitBreaker(MainTopicCircuit(consecutive_failures=3, reset_timeout=10))
+    c = MainTopicBreaker(MainTopicCircuit(consecutive_failures=3, reset_timeout=10))
     for now in (1.0, 2.0):
         c.failure(now)
     c.success()  # resets the run
@@ -178,9 +178,9 @@ def test_circuit_opens_after_consecutive_failures_probes_and_closes() -> None:
 
 
 def test_circuit_opens_on_a_failure_rate_over_its_window() -> None:
-    from outbox.consumer.circuit import CircuitBreaker, CircuitState, MainTopicCircuit
+    from outbox.consumer.circuit import CircuitState, MainTopicBreaker, MainTopicCircuit
 
-    c = CircuitBreaker(MainTopicCircuit(consecutive_failures=None, failure_rate=0.5, window=10, reset_timeout=1))
+    c = MainTopicBreaker(MainTopicCircuit(consecutive_failures=None, failure_rate=0.5, window=10, reset_timeout=1))
     for i in range(9):
         c.failure(float(i)) if i % 2 else c.success()
     assert c.state is CircuitState.CLOSED  # 4 of 9: the window is not full yet
