@@ -9,7 +9,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-__all__ = ["consume", "consume_to_end", "readable_partitions"]
+__all__ = ["consume", "consume_to_end", "readable_partitions", "topic_size"]
 
 
 def readable_partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
@@ -32,6 +32,19 @@ def readable_partitions(consumer: Consumer, topic: str, timeout: float) -> list[
         if time.monotonic() > deadline:
             raise TimeoutError(f"topic {topic!r} is not readable after {timeout} s: {tmd.error if tmd else 'unknown'}")
         time.sleep(0.2)
+
+
+def topic_size(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
+    """How many records ``topic`` holds now (high minus low watermarks): duplicates included."""
+    consumer = _reader(bootstrap, None, eof=False)
+    try:
+        total = 0
+        for part in readable_partitions(consumer, topic, timeout):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=10)
+            total += high - low
+        return total
+    finally:
+        consumer.close()
 
 
 def _reader(bootstrap: str, config: Mapping[str, Any] | None, *, eof: bool) -> Consumer:

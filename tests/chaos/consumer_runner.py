@@ -27,6 +27,7 @@ from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
 from outbox import ResilientProducer
 from outbox.consumer.tiers import dlq_name, retry_tier_name
 from outbox.testing import KafkaCluster
+from outbox.testing.consume import topic_size
 from outbox.testing.handled import Handled, check_handled
 from outbox.testing.history import History, Verdict
 from outbox.testing.schedule import Fault, play
@@ -249,7 +250,7 @@ def run(cluster: KafkaCluster, setup: ConsumerSetup, schedule: list[Fault]) -> C
         stats = worker.stats()
     return ConsumerRun(
         setup, schedule, check_handled(produced, effects), history.check(bootstrap, topic),
-        dlq=records(bootstrap, dlq_name(topic, group)), lag=left, stats=stats,
+        dlq=topic_size(bootstrap, dlq_name(topic, group)), lag=left, stats=stats,
         failing=sum(1 for _, v in messages if not v.endswith(b":0")),
     )
 
@@ -291,20 +292,6 @@ def lag(bootstrap: str, group: str, topics: list[str]) -> int:
         for c in reader.committed(parts, timeout=10):
             low, high = reader.get_watermark_offsets(TopicPartition(c.topic, c.partition), timeout=10)
             total += high - (low if c.offset == OFFSET_INVALID else c.offset)
-        return total
-    finally:
-        reader.close()
-
-
-def records(bootstrap: str, topic: str) -> int:
-    """Records a topic holds (high minus low watermarks)."""
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{uuid.uuid4().hex}"})
-    try:
-        md = reader.list_topics(topic, timeout=10)
-        total = 0
-        for p in md.topics[topic].partitions:
-            low, high = reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            total += high - low
         return total
     finally:
         reader.close()

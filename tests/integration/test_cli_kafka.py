@@ -21,14 +21,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Message
 
 from outbox.headers import ID_HEADER
 from outbox.producer import ResilientProducer
 from outbox.records import NewMessage
 from outbox.stores import SQLiteOutbox
 from outbox.testing import KafkaCluster
-from outbox.testing.consume import consume
+from outbox.testing.consume import consume, topic_size
 
 from ..waiting import wait_until
 
@@ -66,20 +66,6 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("Error: ")
     return lines[0][len("Error: ") :]
-
-
-def topic_size(bootstrap: str, topic: str) -> int:
-    """How many records the topic holds (sum of high - low watermarks): duplicates included."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"wm-{uuid.uuid4().hex}"})
-    try:
-        md = c.list_topics(topic, timeout=10)
-        total = 0
-        for p in md.topics[topic].partitions:
-            low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            total += high - low
-        return total
-    finally:
-        c.close()
 
 
 def ids_of(messages: list[Message]) -> Counter[str]:
