@@ -85,13 +85,17 @@ class Admission:
         if pending and key is not None and (topic, key if key.__class__ is bytes else as_bytes(key)) in pending:
             return HOLD
         circuit = self._circuit
+        hold = self._hold
+        if circuit.closed and not hold.active:
+            return SEND
         # Write-ahead: while librdkafka hands back what it held when the circuit opened, a key's
         # older rows may still come back failed, and a row sent now would overtake them: it is
-        # left to the drain, even if a delivery closed the circuit meanwhile. (Fallback mode
-        # holds those failures and spills instead and sends on: `outbox.holdback`.)
-        if circuit.closed and (self._probes or not self._hold.active):
+        # left to the drain, even if a delivery closed the circuit meanwhile. Fallback mode
+        # holds those failures and spills instead and sends on (`outbox.holdback`), except in
+        # the hold's first moments, while stragglers are purged (`outbox.spill.STRAGGLER_GRACE`).
+        if circuit.closed and self._probes and not hold.in_grace():
             return SEND
-        if self._hold.active or not self._probes or (key is not None and not self._keyed_probes):
+        if hold.active or not self._probes or (key is not None and not self._keyed_probes):
             return STORE
         return PROBE if circuit.allow_probe() else STORE
 

@@ -63,19 +63,27 @@ class Holdback(Generic[T]):
         self._asked_purge = False
         self._overdue = False  # the hold's time ran out once with the source not empty
         self.active = False  # a plain attribute: produce()'s check is one attribute read
+        self._grace_until = 0.0
         self.holds = 0  # how many holds began (stats, tests)
         budget.add_part(self)
 
-    def start(self, longest: float) -> None:
-        """Begin holding (or extend a hold) for at most `longest` seconds."""
+    def start(self, longest: float, *, grace: float = 0.0) -> None:
+        """Begin holding (or extend a hold) for at most `longest` seconds, the first `grace`
+        of them whatever the source says (`in_grace`)."""
         with self._lock:
             if not self.active:
                 self.holds += 1
                 self._asked_purge = False
                 self._overdue = False
             self._longest = longest
-            self._until = max(self._until, self._clock() + longest)
+            now = self._clock()
+            self._until = max(self._until, now + longest)
+            self._grace_until = max(self._grace_until, now + grace)
             self.active = True
+
+    def in_grace(self) -> bool:
+        """Within the first `grace` seconds of the hold: it lasts, and nothing bypasses it."""
+        return self.active and self._clock() < self._grace_until
 
     def offer(self, item: T, cost: int) -> bool:
         """Hold `item` (costing `cost` bytes) and return True, or return False when no hold is active.

@@ -124,3 +124,16 @@ def test_a_released_keys_gated_messages_go_to_kafka_only_while_the_circuit_is_cl
     parts.half_open()
     assert parts.admission.released() is STORE  # a gate's messages never probe
     assert parts.admission.route("t", None) is PROBE  # and did not spend the probe
+
+
+def test_a_circuit_closed_again_within_the_holds_grace_still_stores(parts: Parts) -> None:
+    # One partition's failure opened the circuit and a drain delivery closed it again at once:
+    # until the grace is over, messages are stored (the hold-back keeps them in produce order)
+    # while the stragglers of the opening are purged; then fallback mode sends on.
+    parts.hold.start(31.0, grace=0.2)
+    assert parts.circuit.closed and parts.hold.in_grace()
+    assert parts.admission.route("t", b"k") is STORE
+    assert parts.admission.route("t", None) is STORE
+    parts.clock.now += 0.2
+    assert not parts.hold.in_grace()
+    assert parts.admission.route("t", b"k") is SEND
