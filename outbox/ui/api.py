@@ -1,0 +1,134 @@
+"""The JSON API, under /api/: what the pages show and do, for programs (schema: /api/openapi.json).
+
+Writes take a JSON body (the middleware refuses any other content type: see
+`outbox.ui.security`); errors answer `{"error": "..."}` with their status (`outbox.ui.errors`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from ..consumer.redrive import redrive_topic
+from ..payload import topic_problem
+from . import present
+from .console import ConsoleDep
+from .errors import ConsoleError
+from .filters import FilterError, describe, parse_filter
+from .inputs import body_ids, headers_of, int_param, json_body, rate_of, value_of
+from .operations import check_ids, dead_page, overview, purge, redrive_edited
+
+router = APIRouter(prefix="/api", tags=["api"])
+
+
+@router.get("/stats", summary="Counts: pending and dead by topic, group and error")
+def api_stats(console: ConsoleDep) -> dict[str, Any]:
+    return overview(console)
+
+
+@router.get("/dead-letters", summary="Dead letters matching a filter, one keyset page")
+def api_dead_letters(request: Request, console: ConsoleDep) -> Response:
+    """Query: topic, group, error (code or name), key, text (in the error), since, until
+    (ISO-8601 or an age such as 2h), after (the previous page's `next_after`), limit (≤ 500)."""
+    # A JSONResponse as is: FastAPI's jsonable_encoder would walk the page again, value by value.
+    return JSONResponse(dead_page(console, parse_filter(request.query_params, paging=True)))
+
+
+@router.get("/dead-letters/{row_id}", summary="One stored message, every byte shown safely")
+def api_dead_letter(row_id: int, console: ConsoleDep) -> dict[str, Any]:
+    return present.detail(console.store.get(row_id))
+
+
+@router.post("/redrive", summary="Redrive dead letters: dry-run count, or start a job")
+async def api_redrive(request: Request, console: ConsoleDep) -> Response:
+    """Body: filter fields and/or `ids`, `dry_run` (count only), `rate` (messages/s).
+    Answers 202 with the job; follow it at /api/jobs/{id}."""
+    body = await json_body(request)
+    flt = check_ids(console, parse_filter(body, ids=body_ids(body), allow=("ids", "dry_run", "rate")))
+    rate = rate_of(body.get("rate"), console.default_rate)
+    if body.get("dry_run"):
+        return JSONResponse({"count": console.store.count_dead(flt), "filter": describe(flt)})
+    job = console.jobs.redrive(flt, rate=rate, who=console.actor)
+    return JSONResponse({"job": job.as_dict(), "url": f"/api/jobs/{job.id}"}, status_code=202)
+
+
+@router.get("/jobs/{job_id}", summary="A redrive job's progress")
+def api_job(job_id: int, console: ConsoleDep) -> dict[str, Any]:
+    job = console.jobs.get(job_id)
+    if job is None:
+        raise ConsoleError(404, f"no job {job_id} (jobs are kept in memory while the console runs)")
+    return job.as_dict()
+
+
+@router.post("/purge", summary="Delete dead letters: dry-run count, or purge with confirm")
+async def api_purge(request: Request, console: ConsoleDep) -> Response:
+    """Body: filter fields and/or `ids`; `dry_run` to count; `confirm: true` to delete."""
+    body = await json_body(request)
+    flt = check_ids(console, parse_filter(body, ids=body_ids(body), allow=("ids", "dry_run", "confirm")))
+    if body.get("dry_run"):
+        return JSONResponse({"count": console.store.count_dead(flt), "filter": describe(flt)})
+    if body.get("confirm") is not True:
+        raise ConsoleError(400, 'a purge cannot be undone: send "confirm": true (count first with "dry_run": true)')
+    return JSONResponse({"removed": purge(console, flt), "filter": describe(flt)})
+
+
+@router.post("/dead-letters/{row_id}/redrive", summary="Edit one dead letter, then redrive it")
+async def api_redrive_edited(row_id: int, request: Request, console: ConsoleDep) -> dict[str, Any]:
+    """Body: `value` (text, or hex with `value_encoding: "hex"`, or null) and `headers`
+    (a list of [name, text-or-null], or of {name, value, encoding} as GET shows them, with
+    encoding "utf-8", "hex" or null); both optional (kept as they are when absent). What GET
+    /api/dead-letters/{id} shows, posted back unchanged, stores the same bytes."""
+    body = await json_body(request)
+    unknown = sorted(set(body) - {"value", "value_encoding", "headers"})
+    if unknown:
+        raise FilterError(f"unknown field(s): {', '.join(unknown)}")
+    row = console.store.get(row_id)
+    value = value_of(body["value"], body.get("value_encoding", "utf-8")) if "value" in body else row.value
+    headers = headers_of(body["headers"]) if "headers" in body else row.headers
+    redrive_edited(console, row_id, value, headers)
+    return present.detail(console.store.get(row_id))
+
+
+@router.post("/redrive-topic", summary="Republish a consumer's DLQ topic into its retry tier")
+async def api_redrive_topic(request: Request, console: ConsoleDep) -> dict[str, Any]:
+    """Body: `dlq_topic` (e.g. orders.billing.dlq), optional `limit`. Each message goes to its
+    group's first retry tier (`outbox dlq replay-topic`); progress is kept by the consumer group
+    outbox-redrive.<dlq_topic>, so a second call republishes only what came later."""
+    if console.kafka is None:
+        raise ConsoleError(409, "the console was started without --bootstrap-servers: it cannot reach Kafka")
+    body = await json_body(request)
+    unknown = sorted(set(body) - {"dlq_topic", "limit"})
+    if unknown:
+        raise FilterError(f"unknown field(s): {', '.join(unknown)}")
+    topic = body.get("dlq_topic")
+    problem = topic_problem(topic)
+    if problem is not None or not isinstance(topic, str):  # (isinstance: for the type checker)
+        raise FilterError(f"dlq_topic: {problem}")
+    limit = int_param(str(body["limit"]), "limit", None, 1, 10_000_000) if body.get("limit") is not None else None
+    # Blocking Kafka calls: run in the thread pool, not on the event loop.
+    result = await run_in_threadpool(redrive_topic, console.kafka, topic, limit=limit)
+    console.store.add_audit(who=console.actor, action="redrive-topic",
+                            filter=json.dumps({"dlq_topic": topic, "limit": limit}),
+                            count=result.replayed, at=time.time())
+    return {"dlq_topic": topic, "replayed": result.replayed, "by_topic": result.by_topic}
+
+
+@router.get("/trace/{msg_id}", summary="Every row of one message, by its outbox-id")
+def api_trace(msg_id: str, console: ConsoleDep) -> dict[str, Any]:
+    rows = console.store.trace(msg_id)
+    if not rows:
+        raise ConsoleError(404, f"no row with outbox-id {msg_id!r} in the outbox (delivered rows are deleted)")
+    return {"msg_id": msg_id, "rows": [present.detail(r) for r in rows]}
+
+
+@router.get("/audit", summary="The audit log, newest first")
+def api_audit(request: Request, console: ConsoleDep) -> dict[str, Any]:
+    q = request.query_params
+    limit = int_param(q.get("limit"), "limit", 100, 1, 1000)
+    before = int_param(q.get("before"), "before", None, 1, 2**63 - 1)
+    return {"entries": [present.audit(e) for e in console.store.audit_log(limit=limit, before_id=before)]}

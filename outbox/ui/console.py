@@ -1,0 +1,60 @@
+"""What every part of the console shares: the store, the settings it was started with, the
+templates and the redrive jobs, in one `Console` kept on the application (`app.state.console`).
+
+Routes take it as a dependency (`ConsoleDep`); the middleware and the exception handlers, which
+FastAPI does not inject into, read it with `console_of(request)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import Depends, Request
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from ..stores import Outbox
+from . import present
+from .jobs import Jobs
+
+
+@dataclass(frozen=True)
+class Console:
+    """One console: its store and how it was started (see `create_app` for each setting)."""
+
+    store: Outbox
+    token: str | None
+    loopback: bool
+    #: Where the store lives, as the pages show it (never with a password).
+    location: str
+    default_rate: float
+    kafka: Mapping[str, Any] | None
+    #: Who acts, as the audit log names them (`outbox.ui.security.who`).
+    actor: str
+    templates: Environment
+    jobs: Jobs
+
+
+def templates() -> Environment:
+    """The pages' Jinja2 templates, autoescaped: a stored value holding `<script>` is text."""
+    env = Environment(loader=PackageLoader("outbox.ui", "templates"), autoescape=select_autoescape(default=True))
+    env.filters["qs"] = lambda d: urlencode(d, doseq=True)
+    env.filters["one_line"] = present.one_line
+    return env
+
+
+def console_of(request: Request) -> Console:
+    """The console that serves `request`."""
+    console: Console = request.app.state.console
+    return console
+
+
+# async, so that FastAPI calls it on the event loop rather than in its thread pool.
+async def _console(request: Request) -> Console:
+    return console_of(request)
+
+
+#: A route's parameter `console: ConsoleDep` receives the `Console`.
+ConsoleDep = Annotated[Console, Depends(_console)]
