@@ -126,7 +126,8 @@ _REDACT = Redact()
 
 
 def redact_in_logs(secret: str, loggers: tuple[str, ...]) -> None:
-    """Keep `secret` out of the named third-party loggers' records (idempotent).
+    """Keep `secret` out of the records of the named loggers and of their children that exist
+    now (idempotent).
 
     py4j logs every command it sends to the JVM at DEBUG, and Spark's JDBC options travel as
     such commands: without this, an application logging at DEBUG would log the database
@@ -135,7 +136,12 @@ def redact_in_logs(secret: str, loggers: tuple[str, ...]) -> None:
     if not secret:
         return
     _REDACT.secrets.add(secret)
+    # A logger's filters see only the records logged on it, not those its children pass up:
+    # the filter goes on each named logger and on every child that exists by now (a module's
+    # logger exists once the module is imported).
+    existing = list(logging.root.manager.loggerDict)
     for name in loggers:
-        logger = logging.getLogger(name)
-        if _REDACT not in logger.filters:
-            logger.addFilter(_REDACT)
+        for child in [name, *(n for n in existing if n.startswith(name + "."))]:
+            logger = logging.getLogger(child)
+            if _REDACT not in logger.filters:
+                logger.addFilter(_REDACT)

@@ -56,3 +56,24 @@ def test_a_quiet_spell_starts_a_new_episode_and_other_lines_pass_through(caplog:
     log.log(logging.ERROR, "%s [%s] %s", "SSL", "rdkafka#producer-1", "handshake failed")
     log.log(logging.INFO, "%s [%s] %s", "FAIL", "rdkafka#producer-1", "info-level fail line")
     assert [lvl for lvl, _ in records(caplog)] == [logging.WARNING, logging.WARNING, logging.ERROR, logging.INFO]
+
+
+def test_a_secret_is_redacted_in_the_named_loggers_and_their_children() -> None:
+    import io
+
+    from outbox.logs import redact_in_logs
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger("redact-test")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    child = logging.getLogger("redact-test.app")  # exists before, as an imported module's logger
+    try:
+        redact_in_logs("s3cret", ("redact-test",))
+        root.info("dsn postgresql://u:%s@h/db", "s3cret")
+        child.error("failed on postgresql://u:s3cret@h/db")
+        assert "s3cret" not in stream.getvalue()
+        assert stream.getvalue().count("postgresql://u:***@h/db") == 2
+    finally:
+        root.removeHandler(handler)
