@@ -28,8 +28,8 @@ def summarize_window(lines: list[dict]) -> str:  # type: ignore[type-arg]
     hit = [r for r in lines if r["reordered_keys"]]
     return (
         f"the documented window: {len(lines)} schedules, {sum(r['messages'] for r in lines)} messages: "
-        f"{sum(r['lost'] for r in lines)} lost, keys reordered in {len(hit)} schedules "
-        f"({', '.join(str(r['reordered_keys']) for r in hit) or 'none'} keys)"
+        f"{sum(r['lost'] for r in lines)} lost, keys reordered in {len(hit)} schedules"
+        + (f" ({', '.join(str(r['reordered_keys']) for r in hit)} keys)" if hit else "")
     )
 
 
