@@ -707,11 +707,18 @@ class KafkaCluster:
         return create_topic(self.bootstrap_servers, name, partitions, rf, config, timeout=timeout)
 
     def delete_topic(self, name: str, *, timeout: float = 60.0) -> None:
-        """Delete a topic (and wait for the controller to accept it). A long-lived cluster that a
+        """Delete a topic and wait until the cluster no longer lists it. A long-lived cluster that a
         test run fills with topics restarts slower after each kill: a broker recovers every
         partition it holds."""
+        deadline = time.monotonic() + timeout
         admin = _admin(self._direct_bootstrap)
         admin.delete_topics([name], operation_timeout=timeout)[name].result(timeout)
+        # The controller has accepted it; until the brokers have applied it, the topic is still
+        # listed, and a wait for every topic's ISR (`wait_until_healthy`) would wait on it.
+        while name in _metadata(admin, timeout=max(1.0, deadline - time.monotonic())).topics:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topic {name!r} still listed {timeout}s after its deletion")
+            time.sleep(0.2)
 
     def wait_for_isr(self, topic: str, min_isr: int | None = None, timeout: float = 60.0) -> None:
         """Wait until every partition of ``topic`` has ``>= min_isr`` in-sync replicas (default: all)."""
