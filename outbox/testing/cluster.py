@@ -908,11 +908,14 @@ class KafkaCluster:
         deadline = time.monotonic() + timeout
         for i in wanted:
             self._wait_port(f"broker-{i}", self._brokers[i], self._broker_ports[i], self.broker_log(i))
-        admin = _admin(self._direct_bootstrap)
         while True:
             seen: set[int] = set()
+            # A client of its own each time: its first metadata request goes to a bootstrap
+            # address, the broker's own port. A client kept across requests would send the next
+            # ones to the addresses the brokers advertise, the fault proxy's, which a black hole
+            # left on during a restart would stall.
             with contextlib.suppress(Exception):
-                seen = set(_metadata(admin, timeout=2.0).brokers)
+                seen = set(_metadata(_admin(self._direct_bootstrap), timeout=2.0).brokers)
             if all(i in seen for i in wanted):
                 return
             for i in wanted:
