@@ -26,7 +26,7 @@ from outbox.testing.plugin import running_cluster
 from outbox.testing.postgres import create_database, drop_database
 from outbox.testing.schedule import KINDS, Fault
 
-from .runner import Setup, report, run
+from .runner import Run, Setup, report, run
 
 EXAMPLES = int(os.environ.get("CHAOS_EXAMPLES", "8"))
 LONG = os.environ.get("CHAOS_LONG") == "1"  # make chaos: random seeds, shrinking
@@ -113,6 +113,12 @@ def test_the_documented_window_one_partition_leaderless_past_the_message_timeout
         assert result.verdict.reordered == {}, "\n".join([result.line(), *result.verdict.first_inversions()])
 
 
+def assert_kept(result: Run) -> None:
+    """Nothing lost, every record with its id, no key reordered."""
+    assert result.verdict.lost == [] and result.verdict.without_id == 0, result.line()
+    assert result.verdict.reordered == {}, "\n".join([result.line(), *result.verdict.first_inversions()])
+
+
 # Shrunk schedules that once broke a promise, replayed as they are.
 
 
@@ -131,8 +137,7 @@ def test_write_ahead_rows_sent_as_the_circuit_opens_go_behind_their_keys_older_r
     finally:
         drop_database(store_url, postgres_server)
     report(result)
-    assert result.verdict.lost == [] and result.verdict.without_id == 0, result.line()
-    assert result.verdict.reordered == {}, "\n".join([result.line(), *result.verdict.first_inversions()])
+    assert_kept(result)
 
 
 def test_one_broker_whose_connections_are_reset_neither_opens_the_circuit_nor_reorders_keys(
@@ -145,8 +150,7 @@ def test_one_broker_whose_connections_are_reset_neither_opens_the_circuit_nor_re
     setup = Setup(mode="fallback", drain_in="threads", store="sqlite", size=8192, threads=4)
     result = run(cluster, setup, [Fault("reset", 1, 2.4, 2.0)])
     report(result)
-    assert result.verdict.lost == [] and result.verdict.without_id == 0, result.line()
-    assert result.verdict.reordered == {}, "\n".join([result.line(), *result.verdict.first_inversions()])
+    assert_kept(result)
     assert result.circuit_opens == 0, result.line()
 
 
@@ -164,8 +168,7 @@ def test_a_write_ahead_send_waiting_for_room_through_an_outage_goes_behind_its_k
     finally:
         drop_database(store_url, postgres_server)
     report(result)
-    assert result.verdict.lost == [] and result.verdict.without_id == 0, result.line()
-    assert result.verdict.reordered == {}, "\n".join([result.line(), *result.verdict.first_inversions()])
+    assert_kept(result)
 
 
 def test_one_killed_broker_under_a_full_queue_does_not_open_the_circuit(cluster: KafkaCluster) -> None:
@@ -176,6 +179,5 @@ def test_one_killed_broker_under_a_full_queue_does_not_open_the_circuit(cluster:
     setup = Setup(mode="fallback", drain_in="threads", store="sqlite", size=8192, threads=2)
     result = run(cluster, setup, [Fault("kill", 0, 1.8, 1.8)])
     report(result)
-    assert result.verdict.lost == [] and result.verdict.without_id == 0, result.line()
-    assert result.verdict.reordered == {}, "\n".join([result.line(), *result.verdict.first_inversions()])
+    assert_kept(result)
     assert result.circuit_opens == 0, result.line()
