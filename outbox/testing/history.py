@@ -22,7 +22,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from outbox.headers import ID_HEADER
 from outbox.testing.consume import readable_partitions
@@ -143,7 +143,7 @@ def _read(bootstrap: str, topic: str, timeout: float) -> list[tuple[int, list[Re
     out: list[tuple[int, list[Read]]] = []
     try:
         for part in readable_partitions(consumer, topic, timeout):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=30)
+            low, high = _watermarks(consumer, topic, part, deadline)
             got: list[Read] = []
             consumer.assign([TopicPartition(topic, part, OFFSET_BEGINNING)])
             position = low
@@ -162,6 +162,24 @@ def _read(bootstrap: str, topic: str, timeout: float) -> list[tuple[int, list[Re
         return out
     finally:
         consumer.close()
+
+
+#: Answers of a partition whose leadership is moving.
+_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._TIMED_OUT})
+
+
+def _watermarks(consumer: Consumer, topic: str, part: int, deadline: float) -> tuple[int, int]:
+    """A partition's watermarks, asked again while its leadership moves (a broker just restarted
+    answers NOT_LEADER_FOR_PARTITION until the metadata catches up)."""
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=30)
+            return low, high
+        except KafkaException as exc:
+            err = exc.args[0]
+            if time.monotonic() > deadline or not (err.retriable() or err.code() in _MOVING):
+                raise
+            time.sleep(0.2)
 
 
 def _header(headers: list[tuple[str, str | bytes | None]], wanted: str) -> str | None:
