@@ -18,7 +18,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
+
+from .retry import a_broker_answers
 
 __all__ = ["ClusterProbe"]
 
@@ -48,10 +50,7 @@ class ClusterProbe:
             if self._client is None:
                 self._client = Producer(self._config)
             client = self._client
-        try:
-            return bool(client.list_topics(timeout=timeout).brokers)
-        except KafkaException:
-            return False
+        return a_broker_answers(client, timeout)
 
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """New SASL credentials, for the client now and any made later."""
