@@ -22,3 +22,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped, which the suite does not allow: {reason}"
+
+
+_seconds_by_module: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds each phase's time (setup, call, teardown) to its module: a module's share of the suite
+    includes the services its fixtures start."""
+    module = report.nodeid.split("::", 1)[0]
+    _seconds_by_module[module] = _seconds_by_module.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The ten slowest modules, so a run's length can be read from its own log."""
+    slowest = sorted(_seconds_by_module.items(), key=lambda item: item[1], reverse=True)[:10]
+    if not slowest:
+        return
+    terminalreporter.section("slowest modules")
+    total = sum(_seconds_by_module.values())
+    for module, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {100 * seconds / total:5.1f} %  {module}")
+    terminalreporter.write_line(f"{total:8.1f} s  all {len(_seconds_by_module)} modules")
