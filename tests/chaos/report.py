@@ -78,6 +78,12 @@ def summarize_producer(lines: list[dict]) -> str:  # type: ignore[type-arg]
     single = [r for r in lines if r.get("one_broker_at_a_time")]
     opened = sum(1 for r in single if r.get("circuit_opens"))
     out.append(f"circuit opened in {opened} of {len(single)} schedules that faulted one broker at a time")
+    for r in single:
+        if r.get("circuit_opens"):
+            faults = "; ".join(f"{f['kind']} broker {f['broker']} at {f['at']} s for {f['seconds']} s"
+                               for f in r["schedule"])
+            why = "; ".join(r.get("circuit_reasons", [])) or "reason not recorded"
+            out.append(f"  opened under [{faults}] {r['setup']}: {why}")
     return "\n".join(out)
 
 

@@ -4,6 +4,7 @@ the schedule plays on a proxied cluster, then everything is delivered and the hi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -51,6 +52,8 @@ class Run:
     dead: int
     pending: int
     circuit_opens: int
+    #: Why the circuit opened, each time (the reason its warning names).
+    circuit_reasons: list[str]
     #: A plain `confluent_kafka.Producer` with the same settings beside it, under the same faults.
     raw: Verdict
 
@@ -58,8 +61,11 @@ class Run:
         return (
             f"[{self.setup}] {len(self.schedule)} faults ({'; '.join(map(str, self.schedule)) or 'none'}): "
             f"{self.verdict.summary()}, {self.dead} dead, {self.pending} pending, "
-            f"circuit opened {self.circuit_opens}x; raw producer beside it: {self.raw.summary()}"
+            f"circuit opened {self.circuit_opens}x{self.why()}; raw producer beside it: {self.raw.summary()}"
         )
+
+    def why(self) -> str:
+        return f" ({'; '.join(self.circuit_reasons)})" if self.circuit_reasons else ""
 
     def record(self) -> dict[str, Any]:
         v = self.verdict
@@ -75,6 +81,7 @@ class Run:
             "dead": self.dead,
             "pending": self.pending,
             "circuit_opens": self.circuit_opens,
+            "circuit_reasons": self.circuit_reasons,
             "one_broker_at_a_time": one_broker_at_a_time(self.schedule),
             "raw_messages": self.raw.accepted,
             "raw_lost": len(self.raw.lost),
@@ -110,7 +117,8 @@ def run(
         for _ in range(2)
     )
     history, raw_history = History(), History()
-    with tempfile.TemporaryDirectory() as tmp:
+    reasons = CircuitReasons()
+    with reasons, tempfile.TemporaryDirectory() as tmp:
         url = store_url or f"sqlite:///{Path(tmp) / 'o.db'}"
         config = {"bootstrap.servers": cluster.bootstrap_servers, **(settings or {})}
         producer = ResilientProducer(
@@ -146,7 +154,28 @@ def run(
     # holds before it serves (one restarted under load took over 90 s with some 1,100).
     for name in (topic, raw_topic):
         cluster.delete_topic(name)
-    return Run(setup, schedule, verdict, stats["dead"] or 0, stats["pending"] or 0, opens, raw_verdict)
+    dead, pending = stats["dead"] or 0, stats["pending"] or 0
+    return Run(setup, schedule, verdict, dead, pending, opens, reasons.seen, raw_verdict)
+
+
+class CircuitReasons(logging.Handler):
+    """Collects the reason of each opening from the circuit's own warning, while in a `with`."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: list[str] = []
+        self._logger = logging.getLogger("outbox.circuit")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, str) and record.msg.startswith("circuit open") and record.args:
+            self.seen.append(str(record.args[0]))
+
+    def __enter__(self) -> CircuitReasons:
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
 
 
 def produce_until(producer: ResilientProducer, topic: str, history: History, setup: Setup, seconds: float) -> None:
