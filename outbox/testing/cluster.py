@@ -233,6 +233,15 @@ def create_topic(
         time.sleep(0.1)
 
 
+def _full_isr(md: Any, min_isr: int | None = None) -> bool:
+    """Whether a topic's metadata shows a leader and `min_isr` in-sync replicas (default: all)
+    for every partition."""
+    return md.error is None and bool(md.partitions) and all(
+        p.leader >= 0 and len(p.isrs) >= (len(p.replicas) if min_isr is None else min_isr)
+        for p in md.partitions.values()
+    )
+
+
 def wait_for_isr(bootstrap: str, topic: str, min_isr: int | None = None, *, timeout: float = 60.0) -> None:
     """Wait until every partition of ``topic`` has a leader and enough in-sync replicas.
 
@@ -252,13 +261,8 @@ def wait_for_isr(bootstrap: str, topic: str, min_isr: int | None = None, *, time
         try:
             md = _metadata(admin, topic).topics.get(topic)
             last = md
-            if md is not None and md.error is None and md.partitions:
-                ok = all(
-                    p.leader >= 0 and len(p.isrs) >= (len(p.replicas) if min_isr is None else min_isr)
-                    for p in md.partitions.values()
-                )
-                if ok:
-                    return
+            if md is not None and _full_isr(md, min_isr):
+                return
         except Exception as exc:  # noqa: BLE001 - metadata errors while brokers restart are transient
             last = exc
         if time.monotonic() > deadline:
@@ -728,10 +732,21 @@ class KafkaCluster:
         """Start stopped brokers, then wait until every partition of every topic has its full ISR."""
         deadline = time.monotonic() + timeout
         self.start_all(timeout=timeout)
+        # One client and one metadata request for all topics a round: a session cluster holds
+        # hundreds of topics, and a client per topic cost a connection and a metadata round each.
         admin = _admin(self.bootstrap_servers)
-        md = _metadata(admin, timeout=max(1.0, deadline - time.monotonic()))
-        for name in md.topics:
-            wait_for_isr(self.bootstrap_servers, name, timeout=max(1.0, deadline - time.monotonic()))
+        names = set(_metadata(admin, timeout=max(1.0, deadline - time.monotonic())).topics)
+        while True:
+            try:
+                topics = _metadata(admin, timeout=5.0).topics
+                short = sorted(name for name in names if name in topics and not _full_isr(topics[name]))
+            except Exception as exc:  # noqa: BLE001 - metadata errors while brokers restart are transient
+                short = [f"metadata: {exc}"]
+            if not short:  # a topic deleted meanwhile needs no replicas
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not every partition has its full ISR after {timeout}s: {short[:5]}")
+            time.sleep(0.2)
 
     # -- internals ----------------------------------------------------------
 
