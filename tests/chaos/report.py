@@ -12,6 +12,8 @@ import json
 import sys
 from collections import Counter
 
+from outbox.testing.schedule import Fault
+
 
 def summarize(lines: list[dict]) -> str:  # type: ignore[type-arg]
     producer = [r for r in lines if r.get("side", "producer") == "producer" and not r.get("window")]
@@ -80,8 +82,7 @@ def summarize_producer(lines: list[dict]) -> str:  # type: ignore[type-arg]
     out.append(f"circuit opened in {opened} of {len(single)} schedules that faulted one broker at a time")
     for r in single:
         if r.get("circuit_opens"):
-            faults = "; ".join(f"{f['kind']} broker {f['broker']} at {f['at']} s for {f['seconds']} s"
-                               for f in r["schedule"])
+            faults = "; ".join(str(Fault(**f)) for f in r["schedule"])
             why = "; ".join(r.get("circuit_reasons", [])) or "reason not recorded"
             out.append(f"  opened under [{faults}] {r['setup']}: {why}")
     return "\n".join(out)
