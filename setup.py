@@ -13,9 +13,9 @@ from setuptools import setup
 
 #: The modules on fallback mode's produce() happy path, compiled together (one place).
 COMPILED_MODULES = [
-    "outbox/producer.py",
-    "outbox/admission.py",
-    "outbox/firstsend.py",
+    "outbox/producer/resilient.py",
+    "outbox/producer/admission.py",
+    "outbox/producer/firstsend.py",
     "outbox/payload.py",
 ]
 

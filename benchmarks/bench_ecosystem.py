@@ -77,7 +77,7 @@ def child(variant: str, p: dict[str, Any]) -> dict[str, Any]:
     scrapes = 0
     stop = threading.Event()
     if variant == "async":
-        from outbox.aio import AsyncResilientProducer
+        from outbox.producer.aio import AsyncResilientProducer
 
         async def run() -> tuple[float, float]:
             ap = AsyncResilientProducer(config, outbox=outbox)

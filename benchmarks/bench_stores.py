@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from outbox.records import NewMessage  # noqa: E402
 from outbox.stores.base import Outbox  # noqa: E402
 from outbox.stores.sqlite import SQLiteOutbox  # noqa: E402
-from outbox.urls import parse_url  # noqa: E402
+from outbox.stores.urls import parse_url  # noqa: E402
 
 
 def messages(n: int) -> list[NewMessage]:

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import httpx
 
-from outbox.filters import error_filter, parse_time
 from outbox.records import DeadLetterFilter, NewMessage
 from outbox.stores import Outbox, SQLiteOutbox
-from outbox.urls import parse_url
+from outbox.stores.filters import error_filter, parse_time
+from outbox.stores.urls import parse_url
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = 10_000

@@ -33,9 +33,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from outbox import SQLiteOutbox  # noqa: E402
-from outbox.codec import decode_headers, encode_headers  # noqa: E402
 from outbox.records import NewMessage, Status  # noqa: E402
 from outbox.stores.base import COLUMNS, Settlement, insert_values  # noqa: E402
+from outbox.stores.codec import decode_headers, encode_headers  # noqa: E402
 from outbox.stores.sqlite import INSERT_SQL  # noqa: E402
 
 BATCH = 5000

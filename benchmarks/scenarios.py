@@ -359,9 +359,9 @@ def resilient(p: Params) -> Result:
 def _build() -> str:
     """Which build of produce()'s modules this child runs: "compiled" (mypyc's C extensions,
     `make bench`) or "pure" (Python)."""
-    import outbox.producer
+    import outbox.producer.resilient
 
-    return "pure" if (outbox.producer.__file__ or "").endswith(".py") else "compiled"
+    return "pure" if (outbox.producer.resilient.__file__ or "").endswith(".py") else "compiled"
 
 
 # -- 5. the naive durable approach -----------------------------------------------------------
@@ -382,7 +382,7 @@ def naive(p: Params) -> Result:
     Deliveries are deleted in one transaction per 1,000 messages — kinder to the naive
     approach than one DELETE transaction per message, so the speed-up we report is a floor.
     """
-    from outbox.codec import encode_headers
+    from outbox.stores.codec import encode_headers
     from outbox.stores.sqlite import SQLiteOutbox
 
     n, topic, every = int(p["n"]), p["topic"], int(p["sample"])
@@ -821,7 +821,7 @@ def loop_lag(p: Params) -> Result:
     """
     import asyncio
 
-    from outbox.aio import AsyncResilientProducer
+    from outbox.producer.aio import AsyncResilientProducer
 
     topic, rate, nkeys = p["topic"], float(p["rate"]), int(p.get("keys", 100))
     max_wait, tail = float(p["max_wait"]), float(p.get("tail", 2.0))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from outbox.backlog import Backlog, OwnerLeases
-from outbox.owners import Liveness, describe_owner
+from outbox.drain.backlog import Backlog, OwnerLeases
+from outbox.stores.owners import Liveness, describe_owner
 
 from . import format as fmt
 

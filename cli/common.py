@@ -19,9 +19,9 @@ from confluent_kafka import KafkaError, KafkaException
 
 from outbox import exitcodes
 from outbox.errors import ConfigError, KafkaUnavailableError, MissingDependencyError, OutboxError
-from outbox.filters import parse_time
 from outbox.stores import Outbox, open_outbox
-from outbox.urls import StoreURL, parse_url
+from outbox.stores.filters import parse_time
+from outbox.stores.urls import StoreURL, parse_url
 
 from .format import dumps
 

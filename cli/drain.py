@@ -1,6 +1,6 @@
 """`outbox drain`: deliver an outbox's due messages by hand (after an outage, or as a service).
 
-The work is done by `outbox.drain.Drainer`, the same code the SDK's background drainer runs:
+The work is done by `outbox.drain.workers.Drainer`, the same code the SDK's background drainer runs:
 rows are claimed with a lease, sent, and deleted only once Kafka acknowledged them, so this
 command can run beside a live application on the same outbox.
 
@@ -25,7 +25,7 @@ from typing import Any
 import click
 from confluent_kafka import KafkaError, KafkaException
 
-from outbox.drain import Drainer, DrainResult
+from outbox.drain.workers import Drainer, DrainResult
 from outbox.errors import KafkaUnavailableError
 from outbox.retry import RetryPolicy
 from outbox.stores import Outbox

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from outbox.urls import StoreURL
+from outbox.stores.urls import StoreURL
 
 from . import backlog
 from . import format as fmt

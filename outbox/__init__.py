@@ -9,11 +9,16 @@ and the application's recovery callback is called.
 
 import logging
 
-from .aio import AsyncResilientProducer
-from .circuit import CircuitBreaker, CircuitState
-from .consumer import AsyncResilientConsumer, Ignore, MainTopicCircuit, ResilientConsumer, RetryInPlace, RetryTopics
-from .drain import Drainer, DrainResult
-from .errors import (
+from outbox.consumer import (
+    AsyncResilientConsumer,
+    Ignore,
+    MainTopicCircuit,
+    ResilientConsumer,
+    RetryInPlace,
+    RetryTopics,
+)
+from outbox.drain.workers import Drainer, DrainResult
+from outbox.errors import (
     ConfigError,
     KafkaDeliveryError,
     KafkaUnavailableError,
@@ -23,13 +28,15 @@ from .errors import (
     StoreNotFoundError,
     UnknownMessageError,
 )
-from .events import Listener
-from .headers import ATTEMPT_HEADER, FIRST_FAILED_HEADER, ID_HEADER, LAST_ERROR_HEADER
-from .producer import PRODUCER_DEFAULTS, ResilientProducer
-from .records import DeadLetter, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
-from .retry import Disposition, RetryPolicy
-from .stores import MemoryOutbox, Outbox, SQLiteOutbox, open_outbox
-from .urls import StoreURL, parse_url
+from outbox.events import Listener
+from outbox.headers import ATTEMPT_HEADER, FIRST_FAILED_HEADER, ID_HEADER, LAST_ERROR_HEADER
+from outbox.producer.aio import AsyncResilientProducer
+from outbox.producer.circuit import CircuitBreaker, CircuitState
+from outbox.producer.resilient import PRODUCER_DEFAULTS, ResilientProducer
+from outbox.records import DeadLetter, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from outbox.retry import Disposition, RetryPolicy
+from outbox.stores import MemoryOutbox, Outbox, SQLiteOutbox, open_outbox
+from outbox.stores.urls import StoreURL, parse_url
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,7 @@ A message's cost is its value, key and headers plus what Python spends around th
 commit has ended (or the gate handed it to librdkafka).
 
 librdkafka's own queue is bounded separately (`queue.buffering.*`, set from the budget in
-`outbox.link.queue_limits`). What it hands back when sends fail is stored by the delivery
+`outbox.producer.link.queue_limits`). What it hands back when sends fail is stored by the delivery
 thread, which never waits; application threads therefore wait at `admit`, below `limit`, and
 leave the difference (`reserve`) for those messages.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from .records import NewMessage
+from outbox.records import NewMessage
 
 #: The default budget: 16 MiB. Measured (150,000 x 4 KiB into an outbox, brokers down, two
 #: drain threads): peak RSS 134 MB with it, 153-158 MB with 32 MiB, 171 MB with 64 MiB, and the

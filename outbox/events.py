@@ -20,7 +20,7 @@ its first try makes none (its `on_delivery` says so). Each runs on the thread th
 
 A listener that raises never stops the thread that told it: the exception is logged, counted in
 `stats()["callback_errors"]` and raised again by the application's next `poll()` / `flush()`
-(`outbox.served`); the event still reaches every other listener.
+(`outbox.producer.served`); the event still reaches every other listener.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .headers import ID_HEADER
-from .records import Headers, NewMessage, OutboxMessage
+from outbox.headers import ID_HEADER
+from outbox.records import Headers, NewMessage, OutboxMessage
 
 if TYPE_CHECKING:
-    from .records import DeadLetter
+    from outbox.records import DeadLetter
 
 __all__ = ["EVENTS", "Committed", "Drained", "Events", "Listener", "Rows"]
 

@@ -7,8 +7,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .records import Headers
-from .tally import Tally
+from outbox.records import Headers
+from outbox.tally import Tally
 
 ID_HEADER = "outbox-id"  # stable unique id, set at produce(): consumers dedup on it
 ATTEMPT_HEADER = "outbox-attempt"  # 1-based number of this send, on re-sends from the outbox

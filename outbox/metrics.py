@@ -42,12 +42,12 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("outbox.metrics needs prometheus-client: pip install 'kafka-outbox[metrics]'") from exc
 
-from .circuit import CircuitState
-from .consumer import ResilientConsumer
-from .errors import StoreError
-from .producer import ResilientProducer
-from .records import StoreStats
-from .stores import Outbox
+from outbox.consumer import ResilientConsumer
+from outbox.errors import StoreError
+from outbox.producer.circuit import CircuitState
+from outbox.producer.resilient import ResilientProducer
+from outbox.records import StoreStats
+from outbox.stores import Outbox
 
 log = logging.getLogger(__name__)
 

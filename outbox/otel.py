@@ -50,14 +50,14 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from confluent_kafka import Message
 
-from .aio import AsyncResilientProducer
-from .consumer import AsyncResilientConsumer, ResilientConsumer
-from .consumer import headers as consumer_headers
-from .drain import Drainer
-from .events import Committed, Drained, Listener
-from .headers import ID_HEADER
-from .producer import HookedHeaders, ResilientProducer
-from .records import DeadLetter, OutboxMessage
+from outbox.consumer import AsyncResilientConsumer, ResilientConsumer
+from outbox.consumer import headers as consumer_headers
+from outbox.drain.workers import Drainer
+from outbox.events import Committed, Drained, Listener
+from outbox.headers import ID_HEADER
+from outbox.producer.aio import AsyncResilientProducer
+from outbox.producer.resilient import HookedHeaders, ResilientProducer
+from outbox.records import DeadLetter, OutboxMessage
 
 __all__ = ["TRACE_HEADERS", "instrument", "message_context"]
 

@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError
-from .records import Headers
+from outbox.errors import ConfigError
+from outbox.records import Headers
 
 #: Kafka's longest topic name.
 MAX_TOPIC_LENGTH = 249

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
-from .errors import ConfigError
+from outbox.errors import ConfigError
 
 E = KafkaError
 
@@ -173,7 +173,7 @@ class RetryPolicy:
     Args:
         max_attempts: total failed sends after which the message is dead-lettered (default 3).
             A re-send that failed for want of a cluster while no broker answered at all is
-            not counted (`outbox.settle`): an outage does not dead-letter messages.
+            not counted (`outbox.drain.settle`): an outage does not dead-letter messages.
         backoff: "fixed" (every retry `initial_delay` later) or "exponential".
         initial_delay: seconds before the first retry (default 3.0).
         multiplier: growth factor of each exponential step.

@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .errors import ConfigError
-from .records import NewMessage
-from .stores import Outbox
+from outbox.errors import ConfigError
+from outbox.records import NewMessage
+from outbox.stores import Outbox
 
 
 def dbapi_connection(transaction: Any) -> Any:

@@ -33,7 +33,7 @@ Running on a cluster:
       (`pip install kafka-outbox[spark,postgres]`), on every node. For local masters the
       command-line entry points set it to the current interpreter when it is unset.
     * The outbox URL (password included) is shipped to the executors so they can mark rows;
-      it is never logged or printed (`outbox.urls.StoreURL.redacted`).
+      it is never logged or printed (`outbox.stores.urls.StoreURL.redacted`).
 
 Guarantees:
     * A row is deleted only after Kafka acknowledged it: each executor collects the acknowledged

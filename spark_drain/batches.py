@@ -7,7 +7,7 @@ Arrow-converted rows. Python touches a message twice: once to explode a group ro
 store groups rows) and once to send it.
 
 Columns of a message batch (`MESSAGES`), as `outbox.stores.bulk.BulkRead.rows` reads a
-one-message row: headers stay encoded (`outbox.codec`) until the sender decodes them. Messages of
+one-message row: headers stay encoded (`outbox.stores.codec`) until the sender decodes them. Messages of
 a grouped store also say which row they were read from (`GROUPED_MESSAGES`: `grp`, the row's id,
 and `grp_n`, its messages), so that a group is settled whole (`spark_drain.send`).
 """
@@ -18,18 +18,18 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from outbox.codec import decode_headers
 from outbox.headers import ID_HEADER, resent_once
 from outbox.stores import grouped
 from outbox.stores.bulk import BulkMessage
 from outbox.stores.claimed import LazyClaim, Resend
+from outbox.stores.codec import decode_headers
 from outbox.stores.keyrule import waits
 
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-#: A message row, in `BulkMessage` order (Spark DDL). `headers` is `outbox.codec`-encoded, and
+#: A message row, in `BulkMessage` order (Spark DDL). `headers` is `outbox.stores.codec`-encoded, and
 #: empty (never null) for the common message's `outbox-id` header alone, its value the msg_id:
 #: neither encoded nor decoded per message.
 MESSAGES = (
@@ -118,7 +118,7 @@ class MessageChunk(LazyClaim[BulkMessage]):
     Why: a send task re-sends every message once and settles a healthy chunk by id alone, so it
     needs no `BulkMessage` for most: `resends()` gives the common message's re-send straight from
     the columns (`outbox-id` header alone, never failed), and a message is made only when one is
-    read (a chunk with failures, `outbox.sendloop.SendLoop.decide`).
+    read (a chunk with failures, `outbox.drain.sendloop.SendLoop.decide`).
     """
 
     __slots__ = ("cols", "id_array", "groups", "sizes")

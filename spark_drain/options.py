@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from outbox.errors import ConfigError
-from outbox.jars import JDBC
-from outbox.urls import StoreURL, parse_url
+from outbox.stores.urls import StoreURL, parse_url
+from spark_drain.jars import JDBC
 
 #: Producer settings the job uses unless `-X` overrides them; the same as the SDK's drain
 #: (idempotent + acks=all: resends inside one producer neither reorder nor duplicate; a 30 s
 #: message timeout so a dead cluster turns into retriable failures quickly, not after 300 s).
-#: The executors' `SendLoop` lingers at least `outbox.sendloop.RESEND_MIN_LINGER_MS`, as the SDK's.
+#: The executors' `SendLoop` lingers at least `outbox.drain.sendloop.RESEND_MIN_LINGER_MS`, as the SDK's.
 PRODUCER_DEFAULTS: dict[str, str] = {
     "enable.idempotence": "true",
     "acks": "all",
@@ -47,7 +47,7 @@ class JobOptions:
         check_timeout: seconds the pre-flight checks wait for the outbox and the cluster.
         master: Spark master when the job builds its own session (`python -m spark_drain`).
         jars: JDBC driver jar(s) when the job builds its own session; default: the URL's pinned
-            driver (`outbox.jars.cached_jdbc_jar`: the Maven-fetched copy, else Debian's).
+            driver (`spark_drain.jars.cached_jdbc_jar`: the Maven-fetched copy, else Debian's).
     """
 
     outbox: str

@@ -16,7 +16,7 @@ from outbox.errors import ConfigError
 from outbox.logs import redact_in_logs
 from outbox.stores.bulk import BulkRead, explode_keys
 from outbox.stores.keyrule import first_blockers
-from outbox.urls import StoreURL
+from outbox.stores.urls import StoreURL
 
 
 def default_jars(url: StoreURL) -> str:
@@ -28,7 +28,7 @@ def default_jars(url: StoreURL) -> str:
     Raises:
         ConfigError: Neither is there.
     """
-    from outbox.jars import cached_jdbc_jar
+    from spark_drain.jars import cached_jdbc_jar
 
     jar = cached_jdbc_jar(url.kind)
     if jar is None:

@@ -15,7 +15,7 @@ Safety rules:
     * anything not acknowledged by the end stays pending. A retried Spark task may re-send rows
       that were delivered but not yet marked: duplicates are possible, losses are not.
 
-The send-and-settle logic is the SDK's own (`outbox.sendloop.SendLoop`, `outbox.settle`): rows
+The send-and-settle logic is the SDK's own (`outbox.drain.sendloop.SendLoop`, `outbox.drain.settle`): rows
 are sent in chunks of `mark_batch` (at most one Arrow batch, `spark.sql.execution.arrow.maxRecordsPerBatch`),
 and each chunk's decisions are applied in one transaction; a healthy chunk is settled by id alone.
 
@@ -37,9 +37,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from outbox.drain.sendloop import SendLoop
+from outbox.drain.settle import Verdict, add_to
 from outbox.retry import RetryPolicy
-from outbox.sendloop import SendLoop
-from outbox.settle import Verdict, add_to
 from outbox.stores import open_outbox
 from outbox.stores.base import Outbox, Settlement
 from spark_drain.batches import COUNT_NAMES, MessageChunk, chunks

@@ -7,10 +7,10 @@ import sqlite3
 import struct
 from collections.abc import Sequence
 
-from outbox.codec import encode_headers
 from outbox.records import NewMessage
 from outbox.stores import grouped
 from outbox.stores import sqlite_schema as sqlite_store
+from outbox.stores.codec import encode_headers
 
 #: The head of a message in a group body at version 5, and today's (timestamp last).
 _V5_HEAD = struct.Struct(">iiiiHhiiiBdd")

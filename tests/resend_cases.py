@@ -1,5 +1,5 @@
 """Stored messages off a drain's common path (the `outbox-id` header alone, never failed), shared by
-the tests that check a store's or a reader's re-sends against `outbox.sendloop.resend`."""
+the tests that check a store's or a reader's re-sends against `outbox.drain.sendloop.resend`."""
 
 from __future__ import annotations
 

@@ -3,13 +3,13 @@
     from outbox import ResilientConsumer, RetryTopics, RetryInPlace, Ignore
 """
 
-from .aio import AsyncResilientConsumer
-from .circuit import MainTopicCircuit
-from .consumer import CONSUMER_DEFAULTS, ResilientConsumer
-from .deadletters import DEAD_LETTER_MODES
-from .redrive import RedriveResult, redrive_topic
-from .strategies import Ignore, RetryInPlace, RetryTopics, Strategy
-from .tiers import Ladder, dlq_name, retry_tier_name
+from outbox.consumer.aio import AsyncResilientConsumer
+from outbox.consumer.circuit import MainTopicCircuit
+from outbox.consumer.consumer import CONSUMER_DEFAULTS, ResilientConsumer
+from outbox.consumer.deadletters import DEAD_LETTER_MODES
+from outbox.consumer.redrive import RedriveResult, redrive_topic
+from outbox.consumer.strategies import Ignore, RetryInPlace, RetryTopics, Strategy
+from outbox.consumer.tiers import Ladder, dlq_name, retry_tier_name
 
 __all__ = [
     "AsyncResilientConsumer",

@@ -25,8 +25,8 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from ..errors import ConfigError
-from .consumer import ResilientConsumer, is_async_callable
+from outbox.consumer.consumer import ResilientConsumer, is_async_callable
+from outbox.errors import ConfigError
 
 AsyncHandler = Callable[[Message], Awaitable[Any]]
 

@@ -15,8 +15,8 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
-from ..circuit import CircuitState
-from ..errors import ConfigError
+from outbox.errors import ConfigError
+from outbox.producer.circuit import CircuitState
 
 __all__ = ["CircuitState", "MainTopicBreaker", "MainTopicCircuit"]
 
@@ -53,7 +53,7 @@ class MainTopicCircuit:
 
 class MainTopicBreaker:
     """The main topic's circuit, as a state machine (pure: the caller passes the time). The
-    producer's `outbox.circuit.CircuitBreaker` guards the cluster; this one the handler's
+    producer's `outbox.producer.circuit.CircuitBreaker` guards the cluster; this one the handler's
     downstream. They share `CircuitState`."""
 
     def __init__(self, policy: MainTopicCircuit) -> None:

@@ -32,23 +32,23 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from ..errors import ConfigError, KafkaDeliveryError
-from ..headers import IdGenerator
-from ..logs import with_librdkafka_log
-from ..producer import ResilientProducer
-from ..records import DeadLetter, Headers
-from ..retry import RetryPolicy
-from ..stores import Outbox, open_outbox
-from .circuit import CircuitState, MainTopicBreaker, MainTopicCircuit
-from .deadletters import DeadLetters, check_mode
-from .headers import due_at, failure_headers, ladder_position, record_timestamp
-from .inbox import DEFAULT_WINDOW, Inbox, InboxCommitFailed, takes_transaction
-from .inplace import InPlace, decode
-from .offsets import OffsetTracker
-from .ordering import KeyOrder, scan_ladder
-from .scheduler import PauseScheduler
-from .strategies import Ignore, RetryInPlace, RetryTopics, Strategy, check_strategy
-from .tiers import Ladder, Place, client_config, ensure_tiers
+from outbox.consumer.circuit import CircuitState, MainTopicBreaker, MainTopicCircuit
+from outbox.consumer.deadletters import DeadLetters, check_mode
+from outbox.consumer.headers import due_at, failure_headers, ladder_position, record_timestamp
+from outbox.consumer.inbox import DEFAULT_WINDOW, Inbox, InboxCommitFailed, takes_transaction
+from outbox.consumer.inplace import InPlace, decode
+from outbox.consumer.offsets import OffsetTracker
+from outbox.consumer.ordering import KeyOrder, scan_ladder
+from outbox.consumer.scheduler import PauseScheduler
+from outbox.consumer.strategies import Ignore, RetryInPlace, RetryTopics, Strategy, check_strategy
+from outbox.consumer.tiers import Ladder, Place, client_config, ensure_tiers
+from outbox.errors import ConfigError, KafkaDeliveryError
+from outbox.headers import IdGenerator
+from outbox.logs import with_librdkafka_log
+from outbox.producer.resilient import ResilientProducer
+from outbox.records import DeadLetter, Headers
+from outbox.retry import RetryPolicy
+from outbox.stores import Outbox, open_outbox
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 from confluent_kafka import Message
 
-from ..errors import ConfigError
-from ..records import DeadLetter, Headers, NewMessage
-from ..stores import Outbox
-from .headers import Origin, cap_utf8, error_class, record_timestamp
+from outbox.consumer.headers import Origin, cap_utf8, error_class, record_timestamp
+from outbox.errors import ConfigError
+from outbox.records import DeadLetter, Headers, NewMessage
+from outbox.stores import Outbox
 
 log = logging.getLogger(__name__)
 

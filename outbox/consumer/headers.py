@@ -11,8 +11,8 @@ from typing import cast
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
-from ..headers import ATTEMPT_HEADER, FIRST_FAILED_HEADER, ID_HEADER, LAST_ERROR_HEADER, IdGenerator
-from ..records import Headers
+from outbox.headers import ATTEMPT_HEADER, FIRST_FAILED_HEADER, ID_HEADER, LAST_ERROR_HEADER, IdGenerator
+from outbox.records import Headers
 
 ORIGINAL_TOPIC = "outbox-original-topic"
 ORIGINAL_PARTITION = "outbox-original-partition"

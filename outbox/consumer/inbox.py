@@ -44,9 +44,9 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from ..errors import ConfigError, StoreError
-from ..headers import ID_HEADER
-from ..stores import Outbox
+from outbox.errors import ConfigError, StoreError
+from outbox.headers import ID_HEADER
+from outbox.stores import Outbox
 
 DEFAULT_WINDOW = 7 * 24 * 3600.0  #: seconds a mark is kept: a copy later than this is handled again
 _PRUNE_EVERY = 60.0

@@ -23,9 +23,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from ..logs import with_librdkafka_log
-from .headers import ladder_position
-from .tiers import Place
+from outbox.consumer.headers import ladder_position
+from outbox.consumer.tiers import Place
+from outbox.logs import with_librdkafka_log
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from ..errors import ConfigError, KafkaDeliveryError, KafkaUnavailableError
-from ..logs import with_librdkafka_log
-from .headers import DUE_AT, consumer_failure, headers_of, record_timestamp
-from .tiers import client_config, retry_tier_name
+from outbox.consumer.headers import DUE_AT, consumer_failure, headers_of, record_timestamp
+from outbox.consumer.tiers import client_config, retry_tier_name
+from outbox.errors import ConfigError, KafkaDeliveryError, KafkaUnavailableError
+from outbox.logs import with_librdkafka_log
 
 log = logging.getLogger(__name__)
 

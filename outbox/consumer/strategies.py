@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
-from ..retry import RetryPolicy
+from outbox.errors import ConfigError
+from outbox.retry import RetryPolicy
 
 #: Longest delay a tier may have: 7 days. Longer waits are better served by a scheduler.
 MAX_DELAY_SECONDS = 7 * 24 * 3600.0

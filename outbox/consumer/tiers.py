@@ -16,9 +16,9 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from ..errors import ConfigError, KafkaUnavailableError
-from ..logs import with_librdkafka_log
-from ..payload import MAX_TOPIC_LENGTH, topic_chars_ok
+from outbox.errors import ConfigError, KafkaUnavailableError
+from outbox.logs import with_librdkafka_log
+from outbox.payload import MAX_TOPIC_LENGTH, topic_chars_ok
 
 log = logging.getLogger(__name__)
 

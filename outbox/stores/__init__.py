@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ..urls import StoreURL, parse_url
-from .base import Capabilities, Failure, Outbox
-from .memory import MemoryOutbox, open_memory
-from .sqlite import SQLiteOutbox
+from outbox.stores.base import Capabilities, Failure, Outbox
+from outbox.stores.memory import MemoryOutbox, open_memory
+from outbox.stores.sqlite import SQLiteOutbox
+from outbox.stores.urls import StoreURL, parse_url
 
 __all__ = ["Capabilities", "Failure", "MemoryOutbox", "Outbox", "SQLiteOutbox", "open_outbox"]
 
@@ -17,7 +17,7 @@ def open_outbox(target: str | StoreURL | Outbox, *, create: bool = True) -> Outb
     """Open the store a URL names (or return an `Outbox` given as is).
 
     Args:
-        target: an outbox URL (see `outbox.urls`; `memory://NAME` opens this process's memory
+        target: an outbox URL (see `outbox.stores.urls`; `memory://NAME` opens this process's memory
             store of that name, `outbox.stores.memory`), a parsed `StoreURL`, or a store instance.
         create: create a missing SQLite file / missing PostgreSQL schema objects. The CLI passes
             False so that a mistyped path is reported instead of silently creating a new outbox.
@@ -29,6 +29,6 @@ def open_outbox(target: str | StoreURL | Outbox, *, create: bool = True) -> Outb
     url = target if isinstance(target, StoreURL) else parse_url(target)
     if url.kind == "sqlite":
         return SQLiteOutbox(url.path, create=create)
-    from .postgres import PostgresOutbox  # psycopg is an optional extra
+    from outbox.stores.postgres import PostgresOutbox  # psycopg is an optional extra
 
     return PostgresOutbox(url, create=create)

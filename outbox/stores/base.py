@@ -17,12 +17,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backlog import Backlog
-from ..codec import decode_headers, encode_headers
-from ..errors import ConfigError
-from ..owners import Liveness
-from ..records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
-from .bulk import BulkRead
+from outbox.drain.backlog import Backlog
+from outbox.errors import ConfigError
+from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from outbox.stores.bulk import BulkRead
+from outbox.stores.codec import decode_headers, encode_headers
+from outbox.stores.owners import Liveness
 
 #: The row columns every backend selects, in the order `row_from_columns` reads them.
 COLUMNS = (
@@ -173,7 +173,7 @@ class Failure:
 class Settlement:
     """The decisions about one batch of sent rows, applied by `Outbox.apply` in one transaction.
 
-    Built by `outbox.settle.Settler` from `settle()` decisions; rows that must be re-sent alone
+    Built by `outbox.drain.settle.Settler` from `settle()` decisions; rows that must be re-sent alone
     are not here (they are sent again before the batch is settled).
     """
 
@@ -375,7 +375,7 @@ class MessageStore(abc.ABC):
     def close(self) -> None:
         """Release connections. Idempotent."""
 
-    # -- lease owners (see outbox.owners for the rule) -----------------------------------------
+    # -- lease owners (see outbox.stores.owners for the rule) -----------------------------------------
 
     def release_gone_owners(self, *, now: float) -> int:
         """Give back, due now, the leases of owners known to be gone; return how many rows.
@@ -444,7 +444,7 @@ class StoreAdmin(abc.ABC):
     @abc.abstractmethod
     def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
         """What is left (of one topic, or all) and why: due now, backing off, leased by whom (alive or gone), waiting
-        behind which owner's rows, dead-lettered (`outbox.backlog`). One full read of the table:
+        behind which owner's rows, dead-lettered (`outbox.drain.backlog`). One full read of the table:
         for operators and the CLI, not for hot paths."""
 
 

@@ -18,10 +18,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..codec import decode_headers
-from ..errors import ConfigError
-from ..records import Headers, Status
-from . import grouped
+from outbox.errors import ConfigError
+from outbox.records import Headers, Status
+from outbox.stores import grouped
+from outbox.stores.codec import decode_headers
 
 #: What a reader needs of a row, in `BulkMessage` order (`partition` is a keyword in both databases).
 MESSAGE_COLUMNS = (
@@ -31,7 +31,7 @@ MESSAGE_COLUMNS = (
 
 
 class BulkMessage(NamedTuple):
-    """One message of a bulk read, as a re-sender sends it (`outbox.sendloop.Stored`)."""
+    """One message of a bulk read, as a re-sender sends it (`outbox.drain.sendloop.Stored`)."""
 
     id: int
     msg_id: str

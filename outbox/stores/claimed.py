@@ -12,10 +12,10 @@ import abc
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar, overload
 
-from ..records import Headers, OutboxMessage
+from outbox.records import Headers, OutboxMessage
 
 #: A stored message as a re-send produces it: topic, value, key, partition, record timestamp (ms,
-#: 0: now) and the re-send's headers (`outbox.headers.for_resend`). `outbox.sendloop` makes one
+#: 0: now) and the re-send's headers (`outbox.headers.for_resend`). `outbox.drain.sendloop` makes one
 #: for each message it sends.
 Resend = tuple[str, bytes | None, bytes | None, int, int, Headers]
 

@@ -36,10 +36,10 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from ..codec import TEXTS, decode_headers, encode_headers, text, utf8
-from ..headers import FIRST_ATTEMPT, ID_HEADER, for_resend, resent_once
-from ..records import Headers, NewMessage, OutboxMessage, Status
-from .claimed import LazyClaim, Resend
+from outbox.headers import FIRST_ATTEMPT, ID_HEADER, for_resend, resent_once
+from outbox.records import Headers, NewMessage, OutboxMessage, Status
+from outbox.stores.claimed import LazyClaim, Resend
+from outbox.stores.codec import TEXTS, decode_headers, encode_headers, text, utf8
 
 #: A batch (of one topic) this long or longer is stored as groups; shorter ones as single rows.
 GROUP_MIN = 16
@@ -159,7 +159,7 @@ ID_ALONE_HEADERS = b""
 
 def columns_of(body: bytes, group_id: int) -> tuple[list[Any], ...]:
     """A group's messages as columns, for a bulk reader that hands them on as arrays (the Spark
-    job, `spark_drain.batches`): ids, msg_ids, keys, values, encoded headers (`outbox.codec`;
+    job, `spark_drain.batches`): ids, msg_ids, keys, values, encoded headers (`outbox.stores.codec`;
     `ID_ALONE_HEADERS` for the common message), partitions, attempts, first_failed_at,
     last_error and record timestamps.
 
@@ -215,7 +215,7 @@ def resends_of(body: bytes, topic: str) -> Iterator[Resend]:
     it needs no `OutboxMessage` for it. Building one (`messages_of`, with its msg_id decoded) and
     then its re-send headers from it cost about 1.1 of a drained message's ~4 µs of CPU. The
     common message (stored with the `outbox-id` header alone, never failed) gets its headers here;
-    any other gets `for_resend`'s, as `outbox.sendloop.resend_headers` would give them.
+    any other gets `for_resend`'s, as `outbox.drain.sendloop.resend_headers` would give them.
     """
     pos, end, size, unpack = 0, len(body), _RESEND_HEAD.size, _RESEND_HEAD.unpack_from
     id_name, first_attempt = ID_HEADER, FIRST_ATTEMPT

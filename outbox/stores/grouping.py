@@ -4,7 +4,7 @@ A pending batch of `grouped.GROUP_MIN` or more messages becomes group rows
 (`outbox.stores.grouped`): each run of one topic, up to `grouped.GROUP_MAX` messages a row; a run
 shorter than `GROUP_MIN`, and any other batch (dead letters), one row per message. Rows born
 leased (write-ahead) are grouped too: the writer hands their deliveries back per batch
-(`outbox.writeahead`), so a group is deleted whole.
+(`outbox.producer.writeahead`), so a group is deleted whole.
 
 The encoding is done here, before a store takes its write lock or opens its transaction: it is
 per-message work, and under the lock it held up every other writer.
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..records import NewMessage, Status
-from . import grouped
-from .base import insert_values
+from outbox.records import NewMessage, Status
+from outbox.stores import grouped
+from outbox.stores.base import insert_values
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,12 +17,30 @@ import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 
-from ..backlog import BACKING_OFF, DEAD, DUE, LEASED, WAITING_BACKOFF, WAITING_LEASE, Backlog, backlog_from_rows
-from ..codec import decode_headers, encode_headers
-from ..errors import UnknownMessageError
-from ..records import AuditEntry, DeadLetterFilter, Headers, NewMessage, OutboxMessage, Status, StoreStats
-from . import keyrule
-from .base import Applied, Capabilities, Failure, Outbox, Settlement, group_header, insert_values, row_from_columns
+from outbox.drain.backlog import (
+    BACKING_OFF,
+    DEAD,
+    DUE,
+    LEASED,
+    WAITING_BACKOFF,
+    WAITING_LEASE,
+    Backlog,
+    backlog_from_rows,
+)
+from outbox.errors import UnknownMessageError
+from outbox.records import AuditEntry, DeadLetterFilter, Headers, NewMessage, OutboxMessage, Status, StoreStats
+from outbox.stores import keyrule
+from outbox.stores.base import (
+    Applied,
+    Capabilities,
+    Failure,
+    Outbox,
+    Settlement,
+    group_header,
+    insert_values,
+    row_from_columns,
+)
+from outbox.stores.codec import decode_headers, encode_headers
 
 __all__ = ["MemoryOutbox", "open_memory"]
 
@@ -323,7 +341,7 @@ class MemoryOutbox(Outbox):
         )
 
     def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
-        """`outbox.backlog.backlog_sql`'s states, computed in Python."""
+        """`outbox.drain.backlog.backlog_sql`'s states, computed in Python."""
         with self._lock:
             rows = list(self._rows.values())
             owners = dict(self._owners)

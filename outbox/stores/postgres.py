@@ -2,7 +2,7 @@
 
 Same contract and column meanings as `SQLiteOutbox` (see `outbox.stores.base`): statuses are
 small integers, times are epoch seconds in `double precision`, key/value/headers are opaque
-`bytea` (headers in `outbox.codec`'s layout), and a lease is `lease_owner` plus
+`bytea` (headers in `outbox.stores.codec`'s layout), and a lease is `lease_owner` plus
 `next_attempt_at` pushed to the lease's expiry.
 
 The due index covers `ready_at`, not `next_attempt_at` (schema version 5): "due when, leases
@@ -62,11 +62,10 @@ import time
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, StoreError
-from ..owners import Liveness, describe_owner, local_liveness, parse_owner
-from ..records import DeadLetterFilter, NewMessage, OutboxMessage, Status
-from . import grouped
-from .base import (
+from outbox.errors import ConfigError, StoreError
+from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
+from outbox.stores import grouped
+from outbox.stores.base import (
     COLUMNS,
     INSERT_COLUMNS,
     Applied,
@@ -77,14 +76,15 @@ from .base import (
     insert_values,
     row_from_columns,
 )
-from .grouping import NewGroup, prepare
-from .postgres_claim import ClaimedRows, Row, message_of
-from .postgres_schema import NEXT_DUE_SQL, SCHEMA_VERSION
+from outbox.stores.grouping import NewGroup, prepare
+from outbox.stores.owners import Liveness, describe_owner, local_liveness, parse_owner
+from outbox.stores.postgres_claim import ClaimedRows, Row, message_of
+from outbox.stores.postgres_schema import NEXT_DUE_SQL, SCHEMA_VERSION
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
     import psycopg
-from .bulk import BulkRead
-from .postgres_admin import PostgresAdmin
+from outbox.stores.bulk import BulkRead
+from outbox.stores.postgres_admin import PostgresAdmin
 
 __all__ = ["SCHEMA_VERSION", "PostgresOutbox"]
 
@@ -160,7 +160,7 @@ class PostgresOutbox(PostgresAdmin, Outbox):
     """The fleet outbox store, in one PostgreSQL table.
 
     Args:
-        url: the parsed URL (`outbox.urls.parse_url`); its `schema` and `table` name the table.
+        url: the parsed URL (`outbox.stores.urls.parse_url`); its `schema` and `table` name the table.
         create: create the schema, the table and its indexes if missing. With False a missing
             table raises `StoreNotFoundError` (the CLI's choice: a typo is not a new outbox).
         pool_size: most connections this store opens (threads of one process share them).
@@ -876,8 +876,8 @@ class PostgresOutbox(PostgresAdmin, Outbox):
     def owner_liveness(self, owners: Sequence[str]) -> dict[str, Liveness]:
         """Alive, gone or unknown, for each lease owner.
 
-        An owner of this host is judged by its process (`outbox.owners.local_liveness`);
-        otherwise an owner named by `outbox.owners.new_owner` is alive while its advisory lock
+        An owner of this host is judged by its process (`outbox.stores.owners.local_liveness`);
+        otherwise an owner named by `outbox.stores.owners.new_owner` is alive while its advisory lock
         is held, and gone when it is free. Other names are unknown (their leases expire).
         """
         out: dict[str, Liveness] = {}

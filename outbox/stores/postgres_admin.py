@@ -5,22 +5,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..backlog import Backlog, backlog_from_rows, backlog_sql
-from ..codec import encode_headers
-from ..errors import UnknownMessageError
-from ..records import AuditEntry, DeadLetterFilter, OutboxMessage, Status, StoreStats
-from . import grouped
-from .base import (
+from outbox.drain.backlog import Backlog, backlog_from_rows, backlog_sql
+from outbox.errors import UnknownMessageError
+from outbox.records import AuditEntry, DeadLetterFilter, OutboxMessage, Status, StoreStats
+from outbox.stores import grouped
+from outbox.stores.base import (
     COLUMNS,
     StoreAdmin,
     dead_letter_where,
     row_from_columns,
 )
+from outbox.stores.codec import encode_headers
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
     pass
-from .postgres_conn import PostgresConnection
-from .postgres_schema import NEXT_DUE_SQL
+from outbox.stores.postgres_conn import PostgresConnection
+from outbox.stores.postgres_schema import NEXT_DUE_SQL
 
 _ALL = DeadLetterFilter()  # the empty filter: every dead letter
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..codec import decode_headers, encode_headers
-from ..headers import FIRST_ATTEMPT, ID_HEADER, resent_once
-from ..records import OutboxMessage, Status
-from .claimed import LazyClaim, Resend
+from outbox.headers import FIRST_ATTEMPT, ID_HEADER, resent_once
+from outbox.records import OutboxMessage, Status
+from outbox.stores.claimed import LazyClaim, Resend
+from outbox.stores.codec import decode_headers, encode_headers
 
 #: A claimed row as selected with `COLUMNS` by a binary cursor (bytea as bytes).
 Row = tuple[Any, ...]
@@ -68,7 +68,7 @@ class ClaimedRows(LazyClaim[OutboxMessage]):
 
     def resends(self, resend: Callable[[OutboxMessage], Resend]) -> Iterator[Resend]:
         """The common row (the id header alone, never failed) gives its re-send here, as
-        `outbox.sendloop.resend_headers` would; any other row through `resend`."""
+        `outbox.drain.sendloop.resend_headers` would; any other row through `resend`."""
         head, n, name, first_attempt = _ID_HEAD, _ID_HEAD_LEN, ID_HEADER, FIRST_ATTEMPT
         for r in self._rows:
             h = r[5]

@@ -11,10 +11,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, MissingDependencyError, StoreError, StoreNotFoundError
-from ..owners import SweepSchedule
-from ..urls import StoreURL, parse_url
-from .postgres_schema import SCHEMA_VERSION, migrations
+from outbox.errors import ConfigError, MissingDependencyError, StoreError, StoreNotFoundError
+from outbox.stores.owners import SweepSchedule
+from outbox.stores.postgres_schema import SCHEMA_VERSION, migrations
+from outbox.stores.urls import StoreURL, parse_url
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
     import psycopg

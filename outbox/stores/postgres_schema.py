@@ -24,7 +24,7 @@ NEXT_DUE_SQL = (
 
 
 def migrations(schema: str, table: str) -> dict[int, list[str]]:
-    """Versioned DDL. Names are validated by `outbox.urls` (letters, digits, _) and quoted."""
+    """Versioned DDL. Names are validated by `outbox.stores.urls` (letters, digits, _) and quoted."""
     t = f'"{schema}"."{table}"'
     return {
         1: [

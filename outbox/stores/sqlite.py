@@ -23,11 +23,10 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from ..errors import ConfigError
-from ..owners import Liveness, describe_owner, local_liveness
-from ..records import NewMessage, OutboxMessage, Status
-from . import grouped
-from .base import (
+from outbox.errors import ConfigError
+from outbox.records import NewMessage, OutboxMessage, Status
+from outbox.stores import grouped
+from outbox.stores.base import (
     COLUMNS,
     INSERT_COLUMNS,
     Applied,
@@ -38,10 +37,11 @@ from .base import (
     insert_values,
     row_from_columns,
 )
-from .bulk import BulkRead
-from .grouping import NewGroup, Part, prepare
-from .sqlite_admin import SQLiteAdmin
-from .sqlite_schema import (
+from outbox.stores.bulk import BulkRead
+from outbox.stores.grouping import NewGroup, Part, prepare
+from outbox.stores.owners import Liveness, describe_owner, local_liveness
+from outbox.stores.sqlite_admin import SQLiteAdmin
+from outbox.stores.sqlite_schema import (
     BODY,
     CANDIDATE,
     GROUP,
@@ -435,7 +435,7 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         return kept
 
     def owner_liveness(self, owners: Sequence[str]) -> dict[str, Liveness]:
-        """Alive, gone or unknown, for each lease owner (`outbox.owners.local_liveness`)."""
+        """Alive, gone or unknown, for each lease owner (`outbox.stores.owners.local_liveness`)."""
         return {o: local_liveness(o) for o in owners}
 
     def release_gone_owners(self, *, now: float) -> int:
@@ -443,7 +443,7 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
 
         Claimers call it at their first claim and then now and then (`SweepSchedule`), so a drain
         started after a crash on this host takes over at once. Owners on other hosts, or whose
-        names are not `outbox.owners.new_owner`'s, keep their leases until they expire.
+        names are not `outbox.stores.owners.new_owner`'s, keep their leases until they expire.
         """
         started = time.monotonic()
         try:

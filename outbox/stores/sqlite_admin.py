@@ -6,19 +6,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..backlog import Backlog, backlog_from_rows, backlog_sql
-from ..codec import encode_headers
-from ..errors import UnknownMessageError
-from ..records import AuditEntry, DeadLetterFilter, OutboxMessage, StoreStats
-from . import grouped
-from .base import (
+from outbox.drain.backlog import Backlog, backlog_from_rows, backlog_sql
+from outbox.errors import UnknownMessageError
+from outbox.records import AuditEntry, DeadLetterFilter, OutboxMessage, StoreStats
+from outbox.stores import grouped
+from outbox.stores.base import (
     COLUMNS,
     StoreAdmin,
     dead_letter_where,
     row_from_columns,
 )
-from .sqlite_conn import SQLiteConnection
-from .sqlite_schema import (
+from outbox.stores.codec import encode_headers
+from outbox.stores.sqlite_conn import SQLiteConnection
+from outbox.stores.sqlite_schema import (
     GROUP,
     GROUPS,
 )

@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
 
-from ..errors import StoreError, StoreNotFoundError
-from ..owners import SweepSchedule
-from . import sqlite_file
-from .sqlite_schema import SCHEMA_VERSION, migrate_in
+from outbox.errors import StoreError, StoreNotFoundError
+from outbox.stores import sqlite_file
+from outbox.stores.owners import SweepSchedule
+from outbox.stores.sqlite_schema import SCHEMA_VERSION, migrate_in
 
 log = logging.getLogger("outbox.stores.sqlite")
 

@@ -9,8 +9,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import StoreError
-from .sqlite_schema import ALL_COLUMNS, ALL_PLACES, migrate_in
+from outbox.errors import StoreError
+from outbox.stores.sqlite_schema import ALL_COLUMNS, ALL_PLACES, migrate_in
 
 
 def create_file(path: str) -> None:

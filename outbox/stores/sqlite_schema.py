@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from . import grouped
-from .base import COLUMNS, INSERT_COLUMNS
+from outbox.stores import grouped
+from outbox.stores.base import COLUMNS, INSERT_COLUMNS
 
 SCHEMA_VERSION = 6
 

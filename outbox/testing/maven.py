@@ -19,7 +19,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from outbox.jars import JDBC, JDBC_DRIVER_JARS, MARKER, ArtifactSet, cached_jdbc_jar
+from spark_drain.jars import JDBC, JDBC_DRIVER_JARS, MARKER, ArtifactSet, cached_jdbc_jar
 
 __all__ = [
     "JDBC",

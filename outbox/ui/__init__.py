@@ -5,6 +5,6 @@ Needs the `ui` extra: ``pip install 'kafka-outbox[ui]'`` (FastAPI, Jinja2, uvico
 
 from __future__ import annotations
 
-from .app import create_app
+from outbox.ui.app import create_app
 
 __all__ = ["create_app"]

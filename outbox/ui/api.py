@@ -14,14 +14,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from ..consumer.redrive import redrive_topic
-from ..payload import topic_problem
-from . import present
-from .console import ConsoleDep
-from .errors import ConsoleError
-from .filters import FilterError, describe, parse_filter
-from .inputs import body_ids, headers_of, int_param, json_body, rate_of, value_of
-from .operations import check_ids, dead_page, overview, purge, redrive_edited
+from outbox.consumer.redrive import redrive_topic
+from outbox.payload import topic_problem
+from outbox.ui import present
+from outbox.ui.console import ConsoleDep
+from outbox.ui.errors import ConsoleError
+from outbox.ui.filters import FilterError, describe, parse_filter
+from outbox.ui.inputs import body_ids, headers_of, int_param, json_body, rate_of, value_of
+from outbox.ui.operations import check_ids, dead_page, overview, purge, redrive_edited
 
 router = APIRouter(prefix="/api", tags=["api"])
 

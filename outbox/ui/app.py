@@ -22,12 +22,12 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from ..stores import Outbox
-from . import api, errors, pages, security
-from .console import Console, templates
-from .guard import guard
-from .inputs import DEFAULT_RATE
-from .jobs import Jobs
+from outbox.stores import Outbox
+from outbox.ui import api, errors, pages, security
+from outbox.ui.console import Console, templates
+from outbox.ui.guard import guard
+from outbox.ui.inputs import DEFAULT_RATE
+from outbox.ui.jobs import Jobs
 
 
 def create_app(

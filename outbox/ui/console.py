@@ -15,9 +15,9 @@ from urllib.parse import urlencode
 from fastapi import Depends, Request
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ..stores import Outbox
-from . import present
-from .jobs import Jobs
+from outbox.stores import Outbox
+from outbox.ui import present
+from outbox.ui.jobs import Jobs
 
 
 @dataclass(frozen=True)

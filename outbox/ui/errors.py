@@ -14,10 +14,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import ConfigError, KafkaDeliveryError, KafkaUnavailableError, StoreError, UnknownMessageError
-from . import security
-from .console import Console, console_of
-from .filters import FilterError
+from outbox.errors import ConfigError, KafkaDeliveryError, KafkaUnavailableError, StoreError, UnknownMessageError
+from outbox.ui import security
+from outbox.ui.console import Console, console_of
+from outbox.ui.filters import FilterError
 
 # The name the console has always logged under: a logging configuration may select it by name.
 log = logging.getLogger("outbox.ui.app")

@@ -1,6 +1,6 @@
 """The console's filters: query parameters or JSON fields → the store's `DeadLetterFilter`.
 
-One parser for the pages, the JSON API and the actions, built on `outbox.filters` (the same
+One parser for the pages, the JSON API and the actions, built on `outbox.stores.filters` (the same
 rules as `outbox dlq`), so a filter means the same rows everywhere. Anything it cannot read is
 a `FilterError` naming the field: the server answers 400 with that text, never a 500.
 """
@@ -12,8 +12,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..filters import error_filter, parse_time
-from ..records import DeadLetterFilter
+from outbox.records import DeadLetterFilter
+from outbox.stores.filters import error_filter, parse_time
 
 #: The filter fields a request may carry (anything else is refused, so a typo is not ignored).
 FIELDS = ("topic", "group", "error", "key", "text", "since", "until")

@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request
 from fastapi.responses import Response
 
-from . import security
-from .console import console_of
-from .errors import refuse
+from outbox.ui import security
+from outbox.ui.console import console_of
+from outbox.ui.errors import refuse
 
 _TOKEN_REQUIRED = (
     "a token is required: send 'Authorization: Bearer <token>', or open /login?token=<token> once in the browser"

@@ -13,10 +13,10 @@ from typing import Any
 from fastapi import Request
 from starlette.datastructures import FormData
 
-from ..records import Headers
-from . import present, security
-from .errors import ConsoleError
-from .filters import FilterError
+from outbox.records import Headers
+from outbox.ui import present, security
+from outbox.ui.errors import ConsoleError
+from outbox.ui.filters import FilterError
 
 #: Redrive rate (messages/s) when a request names none, and the most one may ask for.
 DEFAULT_RATE = 500.0

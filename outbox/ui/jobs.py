@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..records import DeadLetterFilter
-from ..stores import Outbox
-from .filters import describe, describe_json
+from outbox.records import DeadLetterFilter
+from outbox.stores import Outbox
+from outbox.ui.filters import describe, describe_json
 
 log = logging.getLogger(__name__)
 

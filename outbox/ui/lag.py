@@ -18,9 +18,9 @@ from typing import Any
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from ..consumer.tiers import client_config
-from ..errors import KafkaUnavailableError
-from ..logs import with_librdkafka_log
+from outbox.consumer.tiers import client_config
+from outbox.errors import KafkaUnavailableError
+from outbox.logs import with_librdkafka_log
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,14 +12,14 @@ import dataclasses
 import time
 from typing import Any
 
-from ..consumer.headers import consumer_failure
-from ..errors import KafkaUnavailableError
-from ..records import DeadLetterFilter, Headers, Status
-from . import present
-from .console import Console
-from .errors import ConsoleError
-from .filters import describe, describe_json
-from .lag import tier_lags
+from outbox.consumer.headers import consumer_failure
+from outbox.errors import KafkaUnavailableError
+from outbox.records import DeadLetterFilter, Headers, Status
+from outbox.ui import present
+from outbox.ui.console import Console
+from outbox.ui.errors import ConsoleError
+from outbox.ui.filters import describe, describe_json
+from outbox.ui.lag import tier_lags
 
 
 def dead_page(console: Console, flt: DeadLetterFilter) -> dict[str, Any]:

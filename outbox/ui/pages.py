@@ -14,13 +14,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import FormData
 
-from ..records import DeadLetterFilter
-from . import present, security
-from .console import Console, ConsoleDep
-from .errors import ConsoleError, refuse
-from .filters import FIELDS, FilterError, describe, parse_filter, query_of
-from .inputs import int_param, posted_form, rate_of
-from .operations import check_ids, dead_page, overview, purge, redrive_edited
+from outbox.records import DeadLetterFilter
+from outbox.ui import present, security
+from outbox.ui.console import Console, ConsoleDep
+from outbox.ui.errors import ConsoleError, refuse
+from outbox.ui.filters import FIELDS, FilterError, describe, parse_filter, query_of
+from outbox.ui.inputs import int_param, posted_form, rate_of
+from outbox.ui.operations import check_ids, dead_page, overview, purge, redrive_edited
 
 # The pages are for people: not part of the API's schema.
 router = APIRouter(include_in_schema=False)

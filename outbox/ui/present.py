@@ -14,8 +14,8 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from ..consumer.headers import consumer_failure
-from ..records import AuditEntry, Headers, OutboxMessage
+from outbox.consumer.headers import consumer_failure
+from outbox.records import AuditEntry, Headers, OutboxMessage
 
 #: Values larger than this are cut in lists (the page of one message shows them whole).
 PREVIEW = 120

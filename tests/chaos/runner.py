@@ -164,7 +164,7 @@ class CircuitReasons(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.seen: list[str] = []
-        self._logger = logging.getLogger("outbox.circuit")
+        self._logger = logging.getLogger("outbox.producer.circuit")
 
     def emit(self, record: logging.LogRecord) -> None:
         if isinstance(record.msg, str) and record.msg.startswith("circuit open") and record.args:

@@ -12,7 +12,7 @@ import pytest
 
 from outbox.stores.postgres import PostgresOutbox
 from outbox.stores.sqlite import SQLiteOutbox
-from outbox.urls import parse_url
+from outbox.stores.urls import parse_url
 
 
 def durable_store(request: pytest.FixtureRequest, tmp_path: Path, name: str) -> Iterator[SQLiteOutbox | PostgresOutbox]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox import ID_HEADER, ProducerClosedError, RetryPolicy, SQLiteOutbox
-from outbox.aio import AsyncResilientProducer
+from outbox.producer.aio import AsyncResilientProducer
 from outbox.testing import KafkaCluster
 
 from .delivery import keyed_value, read_topic

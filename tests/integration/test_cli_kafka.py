@@ -24,7 +24,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from outbox.headers import ID_HEADER
-from outbox.producer import ResilientProducer
+from outbox.producer.resilient import ResilientProducer
 from outbox.records import NewMessage
 from outbox.stores import SQLiteOutbox
 from outbox.testing import KafkaCluster

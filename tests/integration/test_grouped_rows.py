@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from outbox.drain.sendloop import resend
 from outbox.errors import UnknownMessageError
 from outbox.records import DeadLetterFilter, NewMessage, Status
-from outbox.sendloop import resend
 from outbox.stores import grouped
 from outbox.stores.base import Settlement
 from outbox.stores.claimed import ids_of

@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 from outbox import ResilientConsumer, RetryTopics, StoreError
 from outbox.consumer.inbox import InboxCommitFailed
 from outbox.stores import open_outbox
+from outbox.stores.urls import parse_url
 from outbox.transactions import sqlalchemy_connection
-from outbox.urls import parse_url
 
 from .test_consumer import running, wait_until
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from outbox import NewMessage, SQLiteOutbox
-from outbox.owners import Liveness, OwnerId, describe_owner, new_owner, parse_owner
 from outbox.stores import Outbox, open_outbox
+from outbox.stores.owners import Liveness, OwnerId, describe_owner, new_owner, parse_owner
 from outbox.stores.postgres import PostgresOutbox
 from outbox.testing import KafkaCluster
 
@@ -31,7 +31,7 @@ LONG_LEASE = 600.0
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from outbox.owners import new_owner, OwnerId, parse_owner
+    from outbox.stores.owners import new_owner, OwnerId, parse_owner
     from outbox.stores import open_outbox
     url, limit, remote = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "remote"
     owner = new_owner("drain")

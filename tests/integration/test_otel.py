@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from outbox import ID_HEADER, DeadLetter
-from outbox.aio import AsyncResilientProducer
 from outbox.otel import instrument
+from outbox.producer.aio import AsyncResilientProducer
 from outbox.testing import KafkaCluster
 
 from .delivery import header, read_topic

@@ -16,14 +16,14 @@ from typing import Any
 import psycopg
 import pytest
 
+from outbox.drain.sendloop import resend
 from outbox.errors import ConfigError, StoreError, StoreNotFoundError
-from outbox.owners import Liveness, OwnerId, new_owner, parse_owner
 from outbox.records import NewMessage, Status
-from outbox.sendloop import resend
 from outbox.stores import grouped, open_outbox
+from outbox.stores.owners import Liveness, OwnerId, new_owner, parse_owner
 from outbox.stores.postgres import SCHEMA_VERSION, PostgresOutbox
 from outbox.stores.postgres_claim import ClaimedRows
-from outbox.urls import StoreURL, parse_url
+from outbox.stores.urls import StoreURL, parse_url
 
 from ..resend_cases import odd_messages
 from ..waiting import wait_until

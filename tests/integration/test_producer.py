@@ -527,7 +527,7 @@ def test_write_ahead_finds_a_broker_refused_message_by_its_topic_not_only_its_va
 ) -> None:
     """One committed batch, two topics, the same values in both: the broker refuses every message
     of the topic whose `max.message.bytes` they exceed. A failure report carries no headers, so
-    the write-ahead batch finds its row by content (`outbox.writeahead`): exactly that topic's
+    the write-ahead batch finds its row by content (`outbox.producer.writeahead`): exactly that topic's
     rows stay in the outbox, and every message of the other is delivered and deleted."""
     good = make_topic(partitions=1)
     small = make_topic(partitions=1, config={"max.message.bytes": "1000"})

@@ -132,7 +132,7 @@ CLIENTS: dict[str, str] = {
     """,
     "re-sender (spark_drain's executors)": """
         from outbox.retry import RetryPolicy
-        from outbox.sendloop import SendLoop
+        from outbox.drain.sendloop import SendLoop
         loop = SendLoop({"bootstrap.servers": BOOTSTRAP}, RetryPolicy())
         loop.producer.produce("orders", b"v")
         deadline = time.monotonic() + 6

@@ -23,7 +23,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext, St
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from outbox import ResilientProducer, RetryPolicy
-from outbox.aio import AsyncResilientProducer
+from outbox.producer.aio import AsyncResilientProducer
 
 from ..waiting import wait_until
 from .delivery import header, read_topic

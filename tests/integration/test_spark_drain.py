@@ -17,11 +17,11 @@ from urllib.parse import urlsplit
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, TopicPartition
 
-from outbox.codec import decode_headers
 from outbox.errors import KafkaUnavailableError, StoreNotFoundError
 from outbox.records import DeadLetterFilter, NewMessage
 from outbox.stores import open_outbox
 from outbox.stores.base import Outbox
+from outbox.stores.codec import decode_headers
 from outbox.testing import KafkaCluster
 from outbox.testing.maven import jdbc_jar
 from spark_drain import JobOptions, JobReport, preflight, run_job

@@ -38,7 +38,7 @@ from outbox.stores.bulk import BulkSelection, explode, explode_keys
 from outbox.stores.keyrule import first_blockers, waits
 from outbox.stores.memory import MemoryOutbox
 from outbox.stores.sqlite import SQLiteOutbox
-from outbox.urls import parse_url
+from outbox.stores.urls import parse_url
 
 BACKENDS = ["memory", "sqlite", "postgres"]
 DURABLE = ["sqlite", "postgres"]

@@ -238,7 +238,7 @@ def test_file_made_read_only_during_spill(
         assert p.writer.committed_rows <= committed + 200  # nothing more reaches the file
     finally:
         subprocess.run(["chattr", "-i", *map(str, files)], check=True)
-    errors = [r.getMessage() for r in caplog.records if r.name == "outbox.writer" and r.levelname == "ERROR"]
+    errors = [r.getMessage() for r in caplog.records if r.name == "outbox.producer.writer" and r.levelname == "ERROR"]
     assert errors, "the writer never failed"
     print(f"\nthe writer's first error: {errors[0][:300]}")
     recover_and_check(chaos_cluster, p, stream, topic)

@@ -22,14 +22,14 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, Message, Producer, 
 from outbox_cli.main import cli
 
 from outbox import DeadLetter, ResilientConsumer, ResilientProducer, RetryTopics
-from outbox.codec import encode_headers
 from outbox.records import NewMessage
 from outbox.stores import grouped, open_outbox
+from outbox.stores.codec import encode_headers
 from outbox.stores.postgres import SCHEMA_VERSION, PostgresOutbox
 from outbox.stores.sqlite import SQLiteOutbox
+from outbox.stores.urls import parse_url
 from outbox.testing import KafkaCluster
 from outbox.testing.consume import readable_partitions
-from outbox.urls import parse_url
 
 from ..old_schema import sqlite_v5
 from ..waiting import wait_until

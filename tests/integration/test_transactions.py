@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 
 from outbox import ConfigError, ResilientProducer
 from outbox.headers import ID_HEADER
+from outbox.stores.urls import parse_url
 from outbox.testing.consume import consume_to_end
-from outbox.urls import parse_url
 
 from .. import waiting
 
@@ -119,7 +119,7 @@ def test_async_session_with_async_resilient_producer(fresh_postgres_url: str, ka
     on the event loop; a rolled-back session leaves nothing, a committed one is delivered."""
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-    from outbox.aio import AsyncResilientProducer
+    from outbox.producer.aio import AsyncResilientProducer
 
     kw = parse_url(fresh_postgres_url).psycopg_kwargs()
     url = sa.URL.create(
@@ -183,7 +183,7 @@ DJANGO_APP = textwrap.dedent(
     import django
     from django.conf import settings
     from outbox import ResilientProducer
-    from outbox.urls import parse_url
+    from outbox.stores.urls import parse_url
 
     url, bootstrap, topic = sys.argv[1:4]
     kw = parse_url(url).psycopg_kwargs()

@@ -17,13 +17,13 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from outbox_cli.main import cli
 
-from outbox.drain import Drainer
+from outbox.drain.workers import Drainer
 from outbox.records import DeadLetterFilter, NewMessage, Status
 from outbox.stores.base import Outbox
 from outbox.stores.sqlite import SQLiteOutbox
+from outbox.stores.urls import parse_url
 from outbox.testing.consume import consume
 from outbox.ui import create_app
-from outbox.urls import parse_url
 
 from .durable_stores import durable_store
 

@@ -23,7 +23,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
-from outbox.drain import Drainer
+from outbox.drain.workers import Drainer
 from outbox.errors import UnknownMessageError
 from outbox.records import DeadLetterFilter, NewMessage, Status
 from outbox.stores.sqlite import SQLiteOutbox

@@ -1,4 +1,4 @@
-"""Admission: each message's route from the circuit, the key backlog and the hold-back (outbox/admission.py).
+"""Admission: each message's route from the circuit, the key backlog and the hold-back (outbox/producer/admission.py).
 
 Real parts (a circuit on a fake clock, a key backlog on an in-memory store, a hold-back); no Kafka.
 """
@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from outbox.admission import HOLD, PROBE, SEND, STORE, Admission
 from outbox.budget import MemoryBudget
-from outbox.circuit import CircuitBreaker
-from outbox.holdback import Holdback
-from outbox.keyorder import KeyBacklog
+from outbox.producer.admission import HOLD, PROBE, SEND, STORE, Admission
+from outbox.producer.circuit import CircuitBreaker
+from outbox.producer.holdback import Holdback
+from outbox.producer.keyorder import KeyBacklog
 from outbox.stores.memory import MemoryOutbox
 
 

@@ -1,4 +1,4 @@
-"""The memory budget (outbox/budget.py), librdkafka's queue bounds taken from it (outbox/link.py),
+"""The memory budget (outbox/budget.py), librdkafka's queue bounds taken from it (outbox/producer/link.py),
 the drain's claims bounded by it, and the producer's `memory_budget` setting."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from outbox import ConfigError, Drainer, NewMessage, ResilientProducer, SQLiteOutbox
 from outbox.budget import HEADER_OVERHEAD, MESSAGE_OVERHEAD, MemoryBudget, message_cost
-from outbox.link import queue_limits
+from outbox.producer.link import queue_limits
 
 
 class Part:

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from outbox.callbacks import CallbackErrors, guarded
+from outbox.drain.callbacks import CallbackErrors, guarded
 
 
 def boom(*args: object) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from outbox.circuit import CircuitBreaker, CircuitState
+from outbox.producer.circuit import CircuitBreaker, CircuitState
 
 
 class FakeClock:

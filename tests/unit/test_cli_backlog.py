@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 from outbox_cli.main import cli
 
-from outbox.owners import describe_owner, new_owner
 from outbox.records import NewMessage
 from outbox.stores import SQLiteOutbox
+from outbox.stores.owners import describe_owner, new_owner
 
 T_BACKOFF = 4102444800.0  # 2100-01-01 00:00:00Z
 T_GONE = T_BACKOFF + 3600
@@ -28,7 +28,7 @@ T_ALIVE = T_BACKOFF + 7200
 def exited_owner() -> str:
     """The owner name of a process of this host that has exited (and was reaped)."""
     out = subprocess.run(
-        [sys.executable, "-c", "from outbox.owners import new_owner; print(new_owner('producer'))"],
+        [sys.executable, "-c", "from outbox.stores.owners import new_owner; print(new_owner('producer'))"],
         capture_output=True, text=True, check=True,
     )
     return out.stdout.strip()

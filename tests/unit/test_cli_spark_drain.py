@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from outbox import exitcodes
-from outbox.jars import JDBC, cached_jdbc_jar
 from outbox.stores import SQLiteOutbox
-from outbox.urls import parse_url
+from outbox.stores.urls import parse_url
 from spark_drain import main
+from spark_drain.jars import JDBC, cached_jdbc_jar
 from spark_drain.options import build_parser
 
 

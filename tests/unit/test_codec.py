@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from outbox.codec import decode_headers, encode_headers
+from outbox.stores.codec import decode_headers, encode_headers
 
 names = st.text()  # any Unicode except lone surrogates (not encodable, and not valid Kafka header names)
 values = st.none() | st.binary()

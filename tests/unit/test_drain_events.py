@@ -1,11 +1,11 @@
-"""What the drain process tells the application about delivered rows (`outbox.drainproc`):
+"""What the drain process tells the application about delivered rows (`outbox.drain.process`):
 the fields its callbacks read, with the common headers left out and rebuilt on reading."""
 
 from __future__ import annotations
 
 import pickle
 
-from outbox.drainproc import _drained
+from outbox.drain.process import _drained
 from outbox.events import Drained
 from outbox.headers import ID_HEADER
 from outbox.records import OutboxMessage, Status

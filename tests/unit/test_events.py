@@ -11,8 +11,8 @@ import pytest
 
 from outbox import Listener, ResilientProducer
 from outbox.events import EVENTS, Committed, Events
+from outbox.producer.served import Served
 from outbox.records import DeadLetter
-from outbox.served import Served
 
 
 def _letter(msg_id: str = "m1") -> DeadLetter:

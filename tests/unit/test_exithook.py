@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from outbox import ConfigError, ResilientProducer, exithook
+from outbox import ConfigError, ResilientProducer
+from outbox.producer import exithook
 
 
 class Producer:

@@ -11,10 +11,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from outbox.firstsend import FirstSend, _FullReport, _Report
 from outbox.headers import ID_HEADER
+from outbox.producer.firstsend import FirstSend, _FullReport, _Report
+from outbox.producer.served import Served
 from outbox.retry import RetryPolicy
-from outbox.served import Served
 from outbox.tally import Tally
 
 

@@ -1,9 +1,9 @@
-"""The hold-back that keeps per-key order when the circuit opens (outbox/holdback.py): pure logic."""
+"""The hold-back that keeps per-key order when the circuit opens (outbox/producer/holdback.py): pure logic."""
 
 from __future__ import annotations
 
 from outbox.budget import MemoryBudget
-from outbox.holdback import Holdback
+from outbox.producer.holdback import Holdback
 
 
 class Clock:

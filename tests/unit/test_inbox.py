@@ -14,8 +14,8 @@ import pytest
 from outbox import ConfigError
 from outbox.consumer.inbox import Inbox, message_id, takes_transaction
 from outbox.stores import Outbox, open_outbox
+from outbox.stores.urls import parse_url
 from outbox.transactions import dbapi_connection
-from outbox.urls import parse_url
 
 
 class Msg:

@@ -13,7 +13,7 @@ import pytest
 from outbox import NewMessage, SQLiteOutbox
 from outbox.budget import MemoryBudget
 from outbox.errors import StoreError
-from outbox.keyorder import KeyBacklog
+from outbox.producer.keyorder import KeyBacklog
 
 from ..waiting import wait_until
 

@@ -1,4 +1,4 @@
-"""Lease owner names and the liveness rule (outbox.owners), against real processes of this host."""
+"""Lease owner names and the liveness rule (outbox.stores.owners), against real processes of this host."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import replace
 
-from outbox.owners import Liveness, OwnerId, describe_owner, local_liveness, new_owner, parse_owner
+from outbox.stores.owners import Liveness, OwnerId, describe_owner, local_liveness, new_owner, parse_owner
 
 
 def test_new_owner_names_this_process_and_parses_back() -> None:
@@ -35,7 +35,11 @@ def test_a_reused_pid_is_gone() -> None:
 
 def test_an_exited_process_is_gone_and_a_zombie_too() -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c", "from outbox.owners import new_owner; print(new_owner('drain'), flush=True); input()"],
+        [
+            sys.executable,
+            "-c",
+            "from outbox.stores.owners import new_owner; print(new_owner('drain'), flush=True); input()",
+        ],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     assert child.stdout is not None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outbox.probe import ClusterProbe
+from outbox.producer.probe import ClusterProbe
 
 
 def test_no_broker_answers_an_unreachable_bootstrap() -> None:

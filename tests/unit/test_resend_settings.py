@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 
 from outbox import ConfigError
-from outbox.sendloop import check_resend_config, resend_config
+from outbox.drain.sendloop import check_resend_config, resend_config
 
 REFUSED = [
     ({"acks": 1, "enable.idempotence": True}, "acks=1"),

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from outbox.budget import MemoryBudget
+from outbox.producer.sendfence import SendFence
 from outbox.records import NewMessage
-from outbox.sendfence import SendFence
 
 KEY = ("t", b"k")
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from outbox.drain.sendloop import RESEND_MIN_LINGER_MS, InFlight, SendLoop, resend_config
+from outbox.drain.settle import Verdict
 from outbox.records import OutboxMessage
 from outbox.retry import RetryPolicy
-from outbox.sendloop import RESEND_MIN_LINGER_MS, InFlight, SendLoop, resend_config
-from outbox.settle import Verdict
 
 NOW = 1_000_000.0
 

@@ -1,4 +1,4 @@
-"""outbox.serialization and outbox.otel's header handling: pure logic, no Kafka."""
+"""outbox.producer.serialization and outbox.otel's header handling: pure logic, no Kafka."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext, St
 from opentelemetry.sdk.trace import TracerProvider
 
 from outbox.otel import _with_trace_headers, message_context
-from outbox.serialization import Serializers
+from outbox.producer.serialization import Serializers
 
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

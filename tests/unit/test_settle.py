@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import KafkaError
 
+from outbox.drain.settle import DELIVERED, Decision, Verdict, add_to, settle
 from outbox.retry import RetryPolicy
-from outbox.settle import DELIVERED, Decision, Verdict, add_to, settle
 from outbox.stores.base import Failure, Settlement
 
 NOW = 1_700_000_000.0

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from outbox.drain.sendloop import resend
 from outbox.records import NewMessage
-from outbox.sendloop import resend
 from outbox.stores import open_outbox
 from outbox.stores.claimed import Resend
 from outbox.stores.sqlite import SQLiteOutbox

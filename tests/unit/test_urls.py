@@ -7,7 +7,7 @@ import os
 import pytest
 
 from outbox.errors import ConfigError
-from outbox.urls import DEFAULT_TABLE, StoreURL, parse_url
+from outbox.stores.urls import DEFAULT_TABLE, StoreURL, parse_url
 
 SECRET = "s3cr3t-pw"
 

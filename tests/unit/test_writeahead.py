@@ -1,4 +1,4 @@
-"""Write-ahead deliveries are handed on per committed batch (`outbox.writeahead`): pure logic,
+"""Write-ahead deliveries are handed on per committed batch (`outbox.producer.writeahead`): pure logic,
 no Kafka, except the two tests at the end, whose broker never answers."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import cast
 from confluent_kafka import KafkaError, Message
 
 from outbox import ResilientProducer, SQLiteOutbox
+from outbox.drain.settle import Decision, Verdict
+from outbox.producer.writeahead import SentBatch, SentReport
 from outbox.records import NewMessage
-from outbox.settle import Decision, Verdict
 from outbox.stores.base import Settlement
-from outbox.writeahead import SentBatch, SentReport
 
 from ..waiting import wait_until
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from outbox.budget import MemoryBudget, message_cost
+from outbox.drain.settle import Decision, Verdict
 from outbox.errors import StoreError, UnknownMessageError
 from outbox.events import Committed, Listener
+from outbox.producer.writer import GroupCommitWriter
 from outbox.records import NewMessage, Status
-from outbox.settle import Decision, Verdict
 from outbox.stores import SQLiteOutbox
 from outbox.stores.base import Applied, Settlement
-from outbox.writer import GroupCommitWriter
 
 from ..waiting import wait_until
 

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from .budget import MemoryBudget
+from outbox.budget import MemoryBudget
 
 T = TypeVar("T")
 

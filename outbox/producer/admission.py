@@ -6,13 +6,13 @@ Each message a `ResilientProducer` accepts takes one of four routes:
 - ``PROBE``: to Kafka as the half-open circuit's one trial message (fallback mode; in
   write-ahead mode the drain probes). If it fails it is stored like any failed first send.
 - ``HOLD``: behind its key. The key has messages in the outbox, or in a gate that is handing
-  it back (`outbox.keyorder`), so this one is stored behind them: per-key order.
+  it back (`outbox.producer.keyorder`), so this one is stored behind them: per-key order.
 - ``STORE``: into the outbox without a send. The circuit is not closed and the message may
   not probe.
 
 A message bound for the outbox may wait in the hold-back first (`holding_back`): while the
 circuit has just opened, or a keyed probe is out, what librdkafka still holds must reach the
-outbox first (`outbox.holdback`).
+outbox first (`outbox.producer.holdback`).
 
 `Admission` is the only reader of the circuit, the key backlog and the hold-back on a
 message's way in: produce() asks `route` (write-ahead mode's `WriteAhead.write` too), the key
@@ -29,10 +29,10 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
-from .circuit import CircuitBreaker
-from .holdback import Holdback
-from .keyorder import KeyBacklog
-from .payload import as_bytes
+from outbox.payload import as_bytes
+from outbox.producer.circuit import CircuitBreaker
+from outbox.producer.holdback import Holdback
+from outbox.producer.keyorder import KeyBacklog
 
 
 class Route(IntEnum):
@@ -91,8 +91,8 @@ class Admission:
         # Write-ahead: while librdkafka hands back what it held when the circuit opened, a key's
         # older rows may still come back failed, and a row sent now would overtake them: it is
         # left to the drain, even if a delivery closed the circuit meanwhile. Fallback mode
-        # holds those failures and spills instead and sends on (`outbox.holdback`), except in
-        # the hold's first moments, while stragglers are purged (`outbox.spill.STRAGGLER_GRACE`).
+        # holds those failures and spills instead and sends on (`outbox.producer.holdback`), except in
+        # the hold's first moments, while stragglers are purged (`outbox.producer.spill.STRAGGLER_GRACE`).
         if circuit.closed and self._probes and not hold.in_grace():
             return SEND
         if hold.active or not self._probes or (key is not None and not self._keyed_probes):

@@ -2,7 +2,7 @@
 
 A message goes to librdkafka with the id header and one small object its failure report needs
 (`_Report`). With `delivery.report.only.error` a success costs nothing more; without it, one
-call on the delivery thread. A failure is settled (`outbox.settle`) and the message is stored
+call on the delivery thread. A failure is settled (`outbox.drain.settle`) and the message is stored
 for the drain, stored to be re-sent alone, or dead-lettered. `enable_retry=False` messages are
 sent here too, and their failures only reported.
 
@@ -22,24 +22,24 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from .admission import SEND
-from .circuit import CircuitBreaker
-from .compiling import mypyc_attr
-from .fates import DeliveryCallback
-from .keyorder import Key
-from .link import PURGE_CODES, KafkaLink
-from .payload import as_bytes
-from .records import Headers, NewMessage
-from .retry import RetryPolicy
-from .settle import Verdict, settle
-from .spill import NOT_SENT_QUEUE_FULL, HeldMessage, Spill
-from .tally import Tally
-from .writer import GroupCommitWriter
+from outbox.drain.settle import Verdict, settle
+from outbox.payload import as_bytes
+from outbox.producer.admission import SEND
+from outbox.producer.circuit import CircuitBreaker
+from outbox.producer.compiling import mypyc_attr
+from outbox.producer.fates import DeliveryCallback
+from outbox.producer.keyorder import Key
+from outbox.producer.link import PURGE_CODES, KafkaLink
+from outbox.producer.spill import NOT_SENT_QUEUE_FULL, HeldMessage, Spill
+from outbox.producer.writer import GroupCommitWriter
+from outbox.records import Headers, NewMessage
+from outbox.retry import RetryPolicy
+from outbox.tally import Tally
 
 # `# type: ignore[arg-type]` on produce(): confluent-kafka's stubs type headers as
 # list[tuple[str, str | bytes | None]], and list is invariant, so our list[tuple[str, bytes | None]]
 # is rejected although every value is valid. Every produce() here is positional: keyword
-# arguments cost ~1.2 µs a call (outbox.sendloop).
+# arguments cost ~1.2 µs a call (outbox.drain.sendloop).
 
 
 class FirstSend:
@@ -197,7 +197,7 @@ class FirstSend:
                 return
 
     def reported(self, key: Key) -> None:
-        """Delivery thread: a first send of `key` was reported (`outbox.sendfence`)."""
+        """Delivery thread: a first send of `key` was reported (`outbox.producer.sendfence`)."""
         self._spill.sent_reported(key)
 
     def on_failure(self, r: _Report, err: KafkaError, msg: Message) -> None:

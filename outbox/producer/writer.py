@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget, message_cost
-from .errors import StoreError
-from .events import Committed, Listener
-from .latency import LatencyHistogram
-from .records import NewMessage, OutboxMessage
-from .settle import Decision, add_to
-from .stores.base import Outbox, Settlement
+from outbox.budget import DEFAULT_MEMORY_BUDGET, MemoryBudget, message_cost
+from outbox.drain.settle import Decision, add_to
+from outbox.errors import StoreError
+from outbox.events import Committed, Listener
+from outbox.producer.latency import LatencyHistogram
+from outbox.records import NewMessage, OutboxMessage
+from outbox.stores.base import Outbox, Settlement
 
 log = logging.getLogger(__name__)
 

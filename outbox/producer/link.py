@@ -18,12 +18,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
-from .budget import MESSAGE_OVERHEAD
-from .circuit import CircuitBreaker
-from .probe import ClusterProbe
-from .retry import UNREACHABLE_CODES, describe
-from .served import Served
-from .tally import Tally
+from outbox.budget import MESSAGE_OVERHEAD
+from outbox.producer.circuit import CircuitBreaker
+from outbox.producer.probe import ClusterProbe
+from outbox.producer.served import Served
+from outbox.retry import UNREACHABLE_CODES, describe
+from outbox.tally import Tally
 
 log = logging.getLogger("outbox")
 
@@ -219,14 +219,14 @@ class KafkaLink:
 
         `open_if_stalled`: a wait that ends with nothing delivered during it opens the circuit,
         unless a broker still answers a metadata request within `queue_full_timeout`, asked on a
-        client of its own (`outbox.probe`: the busy producer's own request waits behind its traffic). Nothing
+        client of its own (`outbox.producer.probe`: the busy producer's own request waits behind its traffic). Nothing
         delivered and no answer: the cluster is not taking messages, whether or not librdkafka
         has said so yet (it reports all brokers down only once every connection has failed, and
         never for a hung broker). Opening moves what librdkafka still holds to the outbox through
         the hold-back, in produce order, ahead of this message and its key's later ones; left in
         librdkafka, those earlier messages would be stored behind them when they failed. An
         answer: one broker is gone and its partitions' messages fill the queue, which the others
-        cannot drain; the message is stored with the circuit closed (`outbox.sendfence` keeps it
+        cannot drain; the message is stored with the circuit closed (`outbox.producer.sendfence` keeps it
         behind its key's messages in librdkafka), and the other brokers go on taking the rest.
         """
         if self._queue_stalled or self._queue_full_timeout <= 0:

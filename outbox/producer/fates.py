@@ -5,7 +5,7 @@ process, or another process), or dead-lettered. Its `on_delivery` callback waits
 message id, until that happens in this process; `on_dead_letter` hears every dead letter this
 process makes. Callbacks run on the thread that learned the fate (a drain thread, the writer,
 the delivery thread); an exception in one is kept for the application's next `poll()` or
-`flush()` (`outbox.served`), never lost in a dead thread.
+`flush()` (`outbox.producer.served`), never lost in a dead thread.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import KafkaError, Message
 
-from .events import Committed, Drained
-from .records import DeadLetter, OutboxMessage
-from .served import Served
+from outbox.events import Committed, Drained
+from outbox.producer.served import Served
+from outbox.records import DeadLetter, OutboxMessage
 
 DeliveryCallback = Callable[[KafkaError | None, Message | None], None]
 DeadLetterCallback = Callable[[DeadLetter], None]

@@ -4,9 +4,9 @@ Every message a `ResilientProducer` stores (not sent: circuit open, queue full, 
 sent and failed) goes through here to the group-commit writer. Two things keep one key's
 messages in produce order on that way (README, "Order per key"):
 
-- the key backlog (`outbox.keyorder`): once a key has a message bound for the outbox, its later
+- the key backlog (`outbox.producer.keyorder`): once a key has a message bound for the outbox, its later
   messages are stored behind it, until the drain has delivered them all;
-- the hold-back (`outbox.holdback`): from the moment the circuit opens, messages bound for the
+- the hold-back (`outbox.producer.holdback`): from the moment the circuit opens, messages bound for the
   outbox wait in memory until librdkafka has handed back the older ones it still held; and the
   same while a keyed message probes the half-open circuit (if it fails it is stored, ahead of
   its key's later messages).
@@ -23,20 +23,20 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .admission import Admission
-from .budget import message_cost
-from .circuit import CircuitBreaker, CircuitState
-from .events import Listener
-from .fates import DeliveryCallback, Fates
-from .holdback import Holdback
-from .keyorder import Key, KeyBacklog
-from .link import KafkaLink
-from .payload import as_bytes
-from .records import Headers, NewMessage
-from .sendfence import Held, SendFence
-from .stores import Outbox
-from .tally import Tally
-from .writer import GroupCommitWriter
+from outbox.budget import message_cost
+from outbox.events import Listener
+from outbox.payload import as_bytes
+from outbox.producer.admission import Admission
+from outbox.producer.circuit import CircuitBreaker, CircuitState
+from outbox.producer.fates import DeliveryCallback, Fates
+from outbox.producer.holdback import Holdback
+from outbox.producer.keyorder import Key, KeyBacklog
+from outbox.producer.link import KafkaLink
+from outbox.producer.sendfence import Held, SendFence
+from outbox.producer.writer import GroupCommitWriter
+from outbox.records import Headers, NewMessage
+from outbox.stores import Outbox
+from outbox.tally import Tally
 
 #: The last error of a message stored without a send attempt, by why it was not sent.
 NOT_SENT_CIRCUIT_OPEN = "not sent: circuit open"
@@ -61,16 +61,16 @@ class Spill:
         fates: where a stored message's `on_delivery` waits.
         events: told each key the backlog hands back to the fast path, with the messages its
             gate held (`key_released`: the producer's first sends send them).
-        gate: fallback mode: a key is handed back through a gate (`outbox.keyorder`), and new
+        gate: fallback mode: a key is handed back through a gate (`outbox.producer.keyorder`), and new
             messages may probe the half-open circuit; not in write-ahead mode, which stores
             every message anyway.
-        keyed_probes: fallback mode: a keyed message may probe the circuit (`outbox.admission`).
+        keyed_probes: fallback mode: a keyed message may probe the circuit (`outbox.producer.admission`).
         track_sends: success reports are heard, so a key's outbox-bound messages can wait behind
-            its first sends still in librdkafka (`outbox.sendfence`).
+            its first sends still in librdkafka (`outbox.producer.sendfence`).
         fence_longest: the most such a wait lasts (`message.timeout.ms` + 1 s).
 
     `admission` decides each message's route from the circuit, the key backlog and the
-    hold-back built here (`outbox.admission`).
+    hold-back built here (`outbox.producer.admission`).
     """
 
     def __init__(
@@ -267,7 +267,7 @@ class Spill:
         # Closed again (a drain delivery proved the cluster back): in fallback mode new sends
         # fill librdkafka, so "empty" may never come; what is still on the wire from before is
         # the README's window. Write-ahead mode sends nothing new while the hold lasts
-        # (`outbox.admission`), so it waits for "empty" (or the hold's time).
+        # (`outbox.producer.admission`), so it waits for "empty" (or the hold's time).
         empty = force or (closed and self._gate and not in_grace) or len(self._link) == 0
         with self.backlog.lock:  # a backlog check must see these either held or in the writer
             for msg in self.hold.release(source_empty=empty):
@@ -276,7 +276,7 @@ class Spill:
 
 #: Seconds after the circuit opens during which the hold-back lasts and what librdkafka's queue
 #: holds is purged at each tick (every 50 ms), even if the circuit has closed again meanwhile, and
-#: during which every message is stored (`outbox.admission`). A produce() that saw the circuit
+#: during which every message is stored (`outbox.producer.admission`). A produce() that saw the circuit
 #: closed just before it opened puts its message in the queue after the opening's purge; when one
 #: partition's failure opened the circuit, a drain delivery to the other partitions closes it
 #: again within milliseconds, and without the grace the message stayed queued for the leaderless

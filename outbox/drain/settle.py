@@ -25,8 +25,8 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError
 
-from .retry import BATCH_SIZE_CODES, UNREACHABLE_CODES, Disposition, RetryPolicy, describe, error_name
-from .stores.base import Failure, Settlement
+from outbox.retry import BATCH_SIZE_CODES, UNREACHABLE_CODES, Disposition, RetryPolicy, describe, error_name
+from outbox.stores.base import Failure, Settlement
 
 #: Errors of messages that never left the process: not an attempt, not the message's fault.
 NEVER_SENT_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._DESTROY})

@@ -21,7 +21,7 @@ application's ``__main__``). Two pipes, passed as extra file descriptors, carry 
 The parent's `outbox-drain-events` thread tells those events (`delivered`, `retried`, `dead`) to
 the producer's listeners (`outbox.events`), as the drain threads would. A child
 that dies is logged at ERROR, counted in `restarts`, and started again after a pause; the rows
-it had leased come back at once (its lease owner is gone, `outbox.owners`).
+it had leased come back at once (its lease owner is gone, `outbox.stores.owners`).
 
 Secrets travel in the settings pipe, never on a command line.
 """
@@ -42,26 +42,26 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, cast
 
-from .callbacks import CallbackErrors
-from .drain import Drainer, DrainHealth, DrainResult
-from .errors import ConfigError, StoreError
-from .events import Drained, Events, Listener
-from .headers import id_alone
-from .records import DeadLetter, OutboxMessage
-from .retry import RetryPolicy
-from .sendloop import check_resend_config
-from .stores import open_outbox
-from .urls import StoreURL
+from outbox.drain.callbacks import CallbackErrors
+from outbox.drain.sendloop import check_resend_config
+from outbox.drain.workers import Drainer, DrainHealth, DrainResult
+from outbox.errors import ConfigError, StoreError
+from outbox.events import Drained, Events, Listener
+from outbox.headers import id_alone
+from outbox.records import DeadLetter, OutboxMessage
+from outbox.retry import RetryPolicy
+from outbox.stores import open_outbox
+from outbox.stores.urls import StoreURL
 
 if TYPE_CHECKING:
-    from .events import Rows
+    from outbox.events import Rows
 
-log = logging.getLogger("outbox.drainproc")
+log = logging.getLogger("outbox.drain.process")
 
-# The child's program (not `-m outbox.drainproc`: this module, imported by the package first,
+# The child's program (not `-m outbox.drain.process`: this module, imported by the package first,
 # would run twice).
 _CHILD = (
-    "import sys; from outbox.drainproc import child_main; "
+    "import sys; from outbox.drain.process import child_main; "
     "sys.exit(child_main(int(sys.argv[1]), int(sys.argv[2])))"
 )
 _START_TIMEOUT = 60.0  # seconds for the child to import, open the store and say "ready"

@@ -31,17 +31,17 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from .admission import SEND
-from .circuit import CircuitBreaker
-from .events import Committed
-from .fates import DeliveryCallback, Fates
-from .link import KafkaLink
-from .payload import as_bytes
-from .records import Headers, NewMessage
-from .retry import RetryPolicy
-from .settle import Decision, Verdict, settle
-from .spill import Spill
-from .writer import GroupCommitWriter
+from outbox.drain.settle import Decision, Verdict, settle
+from outbox.events import Committed
+from outbox.payload import as_bytes
+from outbox.producer.admission import SEND
+from outbox.producer.circuit import CircuitBreaker
+from outbox.producer.fates import DeliveryCallback, Fates
+from outbox.producer.link import KafkaLink
+from outbox.producer.spill import Spill
+from outbox.producer.writer import GroupCommitWriter
+from outbox.records import Headers, NewMessage
+from outbox.retry import RetryPolicy
 
 log = logging.getLogger("outbox")
 
@@ -309,7 +309,7 @@ class SentReport:
 
     A slotted object of two fields, not a `functools.partial` holding the message: up to
     100,000 are alive at once and the garbage collector walks each (see `_Report` in
-    `outbox.firstsend`).
+    `outbox.producer.firstsend`).
     """
 
     __slots__ = ("batch", "i")

@@ -1,21 +1,21 @@
 """ResilientProducer: a confluent_kafka producer that stores what Kafka could not take.
 
 This module is the router: it checks a message once and sends it down the one path that
-`outbox.admission` decides (SEND, PROBE, HOLD behind its key, STORE).
+`outbox.producer.admission` decides (SEND, PROBE, HOLD behind its key, STORE).
 
-- `outbox.firstsend`: fallback mode's first send, and what a failed one becomes;
-- `outbox.spill`: the way into the outbox (per-key order, hold-back, group-commit writer);
-- `outbox.writeahead`: write-ahead mode (stored first, sent from the writer thread);
-- `outbox.link`: the librdkafka producer and its delivery thread;
-- `outbox.fates`: the callbacks of stored messages, once delivered or dead-lettered;
-- `outbox.drain` / `outbox.drainproc`: the drain workers that re-send stored messages.
+- `outbox.producer.firstsend`: fallback mode's first send, and what a failed one becomes;
+- `outbox.producer.spill`: the way into the outbox (per-key order, hold-back, group-commit writer);
+- `outbox.producer.writeahead`: write-ahead mode (stored first, sent from the writer thread);
+- `outbox.producer.link`: the librdkafka producer and its delivery thread;
+- `outbox.producer.fates`: the callbacks of stored messages, once delivered or dead-lettered;
+- `outbox.drain.workers` / `outbox.drain.process`: the drain workers that re-send stored messages.
 - `outbox.events`: how those parts tell what happened to messages (committed, delivered,
   retried, dead, key released), to the producer's routing (`_Routes`), tracing and the
   application's listeners (`subscribe`).
 
 Threads: the caller's threads call `produce()`; one delivery thread polls librdkafka and runs
 every callback (`on_delivery`, `on_dead_letter` for first-send failures); `poll()` waits for
-them and raises what they raised (`outbox.served`); the group-commit
+them and raises what they raised (`outbox.producer.served`); the group-commit
 writer thread writes the outbox and, in write-ahead mode, sends committed rows; the key thread
 releases keys whose stored messages are delivered; the drain worker threads re-send stored rows
 and run callbacks for the messages they deliver or dead-letter.
@@ -31,23 +31,15 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin._metadata import ClusterMetadata
 
-from . import exithook, idempotence
-from .admission import HOLD, PROBE, SEND, STORE
-from .budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
-from .circuit import CircuitBreaker
-from .compiling import PythonObject
-from .drain import DEFAULT_BATCH_SIZE, Drainer
-from .drainproc import DrainProcess
-from .errors import ConfigError, ProducerClosedError, StoreError
-from .events import Committed, Events, Listener
-from .fates import DeadLetterCallback, DeliveryCallback, Fates
-from .firstsend import FirstSend
-from .headers import ID_HEADER, HookedHeaders, IdGenerator
-from .keyorder import Held, Key, KeyBacklog
-from .link import KafkaLink, queue_limits
-from .logs import LIBRDKAFKA_LOG
-from .owners import new_owner
-from .payload import (
+from outbox.budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
+from outbox.drain.process import DrainProcess
+from outbox.drain.sendloop import check_resend_config
+from outbox.drain.workers import DEFAULT_BATCH_SIZE, Drainer
+from outbox.errors import ConfigError, ProducerClosedError, StoreError
+from outbox.events import Committed, Events, Listener
+from outbox.headers import ID_HEADER, HookedHeaders, IdGenerator
+from outbox.logs import LIBRDKAFKA_LOG
+from outbox.payload import (
     BYTES_LIKE,
     KNOWN_TOPICS,
     as_bytes,
@@ -57,19 +49,27 @@ from .payload import (
     check_topic,
     normalize_headers,
 )
-from .records import DeadLetter, Headers, NewMessage, StoreStats
-from .retry import RetryPolicy
-from .sendloop import check_resend_config
-from .serialization import Serializer, Serializers
-from .served import Served
-from .spill import NOT_SENT_CIRCUIT_OPEN, Spill
-from .stores import Outbox, open_outbox
-from .transactions import enqueue_in_transaction
-from .writeahead import WriteAhead
-from .writer import GroupCommitWriter
+from outbox.producer import exithook, idempotence
+from outbox.producer.admission import HOLD, PROBE, SEND, STORE
+from outbox.producer.circuit import CircuitBreaker
+from outbox.producer.compiling import PythonObject
+from outbox.producer.fates import DeadLetterCallback, DeliveryCallback, Fates
+from outbox.producer.firstsend import FirstSend
+from outbox.producer.keyorder import Held, Key, KeyBacklog
+from outbox.producer.link import KafkaLink, queue_limits
+from outbox.producer.serialization import Serializer, Serializers
+from outbox.producer.served import Served
+from outbox.producer.spill import NOT_SENT_CIRCUIT_OPEN, Spill
+from outbox.producer.writeahead import WriteAhead
+from outbox.producer.writer import GroupCommitWriter
+from outbox.records import DeadLetter, Headers, NewMessage, StoreStats
+from outbox.retry import RetryPolicy
+from outbox.stores import Outbox, open_outbox
+from outbox.stores.owners import new_owner
+from outbox.transactions import enqueue_in_transaction
 
 if TYPE_CHECKING:
-    from .events import Rows
+    from outbox.events import Rows
 
 
 #: `ResilientProducer.hook_produce`'s hook: (produce, topic, value, key, partition, on_delivery,
@@ -134,7 +134,7 @@ class ResilientProducer(PythonObject):
             defaults: `message.timeout.ms` is 30000 (librdkafka: 300000), and
             `enable.idempotence` is True (librdkafka: False) unless `acks`, `max.in.flight` or
             `retries` rule it out, as in the Java producer since Kafka 3.0: per-key order needs
-            it (`outbox.idempotence`). As with confluent_kafka,
+            it (`outbox.producer.idempotence`). As with confluent_kafka,
             they may also be given as keyword arguments (``ResilientProducer(**conf)``), and
             `logger=` sets the `logger` setting. Its `error_cb`,
             `throttle_cb`, `stats_cb` and `oauth_cb` serve every librdkafka client the producer
@@ -142,7 +142,7 @@ class ResilientProducer(PythonObject):
             `drain_in="process"`); `stats_cb` tells them apart by the statistics' `name`. On a
             drain worker a callback that raises is logged and counted in
             `stats()["callback_errors"]` and never ends the worker. Settings the drain workers'
-            producers cannot use (see `outbox.sendloop.check_resend_config`) raise ConfigError.
+            producers cannot use (see `outbox.drain.sendloop.check_resend_config`) raise ConfigError.
                        `on_delivery` (or `dr_msg_cb` / `dr_cb`) is the delivery callback of every message
             produced without one. `transactional.id` is refused (`ConfigError`): see
             `produce(..., transaction=)`. `delivery.report.only.error: True` means what it means
@@ -161,7 +161,7 @@ class ResilientProducer(PythonObject):
         drain_workers: background threads re-sending stored messages (0: none; run
             `outbox drain` elsewhere).
         drain_in: "threads" (in this process) or "process": the drain workers run in a child
-            process of their own (`outbox.drainproc`), so re-sending does not share this
+            process of their own (`outbox.drain.process`), so re-sending does not share this
             process's interpreter lock with the application; callbacks still run here. Needs
             `outbox` as a URL and settings that pickle (a retry policy's callables must be
             module-level functions of an importable module).
@@ -182,7 +182,7 @@ class ResilientProducer(PythonObject):
             and survived: they back off and retry, and `stats()` counts them in `store_errors`.
         key_serializer, value_serializer: ``serializer(obj, ctx) -> bytes | None``, e.g.
             confluent_kafka.serialization's or the Schema Registry serializers; called once in
-            produce(), before anything is sent or stored (see outbox.serialization).
+            produce(), before anything is sent or stored (see outbox.producer.serialization).
         memory_budget: bytes of messages the producer may hold in memory on their way to the
             outbox (hold-back, key gate, group-commit writer; each message counts its value,
             key and headers plus a fixed overhead, `outbox.budget`). Past it, produce() waits
@@ -192,7 +192,7 @@ class ResilientProducer(PythonObject):
             drain threads claim at most a quarter of it per batch.
         exit_timeout: seconds allowed at interpreter exit, for a producer that was never
             closed, to deliver and then commit to the outbox every accepted message still in
-            memory (`outbox.exithook`; the count is logged). Default 10. A `kill -9` runs no
+            memory (`outbox.producer.exithook`; the count is logged). Default 10. A `kill -9` runs no
             exit hook: write-ahead mode is the answer to that.
     """
 
@@ -278,7 +278,7 @@ class ResilientProducer(PythonObject):
         if self._default_on_delivery is not None and not callable(self._default_on_delivery):
             raise TypeError(f"on_delivery must be callable, got {type(self._default_on_delivery).__name__}")
         # Idempotent unless the caller's settings rule it out: per-key order on the fast path
-        # needs it (`outbox.idempotence`).
+        # needs it (`outbox.producer.idempotence`).
         self._config = idempotence.with_default({**PRODUCER_DEFAULTS, **config})
         self._config.setdefault("logger", LIBRDKAFKA_LOG)  # librdkafka's lines to logging, summarised
         rdkafka_queue, rdkafka_reserve = queue_limits(self._config, memory_budget)
@@ -350,7 +350,7 @@ class ResilientProducer(PythonObject):
             track_sends=mode == "fallback" and not self._config["delivery.report.only.error"],
             fence_longest=self._message_timeout + 1.0,
         )
-        self._route = self._spill.admission.route  # produce()'s one decision (outbox.admission)
+        self._route = self._spill.admission.route  # produce()'s one decision (outbox.producer.admission)
         self._backlog = self._spill.backlog
         self._first = FirstSend(
             self._link, self._spill, self.writer, self.circuit, self.retry,
@@ -524,7 +524,7 @@ class ResilientProducer(PythonObject):
         if not enable_retry:
             self._first.send_unprotected(topic, value, key, hdrs, partition, on_delivery, timestamp)
             return msg_id
-        route = self._route(topic, key)  # outbox.admission: SEND, PROBE, HOLD or STORE
+        route = self._route(topic, key)  # outbox.producer.admission: SEND, PROBE, HOLD or STORE
         if route is SEND:
             self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, headers is not None, timestamp)
             return msg_id
@@ -822,7 +822,7 @@ class ResilientProducer(PythonObject):
         return unsaved
 
     def close_at_exit(self) -> None:
-        """`outbox.exithook`: close within `exit_timeout` at interpreter exit, and log the counts."""
+        """`outbox.producer.exithook`: close within `exit_timeout` at interpreter exit, and log the counts."""
         committed = self.writer.committed_rows
         self.close(self._exit_timeout)
         unsaved = self._unsaved_at_close

@@ -1,7 +1,7 @@
 """Drain workers: claim due rows, send them, acknowledge what Kafka acknowledged.
 
 Each worker owns a `SendLoop` (one producer) and loops: claim a batch with a lease (one short
-transaction), send it with no transaction open (`outbox.sendloop`), then apply every row's
+transaction), send it with no transaction open (`outbox.drain.sendloop`), then apply every row's
 `settle()` decision in one short transaction (`Outbox.apply`). The next batch is claimed, on the
 worker's claim thread, while one is produced and in flight, and sent once that one is settled.
 Retry state lives in the row, so workers never sleep per message and a crashed worker's rows
@@ -13,7 +13,7 @@ the worker backs off and tries again; a settlement that could not be written is 
 so what Kafka acknowledged is not sent twice because of it. A worker that fails for any other
 reason (a bug, a producer librdkafka refused, an `oauth_cb` that raised) is logged at ERROR,
 counted in `restarts`, and started again after a back-off; the rows it held come back when
-their lease ends. The application's client callbacks cannot end a worker (`outbox.callbacks`).
+their lease ends. The application's client callbacks cannot end a worker (`outbox.drain.callbacks`).
 """
 
 from __future__ import annotations
@@ -29,18 +29,18 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
-from .budget import MESSAGE_OVERHEAD
-from .callbacks import CallbackErrors, guarded
-from .errors import KafkaUnavailableError, StoreError
-from .events import Events, logged_and_counted
-from .logs import LIBRDKAFKA_LOG
-from .owners import new_owner
-from .records import DeadLetter, OutboxMessage
-from .retry import RetryPolicy
-from .sendloop import RESEND_DEFAULTS, InFlight, SendLoop, check_resend_config
-from .settle import Verdict, add_to
-from .stores.base import Outbox, Settlement
-from .stores.claimed import ids_of
+from outbox.budget import MESSAGE_OVERHEAD
+from outbox.drain.callbacks import CallbackErrors, guarded
+from outbox.drain.sendloop import RESEND_DEFAULTS, InFlight, SendLoop, check_resend_config
+from outbox.drain.settle import Verdict, add_to
+from outbox.errors import KafkaUnavailableError, StoreError
+from outbox.events import Events, logged_and_counted
+from outbox.logs import LIBRDKAFKA_LOG
+from outbox.records import DeadLetter, OutboxMessage
+from outbox.retry import RetryPolicy
+from outbox.stores.base import Outbox, Settlement
+from outbox.stores.claimed import ids_of
+from outbox.stores.owners import new_owner
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class Drainer:
         producer_config: confluent_kafka settings (bootstrap.servers, security, ...); passed
             through, on top of `DRAIN_DEFAULTS`. Its `error_cb`, `throttle_cb`, `stats_cb` and
             `oauth_cb` serve each worker's producer; one that raises is logged and counted in
-            `callback_errors` (`outbox.callbacks`).
+            `callback_errors` (`outbox.drain.callbacks`).
         retry: decides the next attempt or the dead letter after each failed send.
         workers: threads, each with its own producer.
         batch_size: rows claimed per transaction.
@@ -139,8 +139,8 @@ class Drainer:
             `retried`, `dead`), on a worker thread; a producer passes its own. Default: a fan-out
             of this drainer's, for `subscribe`; a listener that raises is logged and counted in
             `callback_errors`, and never ends the worker.
-        owner: lease owner name; default `outbox.owners.new_owner("drain")`, whose liveness
-            claimers can check (see outbox.owners). Other names keep leases until expiry.
+        owner: lease owner name; default `outbox.stores.owners.new_owner("drain")`, whose liveness
+            claimers can check (see outbox.stores.owners). Other names keep leases until expiry.
         on_store_error: called with each StoreError a background worker survived (it backs off
             and retries); `health` keeps the counts.
     """
@@ -368,7 +368,7 @@ class Drainer:
         # The next batch is claimed while one is produced and in flight, on the worker's claim
         # thread (stop-and-wait left the worker idle for most of each batch, and a claim that
         # waits on a database server would leave it idle still), and produced once that one is
-        # settled: the producer holds one batch at a time (`outbox.sendloop`). Its rows may
+        # settled: the producer holds one batch at a time (`outbox.drain.sendloop`). Its rows may
         # continue keys of the batch in flight (a claim does not count this worker's own leases
         # as blocking), which is safe because they are sent only after it, and only if all of it
         # was delivered.

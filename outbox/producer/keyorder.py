@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .budget import MemoryBudget
-from .errors import StoreError
-from .stores import Outbox
+from outbox.budget import MemoryBudget
+from outbox.errors import StoreError
+from outbox.stores import Outbox
 
 log = logging.getLogger("outbox")
 

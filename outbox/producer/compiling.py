@@ -8,7 +8,7 @@ written in Python. This module is never compiled, so its classes stay Python one
 - `PythonObject`: a plain Python base class. A compiled class with a Python class among its
   bases keeps all three (a ``__dict__`` and ``__weakref__`` come with it) while its methods and
   declared attributes stay compiled. `ResilientProducer` needs them: the exit hook holds
-  producers by weak reference (`outbox.exithook`), and applications subclass it and set
+  producers by weak reference (`outbox.producer.exithook`), and applications subclass it and set
   attributes on it.
 - `mypyc_attr`: mypy_extensions' class options for mypyc, seen by mypy and mypyc only; at run
   time it changes nothing (a compiled class never runs its decorators, and mypy_extensions

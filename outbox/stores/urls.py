@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from .errors import ConfigError
+from outbox.errors import ConfigError
 
 DEFAULT_TABLE = "outbox"
 _OUR_OPTIONS = {"currentschema", "schema", "table"}

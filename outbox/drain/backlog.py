@@ -7,7 +7,7 @@ Every PENDING row is in exactly one of these states at a given moment:
 * **leased** by an owner (a drainer or a write-ahead producer sending it) until the lease ends;
 * **waiting** behind an earlier row of its key (per-key order) that is backing off or leased.
 
-Dead letters are counted apart. An owner's liveness (`outbox.owners`) says whether a lease is
+Dead letters are counted apart. An owner's liveness (`outbox.stores.owners`) says whether a lease is
 really held: a gone owner's rows go to the next claimer at once.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .owners import Liveness
+from outbox.stores.owners import Liveness
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,7 @@ class OwnerLeases:
     """The rows one lease owner holds, and the rows of their keys queued behind them.
 
     Attributes:
-        owner: the owner's name as stored (see `outbox.owners`).
+        owner: the owner's name as stored (see `outbox.stores.owners`).
         liveness: alive, gone (its leases go to the next claimer) or unknown (they expire).
         leased: rows it holds.
         waiting: due rows of the same keys that wait for its rows first.

@@ -28,9 +28,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .budget import MemoryBudget
-from .keyorder import Key
-from .records import NewMessage
+from outbox.budget import MemoryBudget
+from outbox.producer.keyorder import Key
+from outbox.records import NewMessage
 
 #: A held message: the row, its `on_delivery`, its cost in bytes.
 Held = tuple[NewMessage, Any, int]

@@ -1,6 +1,6 @@
 """Is the cluster there? Asked on a librdkafka client of its own.
 
-A producer whose local queue is full asks this before it opens the circuit (`outbox.link`): a
+A producer whose local queue is full asks this before it opens the circuit (`outbox.producer.link`): a
 queue that stays full with nothing delivered means either the cluster is gone or hung, or one
 broker is gone and its partitions' messages fill the queue while the others deliver nothing new
 for want of room. A broker that answers a metadata request tells the two apart.
@@ -20,7 +20,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from .retry import a_broker_answers
+from outbox.retry import a_broker_answers
 
 __all__ = ["ClusterProbe"]
 

@@ -34,9 +34,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-from .errors import ProducerClosedError
-from .producer import HookedHeaders, ResilientProducer
-from .transactions import is_async_sqlalchemy, run_in_async_transaction
+from outbox.errors import ProducerClosedError
+from outbox.producer.resilient import HookedHeaders, ResilientProducer
+from outbox.transactions import is_async_sqlalchemy, run_in_async_transaction
 
 log = logging.getLogger(__name__)
 
