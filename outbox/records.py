@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 Headers = list[tuple[str, bytes | None]]
+#: A message's (topic, key): the unit of per-key order.
+Key = tuple[str, bytes]
 
 
 class Status(enum.IntEnum):

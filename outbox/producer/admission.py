@@ -10,15 +10,15 @@ Each message a `ResilientProducer` accepts takes one of four routes:
 - ``STORE``: into the outbox without a send. The circuit is not closed and the message may
   not probe.
 
-A message bound for the outbox may wait in the hold-back first (`holding_back`): while the
+A message bound for the outbox may wait in the hold-back first: while the
 circuit has just opened, or a keyed probe is out, what librdkafka still holds must reach the
 outbox first (`outbox.producer.holdback`).
 
-`Admission` is the only reader of the circuit, the key backlog and the hold-back on a
-message's way in: produce() asks `route` (write-ahead mode's `WriteAhead.write` too), the key
-backlog's handed-back messages ask `released`, and `Spill` asks `behind_key` again under the
-backlog's lock (a drained key may have been freed since `route`) and `holding_back` before the
-writer. What each route then does is the caller's: `FirstSend` sends, `Spill` stores.
+`Admission` decides a message's route on its way in: produce() asks `route` (write-ahead mode's
+`WriteAhead.write` too), and the key backlog's handed-back messages ask `released`. What each
+route then does is the caller's: `FirstSend` sends, `Spill` stores. A key admitted as HOLD may
+have been released since `route`: the key backlog asks again under its lock
+(`KeyBacklog.queue_behind_key`).
 
 The happy path pays one call: `route` reads the backlog's pending keys (an empty set is false)
 and the circuit's ``closed`` flag, both plain attributes kept exact by their owners.
@@ -99,16 +99,8 @@ class Admission:
             return STORE
         return PROBE if circuit.allow_probe() else STORE
 
-    def behind_key(self, topic: str, key: bytes) -> bool:
-        """Under the backlog's lock: does this key still have messages bound for the outbox?"""
-        return (topic, key) in self._backlog.pending
-
     def released(self) -> Route:
         """The route of a key's messages that a gate held while the key was handed back: SEND
         while the circuit is closed, else STORE (a gate's messages never probe: they go as a
         group, in order)."""
         return SEND if self._circuit.closed else STORE
-
-    def holding_back(self) -> bool:
-        """Does a message bound for the outbox wait in the hold-back before the writer?"""
-        return self._hold.active

@@ -28,11 +28,11 @@ from outbox.producer.admission import SEND
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.compiling import mypyc_attr
 from outbox.producer.fates import DeliveryCallback
-from outbox.producer.keyorder import Key
+from outbox.producer.keyorder import HeldMessage
 from outbox.producer.link import PURGE_CODES, KafkaLink
-from outbox.producer.spill import NOT_SENT_QUEUE_FULL, HeldMessage, Spill
+from outbox.producer.spill import NOT_SENT_QUEUE_FULL, Spill
 from outbox.producer.writer import GroupCommitWriter
-from outbox.records import Headers, NewMessage
+from outbox.records import Headers, Key, NewMessage
 from outbox.retry import RetryPolicy
 from outbox.tally import Tally
 
@@ -166,7 +166,7 @@ class FirstSend:
         gate go to Kafka in produce order. One that librdkafka does not take is stored, and so
         is every one after it (the key stays pending)."""
         if self._spill.admission.released() is not SEND:
-            self._spill.store_held(key, held)
+            self._spill.store_held(held)
             return
         produce = self._link.kafka.produce
         fence = self._fence
@@ -184,7 +184,7 @@ class FirstSend:
             except BufferError:  # no waiting under the lock: the delivery thread may need it
                 if fenced is not None:
                     self._spill.sent_reported(key)
-                self._spill.store_held(key, held[i:])
+                self._spill.store_held(held[i:])
                 return
             except KafkaException as exc:
                 if fenced is not None:
@@ -193,7 +193,7 @@ class FirstSend:
                     exc.args[0], msg.topic, msg.value, msg.key, msg.headers or [], msg.partition, msg.msg_id, cb, None,
                     msg.timestamp,
                 )
-                self._spill.store_held(key, held[i + 1 :])
+                self._spill.store_held(held[i + 1 :])
                 return
 
     def reported(self, key: Key) -> None:

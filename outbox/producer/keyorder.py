@@ -18,6 +18,11 @@ gets its held messages queued for the outbox behind them, as they would have bee
 The gate's messages count against the producer's memory budget (`outbox.budget`): once it is
 full, a key's next message ends that key's gate, and the producer ends every gate
 (`store_gated`) rather than wait for them, so a gate never makes `produce()` wait.
+
+`KeyBacklog` is also the one owner of the lock that keeps per-key order, and every step taken
+under it is a method here: marking a key and queueing its message (to the send fence, the
+hold-back or the writer), holding a gated key's message, and moving held messages on to the
+writer. A check of the store must never see a key marked while its message is in none of them.
 """
 
 from __future__ import annotations
@@ -26,15 +31,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
-from outbox.budget import MemoryBudget
+from outbox.budget import MemoryBudget, message_cost
 from outbox.errors import StoreError
+from outbox.producer.fates import DeliveryCallback
+from outbox.producer.holdback import Holdback
+from outbox.producer.sendfence import Held as Fenced
+from outbox.producer.sendfence import SendFence
+from outbox.records import Key, NewMessage
 from outbox.stores import Outbox
+from outbox.tally import Tally
 
 log = logging.getLogger("outbox")
-
-Key = tuple[str, bytes]
 
 RELEASE_EVERY = 0.25  # least seconds between two checks for keys whose outbox backlog is gone
 WATCH_EVERY = 1.0  # most seconds between two checks (rows drained by another process)
@@ -44,7 +53,17 @@ GATE_SECONDS = 1.0  # longest a gate holds a key's new messages in memory
 GATE_PAUSE = 1.0
 GATE_PAUSE_MAX = 8.0
 
-Held = list[Any]  # a gated key's held messages, in produce order (opaque to this module)
+#: A message bound for the outbox with its `on_delivery`, as a gate holds it.
+HeldMessage = tuple[NewMessage, DeliveryCallback | None]
+Held = list[HeldMessage]  # a gated key's held messages, in produce order
+
+
+class Writer(Protocol):
+    """What the backlog needs of the group-commit writer (`outbox.producer.writer`)."""
+
+    def add_new(self, msg: NewMessage, meta: Any = None, *, cost: int = 0) -> Any: ...
+
+    def flush(self) -> object: ...
 
 
 class KeyBacklog:
@@ -53,47 +72,49 @@ class KeyBacklog:
     Args:
         store: the outbox; read for every key with a pending row at start-up (rows an earlier
             process left) and for which keys still have rows.
-        flush: commits what the producer has queued for the store, so the check sees it.
-        holding: whether messages bound for the outbox are held in memory (neither queued nor
-            stored yet: the circuit has just opened); no key is released meanwhile.
+        writer: where marked messages are queued; flushed so that a check sees them.
+        hold: the hold-back: from the circuit's opening, what is bound for the outbox waits
+            here until librdkafka has handed back what it held (no key is released meanwhile).
+        fence: keys with first sends in librdkafka, behind which their outbox-bound messages
+            wait (no key is released while it holds any).
+        waiting: where a stored message's `on_delivery` waits for its fate (`outbox.producer.fates`).
+        outboxed: counts the messages bound for the outbox.
         may_check: whether a check is worth its query now (the producer: circuit not open).
-        send: called under `lock` with a released key's held messages: send them now, ahead of
+        send: called under the lock with a released key's held messages: send them now, ahead of
             the key's later messages. None: no gate (write-ahead mode: every message is stored).
-        store_held: called under `lock` with held messages of a key that stays pending: queue
-            them for the outbox (marking the key again).
         budget: the memory budget the held messages count against (the gate is one of its
             parts); None: the gate holds without a bound (tests of its logic).
-
-    `lock` makes "mark the key and queue its message" one step for the producer: a check must
-    never see a key marked while its message is in neither the writer nor the hold. Under it,
-    the producer puts a gated key's new message in `gated[key]` instead (see `hold`).
     """
 
     def __init__(
         self,
         store: Outbox,
+        writer: Writer,
+        hold: Holdback[NewMessage],
+        fence: SendFence,
         *,
-        flush: Callable[[], object],
-        holding: Callable[[], bool],
+        waiting: dict[str, DeliveryCallback],
+        outboxed: Tally,
         may_check: Callable[[], bool],
         send: Callable[[Key, Held], None] | None = None,
-        store_held: Callable[[Key, Held], None] | None = None,
         budget: MemoryBudget | None = None,
     ) -> None:
-        self.lock = threading.RLock()
+        self._lock = threading.RLock()
         self._budget = budget
         self._store = store
-        self._flush = flush
-        self._holding = holding
+        self._writer = writer
+        self._hold = hold
+        self._fence = fence
+        self._waiting = waiting
+        self._outboxed = outboxed
         self._may_check = may_check
         self._send = send
-        self._store_held = store_held
         #: The keys; read without the lock on the hot path (a set lookup is atomic under the GIL).
         self.pending: set[Key] = set()
         #: Keys being handed back to the fast path, with the messages held meanwhile.
         self.gated: dict[Key, Held] = {}
         self.held = 0  # messages in `gated`
-        self.held_bytes = 0  # what they cost (under `lock`; outbox.budget)
+        self.held_bytes = 0  # what they cost (under the lock; outbox.budget)
         self._gated_bytes: dict[Key, int] = {}  # the same, per gated key
         self._gate_pause = 0.0
         self._next_gate = 0.0
@@ -112,18 +133,87 @@ class KeyBacklog:
         """Start the `outbox-keys` thread (once `send` and `store_held` can be called)."""
         self._thread.start()
 
-    def mark(self, key: Key) -> None:
-        """A message of `key` is bound for the outbox (call under `lock`)."""
-        self.pending.add(key)
-        self._mark += 1
-        self._marks[key] = self._mark
-
     def add(self, key: Key) -> None:
         """`key` has a row in the store already (a write-ahead row that failed)."""
         self.pending.add(key)
 
-    def hold(self, key: Key, message: Any, cost: int) -> bool:
-        """Under `lock`: keep `message` (costing `cost` bytes) in memory if its key is gated
+    # -- the ways in: each marks the key and queues its message in one step -------------------
+
+    def queue(self, msg: NewMessage, cb: DeliveryCallback | None, cost: int = 0) -> None:
+        """Count `msg` as bound for the outbox and queue it: behind its key's first sends still
+        in librdkafka, in the hold-back, or for the writer. `cost`: its `message_cost`, if the
+        caller has it (0: computed here)."""
+        if msg.key is None:  # no key, no order to keep: no lock
+            self._queue(msg, cb, cost)
+            return
+        with self._lock:
+            self._queue(msg, cb, cost)
+
+    def queue_behind_key(self, msg: NewMessage, cb: DeliveryCallback | None, cost: int) -> bool:
+        """A keyed message admitted as waiting behind its key: queue it (or hold it, if the key is
+        gated) and return True; False if the key was released since it was admitted."""
+        assert msg.key is not None
+        key = (msg.topic, msg.key)
+        with self._lock:
+            if key not in self.pending:
+                return False
+            if not self._hold_gated(key, (msg, cb), cost):
+                self._queue(msg, cb, cost)
+            return True
+
+    def queue_held(self, held: Held) -> None:
+        """Messages a gate held (or that could not be sent after it), queued in order."""
+        with self._lock:
+            for msg, cb in held:
+                self._queue(msg, cb, 0)
+
+    def queue_stored(self, msg: NewMessage, cb: DeliveryCallback | None) -> Any:
+        """Write-ahead: a row stored for the drain workers, never held back; returns the writer's batch."""
+        with self._lock:
+            self._note(msg, cb)
+            return self._writer.add_new(msg)
+
+    def forward_fenced(self, held: list[Fenced]) -> None:
+        """Messages that waited behind their key's first sends go on to the writer, in order."""
+        if held:
+            with self._lock:  # a check must see them either held or in the writer
+                for msg, _, cost in held:
+                    self._to_writer(msg, cost)
+
+    def release_hold(self, *, source_empty: bool) -> None:
+        """The hold-back's messages go to the writer in produce order, if its time has come."""
+        with self._lock:  # a check must see these either held or in the writer
+            for msg in self._hold.release(source_empty=source_empty):
+                self._writer.add_new(msg)
+
+    def _note(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
+        """Under the lock if keyed: count a message bound for the outbox and mark its key."""
+        if msg.key is not None:
+            self.pending.add((msg.topic, msg.key))
+            self._mark += 1
+            self._marks[(msg.topic, msg.key)] = self._mark
+        if cb is not None:
+            self._waiting[msg.msg_id] = cb
+        self._outboxed.add()
+
+    def _queue(self, msg: NewMessage, cb: DeliveryCallback | None, cost: int) -> None:
+        self._note(msg, cb)
+        if not cost:
+            cost = message_cost(msg)
+        if msg.key is not None and self._fence.hold(msg, cb, cost):
+            return
+        self._to_writer(msg, cost)
+
+    def _to_writer(self, msg: NewMessage, cost: int) -> None:
+        if not (self._hold.active and self._hold.offer(msg, cost)):
+            self._writer.add_new(msg, cost=cost)
+
+    def _holding(self) -> bool:
+        """Are messages bound for the outbox held in memory (in neither the writer nor the store)?"""
+        return self._hold.active or self._fence.active
+
+    def _hold_gated(self, key: Key, message: HeldMessage, cost: int) -> bool:
+        """Under the lock: keep `message` (costing `cost` bytes) in memory if its key is gated
         (True), else False.
 
         With the memory budget full the key's gate ends here: its held messages go to the
@@ -144,7 +234,7 @@ class KeyBacklog:
     def store_gated(self) -> None:
         """End every gate, queueing what it held for the outbox: the memory budget is full, and
         the writer can make room by committing, where a gate would keep it until it ends."""
-        with self.lock:
+        with self._lock:
             for k in list(self.gated):
                 self._end_gate(k, released=False)
 
@@ -164,15 +254,15 @@ class KeyBacklog:
 
         Returns the candidates that still have rows (all of them while messages are held back).
         """
-        with self.lock:
+        with self._lock:
             if self._holding():  # held messages are in neither the writer nor the store yet
                 return candidates
             seen = self._mark  # every message marked up to here is already in the writer
         # Not under the lock: produce() needs it for every message of a pending key, and the
         # commit and the query take milliseconds (holding it stalled the application).
-        self._flush()  # rows queued up to `seen` are committed: the query sees them
+        self._writer.flush()  # rows queued up to `seen` are committed: the query sees them
         still = self._store.keys_with_pending(sorted(candidates))
-        with self.lock:
+        with self._lock:
             for k in candidates - still:
                 if self._marks.get(k, 0) <= seen:  # nothing bound for the outbox since we looked
                     self.pending.discard(k)
@@ -184,7 +274,7 @@ class KeyBacklog:
 
         Returns how many keys were released. Every gate has ended when it returns.
         """
-        with self.lock:
+        with self._lock:
             if self._send is None or self._holding():
                 return 0
             for k in keys:
@@ -195,13 +285,13 @@ class KeyBacklog:
             seen = self._mark
         released = 0
         try:
-            self._flush()  # every message of these keys marked so far is in the store
+            self._writer.flush()  # every message of these keys marked so far is in the store
             deadline = clock() + GATE_SECONDS
-            with self.lock:  # produce() may end a gate (memory budget) meanwhile
+            with self._lock:  # produce() may end a gate (memory budget) meanwhile
                 left = set(self.gated)
             while left:
                 still = self._store.keys_with_pending(sorted(left))
-                with self.lock:
+                with self._lock:
                     for k in left - still:
                         if k in self.gated:
                             ok = self._marks.get(k, 0) <= seen and not self._holding()
@@ -212,7 +302,7 @@ class KeyBacklog:
                 self._drained.wait(0.05)  # a drain delivery of a pending key wakes it early
                 self._drained.clear()
         finally:
-            with self.lock:
+            with self._lock:
                 for k in list(self.gated):
                     self._end_gate(k, released=False)
         return released
@@ -238,8 +328,7 @@ class KeyBacklog:
                 self._marks.pop(key, None)
                 return True
         elif held:
-            assert self._store_held is not None
-            self._store_held(key, held)
+            self.queue_held(held)
         return False
 
     def _gate(self, keys: set[Key]) -> None:
@@ -265,7 +354,7 @@ class KeyBacklog:
                     "new messages of those keys may overtake them: %s", exc,
                 )
             return False
-        with self.lock:
+        with self._lock:
             self.pending |= keys
         return True
 
@@ -291,7 +380,7 @@ class KeyBacklog:
                 continue
             try:
                 started = time.monotonic()
-                with self.lock:
+                with self._lock:
                     keys = set(self.pending)
                 still = self.release_delivered(keys)
                 # At most a tenth of a thread's time: with very many keys one check takes long.

@@ -55,14 +55,14 @@ from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.compiling import PythonObject
 from outbox.producer.fates import DeadLetterCallback, DeliveryCallback, Fates
 from outbox.producer.firstsend import FirstSend
-from outbox.producer.keyorder import Held, Key, KeyBacklog
+from outbox.producer.keyorder import Held, KeyBacklog
 from outbox.producer.link import KafkaLink, queue_limits
 from outbox.producer.serialization import Serializer, Serializers
 from outbox.producer.served import Served
 from outbox.producer.spill import NOT_SENT_CIRCUIT_OPEN, Spill
 from outbox.producer.writeahead import WriteAhead
 from outbox.producer.writer import GroupCommitWriter
-from outbox.records import DeadLetter, Headers, NewMessage, StoreStats
+from outbox.records import DeadLetter, Headers, Key, NewMessage, StoreStats
 from outbox.retry import RetryPolicy
 from outbox.stores import Outbox, open_outbox
 from outbox.stores.owners import new_owner

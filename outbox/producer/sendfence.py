@@ -29,8 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from outbox.budget import MemoryBudget
-from outbox.producer.keyorder import Key
-from outbox.records import NewMessage
+from outbox.records import Key, NewMessage
 
 #: A held message: the row, its `on_delivery`, its cost in bytes.
 Held = tuple[NewMessage, Any, int]

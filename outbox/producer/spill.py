@@ -11,8 +11,8 @@ messages in produce order on that way (README, "Order per key"):
   same while a keyed message probes the half-open circuit (if it fails it is stored, ahead of
   its key's later messages).
 
-`KeyBacklog.lock` makes "mark the key and queue its message" one step: a check of the store must
-never see a key marked while its message is in neither the writer nor the hold-back.
+Both, and the send fence, are owned by the key backlog, which alone takes the lock that makes
+"mark the key and queue its message" one step; this module builds the rows and decides when.
 
 All three hold messages in memory against one budget in bytes (`outbox.budget`): an application
 thread waits for room before it queues a message (`wait_for_room`), the delivery thread never does.
@@ -30,11 +30,11 @@ from outbox.producer.admission import Admission
 from outbox.producer.circuit import CircuitBreaker, CircuitState
 from outbox.producer.fates import DeliveryCallback, Fates
 from outbox.producer.holdback import Holdback
-from outbox.producer.keyorder import Key, KeyBacklog
+from outbox.producer.keyorder import Held, KeyBacklog
 from outbox.producer.link import KafkaLink
-from outbox.producer.sendfence import Held, SendFence
+from outbox.producer.sendfence import SendFence
 from outbox.producer.writer import GroupCommitWriter
-from outbox.records import Headers, NewMessage
+from outbox.records import Headers, Key, NewMessage
 from outbox.stores import Outbox
 from outbox.tally import Tally
 
@@ -44,9 +44,6 @@ NOT_SENT_QUEUE_FULL = "not sent: local queue full"
 NOT_SENT_KEY_WAITS = "not sent: key has messages in the outbox"
 
 _new_tuple = tuple.__new__
-
-#: A message and its `on_delivery`, as the gate holds them.
-HeldMessage = tuple[NewMessage, DeliveryCallback | None]
 
 
 class Spill:
@@ -91,7 +88,6 @@ class Spill:
         self._gate = gate
         self._link = link
         self._circuit = circuit
-        self._waiting = fates.waiting
         # Messages this process queued for the outbox or handed to the drain: counted by the
         # application's threads, the delivery thread (failed first sends) and the writer thread.
         self.outboxed = Tally()
@@ -112,11 +108,13 @@ class Spill:
         # a released key lets one through.
         self.backlog = KeyBacklog(
             store,
-            flush=lambda: writer.flush(),
-            holding=lambda: self.hold.active or self.fence.active,
+            writer,
+            self.hold,
+            self.fence,
+            waiting=fates.waiting,
+            outboxed=self.outboxed,
             may_check=lambda: circuit.state is not CircuitState.OPEN,
             send=events.key_released if gate else None,
-            store_held=self.store_held if gate else None,
             budget=self.budget,
         )
         self.admission = Admission(circuit, self.backlog, self.hold, probes=gate, keyed_probes=keyed_probes)
@@ -135,21 +133,15 @@ class Spill:
         if the key was freed since (then the caller asks `admission.route` again).
 
         After an outage this is the path of nearly every message until the backlog is drained,
-        and the drain shares this process's interpreter lock: so it marks and queues the row
-        under the one lock it already holds (`queue`), not through `store`.
+        and the drain shares this process's interpreter lock: so the check that the key still
+        waits and the queueing are one step of the backlog's.
         """
         k = key if key.__class__ is bytes else as_bytes(key)
         assert k is not None  # admitted as HOLD: keyed
         msg = unsent_row(topic, value, k, hdrs, partition, msg_id, NOT_SENT_KEY_WAITS, timestamp)
         cost = message_cost(msg)
-        self.wait_for_room(cost)  # outside the lock: the writer's hooks may need it
-        backlog = self.backlog
-        with backlog.lock:
-            if not self.admission.behind_key(topic, k):
-                return False
-            if not backlog.hold((topic, k), (msg, cb), cost):  # held while the key is handed back
-                self.queue(msg, cb, cost)
-            return True
+        self.wait_for_room(cost)  # outside the backlog's lock: the writer's hooks may need it
+        return self.backlog.queue_behind_key(msg, cb, cost)
 
     def store_unsent(
         self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
@@ -167,53 +159,17 @@ class Spill:
         """
         cost = message_cost(msg)
         if wait:
-            self.wait_for_room(cost)  # outside the lock, which the delivery thread needs
-        if msg.key is None:
-            self.queue(msg, cb, cost)
-            return
-        # Marking the key and queueing the message are one step (KeyBacklog.lock).
-        with self.backlog.lock:
-            self.queue(msg, cb, cost)
+            self.wait_for_room(cost)  # outside the backlog's lock, which the delivery thread needs
+        self.backlog.queue(msg, cb, cost)
 
-    def store_held(self, key: Key, held: list[HeldMessage]) -> None:
-        """Under the backlog's lock: messages the gate held, queued for the outbox in order."""
-        for msg, cb in held:
-            self.queue(msg, cb)
-
-    def note(self, msg: NewMessage, cb: DeliveryCallback | None) -> None:
-        """Count a message bound for the outbox; its key's later messages queue behind it.
-        A keyed message: under the backlog's lock."""
-        if msg.key is not None:
-            self.backlog.mark((msg.topic, msg.key))
-        if cb is not None:
-            self._waiting[msg.msg_id] = cb
-        self.outboxed.add()
-
-    def queue(self, msg: NewMessage, cb: DeliveryCallback | None, cost: int = 0) -> None:
-        """Count `msg` as bound for the outbox and queue it for the writer (or the hold-back).
-        A keyed message: under the backlog's lock (marking its key and queueing it are one step).
-        `cost`: its `message_cost`, if the caller has it (0: computed here)."""
-        self.note(msg, cb)
-        if not cost:
-            cost = message_cost(msg)
-        if msg.key is not None and self.fence.hold(msg, cb, cost):
-            return
-        self._to_writer(msg, cost)
-
-    def _to_writer(self, msg: NewMessage, cost: int) -> None:
-        if not (self.admission.holding_back() and self.hold.offer(msg, cost)):
-            self._writer.add_new(msg, cost=cost)
+    def store_held(self, held: Held) -> None:
+        """Messages a gate held, queued for the outbox in order (the key stays pending)."""
+        self.backlog.queue_held(held)
 
     def sent_reported(self, key: Key) -> None:
         """librdkafka reported a first send of `key`, or did not take it after all; if it held no
         other, the key's messages that waited go on to the writer, in produce order."""
-        self._queue_fenced(self.fence.reported(key))
-
-    def _queue_fenced(self, held: list[Held]) -> None:
-        if held:
-            with self.backlog.lock:  # a backlog check must see them either held or in the writer
-                for msg, _, cost in held:
-                    self._to_writer(msg, cost)
+        self.backlog.forward_fenced(self.fence.reported(key))
 
     def wait_for_room(self, cost: int) -> None:
         """Application threads: block while the memory budget has no room for `cost` more bytes.
@@ -250,13 +206,13 @@ class Spill:
         if self.hold.active:
             self.release_held()
         if self.fence.active:
-            self._queue_fenced(self.fence.overdue())
+            self.backlog.forward_fenced(self.fence.overdue())
 
     def release_held(self, *, force: bool = False) -> None:
         """Delivery thread: store held messages in produce order once librdkafka returned the rest
         (`force`: at once, with every fenced key's, at close())."""
         if force:
-            self._queue_fenced(self.fence.overdue(force=True))
+            self.backlog.forward_fenced(self.fence.overdue(force=True))
         closed = self._circuit.closed
         in_grace = self.hold.in_grace()
         if not force and self._purge_stragglers and (not closed or in_grace):
@@ -269,9 +225,7 @@ class Spill:
         # the README's window. Write-ahead mode sends nothing new while the hold lasts
         # (`outbox.producer.admission`), so it waits for "empty" (or the hold's time).
         empty = force or (closed and self._gate and not in_grace) or len(self._link) == 0
-        with self.backlog.lock:  # a backlog check must see these either held or in the writer
-            for msg in self.hold.release(source_empty=empty):
-                self._writer.add_new(msg)
+        self.backlog.release_hold(source_empty=empty)
 
 
 #: Seconds after the circuit opens during which the hold-back lasts and what librdkafka's queue

@@ -114,9 +114,7 @@ class WriteAhead:
             batch = self._writer.add_new(msg, cb, leased=True, wait=True)
         else:  # stored for the drain workers; write-ahead rows never need holding back
             self._writer.wait_for_room()
-            with self._backlog.lock:
-                self._spill.note(msg, cb)
-                batch = self._writer.add_new(msg)
+            batch = self._backlog.queue_stored(msg, cb)
         if self._sync:
             batch.done.wait()
             if batch.error is not None:

@@ -14,7 +14,10 @@ from outbox.producer.admission import HOLD, PROBE, SEND, STORE, Admission
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.holdback import Holdback
 from outbox.producer.keyorder import KeyBacklog
+from outbox.producer.sendfence import SendFence
+from outbox.records import NewMessage
 from outbox.stores.memory import MemoryOutbox
+from outbox.tally import Tally
 
 
 class Clock:
@@ -25,13 +28,33 @@ class Clock:
         return self.now
 
 
+class QueuedRows:
+    """The writer's part the key backlog uses: keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.rows: list[NewMessage] = []
+
+    def add_new(self, msg: NewMessage, meta: object = None, *, cost: int = 0) -> None:
+        self.rows.append(msg)
+
+    def flush(self) -> int:
+        return 0
+
+
 class Parts:
     def __init__(self, *, probes: bool = True, keyed_probes: bool = False) -> None:
         self.clock = Clock()
         self.circuit = CircuitBreaker(failure_threshold=1, reset_timeout=5.0, clock=self.clock)
         self.store = MemoryOutbox()
-        self.backlog = KeyBacklog(self.store, flush=lambda: 0, holding=lambda: False, may_check=lambda: False)
-        self.hold: Holdback[str] = Holdback(lambda s: s, budget=MemoryBudget(1 << 20), clock=self.clock)
+        self.hold: Holdback[NewMessage] = Holdback(
+            lambda m: m.msg_id, budget=MemoryBudget(1 << 20), clock=self.clock
+        )
+        fence = SendFence(tracking=False, budget=MemoryBudget(1 << 20), on_full=lambda: None, clock=self.clock,
+                          longest=30.0)
+        self.writer = QueuedRows()
+        self.backlog = KeyBacklog(
+            self.store, self.writer, self.hold, fence, waiting={}, outboxed=Tally(), may_check=lambda: False
+        )
         self.admission = Admission(self.circuit, self.backlog, self.hold, probes=probes, keyed_probes=keyed_probes)
 
     def open_circuit(self) -> None:
@@ -56,11 +79,9 @@ def test_a_closed_circuit_and_no_waiting_key_sends(parts: Parts) -> None:
 
 
 def test_a_key_with_messages_bound_for_the_outbox_holds_its_new_ones_behind_them(parts: Parts) -> None:
-    with parts.backlog.lock:
-        parts.backlog.mark(("t", b"k"))
+    parts.backlog.queue(NewMessage("t", b"v", b"k"), None)
     assert parts.admission.route("t", b"k") is HOLD
     assert parts.admission.route("t", "k") is HOLD  # str keys are compared as their UTF-8 bytes
-    assert parts.admission.behind_key("t", b"k")
     # Only that key of that topic: the rest of the traffic still goes straight to Kafka.
     assert parts.admission.route("t", b"other") is SEND
     assert parts.admission.route("u", b"k") is SEND
@@ -69,8 +90,7 @@ def test_a_key_with_messages_bound_for_the_outbox_holds_its_new_ones_behind_them
 
 def test_the_key_is_asked_before_the_circuit_so_a_waiting_key_never_probes() -> None:
     p = Parts(keyed_probes=True)
-    with p.backlog.lock:
-        p.backlog.mark(("t", b"k"))
+    p.backlog.queue(NewMessage("t", b"v", b"k"), None)
     p.half_open()
     assert p.admission.route("t", b"k") is HOLD
     assert p.admission.route("t", b"free") is PROBE  # the probe was not spent on the waiting key
@@ -104,10 +124,10 @@ def test_keyed_probes_when_allowed() -> None:
 def test_nothing_probes_while_the_hold_back_holds(parts: Parts) -> None:
     parts.half_open()
     parts.hold.start(30)
-    assert parts.admission.holding_back()
+    assert parts.hold.active
     assert parts.admission.route("t", None) is STORE
     assert parts.hold.release(source_empty=True) == []
-    assert not parts.admission.holding_back()
+    assert not parts.hold.active
     assert parts.admission.route("t", None) is PROBE
 
 
