@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outbox.drain.backlog import Backlog, OwnerLeases
+from outbox.stores.backlog import Backlog, OwnerLeases
 from outbox.stores.owners import Liveness, describe_owner
 
 from . import format as fmt

@@ -37,12 +37,12 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from outbox.drain.idempotence import KEY as IDEMPOTENCE
+from outbox.drain.idempotence import conflicts, is_set, number
 from outbox.drain.settle import DELIVERED, Decision, Verdict, settle
 from outbox.errors import ConfigError
 from outbox.headers import ID_HEADER, for_resend, resent_once
 from outbox.logs import with_librdkafka_log
-from outbox.producer.idempotence import KEY as IDEMPOTENCE
-from outbox.producer.idempotence import conflicts, is_set, number
 from outbox.records import Headers
 from outbox.retry import UNREACHABLE_CODES, RetryPolicy, a_broker_answers
 from outbox.stores.claimed import LazyClaim, Resend

@@ -32,6 +32,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin._metadata import ClusterMetadata
 
 from outbox.budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
+from outbox.drain import idempotence
 from outbox.drain.process import DrainProcess
 from outbox.drain.sendloop import check_resend_config
 from outbox.drain.workers import DEFAULT_BATCH_SIZE, Drainer
@@ -49,7 +50,7 @@ from outbox.payload import (
     check_topic,
     normalize_headers,
 )
-from outbox.producer import exithook, idempotence
+from outbox.producer import exithook
 from outbox.producer.admission import HOLD, PROBE, SEND, STORE
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.compiling import PythonObject
@@ -134,7 +135,7 @@ class ResilientProducer(PythonObject):
             defaults: `message.timeout.ms` is 30000 (librdkafka: 300000), and
             `enable.idempotence` is True (librdkafka: False) unless `acks`, `max.in.flight` or
             `retries` rule it out, as in the Java producer since Kafka 3.0: per-key order needs
-            it (`outbox.producer.idempotence`). As with confluent_kafka,
+            it (`outbox.drain.idempotence`). As with confluent_kafka,
             they may also be given as keyword arguments (``ResilientProducer(**conf)``), and
             `logger=` sets the `logger` setting. Its `error_cb`,
             `throttle_cb`, `stats_cb` and `oauth_cb` serve every librdkafka client the producer
@@ -278,7 +279,7 @@ class ResilientProducer(PythonObject):
         if self._default_on_delivery is not None and not callable(self._default_on_delivery):
             raise TypeError(f"on_delivery must be callable, got {type(self._default_on_delivery).__name__}")
         # Idempotent unless the caller's settings rule it out: per-key order on the fast path
-        # needs it (`outbox.producer.idempotence`).
+        # needs it (`outbox.drain.idempotence`).
         self._config = idempotence.with_default({**PRODUCER_DEFAULTS, **config})
         self._config.setdefault("logger", LIBRDKAFKA_LOG)  # librdkafka's lines to logging, summarised
         rdkafka_queue, rdkafka_reserve = queue_limits(self._config, memory_budget)

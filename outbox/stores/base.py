@@ -17,9 +17,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox.drain.backlog import Backlog
 from outbox.errors import ConfigError
 from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from outbox.stores.backlog import Backlog
 from outbox.stores.bulk import BulkRead
 from outbox.stores.codec import decode_headers, encode_headers
 from outbox.stores.owners import Liveness
@@ -444,7 +444,7 @@ class StoreAdmin(abc.ABC):
     @abc.abstractmethod
     def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
         """What is left (of one topic, or all) and why: due now, backing off, leased by whom (alive or gone), waiting
-        behind which owner's rows, dead-lettered (`outbox.drain.backlog`). One full read of the table:
+        behind which owner's rows, dead-lettered (`outbox.stores.backlog`). One full read of the table:
         for operators and the CLI, not for hot paths."""
 
 

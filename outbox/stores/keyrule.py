@@ -5,7 +5,7 @@ The rule: a PENDING message is not sent while an earlier PENDING message of the 
 key is held elsewhere (leased to another sender, backing off, or left out of this selection), so
 one key's messages leave in id order. Messages without a key never wait. The SQL dialects state
 the same rule in their claims (`SQLiteOutbox._keep_key_order`, `PostgresOutbox._keep_key_order`)
-and in `outbox.drain.backlog.backlog_sql`.
+and in `outbox.stores.backlog.backlog_sql`.
 """
 
 from __future__ import annotations

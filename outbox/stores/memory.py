@@ -17,7 +17,10 @@ import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 
-from outbox.drain.backlog import (
+from outbox.errors import UnknownMessageError
+from outbox.records import AuditEntry, DeadLetterFilter, Headers, NewMessage, OutboxMessage, Status, StoreStats
+from outbox.stores import keyrule
+from outbox.stores.backlog import (
     BACKING_OFF,
     DEAD,
     DUE,
@@ -27,9 +30,6 @@ from outbox.drain.backlog import (
     Backlog,
     backlog_from_rows,
 )
-from outbox.errors import UnknownMessageError
-from outbox.records import AuditEntry, DeadLetterFilter, Headers, NewMessage, OutboxMessage, Status, StoreStats
-from outbox.stores import keyrule
 from outbox.stores.base import (
     Applied,
     Capabilities,
@@ -341,7 +341,7 @@ class MemoryOutbox(Outbox):
         )
 
     def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
-        """`outbox.drain.backlog.backlog_sql`'s states, computed in Python."""
+        """`outbox.stores.backlog.backlog_sql`'s states, computed in Python."""
         with self._lock:
             rows = list(self._rows.values())
             owners = dict(self._owners)

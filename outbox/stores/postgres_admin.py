@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from outbox.drain.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.errors import UnknownMessageError
 from outbox.records import AuditEntry, DeadLetterFilter, OutboxMessage, Status, StoreStats
 from outbox.stores import grouped
+from outbox.stores.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.stores.base import (
     COLUMNS,
     StoreAdmin,

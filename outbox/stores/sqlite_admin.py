@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from outbox.drain.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.errors import UnknownMessageError
 from outbox.records import AuditEntry, DeadLetterFilter, OutboxMessage, StoreStats
 from outbox.stores import grouped
+from outbox.stores.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.stores.base import (
     COLUMNS,
     StoreAdmin,

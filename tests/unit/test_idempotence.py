@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Producer
 
 from outbox import ResilientProducer
-from outbox.producer.idempotence import conflicts, with_default
+from outbox.drain.idempotence import conflicts, with_default
 
 NO_BROKER = {"bootstrap.servers": "127.0.0.1:1", "statistics.interval.ms": 50}
 
