@@ -27,13 +27,13 @@ class HookedHeaders(list[tuple[str, Any]]):
 class IdGenerator:
     """Unique message ids: a random 64-bit prefix per generator plus a counter, 32 hex digits.
 
-    uuid4() costs a getrandom() system call per message (0.63 x of the raw producer's rate:
-    docs/DESIGN.md); 64 random bits make a clash between two generators negligible. The prefix and
-    the counter are one integer, ``1 << 128 | prefix << 64 | counter``, counted by a `Tally`
-    (an itertools.count): `hex()` of it is "0x1" and then the 32 digits, so an id is a slice of one
-    hex(), and `next` runs in C from end to end. That makes it atomic under the interpreter lock
-    (unique across threads without a lock) and cheap: 0.39 µs per id, where
-    ``f"{prefix}{n:016x}"`` cost 1.08 (a zero-padded format is slow).
+    uuid4() costs a getrandom() system call per message (a heavy cost on the happy path:
+    docs/DESIGN.md); 64 random bits make a clash between two generators
+    negligible. The prefix and the counter are one integer, ``1 << 128 | prefix << 64 | counter``,
+    counted by a `Tally` (an itertools.count): `hex()` of it is "0x1" and then the 32 digits, so
+    an id is a slice of one hex(), and `next` runs in C from end to end. That makes it atomic
+    under the interpreter lock (unique across threads without a lock) and cheap: about a third of
+    what ``f"{prefix}{n:016x}"`` cost (a zero-padded format is slow).
     """
 
     __slots__ = ("_count", "next")

@@ -17,7 +17,7 @@ retried, dead-lettered) are process-wide totals: the SDK keeps no per-topic coun
 hot path, and adding them would cost a dict update per message.
 
 Not exported: a produce()-call latency histogram. Timing every call costs two clock reads and a
-bucket update per message (~0.3 µs against a ~5 µs budget at 200k msg/s); time ``produce()`` in
+bucket update per message (a few per cent of the per-message budget); time ``produce()`` in
 the application if it matters.
 """
 

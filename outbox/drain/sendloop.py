@@ -15,13 +15,13 @@ showed its drain worker spending a fifth of its time in poll(0) serving success 
 
 Every sender of this package calls `Producer.produce()` with positional arguments, in
 confluent-kafka's order (topic, value, key, partition, on_delivery, callback, timestamp,
-headers): it parses keyword arguments by name on every call, which cost 1.1-1.5 µs of a
-1.6 µs call (200 B, headers, a callback; timed against an unreachable broker, nothing sent).
+headers): it parses keyword arguments by name on every call, which was most of the call's
+time (docs/benchmarks.md, 'Why the code is shaped as it is').
 `tests/unit/test_sendloop.py` checks that order against the installed confluent-kafka.
 
 Delivery reports carry no headers, so each message's callback knows its index in the batch: a
 `functools.partial` of the index, made once per index and reused by every batch (making one per
-message cost 0.9 µs). Its report lands in the errors of the batch on the producer, which is
+message was costly). Its report lands in the errors of the batch on the producer, which is
 always the one batch in flight; a batch given up at a stop with messages still in flight leaves
 the callbacks to them behind, and the next batch gets new ones.
 """
@@ -52,12 +52,10 @@ log = logging.getLogger(__name__)
 #: The least `linger.ms` of a re-sending producer: a caller's smaller value (or its alias
 #: `queue.buffering.max.ms`) is raised to it. A re-sender produces a claimed batch of thousands at
 #: once and then flushes it, and librdkafka's flush() sends what lingers at once (since 1.8), so
-#: lingering costs a batch nothing and makes fewer, larger produce requests. Measured with
-#: `benchmarks/profile_threads.py`'s drain run for each setting on one 3-broker cluster (300,000
-#: rows, one worker, batches of 5,000, medians of 3 interleaved runs): the brokers spent 8.9 →
-#: 5.5 µs of CPU per message at 20 ms instead of 5, and the drain made 71k → 81k msgs/s on this
-#: 2-core machine. The application's own producer keeps the caller's `linger.ms`: there one
-#: message's latency matters.
+#: lingering costs a batch nothing and makes fewer, larger produce requests: at 20 ms instead of
+#: 5 the brokers spent over a third less CPU per message and the drain ran faster (see
+#: docs/benchmarks.md, 'Why the code is shaped as it is'). The application's own producer keeps
+#: the caller's `linger.ms`: there one message's latency matters.
 RESEND_MIN_LINGER_MS = 20
 
 #: Settings every re-sending producer gets unless the caller's config says otherwise.

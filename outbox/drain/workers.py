@@ -48,11 +48,10 @@ log = logging.getLogger(__name__)
 DRAIN_DEFAULTS: Mapping[str, Any] = RESEND_DEFAULTS
 
 #: Rows claimed per transaction. Deleting a batch touches one `outbox_key` index page per key in
-#: it, so the commit's cost is per key, not per row: 5,000 rows over 1,000 keys cost ~13 us/row
-#: to commit where 1,000 rows cost ~45 (SQLite, WAL); one worker drained 13.8k rows/s instead of
-#: 7.9k (py-spy and per-stage thread CPU of a 200k-row drain). 10,000 rather than 5,000: the
-#: producer is idle while a batch is settled and the next one produced, once per batch; one
-#: worker drained 81k → 86k msgs/s (3 brokers, 20 ms linger, medians of 3).
+#: it, so the commit's cost is per key, not per row: with several rows per key a row commits
+#: several times more cheaply and a worker drains nearly twice as fast. 10,000 rather than
+#: 5,000: the producer is idle while a batch is settled and the next one produced, once per
+#: batch, so fewer batches idle it less (docs/benchmarks.md, 'Why the code is shaped as it is').
 DEFAULT_BATCH_SIZE = 10_000
 _BACKOFF_MAX = 5.0  # longest pause between tries while the store fails (seconds)
 _CLUSTER_RETRY = 2.0  # pause between "is a broker up?" probes while the cluster is down (seconds)

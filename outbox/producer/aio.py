@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 AsyncDeliveryCallback = Callable[[KafkaError | None, Message | None], None]
 
 # Futures resolved per round of the submit thread: bounds how long the first caller of a
-# burst waits for the last one's produce() (each ~5-10 µs on the fast path).
+# burst waits for the last one's produce() (brief each, but they add up).
 _ROUND = 256
 _STOP = object()
 _Result = tuple["asyncio.Future[str]", str | None, BaseException | None]

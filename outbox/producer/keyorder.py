@@ -7,10 +7,10 @@ to the outbox, and a thread of its own (`outbox-keys`) releases the keys whose r
 delivered, by this process or by anyone else. It is the one place keys are released.
 
 A key whose application keeps producing is never found without rows: its next message is stored
-before the drain has delivered the last one (at 25 % of R0 over 1,000 keys a key gets a message
-every 36 ms, and a drain round takes longer), so after an outage every message of every key went
-through the outbox until the traffic stopped (the recovery benchmark: 1,000 keys waiting, no
-first-try delivery, for four minutes after the restart). So the thread also *hands keys back*:
+before the drain has delivered the last one (in the recovery benchmark a key's next message
+comes sooner than a drain round ends), so after an outage every message of every key went
+through the outbox until the traffic stopped (the recovery benchmark: every key waiting, no
+first-try delivery, for minutes after the restart). So the thread also *hands keys back*:
 for at most `GATE_SECONDS` it holds their new messages in memory (the gate) while it waits for
 their stored rows to be delivered; a key whose rows are all gone is released and its held
 messages are sent, in order, ahead of anything produced later; a key whose rows outlast the gate
@@ -365,7 +365,7 @@ class KeyBacklog:
         `WATCH_EVERY` seconds for rows delivered by anyone else (`outbox drain`, a sidecar with
         `drain_workers=0`, another producer of a PostgreSQL fleet). The drain workers never wait
         for a check: it flushes the writer first, and a drain worker that waited for the writer's
-        commit spent 18 % of its time there (recovery profile, 10 % of R0).
+        commit spent nearly a fifth of its time there (a recovery profile).
         """
         failing = False
         rest = RELEASE_EVERY

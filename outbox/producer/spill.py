@@ -246,8 +246,8 @@ def unsent_row(
     """The row of a message that was not sent: due at once, `why` (a `NOT_SENT_*`) as its last error,
     stamped `timestamp`, or now (the produce() call's time) if that is 0."""
     now = time.time()
-    # Built as the tuple it is: NamedTuple's generated __new__ is a Python call (0.5 µs of a
-    # key-waits path that every message of a recovering key takes); bytes skip as_bytes().
+    # Built as the tuple it is: NamedTuple's generated __new__ is a Python call, on a key-waits
+    # path that every message of a recovering key takes; bytes skip as_bytes().
     return _new_tuple(NewMessage, (
         topic, value if value.__class__ is bytes else as_bytes(value),
         key if key.__class__ is bytes else as_bytes(key), hdrs, partition, msg_id, 0, None, why, now, None, None,

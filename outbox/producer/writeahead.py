@@ -104,7 +104,7 @@ class WriteAhead:
         # Sent by us after the commit if admitted as SEND; otherwise (Kafka not known up, or the
         # key waits behind its rows) left to the drain workers. Write-ahead never probes.
         send_now = self._route(topic, kb) is SEND
-        # Built as the tuple it is: NamedTuple's generated __new__ is a Python call (0.2 µs).
+        # Built as the tuple it is: NamedTuple's generated __new__ is a Python call.
         msg = _new_tuple(
             NewMessage,
             (topic, as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now, None, None,
@@ -204,8 +204,8 @@ class SentBatch:
     - *per row*, when some row's caller hears of its delivery (`successes_heard`): each send
       carries a `SentReport` naming its row, and `on_report` runs for every report.
     - *shared*, otherwise: every send carries the batch's one `report` method, so a send makes
-      no object of its own (a `SentReport` per message cost the writer thread 0.7-1.0 µs per
-      `produce()`, its creation and the garbage collector's walks over up to 100,000 alive). A
+      no object of its own (a `SentReport` per message taxed every `produce()` of the writer
+      thread: its creation and the garbage collector's walks over up to 100,000 alive). A
       success is only counted. A failure report carries no headers, so its row is found by
       content (topic, key, value); every undecided row with that content is taken as failed, so
       when two rows are alike and one was delivered, both are sent again (at-least-once, with
@@ -242,7 +242,7 @@ class SentBatch:
         # produce(), which gets no report); the one numbered len(ids) settles the batch. Each
         # outcome is recorded before it takes its number, so that one sees them all. A count's
         # next() is one call that the interpreter lock makes atomic: a lock taken per success
-        # cost the delivery thread 0.45 µs more per message.
+        # cost the delivery thread much more per message.
         self._next_outcome = itertools.count(1).__next__
         self._by_content: dict[tuple[str, bytes | None, bytes | None], list[int]] | None = None
         # Failure reports come on the delivery thread, a refused produce() on the writer thread.

@@ -1,10 +1,10 @@
 """Several messages in one store row (a *group*, in SQLite and PostgreSQL): the row format, in
 one module.
 
-Why: one row per message costs a row inserted, leased and deleted, ~60 µs of store CPU, most of
-it B-tree work per row that no schema tuning removes (docs/DESIGN.md). A writer batch of
-`GROUP_MIN` or more messages of one topic is stored as one row instead, and a drained message
-then costs its encoding, its decoding and its send.
+Why: one row per message costs a row inserted, leased and deleted, several times a group's store
+CPU, most of it B-tree work per row that no schema tuning removes (docs/DESIGN.md). A writer
+batch of `GROUP_MIN` or more messages of one topic is stored as one row instead, and a drained
+message then costs its encoding, its decoding and its send.
 
 A group row is never rewritten. Its id `G` is reserved and its messages take the ids
 `G + 1 … G + n`, so ids still order every message of the store. A claim leases the row whole; a
@@ -164,7 +164,7 @@ def columns_of(body: bytes, group_id: int) -> tuple[list[Any], ...]:
     last_error and record timestamps.
 
     Why: building each message (`messages_of`) only to take it apart into columns, and encoding
-    its headers again, cost about half of the 3 µs a Spark executor spent per message here.
+    its headers again, cost about half of a Spark executor's CPU per message here.
     """
     cols: tuple[list[Any], ...] = tuple([] for _ in range(10))
     ids, msg_ids, keys, values, headers, parts, attempts, firsts, errors, stamps = cols
@@ -213,7 +213,7 @@ def resends_of(body: bytes, topic: str) -> Iterator[Resend]:
 
     Why: the drain sends every message it reads once and settles a healthy batch by id alone, so
     it needs no `OutboxMessage` for it. Building one (`messages_of`, with its msg_id decoded) and
-    then its re-send headers from it cost about 1.1 of a drained message's ~4 µs of CPU. The
+    then its re-send headers from it cost about a quarter of a drained message's CPU. The
     common message (stored with the `outbox-id` header alone, never failed) gets its headers here;
     any other gets `for_resend`'s, as `outbox.drain.sendloop.resend_headers` would give them.
     """

@@ -129,8 +129,8 @@ def _pending_ids(ids: Sequence[int]) -> tuple[str, list[Any]]:
     A batch's ids are nearly contiguous: then the clause is a range on the primary key, with the
     ids themselves checked as a filter (`id + 0`: not one index search per id), or not at all
     when they are the whole range; the status check is written so that no partial index matches
-    it (`status + 0`). Otherwise, on a table not yet analyzed, the planner takes `status = 0` for
-    0.5% of the rows and reads every pending row through a partial index, once per claim and
+    it (`status + 0`). Otherwise, on a table not yet analyzed, the planner guesses that few rows
+    have `status = 0` and reads every pending row through a partial index, once per claim and
     once per settle.
     """
     lo, hi = min(ids), max(ids)
@@ -145,7 +145,7 @@ def _pending_ids(ids: Sequence[int]) -> tuple[str, list[Any]]:
 
 
 def _id_array(ids: Sequence[int]) -> str:
-    """`ids` as an array literal: psycopg's list dumper costs ~2.5 µs an element, this ~0.1."""
+    """`ids` as an array literal: psycopg's list dumper is over ten times slower."""
     return "{" + ",".join(map(str, ids)) + "}"
 
 

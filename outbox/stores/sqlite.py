@@ -607,7 +607,7 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
                 # EXISTS per key stops at the key's first pending row on the outbox_key index
                 # (`+status` keeps the planner off outbox_due, where it scanned pending rows
                 # until it met the key). The DISTINCT over `key IN (...)` it replaces visited
-                # every row of every key: ~40% of a recovering process's time (py-spy).
+                # every row of every key: a large share of a recovering process's time (py-spy).
                 found.update(
                     (topic, bytes(r[0]))
                     for r in self._read(
