@@ -24,14 +24,13 @@ from typing import Protocol
 
 from outbox.records import NewMessage
 
-#: The default budget: 16 MiB. Measured (150,000 x 4 KiB into an outbox, brokers down, two
-#: drain threads): peak RSS 134 MB with it, 153-158 MB with 32 MiB, 171 MB with 64 MiB, and the
-#: spill ran no slower with less (the commits, not the queue, set its rate).
+#: The default budget: 16 MiB. A spill with the brokers down peaked about a sixth higher in memory
+#: with 32 MiB and over a quarter higher with 64 MiB, and ran no slower with less (the commits,
+#: not the queue, set its rate).
 DEFAULT_MEMORY_BUDGET = 16 * 1024 * 1024
-#: Bytes a held message costs beyond its value, key and headers. Measured with tracemalloc
-#: (CPython 3.11, 200 B values, the id header): 442 B held (the `NewMessage` tuple, its id string,
-#: header list and tuple, the writer's slots) and 344 B more while its commit runs (the row the
-#: store binds), 786 B in all; this plus the id header's share below comes to 837.
+#: Bytes a held message costs beyond its value, key and headers: the `NewMessage` tuple, its id
+#: string, header list and tuple, the writer's slots, and while its commit runs the row the store
+#: binds. With the id header's share below it covers what tracemalloc measured a message to cost.
 MESSAGE_OVERHEAD = 700
 #: Bytes each header costs beyond its name and value (its tuple, the value's bytes object).
 HEADER_OVERHEAD = 96

@@ -65,7 +65,7 @@ RESEND_DEFAULTS: Mapping[str, Any] = {
     "message.timeout.ms": 30000,
 }  # and `linger.ms`, which `resend_config` decides
 
-_POLL_EVERY = 1000  # serve error reports now and then while producing (a poll costs ~20 us)
+_POLL_EVERY = 1000  # serve error reports now and then while producing (a poll costs several produce() calls)
 _PROBE_TIMEOUT = 5.0  # seconds a broker has to answer "is the cluster there?"
 
 

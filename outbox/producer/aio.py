@@ -54,8 +54,8 @@ _BARRIER = object()
 #: a URL. Measured with ``python -m benchmarks --scenarios loop-lag`` (a 1 ms probe task through
 #: a full outage and recovery): the event loop's longest stalls were the garbage collector's full
 #: passes, which hold the interpreter lock for the whole process, and each drain worker keeps two
-#: claimed batches of 10,000 rows alive in it (~80,000 tracked objects: a full pass over them
-#: took 20-50 ms on the 2-core test machine, against ~3 ms without). In a process of their own
+#: claimed batches of 10,000 rows alive in it (tens of thousands of tracked objects: a full pass
+#: over them took an order of magnitude longer than one without them). In a process of their own
 #: the drain's rows and CPU leave the loop's interpreter lock alone. `drain_in="threads"` keeps
 #: them here (needed for an `Outbox` instance, or settings that cannot be pickled).
 DEFAULT_DRAIN_IN = "process"

@@ -44,11 +44,11 @@ def queue_limits(config: Mapping[str, Any], memory_budget: int) -> tuple[dict[st
     400 MB at 4 KiB a message, all of it handed back to the wrapper when the circuit opens.
     It gets a quarter of the budget. `queue.buffering.max.messages` keeps librdkafka's default
     (100,000): a bound low enough for the budget to cover the overhead of 200-byte messages
-    (6,000 of them in a 16 MiB budget) cut the messages per produce batch from 1,540 to 980
-    and the happy path at 200 B to 0.37 x R1 (0.80 with librdkafka's default; runs of the
-    benchmarks' fallback scenario on a loaded machine). For messages of 1 KiB and more the payload bound is
-    the one that binds, and what comes back fits in the reserve; smaller messages can come back
-    costing more than it (the hand-back is the one place the budget can be passed).
+    (6,000 of them in a 16 MiB budget) cut the messages per produce batch by over a third
+    and the happy path's rate at 200 B to under half of what it was with librdkafka's default.
+    For messages of 1 KiB and more the payload bound is the one that binds, and what comes back
+    fits in the reserve; smaller messages can come back costing more than it (the hand-back is
+    the one place the budget can be passed).
     """
     add: dict[str, Any] = {}
     if "queue.buffering.max.kbytes" not in config:

@@ -3,7 +3,7 @@
 Callers append to an in-memory list and return (durability "batch") or wait for the commit
 ("sync"). The writer swaps the list out, writes everything in one transaction, then hands the
 committed batch to its `committed` event (`outbox.events`). One fsync then covers hundreds
-of messages (3.4k rows/s one per transaction, ~100k rows/s batched: docs/DESIGN.md).
+of messages (batched, about thirty times the rows/s of one per transaction: docs/DESIGN.md).
 """
 
 from __future__ import annotations

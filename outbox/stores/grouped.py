@@ -66,7 +66,7 @@ def encode(messages: Sequence[NewMessage]) -> tuple[bytes, bytes | None]:
     for m in messages:
         k, v, hs = m.key, m.value, m.headers
         i = m.msg_id.encode()
-        # `headers.id_alone(hs, i)`, inlined: the call cost 0.17 of 1.8 us per encoded message.
+        # `headers.id_alone(hs, i)`, inlined: the call was nearly a tenth of encoding a message.
         if hs and len(hs) == 1 and hs[0][0] == ID_HEADER and hs[0][1] == i:
             h, lh = None, _ID_ALONE
         else:

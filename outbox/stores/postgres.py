@@ -38,7 +38,7 @@ How N processes claim at once (the choice, and why):
 Claim plan: a probe counts due rows (up to 5,000) on the ready_at index. Few
 due: they are fetched by that index and sorted by id. Many due: the pending rows are walked in
 id order. Known slow case: thousands of due rows that all sit behind hundreds of thousands of
-rows backing off (the walk passes them, ~1 s per million).
+rows backing off (the walk passes every one of them).
 
 Ordering caveat: ids come from an identity sequence, so a key's order is the order in which its
 rows were inserted. Two *concurrent* writers of the same key have no order defined between
@@ -189,9 +189,9 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         """Store `messages` (as groups where `outbox.stores.grouping` says so); their ids, in order.
 
         Ids are drawn from the table's identity sequence first, then the rows are streamed with
-        binary COPY (one round trip each; ~5x the rows/s of a multi-row INSERT of the same
-        rows). Sorted ids follow the input order, which is what orders a key's rows, even when
-        other writers draw ids at the same time.
+        binary COPY (one round trip each; about five times the rows/s of a multi-row INSERT of
+        the same rows). Sorted ids follow the input order, which is what orders a key's rows,
+        even when other writers draw ids at the same time.
 
         A group takes n + 1 consecutive ids: its own, then its messages'. Another writer drawing
         at the same moment can break the run; then the group's messages are stored one row each

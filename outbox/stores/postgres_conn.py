@@ -31,13 +31,13 @@ def _lock_key(name: str) -> int:
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
     """Session settings of every pooled connection."""
-    # JIT compiling costs ~1 s on a 2-core host and is triggered by the cost *estimate* of the
-    # per-key check on a large table, whose real run takes milliseconds. Outbox statements are
-    # short OLTP statements that never gain from JIT.
+    # JIT compiling is triggered by the cost *estimate* of the per-key check on a large table,
+    # and took hundreds of times as long as that check's real run. Outbox statements are short
+    # OLTP statements that never gain from JIT.
     conn.execute("SET jit = off")
     # COPY picks a column's dumper by type oid, and for bytea that is the DB-API `Binary` wrapper's
-    # Python dumper (an isinstance check, then the plain one): ~0.8 us per value, two values a
-    # spilled row. The C dumper of `bytes` is registered again so that it is bytea's once more.
+    # Python dumper (an isinstance check, then the plain one): a Python call per value, two values
+    # a spilled row. The C dumper of `bytes` is registered again so that it is bytea's once more.
     from psycopg.adapt import PyFormat
 
     conn.adapters.register_dumper(bytes, conn.adapters.get_dumper(bytes, PyFormat.BINARY))

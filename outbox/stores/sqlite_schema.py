@@ -42,9 +42,9 @@ MIGRATIONS: dict[int, list[str]] = {
 # in the store itself (same file permissions and backups as the dead letters they describe).
 # Partial indexes (WHERE status = 2) cost the producer nothing: pending rows are not in them.
 MIGRATIONS[3] = [
-    # Dead rows only: a full msg_id index cost every spilled message ~9 us of CPU (enqueue 25 ->
-    # 34 us, bench_msg_id_index), on the path recovery speed depends on. Pending rows are the
-    # backlog, gone once drained; trace() scans those.
+    # Dead rows only: a full msg_id index made every spilled message's enqueue cost over a third
+    # more CPU, on the path recovery speed depends on. Pending rows are the backlog, gone once
+    # drained; trace() scans those.
     "CREATE INDEX IF NOT EXISTS outbox_dead_msg_id ON outbox (msg_id) WHERE status = 2",
     "CREATE INDEX IF NOT EXISTS outbox_dead ON outbox (id) WHERE status = 2",
     "CREATE INDEX IF NOT EXISTS outbox_dead_topic ON outbox (topic, id) WHERE status = 2",
@@ -75,8 +75,8 @@ MIGRATIONS[4] = [
 # Version 5: a group's body and keys live in a table of their own, one row per group. A lease
 # changes the size of the `outbox` row (lease_owner NULL -> text), and SQLite then rewrites the
 # whole record, overflow pages included: every claim and release of a 1,000-message group wrote
-# its ~270 KB again (3.7 ms of a 5,000-message claim per group; a same-size update writes one
-# page). Groups are the `outbox` rows with n > 1; a trigger deletes a group's body with its row.
+# its whole body again, dozens of pages where a same-size update writes one. Groups are the
+# `outbox` rows with n > 1; a trigger deletes a group's body with its row.
 MIGRATIONS[5] = [
     """CREATE TABLE IF NOT EXISTS outbox_body (
         id INTEGER PRIMARY KEY,  -- the group's id in outbox
