@@ -76,6 +76,10 @@ def filter_options(f: F) -> F:
     return f
 
 
+#: The largest row id a store holds: SQLite's INTEGER and PostgreSQL's bigint are 64-bit signed.
+MAX_ROW_ID = 2**63 - 1
+
+
 class RowIdParam(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
     """A message id, as `outbox dlq list` shows it: a bad one is said as such (exit 2), not as
     click's "not a valid integer range"."""
@@ -86,9 +90,13 @@ class RowIdParam(click.ParamType):  # type: ignore[type-arg]  # generic only in 
         if isinstance(value, int):
             return value
         text = str(value).strip()
-        if not text.isdigit() or int(text) < 1:
-            self.fail(f"{value!r} is not a message id: ids are whole numbers from 1, as `outbox dlq list` shows",
-                      param, ctx)
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_ROW_ID:
+            self.fail(
+                f"{value!r} is not a message id: ids are whole numbers from 1 to {MAX_ROW_ID}, "
+                "as `outbox dlq list` shows",
+                param, ctx,
+            )
         return int(text)
 
 

@@ -726,14 +726,26 @@ def test_dlq_list_error_matches_a_consumer_exception_class(tmp_path: Path) -> No
 # -- what a command line gets wrong is said, naming the option --------------------------------
 
 
-@pytest.mark.parametrize("args", [("dlq", "show", "abc"), ("dlq", "purge", "--id", "abc", "--yes"),
-                                  ("dlq", "replay", "--id", "0")])
-def test_a_bad_id_says_what_an_id_is(db: tuple[str, SQLiteOutbox], args: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("args", "bad"),
+    [
+        (("dlq", "show", "abc"), "abc"),
+        (("dlq", "purge", "--id", "abc", "--yes"), "abc"),
+        (("dlq", "replay", "--id", "0"), "0"),
+        # One past the largest id a store holds: SQLite would raise OverflowError.
+        (("dlq", "purge", "--id", "9223372036854775808", "--yes"), "9223372036854775808"),
+        (("dlq", "show", "\u00b2"), "\u00b2"),  # a digit to str.isdigit(), not to int()
+    ],
+)
+def test_a_bad_id_says_what_an_id_is(db: tuple[str, SQLiteOutbox], args: tuple[str, ...], bad: str) -> None:
     path, store = db
     result = run(*args, "--outbox", path)
     assert result.exit_code == 2
-    bad = "'0'" if "0" in args else "'abc'"
-    assert f"{bad} is not a message id: ids are whole numbers from 1, as `outbox dlq list` shows" in result.stderr
+    assert (
+        f"{bad!r} is not a message id: ids are whole numbers from 1 to 9223372036854775807, "
+        "as `outbox dlq list` shows"
+    ) in result.stderr
+    assert "Traceback" not in result.stderr
     assert "integer range" not in result.stderr
     assert len(store.list_dead()) == 3
 
