@@ -5,11 +5,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from confluent_kafka import Message
 
-from outbox.consumer.headers import Origin, cap_utf8, error_class, record_timestamp
+from outbox.consumer.headers import Origin, cap_utf8, error_class, failure_headers, record_timestamp
+from outbox.consumer.hops import Hops
+from outbox.consumer.inbox import Inbox
+from outbox.consumer.offsets import TP, OffsetTracker
+from outbox.consumer.tiers import Ladder, Place
 from outbox.errors import ConfigError
+from outbox.headers import IdGenerator
 from outbox.records import DeadLetter, Headers, NewMessage
 from outbox.stores import Outbox
 
@@ -17,8 +23,16 @@ log = logging.getLogger(__name__)
 
 DEAD_LETTER_MODES = ("topic", "store", "both")
 
-#: Publishes (topic, message, headers, partition) through the hop producer; returns a hop token.
-Publish = Callable[[str, Message, Headers, int], int]
+
+class Failure(NamedTuple):
+    """A dead letter's account of its message: the headers it carries, its `outbox-id`, where it
+    came from, the attempts made, and the exception of the last one."""
+
+    headers: Headers
+    msg_id: str
+    origin: Origin
+    attempts: int
+    exc: BaseException
 
 
 def check_mode(mode: object) -> str:
@@ -38,50 +52,68 @@ class DeadLetters:
     Args:
         mode: "topic", "store" or "both".
         store: the outbox store (its dead-letter state holds consumer dead letters too).
-        publish: sends to the DLQ topic through the hop producer and returns a hop token.
+        hops: publishes to the DLQ topic (through the hop producer) and keeps the key order's ladder entries.
         on_dead_letter: the application's recovery callback (exceptions in it are logged, never raised).
+        ladder: names the DLQ topic, and the topic a stored dead letter is replayed into.
+        ids: where a dead letter's `outbox-id` comes from when the message has none.
+        tracker: the dead-lettered message's offset is done once its dead letter is stored, or
+            waits for its DLQ publish.
+        inbox: dedup=True: its batch is settled before a dead letter is made.
     """
 
     def __init__(
         self,
         mode: str,
         store: Outbox,
-        publish: Publish,
+        hops: Hops,
         on_dead_letter: Callable[[DeadLetter], None] | None,
+        ladder: Ladder,
+        ids: IdGenerator,
+        tracker: OffsetTracker,
+        inbox: Inbox | None,
     ) -> None:
         self.mode = mode
         self._store = store
-        self._publish = publish
+        self._hops = hops
         self._on_dead_letter = on_dead_letter
+        self._ladder = ladder
+        self._ids = ids
+        self._tracker = tracker
+        self._inbox = inbox
         self.count = 0
 
-    def record(
-        self,
-        msg: Message,
-        *,
-        headers: Headers,
-        msg_id: str,
-        origin: Origin,
-        attempts: int,
-        exc: BaseException,
-        dlq_topic: str,
-        replay_topic: str,
-        partition: int,
-    ) -> int | None:
-        """Dead-letter `msg`. Returns the DLQ publish's hop token (None when only stored).
+    def dead_letter(self, m: Message, tp: TP, offset: int, place: Place, *, attempts: int, exc: BaseException) -> None:
+        """Dead-letter `m` (at `offset` of `tp`) after `attempts` attempts, the last of which raised `exc`."""
+        if self._inbox is not None:
+            self._inbox.settle()  # the dead letter may go to the store: not under the inbox's lock
+        headers, msg_id, origin = failure_headers(
+            m, group=self._ladder.group, attempt=attempts, exc=exc, due_at_s=None, ids=self._ids
+        )
+        if place.tier:
+            self._hops.left(m, tp, place)
+        token = self.record(m, Failure(headers, msg_id, origin, attempts, exc), place.main, tp[1])
+        if token is None:
+            self._tracker.done(tp, offset)
+        else:
+            self._tracker.wait(tp, offset, token)
 
-        The store row's topic is `replay_topic` (the group's first retry tier when there is one),
-        so `outbox dlq replay` redrives the message into this group's ladder, not the main topic
+    def record(self, msg: Message, failure: Failure, main: str, partition: int) -> int | None:
+        """Dead-letter `msg`, read from `partition` of `main` or of one of its tiers. Returns the DLQ
+        publish's hop token (None when only stored).
+
+        The store row's topic is the group's first retry tier when there is one (else `main`), so
+        `outbox dlq replay` redrives the message into this group's ladder, not the main topic
         that other groups read too.
         """
+        headers, msg_id, origin, attempts, exc = failure
         token: int | None = None
         row_id = 0
         now = time.time()
         if self.mode in ("topic", "both"):
-            token = self._publish(dlq_topic, msg, headers, partition)
+            token = self._hops.publish(self._ladder.dlq_topic(main), msg, headers, partition)
         if self.mode in ("store", "both"):
             row = NewMessage(
-                topic=replay_topic,
+                topic=self._ladder.retry_topic(main, 1) if self._ladder.tiers else main,
                 value=msg.value(),
                 key=msg.key(),
                 headers=headers,

@@ -10,7 +10,9 @@ The state is kept in memory by the member that owns partition p of the main topi
 the only place that is always right about it: the tier partitions themselves, read from the group's
 committed offsets to their ends (`scan_ladder`). Every message there is either still waiting or was
 handled but not yet committed; the second kind is read, and settled, again by the new owner, so
-counting it errs only towards waiting, never towards reordering.
+counting it errs only towards waiting, never towards reordering. `KeyOrderRebuild` runs that scan
+at each assignment, and keeps the partitions whose ladder the cluster could not give paused
+until a later scan reads it.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 
+from outbox.consumer.commits import start_new_tiers_at_beginning, tier_offsets
 from outbox.consumer.headers import ladder_position
 from outbox.consumer.tiers import Place
 from outbox.logs import with_librdkafka_log
@@ -30,6 +33,8 @@ from outbox.logs import with_librdkafka_log
 log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
+SCAN_RETRY_INTERVAL = 5.0  # seconds between tries to read the ladder of partitions paused for want of it
+SCAN_TIMEOUT = 30.0  # seconds a ladder scan may take at first
 
 
 @dataclass(slots=True)
@@ -189,3 +194,108 @@ def scan_ladder(
         return counted
     finally:
         reader.close()
+
+
+class KeyOrderRebuild:
+    """ordering="key": rebuilds the KeyOrder of assigned partitions from their tier partitions, and
+    tries again, every few seconds, for the partitions whose ladder could not be read.
+
+    Used by the poll-loop thread only (the rebalance callbacks run on it).
+
+    Args:
+        order: the keys with messages in the ladder.
+        consumer: the group's consumer (resumes the partitions once their ladder is read).
+        places: each subscribed topic's place in the ladder.
+        client_config: settings of the group-less reader that scans the tiers.
+        counts: the consumer's counters (its stats()), counted in place: scanned.
+    """
+
+    def __init__(
+        self,
+        order: KeyOrder,
+        consumer: Consumer,
+        places: Mapping[str, Place],
+        client_config: Mapping[str, Any],
+        counts: dict[str, int],
+    ) -> None:
+        self._order = order
+        self._consumer = consumer
+        self._places = places
+        self._client_config = client_config
+        self._counts = counts
+        self.unscanned: list[TopicPartition] = []  # paused until their ladder is read
+        self.next_scan = 0.0  # monotonic
+        self._scan_timeout = SCAN_TIMEOUT  # doubled after each failed scan: a big ladder gets the time it needs
+
+    def rebuild(
+        self, partitions: list[TopicPartition], tier_parts: list[TopicPartition], committed: dict[TP, int]
+    ) -> bool:
+        """Learn what is in the ladder of the assigned partitions from their tier partitions.
+
+        Returns:
+            False when the ladder could not be read (the cluster does not answer); nothing of
+            these partitions is counted then.
+        """
+        mine = {(p.topic, p.partition) for p in partitions}
+        for t, part in mine:
+            place = self._places[t]
+            missing = [x for x, pl in self._places.items() if pl.main == place.main and (x, part) not in mine]
+            if missing:
+                log.error(
+                    "ordering='key' cannot be kept for %s [%d]: %s [%d] belongs to another member "
+                    "(every member must use the range assignor and the same topics)", place.main, part, missing[0],
+                    part,
+                )
+        starts = [
+            TopicPartition(p.topic, p.partition, committed.get((p.topic, p.partition), OFFSET_INVALID))
+            for p in tier_parts
+        ]
+        try:
+            counted = scan_ladder(self._client_config, starts, self._places, self._order, timeout=self._scan_timeout)
+        except KafkaException as exc:
+            self._scan_timeout = min(self._scan_timeout * 2, 600.0)
+            self._order.forget(self._origins(partitions))  # a partial count would make keys wait for copies never read
+            log.warning("ordering='key': the ladder of %d partitions could not be read, they stay paused "
+                        "until it can: %s", len(partitions), exc.args[0])
+            return False
+        self._scan_timeout = SCAN_TIMEOUT
+        self._counts["scanned"] += counted
+        log.info("ordering='key': %d tier messages counted, %d keys waiting", counted, len(self._order))
+        return True
+
+    def wait(self, partitions: list[TopicPartition]) -> None:
+        """`partitions` (paused by the caller) wait for their ladder to be read."""
+        self.unscanned.extend(TopicPartition(p.topic, p.partition) for p in partitions)
+        self.next_scan = time.monotonic() + SCAN_RETRY_INTERVAL
+
+    def retry(self) -> None:
+        """Try again to read the ladder of the partitions paused for want of it."""
+        self.next_scan = time.monotonic() + SCAN_RETRY_INTERVAL
+        partitions = self.unscanned
+        tier_parts = [TopicPartition(p.topic, p.partition) for p in partitions if self._places[p.topic].tier]
+        committed = tier_offsets(self._consumer, tier_parts) if tier_parts else {}
+        if committed is None or not self.rebuild(partitions, tier_parts, committed):
+            return
+        # Assigned again, the same partitions, now with the tier offsets known. (A seek cannot
+        # start a tier partition at its beginning: librdkafka refuses to seek a partition whose
+        # fetch never started.) ordering="key" uses the eager range assignor, so these
+        # partitions are the whole assignment.
+        start_new_tiers_at_beginning(tier_parts, committed)
+        starts = [p for p in partitions if not self._places[p.topic].tier] + tier_parts
+        try:
+            self._consumer.assign(starts)
+            self._consumer.resume(starts)
+        except KafkaException as exc:
+            self._order.forget(self._origins(partitions))
+            log.warning("could not resume the scanned partitions, trying again: %s", exc.args[0])
+            return
+        self.unscanned = []
+        log.info("ordering='key': %d partitions resumed after their ladder scan", len(partitions))
+
+    def forget(self, gone: set[TP]) -> None:
+        """Partitions revoked or lost wait no more."""
+        self.unscanned = [p for p in self.unscanned if (p.topic, p.partition) not in gone]
+
+    def _origins(self, partitions: list[TopicPartition]) -> set[TP]:
+        """The main-topic partitions whose messages `partitions` (main or tier) hold."""
+        return {(self._places[p.topic].main, p.partition) for p in partitions}
