@@ -78,7 +78,6 @@ class KeyBacklog:
         fence: keys with first sends in librdkafka, behind which their outbox-bound messages
             wait (no key is released while it holds any).
         waiting: where a stored message's `on_delivery` waits for its fate (`outbox.producer.fates`).
-        outboxed: counts the messages bound for the outbox.
         may_check: whether a check is worth its query now (the producer: circuit not open).
         send: called under the lock with a released key's held messages: send them now, ahead of
             the key's later messages. None: no gate (write-ahead mode: every message is stored).
@@ -94,7 +93,6 @@ class KeyBacklog:
         fence: SendFence,
         *,
         waiting: dict[str, DeliveryCallback],
-        outboxed: Tally,
         may_check: Callable[[], bool],
         send: Callable[[Key, Held], None] | None = None,
         budget: MemoryBudget | None = None,
@@ -106,7 +104,9 @@ class KeyBacklog:
         self._hold = hold
         self._fence = fence
         self._waiting = waiting
-        self._outboxed = outboxed
+        # Messages this process queued for the outbox or handed to the drain: counted by the
+        # application's threads, the delivery thread (failed first sends) and the writer thread.
+        self.outboxed = Tally()
         self._may_check = may_check
         self._send = send
         #: The keys; read without the lock on the hot path (a set lookup is atomic under the GIL).
@@ -194,7 +194,7 @@ class KeyBacklog:
             self._marks[(msg.topic, msg.key)] = self._mark
         if cb is not None:
             self._waiting[msg.msg_id] = cb
-        self._outboxed.add()
+        self.outboxed.add()
 
     def _queue(self, msg: NewMessage, cb: DeliveryCallback | None, cost: int) -> None:
         self._note(msg, cb)

@@ -36,7 +36,6 @@ from outbox.producer.sendfence import SendFence
 from outbox.producer.writer import GroupCommitWriter
 from outbox.records import Headers, Key, NewMessage
 from outbox.stores import Outbox
-from outbox.tally import Tally
 
 #: The last error of a message stored without a send attempt, by why it was not sent.
 NOT_SENT_CIRCUIT_OPEN = "not sent: circuit open"
@@ -88,9 +87,6 @@ class Spill:
         self._gate = gate
         self._link = link
         self._circuit = circuit
-        # Messages this process queued for the outbox or handed to the drain: counted by the
-        # application's threads, the delivery thread (failed first sends) and the writer thread.
-        self.outboxed = Tally()
         self.budget = writer.budget
         self.hold: Holdback[NewMessage] = Holdback(
             _sequence, budget=self.budget, on_full=link.purge_all_soon, clock=time.monotonic
@@ -112,11 +108,11 @@ class Spill:
             self.hold,
             self.fence,
             waiting=fates.waiting,
-            outboxed=self.outboxed,
             may_check=lambda: circuit.state is not CircuitState.OPEN,
             send=events.key_released if gate else None,
             budget=self.budget,
         )
+        self.outboxed = self.backlog.outboxed  # the key backlog counts what it queues
         self.admission = Admission(circuit, self.backlog, self.hold, probes=gate, keyed_probes=keyed_probes)
 
     def held(self) -> int:

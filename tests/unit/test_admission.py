@@ -17,7 +17,6 @@ from outbox.producer.keyorder import KeyBacklog
 from outbox.producer.sendfence import SendFence
 from outbox.records import NewMessage
 from outbox.stores.memory import MemoryOutbox
-from outbox.tally import Tally
 
 
 class Clock:
@@ -53,7 +52,7 @@ class Parts:
                           longest=30.0)
         self.writer = QueuedRows()
         self.backlog = KeyBacklog(
-            self.store, self.writer, self.hold, fence, waiting={}, outboxed=Tally(), may_check=lambda: False
+            self.store, self.writer, self.hold, fence, waiting={}, may_check=lambda: False
         )
         self.admission = Admission(self.circuit, self.backlog, self.hold, probes=probes, keyed_probes=keyed_probes)
 

@@ -21,7 +21,6 @@ from outbox.errors import StoreError
 from outbox.producer.holdback import Holdback
 from outbox.producer.keyorder import Held, KeyBacklog
 from outbox.producer.sendfence import SendFence
-from outbox.tally import Tally
 
 from ..waiting import wait_until
 
@@ -74,7 +73,7 @@ def backlog(
     if holding:  # the circuit has just opened: what is bound for the outbox is held in memory
         hold.start(3600.0)
     b = KeyBacklog(
-        store, writer or Writer(), hold, fence, waiting={}, outboxed=Tally(), may_check=lambda: may_check,
+        store, writer or Writer(), hold, fence, waiting={}, may_check=lambda: may_check,
         send=send, budget=budget,
     )
     b.start()
