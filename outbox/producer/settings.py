@@ -104,11 +104,11 @@ class ProducerSettings:
     serializers: Serializers | None
     memory_budget: int
     exit_timeout: float
-    #: The librdkafka producer's settings: the caller's, less the callbacks taken out below, over
-    #: `PRODUCER_DEFAULTS`, with idempotence, the logger and the queue's bound defaulted.
-    kafka_config: dict[str, Any]
+    #: The librdkafka producer's settings: the caller's (less `error_cb` and the default delivery
+    #: callback) over `PRODUCER_DEFAULTS`, with idempotence, the logger and the queue's bound defaulted.
+    kafka_config: Mapping[str, Any]
     #: The drain workers' producers' settings: the caller's, with its `error_cb`.
-    drain_config: dict[str, Any]
+    drain_config: Mapping[str, Any]
     #: The caller's `error_cb`, which the producer's Kafka client runs after its own.
     user_error_cb: Callable[..., None] | None
     #: The delivery callback of a message produced without one (`on_delivery`, `dr_msg_cb`, `dr_cb`).
