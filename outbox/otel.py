@@ -194,21 +194,12 @@ def _linked_headers(
     return hdrs
 
 
-def _produce(
-    tracer: Tracer,
-    produce: Callable[..., str],
-    topic: str,
-    value: Any,
-    key: Any,
-    partition: int | None,
-    on_delivery: Any,
-    timestamp: int,
-    headers: Any,
-    callback: Any,
-    enable_retry: bool,
-    transaction: Any,
-) -> str:
-    """The produce hook (`ResilientProducer.hook_produce`): the call in a ``send`` span."""
+def _produce(tracer: Tracer, produce: Callable[..., str], *call: Any) -> str:
+    """The produce hook (`ResilientProducer.hook_produce`): the call in a ``send`` span.
+
+    `call`: produce()'s arguments as the hook is given them, in their order (`hook_produce`).
+    """
+    topic, value, key, partition, on_delivery, timestamp, headers, callback, enable_retry, transaction = call
     with _send_span(tracer, topic) as span:
         hdrs = HookedHeaders(_linked_headers(span, headers))
         msg_id = produce(
@@ -219,22 +210,10 @@ def _produce(
         return msg_id
 
 
-async def _produce_async(
-    tracer: Tracer,
-    produce: Callable[..., Awaitable[str]],
-    topic: str,
-    value: Any,
-    key: Any,
-    partition: int | None,
-    on_delivery: Any,
-    timestamp: int,
-    headers: Any,
-    callback: Any,
-    enable_retry: bool,
-    transaction: Any,
-) -> str:
+async def _produce_async(tracer: Tracer, produce: Callable[..., Awaitable[str]], *call: Any) -> str:
     """AsyncResilientProducer's produce hook: the span opened on the loop, so its parent is the
-    awaiting task's context."""
+    awaiting task's context. `call` as `_produce`'s."""
+    topic, value, key, partition, on_delivery, timestamp, headers, callback, enable_retry, transaction = call
     with _send_span(tracer, topic) as span:
         hdrs = HookedHeaders(_linked_headers(span, headers))
         msg_id = await produce(

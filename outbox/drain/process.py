@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, cast
 
@@ -77,14 +78,28 @@ def _drained(rows: list[OutboxMessage]) -> list[tuple[Any, ...]]:
     return out
 
 
+@dataclass(frozen=True)
+class DrainSettings:
+    """The settings of a drain process's `Drainer`, each as `Drainer`'s argument of that name.
+
+    Pickled for the child: a retry policy's callables must be importable module-level functions
+    (not lambdas, not defined in ``__main__``).
+    """
+
+    retry: RetryPolicy
+    workers: int
+    batch_size: int
+    lease_seconds: float
+    poll_interval: float
+
+
 class DrainProcess:
     """A `Drainer` with its workers in a child process; the same callbacks, run in this one.
 
     Args:
         outbox: the outbox URL (the child opens the store itself).
-        producer_config, retry, workers, batch_size, lease_seconds, poll_interval: as `Drainer`.
-            They are pickled for the child: a retry policy's callables must be importable
-            module-level functions (not lambdas, not defined in ``__main__``).
+        producer_config: as `Drainer`'s; pickled for the child, as `settings` is.
+        settings: the child's `Drainer`'s other settings.
         events: as `Drainer`'s, told on the `outbox-drain-events` thread; `delivered` and
             `retried` get `Drained` rows.
         on_store_error: as `Drainer`, called on that thread.
@@ -94,34 +109,29 @@ class DrainProcess:
         self,
         outbox: str | StoreURL,
         producer_config: Mapping[str, Any],
+        settings: DrainSettings,
         *,
-        retry: RetryPolicy,
-        workers: int,
-        batch_size: int,
-        lease_seconds: float,
-        poll_interval: float,
         events: Events,
         on_store_error: Callable[[StoreError], None] | None = None,
     ) -> None:
         self.events = events
         self.on_store_error = on_store_error
-        self.lease_seconds = lease_seconds
+        self.lease_seconds = settings.lease_seconds
         self.result = DrainResult()
         self.health = DrainHealth()
         self.restarts = 0  # children that died and were started again, and their workers' restarts
         self.callback_errors = CallbackErrors()  # client callbacks that raised in the children
         self._child_health = (0, 0)  # the running child's (worker restarts, callback errors)
         self._producer_config = dict(producer_config)
-        settings = {
+        self._settings = _pickled({
             "outbox": outbox,
             "config": dict(producer_config),
-            "retry": retry,
-            "workers": workers,
-            "batch_size": batch_size,
-            "lease_seconds": lease_seconds,
-            "poll_interval": poll_interval,
-        }
-        self._settings = _pickled(settings)
+            "retry": settings.retry,
+            "workers": settings.workers,
+            "batch_size": settings.batch_size,
+            "lease_seconds": settings.lease_seconds,
+            "poll_interval": settings.poll_interval,
+        })
         self._send_lock = threading.Lock()
         self._stopping = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None

@@ -3,6 +3,8 @@
 This module is the router: it checks a message once and sends it down the one path that
 `outbox.producer.admission` decides (SEND, PROBE, HOLD behind its key, STORE).
 
+- `outbox.producer.settings`: the constructor's arguments, checked once (`ProducerSettings`), which
+  the parts are built from;
 - `outbox.producer.firstsend`: fallback mode's first send, and what a failed one becomes;
 - `outbox.producer.spill`: the way into the outbox (per-key order, hold-back, group-commit writer);
 - `outbox.producer.writeahead`: write-ahead mode (stored first, sent from the writer thread);
@@ -32,14 +34,11 @@ from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin._metadata import ClusterMetadata
 
 from outbox.budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
-from outbox.drain import idempotence
 from outbox.drain.process import DrainProcess
-from outbox.drain.sendloop import check_resend_config
 from outbox.drain.workers import DEFAULT_BATCH_SIZE, Drainer
 from outbox.errors import ConfigError, ProducerClosedError, StoreError
 from outbox.events import Committed, Events, Listener
 from outbox.headers import ID_HEADER, HookedHeaders, IdGenerator
-from outbox.logs import LIBRDKAFKA_LOG
 from outbox.payload import (
     BYTES_LIKE,
     KNOWN_TOPICS,
@@ -57,9 +56,10 @@ from outbox.producer.compiling import PythonObject
 from outbox.producer.fates import DeadLetterCallback, DeliveryCallback, Fates
 from outbox.producer.firstsend import FirstSend
 from outbox.producer.keyorder import Held, KeyBacklog
-from outbox.producer.link import KafkaLink, queue_limits
-from outbox.producer.serialization import Serializer, Serializers
+from outbox.producer.link import KafkaLink
+from outbox.producer.serialization import Serializer
 from outbox.producer.served import Served
+from outbox.producer.settings import PRODUCER_DEFAULTS, ProducerArguments, ProducerSettings
 from outbox.producer.spill import NOT_SENT_CIRCUIT_OPEN, Spill
 from outbox.producer.writeahead import WriteAhead
 from outbox.producer.writer import GroupCommitWriter
@@ -84,33 +84,11 @@ __all__ = [
 
 log = logging.getLogger("outbox")
 
-#: Defaults for the wrapped producer; any key the caller sets wins.
-PRODUCER_DEFAULTS: Mapping[str, Any] = {
-    # librdkafka's default is 300 s: five minutes of messages held in memory, lost if the
-    # process dies, before the application hears of a failure. The outbox takes over sooner.
-    "message.timeout.ms": 30000,
-}
-
-_MODES = ("fallback", "write-ahead")
-_DURABILITY = ("batch", "sync")
-_DRAIN_IN = ("threads", "process")
-
 #: confluent_kafka's message for any call on a closed producer.
 CLOSED = "Producer has been closed"
 
-#: Settings that name the default delivery callback, as confluent_kafka reads them.
-_DEFAULT_CALLBACK_KEYS = ("on_delivery", "dr_msg_cb", "dr_cb")
-
 #: Kafka record timestamps are signed 64-bit milliseconds.
 _INT64 = 2**63
-
-_NO_TRANSACTIONS = (
-    "transactional.id is not supported: an outbox cannot hold part of a Kafka transaction (a "
-    "message stored for a later re-send would be delivered outside the transaction, after it "
-    "committed or aborted). To write messages atomically with database changes, use "
-    "produce(..., transaction=conn) with a PostgreSQL outbox; for Kafka transactions use "
-    "confluent_kafka.Producer"
-)
 
 #: The default `exit_timeout` (seconds). Half of it (`_DELIVERY_SHARE`) lets a healthy cluster
 #: acknowledge what is on the wire; the other half commits the largest backlog the writer holds
@@ -235,132 +213,94 @@ class ResilientProducer(PythonObject):
         exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
         **settings: Any,
     ) -> None:
-        if config is None and not settings:
-            raise TypeError("expected configuration dict")  # confluent_kafka's words
-        if config is not None and not isinstance(config, Mapping):
-            raise TypeError(f"expected configuration dict, got {type(config).__name__}")
-        config = {**(config or {}), **settings}
-        if logger is not None:
-            config["logger"] = logger
-        if "transactional.id" in config:
-            raise ConfigError(_NO_TRANSACTIONS)
-        if mode not in _MODES:
-            raise ConfigError(f"mode must be one of {_MODES}, got {mode!r}")
-        if durability not in _DURABILITY:
-            raise ConfigError(f"durability must be one of {_DURABILITY}, got {durability!r}")
-        if drain_workers < 0:
-            raise ConfigError(f"drain_workers must be >= 0, got {drain_workers}")
-        if not queue_full_timeout >= 0:  # also refuses NaN
-            raise ConfigError(f"queue_full_timeout must be >= 0 seconds, got {queue_full_timeout!r}")
-        if not (isinstance(exit_timeout, int | float) and exit_timeout >= 0):  # also refuses NaN
-            raise ConfigError(f"exit_timeout must be a number of seconds >= 0, got {exit_timeout!r}")
-        if drain_in not in _DRAIN_IN:
-            raise ConfigError(f"drain_in must be one of {_DRAIN_IN}, got {drain_in!r}")
-        if memory_budget.__class__ is not int or memory_budget < 1:
-            raise ConfigError(f"memory_budget must be a positive number of bytes (int), got {memory_budget!r}")
-        if drain_in == "process" and isinstance(outbox, Outbox):
-            raise ConfigError("drain_in='process' needs the outbox as a URL: the drain process opens it itself")
-        self._serializers = Serializers.of(key_serializer, value_serializer)
-        self.mode = mode
-        self._writes_ahead = mode == "write-ahead"  # produce() reads a flag, not a string compare
-        self.durability = durability
-        self.retry = retry or RetryPolicy()
-        self._id_header = id_header
+        checked = ProducerSettings.check(config, settings, ProducerArguments(
+            logger=logger, outbox=outbox, retry=retry, on_dead_letter=on_dead_letter, mode=mode, durability=durability,
+            drain_workers=drain_workers, drain_in=drain_in, id_header=id_header,
+            circuit_failure_threshold=circuit_failure_threshold, circuit_reset_timeout=circuit_reset_timeout,
+            queue_full_timeout=queue_full_timeout, commit_interval=commit_interval, lease_seconds=lease_seconds,
+            drain_batch_size=drain_batch_size, drain_poll_interval=drain_poll_interval, on_store_error=on_store_error,
+            key_serializer=key_serializer, value_serializer=value_serializer, memory_budget=memory_budget,
+            exit_timeout=exit_timeout,
+        ))
+        # What produce() reads stays a plain attribute of the producer: one lookup per message.
+        self._serializers = checked.serializers
+        self.mode, self.durability, self.retry = checked.mode, checked.durability, checked.retry
+        self._writes_ahead = checked.mode == "write-ahead"  # produce() reads a flag, not a string compare
+        self._id_header = checked.id_header
         self._ids = IdGenerator()
         self._next_id = self._ids.next
-        if drain_workers > 0:  # before anything starts: a worker whose producer is refused never runs
-            check_resend_config(config)
-        user_error_cb = config.pop("error_cb", None)
-        # Every message carries its own callback; these name the one of messages given none.
-        default_callbacks = [config.pop(k) for k in _DEFAULT_CALLBACK_KEYS if k in config]
-        self._default_on_delivery: DeliveryCallback | None = next(
-            (cb for cb in default_callbacks if cb is not None), None
-        )
-        if self._default_on_delivery is not None and not callable(self._default_on_delivery):
-            raise TypeError(f"on_delivery must be callable, got {type(self._default_on_delivery).__name__}")
-        # Idempotent unless the caller's settings rule it out: per-key order on the fast path
-        # needs it (`outbox.drain.idempotence`).
-        self._config = idempotence.with_default({**PRODUCER_DEFAULTS, **config})
-        self._config.setdefault("logger", LIBRDKAFKA_LOG)  # librdkafka's lines to logging, summarised
-        rdkafka_queue, rdkafka_reserve = queue_limits(self._config, memory_budget)
-        self._config.update(rdkafka_queue)
-        self.memory = MemoryBudget(memory_budget, reserve=rdkafka_reserve)
-        # Successes are reported to on_delivery unless the application opts out, as in librdkafka.
-        # Write-ahead rows are deleted on their success report, so that mode always asks for them.
-        report_successes = not _is_true(self._config.pop("delivery.report.only.error", False))
-        self._config["delivery.report.only.error"] = mode == "fallback" and not report_successes
-        self._message_timeout = int(self._config["message.timeout.ms"]) / 1000
-        lease_seconds = max(lease_seconds, self._message_timeout + 5)  # a lease must outlive one send attempt
-        self._exit_timeout = float(exit_timeout)
+        self._default_on_delivery = checked.default_on_delivery
+        self._message_timeout = checked.message_timeout
+        self._exit_timeout = checked.exit_timeout
         self._in_transaction = 0
+        self.memory = MemoryBudget(checked.memory_budget, reserve=checked.rdkafka_reserve)
         self.circuit = CircuitBreaker(
-            failure_threshold=circuit_failure_threshold,
-            reset_timeout=circuit_reset_timeout,
+            failure_threshold=checked.circuit_failure_threshold, reset_timeout=checked.circuit_reset_timeout,
             on_open=self._circuit_opened,
         )
         self._served = Served()
         # The librdkafka producer first: it checks the settings (a KafkaException, as from
         # confluent_kafka) before anything is opened or started.
         self._link = KafkaLink(
-            self._config, self.circuit, queue_full_timeout=queue_full_timeout, user_error_cb=user_error_cb,
-            served=self._served,
+            checked.kafka_config, self.circuit, queue_full_timeout=checked.queue_full_timeout,
+            user_error_cb=checked.user_error_cb, served=self._served,
         )
-        self._owns_store = not isinstance(outbox, Outbox)
-        self.store = open_outbox(outbox)
+        self._owns_store = not isinstance(checked.outbox, Outbox)
+        self.store = open_outbox(checked.outbox)
         # The parts tell what happens to messages through one fan-out (`outbox.events`); the
         # producer's own reactions (`_Routes`) listen first, then the application's listeners.
         # No thread tells an event before every part is built and subscribed: the delivery and
         # key threads and the drain start below, the writer commits only what produce() queues.
         self._events = Events(self._served.failed)
-        self._fates = Fates(on_dead_letter, report_successes=report_successes, served=self._served)
-        drain_config = dict(config)
-        if user_error_cb is not None:
-            drain_config["error_cb"] = user_error_cb
-        drain_settings: dict[str, Any] = dict(
-            retry=self.retry,
-            workers=max(drain_workers, 1),
-            batch_size=drain_batch_size,
-            lease_seconds=lease_seconds,
-            poll_interval=drain_poll_interval,
-            events=self._events,
-            on_store_error=on_store_error,
+        self._fates = Fates(checked.on_dead_letter, report_successes=checked.report_successes, served=self._served)
+        self.drainer = self._new_drainer(checked)
+        self.writer = GroupCommitWriter(
+            self.store, owner=new_owner("producer"), lease_seconds=checked.lease_seconds,
+            max_delay=checked.commit_interval, budget=self.memory, events=self._events,
         )
-        self.drainer: Drainer | DrainProcess
-        if drain_in == "process" and drain_workers > 0:
-            assert isinstance(outbox, str)
+        self._assemble_routes(checked)
+        self._start(checked.drain_workers > 0)
+
+    def _new_drainer(self, settings: ProducerSettings) -> Drainer | DrainProcess:
+        """The drain workers, not started: in a process of their own, or threads of this one."""
+        if settings.drain_in == "process" and settings.drain_workers > 0:
+            assert isinstance(settings.outbox, str)
             try:
-                self.drainer = DrainProcess(outbox, drain_config, **drain_settings)
+                return DrainProcess(
+                    settings.outbox, settings.drain_config, settings.drain, events=self._events,
+                    on_store_error=settings.on_store_error,
+                )
             except ConfigError:
                 self.store.close()
                 raise
-        else:
-            # Claims bounded in bytes too: a drain thread's batches share this process's memory
-            # (a drain process has its own).
-            self.drainer = Drainer(self.store, drain_config, batch_bytes=memory_budget // 4, **drain_settings)
-        self.writer = GroupCommitWriter(
-            self.store,
-            owner=new_owner("producer"),
-            lease_seconds=lease_seconds,
-            max_delay=commit_interval,
-            budget=self.memory,
-            events=self._events,
+        # Claims bounded in bytes too: a drain thread's batches share this process's memory
+        # (a drain process has its own).
+        drain = settings.drain
+        return Drainer(
+            self.store, settings.drain_config, retry=drain.retry, workers=drain.workers,
+            batch_size=drain.batch_size, batch_bytes=settings.memory_budget // 4, lease_seconds=drain.lease_seconds,
+            poll_interval=drain.poll_interval, events=self._events, on_store_error=settings.on_store_error,
         )
+
+    def _assemble_routes(self, settings: ProducerSettings) -> None:
+        """The paths a message takes (spill, first send, write-ahead), and the routing of their events."""
+        fence = self._message_timeout + 1.0
         self._spill = Spill(
             self.store, self.writer, self._link, self.circuit, self._fates,
-            events=self._events, gate=mode == "fallback", keyed_probes=drain_workers == 0,
-            track_sends=mode == "fallback" and not self._config["delivery.report.only.error"],
-            fence_longest=self._message_timeout + 1.0,
+            events=self._events, gate=settings.mode == "fallback", keyed_probes=settings.drain_workers == 0,
+            track_sends=settings.mode == "fallback" and not settings.kafka_config["delivery.report.only.error"],
+            fence_longest=fence,
         )
         self._route = self._spill.admission.route  # produce()'s one decision (outbox.producer.admission)
         self._backlog = self._spill.backlog
         self._first = FirstSend(
             self._link, self._spill, self.writer, self.circuit, self.retry,
-            wake_drain=self.drainer.wake, id_header=id_header, report_successes=report_successes,
-            hold_longest=self._message_timeout + 1.0,
+            wake_drain=self.drainer.wake, id_header=settings.id_header, report_successes=settings.report_successes,
+            hold_longest=fence,
         )
         self._write_ahead = WriteAhead(
             self._link, self._spill, self.writer, self.circuit, self._fates, self.retry,
-            durability=durability, report_successes=report_successes,
+            durability=settings.durability, report_successes=settings.report_successes,
         )
         self._events.subscribe(
             _Routes(
@@ -368,12 +308,15 @@ class ResilientProducer(PythonObject):
             ),
             internal=True,
         )
+
+    def _start(self, drain: bool) -> None:
+        """Open the producer to produce(), then start its threads (and the drain workers, if `drain`)."""
         self._unsaved_at_close = None
         self._closed = False
         self._produce_guard = False
         self._link.start(tick=self._spill.tick)
         self._backlog.start()
-        if drain_workers > 0:
+        if drain:
             try:
                 self.drainer.start()
             except BaseException:  # the drain process could not start: nothing may keep running
@@ -910,13 +853,6 @@ class _Routes(Listener):
     def key_released(self, key: Key, held: Held) -> None:
         """Key thread, under the backlog's lock: the gate's messages go to Kafka in order."""
         self._first.send_held(key, held)
-
-
-def _is_true(setting: object) -> bool:
-    """`delivery.report.only.error` as confluent_kafka takes it: a bool, nothing else."""
-    if not isinstance(setting, bool):
-        raise ConfigError(f"delivery.report.only.error must be True or False, got {setting!r}")
-    return setting
 
 
 def _check_batch(messages: list[Any], *, payloads: bool) -> None:

@@ -60,7 +60,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from outbox.errors import ConfigError, StoreError
 from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
@@ -155,6 +155,15 @@ def _row_id(r: Row) -> int:
 
 # Up to this many due rows, claim sorts them instead of walking the pending rows in id order.
 _SORT_DUE_UP_TO = 5_000
+
+
+class _Lease(NamedTuple):
+    """The lease a claim sets: rows due at `now` go to `owner` until `until`."""
+
+    owner: str
+    now: float
+    until: float
+
 
 class PostgresOutbox(PostgresAdmin, Outbox):
     """The fleet outbox store, in one PostgreSQL table.
@@ -562,9 +571,10 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 f"PRECEDING) - n AS before FROM {self._t} WHERE {where} ORDER BY {order} LIMIT %s) AS c "
                 "WHERE c.before = 0 OR c.before + c.n <= %s"
             )
+            lease = _Lease(owner, now, now + lease_seconds)
             for _ in range(2):
                 full, rows, leased, split = self._claim_tx(
-                    conn, sql, [*args, limit, limit], order, limit, in_flight, owner, now, lease_seconds
+                    conn, sql, [*args, limit, limit], order, limit, in_flight, lease
                 )
                 self._dense_backlog = order == "id" and full
                 if len(leased) != len(rows):
@@ -587,7 +597,7 @@ class PostgresOutbox(PostgresAdmin, Outbox):
 
     def _claim_tx(
         self, conn: psycopg.Connection[Any], sql: str, args: list[Any], order: str, limit: int,
-        in_flight: Collection[int], owner: str, now: float, lease_seconds: float,
+        in_flight: Collection[int], lease: _Lease,
     ) -> tuple[bool, list[Row], set[int], int | None]:
         """One claim's transaction: read the candidates, keep each key's order, lease them,
         commit. Returns whether the read was full (`limit` candidate rows), the rows kept, the
@@ -622,17 +632,16 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 return full, rows, set(), split
             ids = [r[0] for r in rows]
             where, where_args = _pending_ids(ids)
-            until = now + lease_seconds
-            lease = conn.execute(
+            updated = conn.execute(
                 f"UPDATE {self._t} SET lease_owner = %s, next_attempt_at = %s "
                 f"WHERE {where} AND next_attempt_at <= %s",
-                [owner, until, *where_args, now],
+                [lease.owner, lease.until, *where_args, lease.now],
             )
-        if lease.rowcount == len(ids):  # the rule: no `RETURNING id` (~0.7 µs a row) to learn it
+        if updated.rowcount == len(ids):  # the rule: no `RETURNING id` (~0.7 µs a row) to learn it
             return full, rows, set(ids), split
         got = conn.execute(
             f"SELECT id FROM {self._t} WHERE id = ANY(%s::bigint[]) AND lease_owner = %s AND next_attempt_at = %s",
-            [_id_array(ids), owner, until],
+            [_id_array(ids), lease.owner, lease.until],
         )
         return full, rows, {r[0] for r in got.fetchall()}, split
 

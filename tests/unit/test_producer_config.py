@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from outbox import ConfigError, ProducerClosedError, ResilientProducer
-from outbox.producer.resilient import _is_true
+from outbox.producer.settings import _is_true
 from outbox.stores import SQLiteOutbox
 
 
