@@ -16,7 +16,7 @@ COMPILED_MODULES = [
     "outbox/producer/resilient.py",
     "outbox/producer/admission.py",
     "outbox/producer/firstsend.py",
-    "outbox/payload.py",
+    "outbox/message.py",
 ]
 
 if os.environ.get("OUTBOX_COMPILE") == "1":

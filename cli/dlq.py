@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError
 
 from outbox.consumer.headers import ConsumerFailure, consumer_failure
 from outbox.consumer.redrive import redrive_topic
-from outbox.payload import topic_problem
+from outbox.message import topic_problem
 from outbox.records import DeadLetterFilter, OutboxMessage, Status
 from outbox.stores import Outbox
 from outbox.stores.filters import error_filter

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, KafkaError
 
 from outbox.headers import ID_HEADER, IdGenerator
-from outbox.payload import as_bytes, check_partition, check_payload, check_timestamp, check_topic, normalize_headers
+from outbox.message import as_bytes, check_partition, check_payload, check_timestamp, check_topic, normalize_headers
 from outbox.records import Headers
 
 __all__ = ["Sent", "TestMessage", "TestProducer"]

@@ -18,7 +18,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from outbox.errors import ConfigError, KafkaUnavailableError
 from outbox.logs import with_librdkafka_log
-from outbox.payload import MAX_TOPIC_LENGTH, topic_chars_ok
+from outbox.message import MAX_TOPIC_LENGTH, topic_chars_ok
 
 log = logging.getLogger(__name__)
 

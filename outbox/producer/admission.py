@@ -29,7 +29,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
-from outbox.payload import as_bytes
+from outbox.message import as_bytes
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.holdback import Holdback
 from outbox.producer.keyorder import KeyBacklog

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError
 
 from outbox.events import Committed, Drained
+from outbox.message import DeliveryCallback
 from outbox.producer.served import Served
 from outbox.records import DeadLetter, OutboxMessage
 
-DeliveryCallback = Callable[[KafkaError | None, Message | None], None]
 DeadLetterCallback = Callable[[DeadLetter], None]
 
 

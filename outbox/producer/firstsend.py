@@ -8,7 +8,7 @@ sent here too, and their failures only reported.
 
 Record timestamps: a message goes to librdkafka with the one given to produce(), or 0, which
 librdkafka stamps with the time of the call. A failure report does not say what it stamped
-(`Message.timestamp()` is "not available" for a failed message), but it does say how long ago
+(`confluent_kafka.Message.timestamp()` is "not available" for a failed message), but it does say how long ago
 the message was produced (`Message.latency()`), so a failed message is stored with report time
 less latency: the time of its produce() call, with no clock read per message on the way out.
 """
@@ -18,16 +18,15 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Message as KafkaMessage
 
 from outbox.drain.settle import Verdict, settle
-from outbox.payload import as_bytes
+from outbox.message import DeliveryCallback, Failure, Message, as_bytes
 from outbox.producer.admission import SEND
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.compiling import mypyc_attr
-from outbox.producer.fates import DeliveryCallback
 from outbox.producer.keyorder import HeldMessage
 from outbox.producer.link import PURGE_CODES, KafkaLink
 from outbox.producer.spill import NOT_SENT_QUEUE_FULL, Spill
@@ -54,7 +53,6 @@ class FirstSend:
         wake_drain: a message to re-send alone is due now.
         id_header: the id header's name, or None (a failure report rebuilds the header from it).
         report_successes: whether `on_delivery` hears deliveries.
-        hold_longest: how long a hold-back may last (as when the circuit opens).
     """
 
     def __init__(
@@ -68,10 +66,9 @@ class FirstSend:
         wake_drain: Callable[[], None],
         id_header: str | None,
         report_successes: bool,
-        hold_longest: float,
     ) -> None:
         self._link = link
-        self._hold_longest = hold_longest
+        self._hold_longest = spill.hold_longest  # how long a hold-back may last (as when the circuit opens)
         self._spill = spill
         self._fence = spill.fence
         self._writer = writer
@@ -83,13 +80,10 @@ class FirstSend:
         self.failed = Tally()  # enable_retry=False messages that failed (delivery thread, or the caller's)
         self.served = link.served  # counts the delivery thread's calls of `on_delivery`
 
-    def send(
-        self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
-        cb: DeliveryCallback | None, app_headers: bool, timestamp: int,
-    ) -> None:
-        """Send a message for the first time (`app_headers`: `hdrs` holds the application's
-        headers, not only the id; `timestamp`: produce()'s, 0 for now). Stored instead if
-        librdkafka's queue stays full."""
+    def send(self, message: Message, app_headers: bool) -> None:
+        """Send a message for the first time (`app_headers`: its headers hold the application's,
+        not only the id). Stored instead if librdkafka's queue stays full."""
+        topic, value, key, hdrs, partition, msg_id, timestamp, cb = message
         report: _Report
         fenced: Key | None = None
         if key is not None and self._fence.tracking:
@@ -107,7 +101,9 @@ class FirstSend:
                 link.kafka.produce(topic, value, key, partition, report, None, timestamp, hdrs)  # type: ignore[arg-type]
             except BufferError:
                 # The produce() call's time, before a wait for room that may be long.
-                timestamp = timestamp or int(time.time() * 1000)
+                if not timestamp:
+                    timestamp = int(time.time() * 1000)
+                    message = message._replace(timestamp=timestamp)
                 # The same call again, as a closure made only when the queue is full: the common
                 # path makes no closure per message.
                 if not link.when_queue_has_room(
@@ -126,19 +122,15 @@ class FirstSend:
         except BufferError:
             if fenced is not None:
                 self._spill.sent_reported(fenced)
-            self._spill.store_unsent(
-                topic, value, key, hdrs, partition, msg_id, cb, NOT_SENT_QUEUE_FULL, timestamp, wait=True
-            )
+            self._spill.store_unsent(message, NOT_SENT_QUEUE_FULL, wait=True)
         except KafkaException as exc:
             if fenced is not None:
                 self._spill.sent_reported(fenced)
-            self.failed_send(exc.args[0], topic, value, key, hdrs, partition, msg_id, cb, None, timestamp)
+            self.failed_send(exc.args[0], message, None)
 
-    def send_unprotected(
-        self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, cb: DeliveryCallback | None,
-        timestamp: int,
-    ) -> None:
-        """enable_retry=False: Kafka or nothing; failures go to `cb` only."""
+    def send_unprotected(self, message: Message) -> None:
+        """enable_retry=False: Kafka or nothing; failures go to its `on_delivery` only."""
+        topic, value, key, hdrs, partition, _, timestamp, cb = message
         report = functools.partial(self._on_unprotected_report, cb)
         link = self._link
 
@@ -189,10 +181,7 @@ class FirstSend:
             except KafkaException as exc:
                 if fenced is not None:
                     self._spill.sent_reported(key)
-                self.failed_send(
-                    exc.args[0], msg.topic, msg.value, msg.key, msg.headers or [], msg.partition, msg.msg_id, cb, None,
-                    msg.timestamp,
-                )
+                self.failed_send(exc.args[0], _message_of(msg, cb), None)
                 self._spill.store_held(held[i + 1 :])
                 return
 
@@ -200,7 +189,7 @@ class FirstSend:
         """Delivery thread: a first send of `key` was reported (`outbox.producer.sendfence`)."""
         self._spill.sent_reported(key)
 
-    def on_failure(self, r: _Report, err: KafkaError, msg: Message) -> None:
+    def on_failure(self, r: _Report, err: KafkaError, msg: KafkaMessage) -> None:
         """Delivery thread: the failure report of a first send (`_Report.__call__` serves successes)."""
         self._link.send_failures.add()
         if err.code() in PURGE_CODES:
@@ -217,9 +206,9 @@ class FirstSend:
             hdrs = r.headers
         else:
             hdrs = [(self._id_header, r.msg_id.encode())] if self._id_header is not None else []
-        to_resend = self.failed_send(
-            err, msg.topic() or "", msg.value(), msg.key(), hdrs, r.partition, r.msg_id, r.cb, msg, r.timestamp
-        )
+        # The message again, from what the report carries and what travelled with it.
+        message = Message(msg.topic() or "", msg.value(), msg.key(), hdrs, r.partition, r.msg_id, r.timestamp, r.cb)
+        to_resend = self.failed_send(err, message, msg)
         if (
             to_resend and r.key is not None and self._circuit.closed and err.code() not in PURGE_CODES
             and self._fence.others_sending(r.key)
@@ -232,38 +221,32 @@ class FirstSend:
             # in produce order). What is already on the wire may still overtake it.
             self._circuit.trip("a message failed while later ones of its key waited in librdkafka")
 
-    def failed_send(
-        self, err: KafkaError, topic: str, value: Any, key: Any, hdrs: Headers, partition: int,
-        msg_id: str, cb: DeliveryCallback | None, msg: Message | None, timestamp: int,
-    ) -> bool:
-        """A first send failed: outbox it (retriable) or dead-letter it (permanent). `timestamp`:
-        the one produce() was given, 0 if none (then the time of the produce() call, module doc).
-        Returns whether it is stored to be sent again (False: dead-lettered)."""
+    def failed_send(self, err: KafkaError, message: Message, report: KafkaMessage | None) -> bool:
+        """A first send failed: outbox it (retriable) or dead-letter it (permanent). `report`:
+        librdkafka's failure report, None if produce() itself refused it. Returns whether it is
+        stored to be sent again (False: dead-lettered)."""
         now = time.time()
-        if not timestamp:
-            latency = msg.latency() if msg is not None else None  # seconds since produce(); -1: unknown
-            timestamp = int((now - latency if latency is not None and latency >= 0 else now) * 1000)
-        # msg None: refused by produce() itself, so the message alone is at fault.
-        d = settle(_FIRST_SEND, err, self._retry, now, alone=msg is None)
+        if not message.timestamp:  # stamped with the time of its produce() call (module doc)
+            latency = report.latency() if report is not None else None  # seconds since produce(); -1: unknown
+            message = message._replace(
+                timestamp=int((now - latency if latency is not None and latency >= 0 else now) * 1000)
+            )
+        # No report: refused by produce() itself, so the message alone is at fault.
+        d = settle(_FIRST_SEND, err, self._retry, now, alone=report is None)
         if d.recreate_producer:
             self._link.recreate_soon()
-        k, v = as_bytes(key), as_bytes(value)
+        cb = message.on_delivery
         if d.verdict is Verdict.RELEASE:  # never sent: stored due now, no attempt counted
-            self._spill.store(
-                NewMessage(topic, v, k, hdrs, partition, msg_id, 0, None, d.error, now, d.code, d.name, timestamp), cb
-            )
+            self._spill.store(message.row(error=d.error, failure=Failure(0, d.code, d.name)), cb)
             return True
         if d.verdict is Verdict.RESEND_ALONE:
             # The broker refused the record batch it was in: maybe another message's fault.
             # Stored due now; a drain worker re-sends it alone and dead-letters it only if it
             # fails on its own.
-            alone = NewMessage(topic, v, k, hdrs, partition, msg_id, 1, now, d.error, now, d.code, d.name, timestamp)
-            self._spill.store(alone, cb)
+            self._spill.store(message.row(error=d.error, failure=Failure(1, d.code, d.name)), cb)
             self._wake_drain()
             return True
-        failed = NewMessage(
-            topic, v, k, hdrs, partition, msg_id, d.attempts, now, d.error, d.at or now, d.code, d.name, timestamp
-        )
+        failed = message.row(error=d.error, due=d.at or now, failure=Failure(d.attempts, d.code, d.name))
         if d.verdict is Verdict.DEAD_LETTER:
             self._writer.add_dead(failed, cb)
             return False
@@ -271,7 +254,7 @@ class FirstSend:
         self._spill.store(failed, cb)
         return True
 
-    def _on_unprotected_report(self, cb: DeliveryCallback | None, err: KafkaError | None, msg: Message) -> None:
+    def _on_unprotected_report(self, cb: DeliveryCallback | None, err: KafkaError | None, msg: KafkaMessage) -> None:
         if err is not None:
             self._link.send_failures.add()
             self.failed.add()
@@ -310,7 +293,7 @@ class _Report:
         self.msg_id = msg_id
         self.key = key  # (topic, key) while its key's later outbox-bound messages may wait on it
 
-    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+    def __call__(self, err: KafkaError | None, msg: KafkaMessage) -> None:
         if err is not None:
             self.first.on_failure(self, err, msg)
         if self.key is not None:  # after a failure is stored: ahead of what waited behind it
@@ -336,12 +319,17 @@ class _FullReport(_Report):
         self.partition = partition
         self.timestamp = timestamp
 
-    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+    def __call__(self, err: KafkaError | None, msg: KafkaMessage) -> None:
         _Report.__call__(self, err, msg)
         cb = self.cb
         if err is None and cb is not None:  # successes heard (delivery.report.only.error unset)
             cb(None, msg)
             self.first.served.delivery_thread_calls += 1
+
+
+def _message_of(row: NewMessage, cb: DeliveryCallback | None) -> Message:
+    """A gated message again, from its row and callback (what a failed send of it needs)."""
+    return Message(row.topic, row.value, row.key, row.headers or [], row.partition, row.msg_id, row.timestamp, cb)
 
 
 class _FirstSend:

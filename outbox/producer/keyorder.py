@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from outbox.budget import MemoryBudget, message_cost
 from outbox.errors import StoreError
-from outbox.producer.fates import DeliveryCallback
+from outbox.message import DeliveryCallback
 from outbox.producer.holdback import Holdback
 from outbox.producer.sendfence import Held as Fenced
 from outbox.producer.sendfence import SendFence

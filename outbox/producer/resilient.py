@@ -39,10 +39,11 @@ from outbox.drain.workers import DEFAULT_BATCH_SIZE, Drainer
 from outbox.errors import ConfigError, ProducerClosedError, StoreError
 from outbox.events import Committed, Events, Listener
 from outbox.headers import ID_HEADER, HookedHeaders, IdGenerator
-from outbox.payload import (
+from outbox.message import (
     BYTES_LIKE,
     KNOWN_TOPICS,
-    as_bytes,
+    DeliveryCallback,
+    Message,
     check_partition,
     check_payload,
     check_timestamp,
@@ -53,7 +54,7 @@ from outbox.producer import exithook
 from outbox.producer.admission import HOLD, PROBE, SEND, STORE
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.compiling import PythonObject
-from outbox.producer.fates import DeadLetterCallback, DeliveryCallback, Fates
+from outbox.producer.fates import DeadLetterCallback, Fates
 from outbox.producer.firstsend import FirstSend
 from outbox.producer.keyorder import Held, KeyBacklog
 from outbox.producer.link import KafkaLink
@@ -63,11 +64,13 @@ from outbox.producer.settings import PRODUCER_DEFAULTS, ProducerArguments, Produ
 from outbox.producer.spill import NOT_SENT_CIRCUIT_OPEN, Spill
 from outbox.producer.writeahead import WriteAhead
 from outbox.producer.writer import GroupCommitWriter
-from outbox.records import DeadLetter, Headers, Key, NewMessage, StoreStats
+from outbox.records import DeadLetter, Headers, Key, StoreStats
 from outbox.retry import RetryPolicy
 from outbox.stores import Outbox, open_outbox
 from outbox.stores.owners import new_owner
 from outbox.transactions import enqueue_in_transaction
+
+_new_tuple = tuple.__new__
 
 if TYPE_CHECKING:
     from outbox.events import Rows
@@ -284,19 +287,18 @@ class ResilientProducer(PythonObject):
 
     def _assemble_routes(self, settings: ProducerSettings) -> None:
         """The paths a message takes (spill, first send, write-ahead), and the routing of their events."""
-        fence = self._message_timeout + 1.0
+        fallback = settings.mode == "fallback"
         self._spill = Spill(
-            self.store, self.writer, self._link, self.circuit, self._fates,
-            events=self._events, gate=settings.mode == "fallback", keyed_probes=settings.drain_workers == 0,
-            track_sends=settings.mode == "fallback" and not settings.kafka_config["delivery.report.only.error"],
-            fence_longest=fence,
+            self.writer, self._link, self.circuit, self._fates,
+            key_released=self._events.key_released if fallback else None, keyed_probes=settings.drain_workers == 0,
+            track_sends=fallback and not settings.kafka_config["delivery.report.only.error"],
+            hold_longest=self._message_timeout + 1.0,
         )
         self._route = self._spill.admission.route  # produce()'s one decision (outbox.producer.admission)
         self._backlog = self._spill.backlog
         self._first = FirstSend(
             self._link, self._spill, self.writer, self.circuit, self.retry,
             wake_drain=self.drainer.wake, id_header=settings.id_header, report_successes=settings.report_successes,
-            hold_longest=fence,
         )
         self._write_ahead = WriteAhead(
             self._link, self._spill, self.writer, self.circuit, self._fates, self.retry,
@@ -459,29 +461,29 @@ class ResilientProducer(PythonObject):
             if id_header is not None:
                 hdrs.append((id_header, msg_id.encode()))
 
+        # The one message object (outbox.message), built as the tuple it is: every path takes it.
+        message: Message = _new_tuple(Message, (topic, value, key, hdrs, partition, msg_id, timestamp, on_delivery))
         if transaction is not None:
-            self._enqueue_in_transaction(transaction, topic, value, key, hdrs, partition, msg_id, timestamp)
+            self._enqueue_in_transaction(transaction, message)
             return msg_id
         if self._writes_ahead and enable_retry:
-            self._write_ahead.write(topic, value, key, hdrs, partition, msg_id, on_delivery, timestamp)
+            self._write_ahead.write(message)
             return msg_id
         if not enable_retry:
-            self._first.send_unprotected(topic, value, key, hdrs, partition, on_delivery, timestamp)
+            self._first.send_unprotected(message)
             return msg_id
         route = self._route(topic, key)  # outbox.producer.admission: SEND, PROBE, HOLD or STORE
         if route is SEND:
-            self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, headers is not None, timestamp)
+            self._first.send(message, headers is not None)
             return msg_id
         while route is HOLD:
-            if self._spill.key_waits(topic, key, value, hdrs, partition, msg_id, on_delivery, timestamp):
+            if self._spill.key_waits(message):
                 return msg_id
             route = self._route(topic, key)  # the key was freed meanwhile
         if route is STORE:
-            self._spill.store_unsent(
-                topic, value, key, hdrs, partition, msg_id, on_delivery, NOT_SENT_CIRCUIT_OPEN, timestamp, wait=True
-            )
+            self._spill.store_unsent(message, NOT_SENT_CIRCUIT_OPEN, wait=True)
             return msg_id
-        self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, headers is not None, timestamp)
+        self._first.send(message, headers is not None)
         if route is PROBE and key is not None:  # should it fail, stored ahead of its key's later messages
             self._spill.hold_behind_probe(self._message_timeout + 1.0)
         return msg_id
@@ -790,16 +792,9 @@ class ResilientProducer(PythonObject):
 
     # -- routing helpers ---------------------------------------------------------------------
 
-    def _enqueue_in_transaction(
-        self, conn: Any, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
-        timestamp: int,
-    ) -> None:
-        now = time.time()
-        msg = NewMessage(
-            topic, as_bytes(value), as_bytes(key), hdrs, partition, msg_id, 0, None, None, now, None, None,
-            timestamp or int(now * 1000),
-        )
-        enqueue_in_transaction(self.store, conn, [msg])  # psycopg, sqlite3, SQLAlchemy or Django
+    def _enqueue_in_transaction(self, conn: Any, message: Message) -> None:
+        # psycopg, sqlite3, SQLAlchemy or Django
+        enqueue_in_transaction(self.store, conn, [message.row()])
         # Not counted as "outboxed": the row exists only if the caller commits, which we cannot see.
         self._in_transaction += 1
         self.drainer.wake()

@@ -18,7 +18,8 @@ from outbox.drain.process import DrainSettings
 from outbox.drain.sendloop import check_resend_config
 from outbox.errors import ConfigError, StoreError
 from outbox.logs import LIBRDKAFKA_LOG
-from outbox.producer.fates import DeadLetterCallback, DeliveryCallback
+from outbox.message import DeliveryCallback
+from outbox.producer.fates import DeadLetterCallback
 from outbox.producer.link import queue_limits
 from outbox.producer.serialization import Serializer, Serializers
 from outbox.retry import RetryPolicy

@@ -21,49 +21,44 @@ thread waits for room before it queues a message (`wait_for_room`), the delivery
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
 
 from outbox.budget import message_cost
-from outbox.events import Listener
-from outbox.payload import as_bytes
+from outbox.message import DeliveryCallback, Message
 from outbox.producer.admission import Admission
 from outbox.producer.circuit import CircuitBreaker, CircuitState
-from outbox.producer.fates import DeliveryCallback, Fates
+from outbox.producer.fates import Fates
 from outbox.producer.holdback import Holdback
 from outbox.producer.keyorder import Held, KeyBacklog
 from outbox.producer.link import KafkaLink
 from outbox.producer.sendfence import SendFence
 from outbox.producer.writer import GroupCommitWriter
-from outbox.records import Headers, Key, NewMessage
-from outbox.stores import Outbox
+from outbox.records import Key, NewMessage
 
 #: The last error of a message stored without a send attempt, by why it was not sent.
 NOT_SENT_CIRCUIT_OPEN = "not sent: circuit open"
 NOT_SENT_QUEUE_FULL = "not sent: local queue full"
 NOT_SENT_KEY_WAITS = "not sent: key has messages in the outbox"
 
-_new_tuple = tuple.__new__
 
 
 class Spill:
     """The way into the outbox: key backlog, hold-back, writer.
 
     Args:
-        store: the outbox (the key backlog reads which keys have rows).
-        writer: commits what is queued here; its memory budget is shared by the hold-back and
-            the gate.
+        writer: commits what is queued here into its store (which the key backlog reads for
+            keys with rows); its memory budget is shared by the hold-back and the gate.
         link: the librdkafka producer (the hold-back ends once it has handed back its messages).
         circuit: keys are checked only while it is not open (nothing drains then).
         fates: where a stored message's `on_delivery` waits.
-        events: told each key the backlog hands back to the fast path, with the messages its
-            gate held (`key_released`: the producer's first sends send them).
-        gate: fallback mode: a key is handed back through a gate (`outbox.producer.keyorder`), and new
-            messages may probe the half-open circuit; not in write-ahead mode, which stores
-            every message anyway.
+        key_released: fallback mode: called with each key the backlog hands back to the fast
+            path through a gate (`outbox.producer.keyorder`), and the messages the gate held (the
+            producer's first sends send them); new messages may probe the half-open circuit.
+            None in write-ahead mode, which stores every message anyway.
         keyed_probes: fallback mode: a keyed message may probe the circuit (`outbox.producer.admission`).
         track_sends: success reports are heard, so a key's outbox-bound messages can wait behind
             its first sends still in librdkafka (`outbox.producer.sendfence`).
-        fence_longest: the most such a wait lasts (`message.timeout.ms` + 1 s).
+        hold_longest: the most a hold-back or such a wait lasts (`message.timeout.ms` + 1 s).
 
     `admission` decides each message's route from the circuit, the key backlog and the
     hold-back built here (`outbox.producer.admission`).
@@ -71,20 +66,19 @@ class Spill:
 
     def __init__(
         self,
-        store: Outbox,
         writer: GroupCommitWriter,
         link: KafkaLink,
         circuit: CircuitBreaker,
         fates: Fates,
         *,
-        events: Listener,
-        gate: bool,
+        key_released: Callable[[Key, Held], None] | None,
         keyed_probes: bool = False,
         track_sends: bool = False,
-        fence_longest: float = 31.0,
+        hold_longest: float = 31.0,
     ) -> None:
         self._writer = writer
-        self._gate = gate
+        self._gate = gate = key_released is not None
+        self.hold_longest = hold_longest
         self._link = link
         self._circuit = circuit
         self.budget = writer.budget
@@ -93,7 +87,7 @@ class Spill:
         )
         self.fence = SendFence(
             tracking=track_sends, budget=self.budget, on_full=link.purge_all_soon, clock=time.monotonic,
-            longest=fence_longest,
+            longest=hold_longest,
         )
         # A hold after the circuit opened purges librdkafka's queue at every tick (stragglers
         # queued just after the open); one behind a probe does not (the probe is in that queue
@@ -103,13 +97,13 @@ class Spill:
         # open: when every key has a backlog, no message is left to probe the circuit, and only
         # a released key lets one through.
         self.backlog = KeyBacklog(
-            store,
+            writer.store,
             writer,
             self.hold,
             self.fence,
             waiting=fates.waiting,
             may_check=lambda: circuit.state is not CircuitState.OPEN,
-            send=events.key_released if gate else None,
+            send=key_released,
             budget=self.budget,
         )
         self.outboxed = self.backlog.outboxed  # the key backlog counts what it queues
@@ -121,10 +115,7 @@ class Spill:
 
     # -- paths in ----------------------------------------------------------------------------
 
-    def key_waits(
-        self, topic: str, key: Any, value: Any, hdrs: Headers, partition: int, msg_id: str,
-        cb: DeliveryCallback | None, timestamp: int,
-    ) -> bool:
+    def key_waits(self, message: Message) -> bool:
         """A message admitted as HOLD: store it behind its key's messages and return True; False
         if the key was freed since (then the caller asks `admission.route` again).
 
@@ -132,20 +123,15 @@ class Spill:
         and the drain shares this process's interpreter lock: so the check that the key still
         waits and the queueing are one step of the backlog's.
         """
-        k = key if key.__class__ is bytes else as_bytes(key)
-        assert k is not None  # admitted as HOLD: keyed
-        msg = unsent_row(topic, value, k, hdrs, partition, msg_id, NOT_SENT_KEY_WAITS, timestamp)
+        msg = message.row(error=NOT_SENT_KEY_WAITS)
+        assert msg.key is not None  # admitted as HOLD: keyed
         cost = message_cost(msg)
         self.wait_for_room(cost)  # outside the backlog's lock: the writer's hooks may need it
-        return self.backlog.queue_behind_key(msg, cb, cost)
+        return self.backlog.queue_behind_key(msg, message.on_delivery, cost)
 
-    def store_unsent(
-        self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
-        cb: DeliveryCallback | None, why: str, timestamp: int, *, wait: bool = False,
-    ) -> None:
-        """Store a message that was not sent (`why`: a `NOT_SENT_*`): due at once. `timestamp`: the
-        one given to produce(), or 0 for now."""
-        self.store(unsent_row(topic, value, key, hdrs, partition, msg_id, why, timestamp), cb, wait=wait)
+    def store_unsent(self, message: Message, why: str, *, wait: bool = False) -> None:
+        """Store a message that was not sent (`why`: a `NOT_SENT_*`): due at once."""
+        self.store(message.row(error=why), message.on_delivery, wait=wait)
 
     def store(self, msg: NewMessage, cb: DeliveryCallback | None, *, wait: bool = False) -> None:
         """Queue a message for the outbox (held back while the circuit has just opened).
@@ -234,21 +220,6 @@ class Spill:
 #: reordered in 1 of 20 runs of the window's schedule). Stored meanwhile, not sent, the messages
 #: produced then cannot be caught in a purge while their keys' earlier ones are stored.
 STRAGGLER_GRACE = 0.2
-
-
-def unsent_row(
-    topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str, why: str, timestamp: int
-) -> NewMessage:
-    """The row of a message that was not sent: due at once, `why` (a `NOT_SENT_*`) as its last error,
-    stamped `timestamp`, or now (the produce() call's time) if that is 0."""
-    now = time.time()
-    # Built as the tuple it is: NamedTuple's generated __new__ is a Python call, on a key-waits
-    # path that every message of a recovering key takes; bytes skip as_bytes().
-    return _new_tuple(NewMessage, (
-        topic, value if value.__class__ is bytes else as_bytes(value),
-        key if key.__class__ is bytes else as_bytes(key), hdrs, partition, msg_id, 0, None, why, now, None, None,
-        timestamp or int(now * 1000),
-    ))
 
 
 def _sequence(msg: NewMessage) -> str:

@@ -29,18 +29,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Message as KafkaMessage
 
 from outbox.drain.settle import Decision, Verdict, settle
 from outbox.events import Committed
-from outbox.payload import as_bytes
+from outbox.message import DeliveryCallback, Message
 from outbox.producer.admission import SEND
 from outbox.producer.circuit import CircuitBreaker
-from outbox.producer.fates import DeliveryCallback, Fates
+from outbox.producer.fates import Fates
 from outbox.producer.link import KafkaLink
 from outbox.producer.spill import Spill
 from outbox.producer.writer import GroupCommitWriter
-from outbox.records import Headers, NewMessage
+from outbox.records import NewMessage
 from outbox.retry import RetryPolicy
 
 log = logging.getLogger("outbox")
@@ -93,23 +94,13 @@ class WriteAhead:
         self._sync = durability == "sync"
         self._report_successes = report_successes
 
-    def write(
-        self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
-        cb: DeliveryCallback | None, timestamp: int,
-    ) -> None:
-        """Queue a message for the outbox; raises the commit's StoreError with durability "sync".
-        `timestamp`: the one given to produce(), or 0 for now."""
-        now = time.time()
-        kb = as_bytes(key)
+    def write(self, message: Message) -> None:
+        """Queue a message for the outbox; raises the commit's StoreError with durability "sync"."""
+        msg = message.row()
+        cb = message.on_delivery
         # Sent by us after the commit if admitted as SEND; otherwise (Kafka not known up, or the
         # key waits behind its rows) left to the drain workers. Write-ahead never probes.
-        send_now = self._route(topic, kb) is SEND
-        # Built as the tuple it is: NamedTuple's generated __new__ is a Python call.
-        msg = _new_tuple(
-            NewMessage,
-            (topic, as_bytes(value), kb, hdrs, partition, msg_id, 0, None, None, now, None, None,
-             timestamp or int(now * 1000)),
-        )
+        send_now = self._route(msg.topic, msg.key) is SEND
         if send_now:
             batch = self._writer.add_new(msg, cb, leased=True, wait=True)
         else:  # stored for the drain workers; write-ahead rows never need holding back
@@ -165,7 +156,7 @@ class WriteAhead:
             # hand these back to the drain now, not at `message.timeout.ms`.
             self._link.purge_queue_soon()
 
-    def _on_report(self, batch: SentBatch, i: int, err: KafkaError | None, msg: Message | None) -> None:
+    def _on_report(self, batch: SentBatch, i: int, err: KafkaError | None, msg: KafkaMessage | None) -> None:
         """Delivery thread: a send finished: the row is deleted with its batch, or handed to the drain."""
         cb = batch.callbacks[i]
         if err is None:
@@ -226,7 +217,7 @@ class SentBatch:
 
     def __init__(
         self, ids: Sequence[int], messages: Sequence[NewMessage], callbacks: Sequence[Any],
-        on_report: Callable[[SentBatch, int, KafkaError | None, Message | None], None],
+        on_report: Callable[[SentBatch, int, KafkaError | None, KafkaMessage | None], None],
         on_settled: Outcomes, *, successes_heard: bool = True,
     ) -> None:
         self.ids = ids
@@ -269,7 +260,7 @@ class SentBatch:
         if not self.successes_heard:
             self._count_down()
 
-    def report(self, err: KafkaError | None, msg: Message) -> None:
+    def report(self, err: KafkaError | None, msg: KafkaMessage) -> None:
         """Shared: the delivery callback of every send of this batch (see the class doc)."""
         if err is not None:
             for i in self._rows_like(msg):
@@ -280,7 +271,7 @@ class SentBatch:
         if self._next_outcome() == len(self.ids):
             self._settle()
 
-    def _rows_like(self, msg: Message) -> list[int]:
+    def _rows_like(self, msg: KafkaMessage) -> list[int]:
         """The undecided rows with the content of a failure report (all undecided rows, should none
         match: a failed row must never be taken as delivered)."""
         with self._lock:
@@ -316,6 +307,6 @@ class SentReport:
         self.batch = batch
         self.i = i
 
-    def __call__(self, err: KafkaError | None, msg: Message | None) -> None:
+    def __call__(self, err: KafkaError | None, msg: KafkaMessage | None) -> None:
         b = self.batch
         b.on_report(b, self.i, err, msg)

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from outbox.consumer.redrive import redrive_topic
-from outbox.payload import topic_problem
+from outbox.message import topic_problem
 from outbox.ui import present
 from outbox.ui.console import ConsoleDep
 from outbox.ui.errors import ConsoleError

@@ -44,10 +44,12 @@ def first_send() -> tuple[FirstSend, list[tuple[Any, Any]], Served]:
         send_failures=Tally(), app_purging=False, served=served,
         note_transport_failure=lambda code: None, recreate_soon=lambda: None,
     )
-    spill = SimpleNamespace(store=lambda msg, cb: stored.append((msg, cb)), fence=SimpleNamespace(tracking=False))
+    spill = SimpleNamespace(
+        store=lambda msg, cb: stored.append((msg, cb)), fence=SimpleNamespace(tracking=False), hold_longest=4.0
+    )
     first = FirstSend(
         link, spill, SimpleNamespace(), SimpleNamespace(closed=True), RetryPolicy(),  # type: ignore[arg-type]
-        wake_drain=lambda: None, id_header=ID_HEADER, report_successes=True, hold_longest=4.0,
+        wake_drain=lambda: None, id_header=ID_HEADER, report_successes=True,
     )
     return first, stored, served
 

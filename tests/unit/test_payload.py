@@ -1,11 +1,11 @@
-"""Kafka's topic-name rule and produce()'s payload checks (outbox.payload): pure logic."""
+"""Kafka's topic-name rule and produce()'s payload checks (outbox.message): pure logic."""
 
 from __future__ import annotations
 
 import pytest
 
 from outbox.errors import ConfigError
-from outbox.payload import (
+from outbox.message import (
     as_bytes,
     check_partition,
     check_timestamp,

@@ -1,19 +1,89 @@
-"""What a message may be made of, checked before anything is stored or sent.
+"""A message as `produce()` accepts it: what it may be made of, and the one object that carries it.
 
 Kafka's rule for topic names (`produce()`, `outbox dlq replay --to-topic`, the console's
 redrive), and what `produce()` accepts as value, key, headers and partition. A message that
 fails here raises in the caller's thread and is neither sent nor stored: a bad value must never
 reach the writer thread, where its error would have no one to go to.
+
+`produce()` checks a message once and builds one `Message`; every later step of the producer
+takes that object (the first send, the way into the outbox, write-ahead, a transaction's row),
+and the row the outbox stores is made from it by one factory, `Message.row`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from confluent_kafka import KafkaError
+from confluent_kafka import Message as KafkaMessage
 
 from outbox.errors import ConfigError
-from outbox.records import Headers
+from outbox.records import Headers, NewMessage
+
+#: `on_delivery(err, msg)`: a message's final fate (`msg` is None for one delivered from the outbox).
+DeliveryCallback = Callable[[KafkaError | None, KafkaMessage | None], None]
+
+_new_tuple = tuple.__new__
+
+
+class Message(NamedTuple):
+    """One message, as `produce()` accepted it: checked, with its id header, passed on by reference.
+
+    A tuple, built with `tuple.__new__` on the hot path: NamedTuple's generated `__new__` is a
+    Python call, and every message pays for what is built here.
+
+    Attributes:
+        topic: the topic name.
+        value, key: as given (bytes, str or bytes-like); a stored row holds their bytes.
+        headers: the application's headers with the `outbox-id` header appended.
+        partition: the partition, or -1 for the partitioner.
+        id: the message id (the `outbox-id` header's value).
+        timestamp: the record timestamp given to `produce()`, ms since the epoch; 0: none given
+            (librdkafka stamps the time of the call, and a stored row the time it is made).
+        on_delivery: the callback of its final fate, or None.
+    """
+
+    topic: str
+    value: Any
+    key: Any
+    headers: Headers
+    partition: int
+    id: str
+    timestamp: int
+    on_delivery: DeliveryCallback | None
+
+    def row(self, *, error: str | None = None, due: float = 0.0, failure: Failure | None = None) -> NewMessage:
+        """The outbox row of this message, with `error` (why it was not sent, or the send's error)
+        as its last error, due at `due` (0: now), and after a failed send what `failure` counts.
+        Stamped with its timestamp, or the time the row is made if it has none."""
+        now = time.time()
+        value, key = self.value, self.key
+        # Built as the tuple it is (the class doc); bytes skip as_bytes().
+        value = value if value.__class__ is bytes else as_bytes(value)
+        key = key if key.__class__ is bytes else as_bytes(key)
+        timestamp = self.timestamp or int(now * 1000)
+        if failure is None:
+            return _new_tuple(NewMessage, (
+                self.topic, value, key, self.headers, self.partition, self.id, 0, None, error, due or now, None, None,
+                timestamp,
+            ))
+        attempts = failure.attempts
+        return _new_tuple(NewMessage, (
+            self.topic, value, key, self.headers, self.partition, self.id, attempts, now if attempts else None,
+            error, due or now, failure.code, failure.name, timestamp,
+        ))
+
+
+class Failure(NamedTuple):
+    """What a failed send leaves on a message's row: the attempts counted (0: it never left, and
+    has no first failure), and the error's librdkafka code and name."""
+
+    attempts: int
+    code: int | None
+    name: str | None
 
 #: Kafka's longest topic name.
 MAX_TOPIC_LENGTH = 249
