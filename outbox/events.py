@@ -14,9 +14,10 @@ its first try makes none (its `on_delivery` says so). Each runs on the thread th
 * `delivered(rows)`: a drain worker delivered stored rows (`OutboxMessage`, or `Drained` from a
   drain process: `msg_id`, `topic`, `key`, `headers`, `attempts`, `created_at`);
 * `retried(rows)`: a drain worker's send of these rows failed; they are due again later;
-* `dead(letter)`: a message was dead-lettered (the dead letter is stored);
-* `key_released(key, held)`: the key backlog hands a key (``(topic, key)``) back to the fast
-  path, with the messages it held meanwhile (internal: the producer sends them).
+* `dead(letter)`: a message was dead-lettered (the dead letter is stored).
+
+A key the key backlog hands back to the fast path is no event: the backlog hands its held
+messages straight to the producer's first sends (`KeyBacklog.start`).
 
 A listener that raises never stops the thread that told it: the exception is logged, counted in
 `stats()["callback_errors"]` and raised again by the application's next `poll()` / `flush()`
@@ -87,7 +88,7 @@ class Drained(NamedTuple):
 Rows = Sequence[OutboxMessage] | Sequence[Drained]
 
 #: The event names, in the order the docs list them.
-EVENTS = ("committed", "delivered", "retried", "dead", "key_released")
+EVENTS = ("committed", "delivered", "retried", "dead")
 
 
 class Listener:
@@ -108,9 +109,6 @@ class Listener:
 
     def dead(self, letter: DeadLetter) -> None:
         """A message was dead-lettered; `letter` is stored."""
-
-    def key_released(self, key: tuple[str, bytes], held: Any) -> None:
-        """The key backlog handed `key` back to the fast path with the messages it `held`."""
 
 
 _NOOPS = {name: getattr(Listener, name) for name in EVENTS}
@@ -182,9 +180,6 @@ class Events(Listener):
 
     def dead(self, letter: DeadLetter) -> None:
         self._tell("dead", letter)
-
-    def key_released(self, key: tuple[str, bytes], held: Any) -> None:
-        self._tell("key_released", key, held)
 
 
 def logged_and_counted(count: Callable[[], None]) -> Callable[[BaseException], None]:

@@ -79,8 +79,6 @@ class KeyBacklog:
             wait (no key is released while it holds any).
         waiting: where a stored message's `on_delivery` waits for its fate (`outbox.producer.fates`).
         may_check: whether a check is worth its query now (the producer: circuit not open).
-        send: called under the lock with a released key's held messages: send them now, ahead of
-            the key's later messages. None: no gate (write-ahead mode: every message is stored).
         budget: the memory budget the held messages count against (the gate is one of its
             parts); None: the gate holds without a bound (tests of its logic).
     """
@@ -94,7 +92,6 @@ class KeyBacklog:
         *,
         waiting: dict[str, DeliveryCallback],
         may_check: Callable[[], bool],
-        send: Callable[[Key, Held], None] | None = None,
         budget: MemoryBudget | None = None,
     ) -> None:
         self._lock = threading.RLock()
@@ -108,7 +105,7 @@ class KeyBacklog:
         # application's threads, the delivery thread (failed first sends) and the writer thread.
         self.outboxed = Tally()
         self._may_check = may_check
-        self._send = send
+        self._send: Callable[[Key, Held], None] | None = None
         #: The keys; read without the lock on the hot path (a set lookup is atomic under the GIL).
         self.pending: set[Key] = set()
         #: Keys being handed back to the fast path, with the messages held meanwhile.
@@ -129,8 +126,11 @@ class KeyBacklog:
         if budget is not None:
             budget.add_part(self)
 
-    def start(self) -> None:
-        """Start the `outbox-keys` thread (once `send` and `store_held` can be called)."""
+    def start(self, send: Callable[[Key, Held], None] | None) -> None:
+        """Start the `outbox-keys` thread, which calls `send` under the lock with a released
+        key's held messages: send them now, ahead of the key's later messages. None: no gate
+        (write-ahead mode: every message is stored)."""
+        self._send = send
         self._thread.start()
 
     def add(self, key: Key) -> None:

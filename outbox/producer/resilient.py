@@ -56,7 +56,7 @@ from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.compiling import PythonObject
 from outbox.producer.fates import DeadLetterCallback, Fates
 from outbox.producer.firstsend import FirstSend
-from outbox.producer.keyorder import Held, KeyBacklog
+from outbox.producer.keyorder import KeyBacklog
 from outbox.producer.link import KafkaLink
 from outbox.producer.serialization import Serializer
 from outbox.producer.served import Served
@@ -64,7 +64,7 @@ from outbox.producer.settings import PRODUCER_DEFAULTS, ProducerArguments, Produ
 from outbox.producer.spill import NOT_SENT_CIRCUIT_OPEN, Spill
 from outbox.producer.writeahead import WriteAhead
 from outbox.producer.writer import GroupCommitWriter
-from outbox.records import DeadLetter, Headers, Key, StoreStats
+from outbox.records import DeadLetter, Headers, StoreStats
 from outbox.retry import RetryPolicy
 from outbox.stores import Outbox, open_outbox
 from outbox.stores.owners import new_owner
@@ -290,7 +290,7 @@ class ResilientProducer(PythonObject):
         fallback = settings.mode == "fallback"
         self._spill = Spill(
             self.writer, self._link, self.circuit, self._fates,
-            key_released=self._events.key_released if fallback else None, keyed_probes=settings.drain_workers == 0,
+            gate=fallback, keyed_probes=settings.drain_workers == 0,
             track_sends=fallback and not settings.kafka_config["delivery.report.only.error"],
             hold_longest=self._message_timeout + 1.0,
         )
@@ -317,7 +317,8 @@ class ResilientProducer(PythonObject):
         self._closed = False
         self._produce_guard = False
         self._link.start(tick=self._spill.tick)
-        self._backlog.start()
+        # A key the backlog hands back: the messages its gate held go to Kafka, in order.
+        self._backlog.start(self._first.send_held if self.mode == "fallback" else None)
         if drain:
             try:
                 self.drainer.start()
@@ -341,11 +342,11 @@ class ResilientProducer(PythonObject):
         """Tell `listener` what happens to this producer's messages from now on.
 
         `listener` is an `outbox.Listener` (or any object with some of its methods):
-        `committed(batch)`, `delivered(rows)`, `retried(rows)`, `dead(letter)`,
-        `key_released(key, held)`. Each is called on the producer thread that learned the event
-        (the writer, a drain thread, the drain process's events thread), once per batch: keep it
-        short. What it raises is logged, counted in `stats()["callback_errors"]` and raised by
-        the next `poll()` / `flush()`; the producer goes on, and so do the other listeners.
+        `committed(batch)`, `delivered(rows)`, `retried(rows)`, `dead(letter)`. Each is called on
+        the producer thread that learned the event (the writer, a drain thread, the drain
+        process's events thread), once per batch: keep it short. What it raises is logged,
+        counted in `stats()["callback_errors"]` and raised by the next `poll()` / `flush()`; the
+        producer goes on, and so do the other listeners.
         A message delivered on its first try makes no event: its `on_delivery` hears it.
 
         Raises:
@@ -844,10 +845,6 @@ class _Routes(Listener):
         self._fates.dead_letter(letter)
         if letter.key is not None:
             self._backlog.drained([(letter.topic, letter.key)])
-
-    def key_released(self, key: Key, held: Held) -> None:
-        """Key thread, under the backlog's lock: the gate's messages go to Kafka in order."""
-        self._first.send_held(key, held)
 
 
 def _check_batch(messages: list[Any], *, payloads: bool) -> None:

@@ -21,7 +21,6 @@ thread waits for room before it queues a message (`wait_for_room`), the delivery
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from outbox.budget import message_cost
 from outbox.message import DeliveryCallback, Message
@@ -51,10 +50,9 @@ class Spill:
         link: the librdkafka producer (the hold-back ends once it has handed back its messages).
         circuit: keys are checked only while it is not open (nothing drains then).
         fates: where a stored message's `on_delivery` waits.
-        key_released: fallback mode: called with each key the backlog hands back to the fast
-            path through a gate (`outbox.producer.keyorder`), and the messages the gate held (the
-            producer's first sends send them); new messages may probe the half-open circuit.
-            None in write-ahead mode, which stores every message anyway.
+        gate: fallback mode: a key is handed back to the fast path through a gate
+            (`outbox.producer.keyorder`), and new messages may probe the half-open circuit; not
+            in write-ahead mode, which stores every message anyway.
         keyed_probes: fallback mode: a keyed message may probe the circuit (`outbox.producer.admission`).
         track_sends: success reports are heard, so a key's outbox-bound messages can wait behind
             its first sends still in librdkafka (`outbox.producer.sendfence`).
@@ -71,13 +69,13 @@ class Spill:
         circuit: CircuitBreaker,
         fates: Fates,
         *,
-        key_released: Callable[[Key, Held], None] | None,
+        gate: bool,
         keyed_probes: bool = False,
         track_sends: bool = False,
         hold_longest: float = 31.0,
     ) -> None:
         self._writer = writer
-        self._gate = gate = key_released is not None
+        self._gate = gate
         self.hold_longest = hold_longest
         self._link = link
         self._circuit = circuit
@@ -103,7 +101,6 @@ class Spill:
             self.fence,
             waiting=fates.waiting,
             may_check=lambda: circuit.state is not CircuitState.OPEN,
-            send=key_released,
             budget=self.budget,
         )
         self.outboxed = self.backlog.outboxed  # the key backlog counts what it queues

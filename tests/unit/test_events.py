@@ -39,9 +39,6 @@ class Recorder(Listener):
     def dead(self, letter: DeadLetter) -> None:
         self.log.append((self.name, "dead", letter))
 
-    def key_released(self, key: tuple[str, bytes], held: Any) -> None:
-        self.log.append((self.name, "key_released", (key, held)))
-
 
 def test_each_event_reaches_every_listener_in_subscription_order() -> None:
     log: list[tuple[str, str, Any]] = []
@@ -53,13 +50,9 @@ def test_each_event_reaches_every_listener_in_subscription_order() -> None:
     events.delivered(rows)  # type: ignore[arg-type]
     events.retried(rows)  # type: ignore[arg-type]
     events.dead(letter)
-    events.key_released(("t", b"k"), ["held"])
     assert log == [
         (name, event, arg)
-        for event, arg in [
-            ("committed", batch), ("delivered", rows), ("retried", rows), ("dead", letter),
-            ("key_released", (("t", b"k"), ["held"])),
-        ]
+        for event, arg in [("committed", batch), ("delivered", rows), ("retried", rows), ("dead", letter)]
         for name in ("a", "b")
     ]
 
@@ -156,7 +149,7 @@ def test_subscribing_while_another_thread_tells_events_loses_none_of_them() -> N
 
 def test_event_names_are_the_listener_methods() -> None:
     assert all(callable(getattr(Listener, name)) for name in EVENTS)
-    assert set(EVENTS) == {"committed", "delivered", "retried", "dead", "key_released"}
+    assert set(EVENTS) == {"committed", "delivered", "retried", "dead"}
 
 
 def test_a_closed_producer_refuses_subscriptions(tmp_path: Any) -> None:

@@ -73,10 +73,9 @@ def backlog(
     if holding:  # the circuit has just opened: what is bound for the outbox is held in memory
         hold.start(3600.0)
     b = KeyBacklog(
-        store, writer or Writer(), hold, fence, waiting={}, may_check=lambda: may_check,
-        send=send, budget=budget,
+        store, writer or Writer(), hold, fence, waiting={}, may_check=lambda: may_check, budget=budget
     )
-    b.start()
+    b.start(send)
     try:
         yield b
     finally:
