@@ -5,9 +5,10 @@ redrive), and what `produce()` accepts as value, key, headers and partition. A m
 fails here raises in the caller's thread and is neither sent nor stored: a bad value must never
 reach the writer thread, where its error would have no one to go to.
 
-`produce()` checks a message once and builds one `Message`; every later step of the producer
-takes that object (the first send, the way into the outbox, write-ahead, a transaction's row),
-and the row the outbox stores is made from it by one factory, `Message.row`.
+`produce()` checks a message once. A message Kafka takes at once goes to librdkafka as it is;
+any other is one `Message`, which every later step of the producer takes (the way into the
+outbox, write-ahead, a transaction's row, a failed first send), and the row the outbox stores is
+made from it by one factory, `Message.row`.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import Message as KafkaMessage
@@ -76,14 +77,22 @@ class FirstSend:
         self._retry = retry
         self._wake_drain = wake_drain
         self._id_header = id_header
+        self._id_headers = 0 if id_header is None else 1  # headers a message has with none of its own
         self._report_successes = report_successes
         self.failed = Tally()  # enable_retry=False messages that failed (delivery thread, or the caller's)
         self.served = link.served  # counts the delivery thread's calls of `on_delivery`
 
-    def send(self, message: Message, app_headers: bool) -> None:
-        """Send a message for the first time (`app_headers`: its headers hold the application's,
-        not only the id). Stored instead if librdkafka's queue stays full."""
-        topic, value, key, hdrs, partition, msg_id, timestamp, cb = message
+    def send(
+        self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
+        cb: DeliveryCallback | None, timestamp: int,
+    ) -> None:
+        """Send a message for the first time; stored instead if librdkafka's queue stays full.
+
+        The one path that takes a message's parts rather than its `Message`: it is every
+        message's path while Kafka is up, and building the object per message cost more CPU per
+        message than the design allows this path (docs/benchmarks.md). A message that leaves
+        it (refused, or failed) becomes a `Message` there.
+        """
         report: _Report
         fenced: Key | None = None
         if key is not None and self._fence.tracking:
@@ -91,6 +100,7 @@ class FirstSend:
             if k is not None:
                 fenced = (topic, k)
                 self._fence.sending(fenced)
+        app_headers = len(hdrs) > self._id_headers  # the application's headers besides the id
         if cb is None and partition == -1 and not timestamp and not app_headers:
             report = _Report(self, msg_id, fenced)  # the common message: its id is all a failure needs
         else:
@@ -101,9 +111,7 @@ class FirstSend:
                 link.kafka.produce(topic, value, key, partition, report, None, timestamp, hdrs)  # type: ignore[arg-type]
             except BufferError:
                 # The produce() call's time, before a wait for room that may be long.
-                if not timestamp:
-                    timestamp = int(time.time() * 1000)
-                    message = message._replace(timestamp=timestamp)
+                timestamp = timestamp or int(time.time() * 1000)
                 # The same call again, as a closure made only when the queue is full: the common
                 # path makes no closure per message.
                 if not link.when_queue_has_room(
@@ -122,11 +130,12 @@ class FirstSend:
         except BufferError:
             if fenced is not None:
                 self._spill.sent_reported(fenced)
+            message = Message(topic, value, key, hdrs, partition, msg_id, timestamp, cb)
             self._spill.store_unsent(message, NOT_SENT_QUEUE_FULL, wait=True)
         except KafkaException as exc:
             if fenced is not None:
                 self._spill.sent_reported(fenced)
-            self.failed_send(exc.args[0], message, None)
+            self.failed_send(exc.args[0], Message(topic, value, key, hdrs, partition, msg_id, timestamp, cb), None)
 
     def send_unprotected(self, message: Message) -> None:
         """enable_retry=False: Kafka or nothing; failures go to its `on_delivery` only."""

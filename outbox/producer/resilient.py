@@ -462,20 +462,23 @@ class ResilientProducer(PythonObject):
             if id_header is not None:
                 hdrs.append((id_header, msg_id.encode()))
 
-        # The one message object (outbox.message), built as the tuple it is: every path takes it.
+        route = None
+        if enable_retry and not self._writes_ahead and transaction is None:
+            route = self._route(topic, key)  # outbox.producer.admission: SEND, PROBE, HOLD or STORE
+            if route is SEND:
+                # Kafka takes it now: the fast path makes no message object (docs/DESIGN.md).
+                self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, timestamp)
+                return msg_id
+        # The message object (outbox.message), built as the tuple it is: every other path takes it.
         message: Message = _new_tuple(Message, (topic, value, key, hdrs, partition, msg_id, timestamp, on_delivery))
         if transaction is not None:
             self._enqueue_in_transaction(transaction, message)
             return msg_id
-        if self._writes_ahead and enable_retry:
-            self._write_ahead.write(message)
-            return msg_id
-        if not enable_retry:
-            self._first.send_unprotected(message)
-            return msg_id
-        route = self._route(topic, key)  # outbox.producer.admission: SEND, PROBE, HOLD or STORE
-        if route is SEND:
-            self._first.send(message, headers is not None)
+        if route is None:
+            if enable_retry:
+                self._write_ahead.write(message)
+            else:
+                self._first.send_unprotected(message)
             return msg_id
         while route is HOLD:
             if self._spill.key_waits(message):
@@ -484,7 +487,7 @@ class ResilientProducer(PythonObject):
         if route is STORE:
             self._spill.store_unsent(message, NOT_SENT_CIRCUIT_OPEN, wait=True)
             return msg_id
-        self._first.send(message, headers is not None)
+        self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, timestamp)
         if route is PROBE and key is not None:  # should it fail, stored ahead of its key's later messages
             self._spill.hold_behind_probe(self._message_timeout + 1.0)
         return msg_id
