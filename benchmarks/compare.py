@@ -15,11 +15,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks.__main__ import Runner
 from outbox.testing import KafkaCluster, create_topic
 
-CASES = {
+CASES: dict[str, dict[str, Any]] = {
     "fallback": {"mode": "fallback"},
     "fallback-only-error": {"mode": "fallback", "only_errors": True},
     "fallback-on-delivery": {"mode": "fallback", "on_delivery": True},
