@@ -12,7 +12,7 @@ This module is the router: it checks a message once and sends it down the one pa
 - `outbox.producer.fates`: the callbacks of stored messages, once delivered or dead-lettered;
 - `outbox.drain.workers` / `outbox.drain.process`: the drain workers that re-send stored messages.
 - `outbox.events`: how those parts tell what happened to messages (committed, delivered,
-  retried, dead, key released), to the producer's routing (`_Routes`), tracing and the
+  retried, dead), to the producer's routing (`_Routes`), tracing and the
   application's listeners (`subscribe`).
 
 Threads: the caller's threads call `produce()`; one delivery thread polls librdkafka and runs
@@ -90,9 +90,6 @@ log = logging.getLogger("outbox")
 #: confluent_kafka's message for any call on a closed producer.
 CLOSED = "Producer has been closed"
 
-#: Kafka record timestamps are signed 64-bit milliseconds.
-_INT64 = 2**63
-
 #: The default `exit_timeout` (seconds). Half of it (`_DELIVERY_SHARE`) lets a healthy cluster
 #: acknowledge what is on the wire; the other half commits the largest backlog the writer holds
 #: (`memory_budget`, 16 MiB by default: at most ~20,000 small messages, well under a second of
@@ -125,7 +122,7 @@ class ResilientProducer(PythonObject):
             drain worker a callback that raises is logged and counted in
             `stats()["callback_errors"]` and never ends the worker. Settings the drain workers'
             producers cannot use (see `outbox.drain.sendloop.check_resend_config`) raise ConfigError.
-                       `on_delivery` (or `dr_msg_cb` / `dr_cb`) is the delivery callback of every message
+            `on_delivery` (or `dr_msg_cb` / `dr_cb`) is the delivery callback of every message
             produced without one. `transactional.id` is refused (`ConfigError`): see
             `produce(..., transaction=)`. `delivery.report.only.error: True` means what it means
             in librdkafka: `on_delivery` hears failures only (and in fallback mode librdkafka
