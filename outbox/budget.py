@@ -8,7 +8,7 @@ bytes instead. Each part keeps its own `held_bytes` under its own lock (an integ
 appends a message); the budget sums them where a decision needs the total.
 
 A message's cost is its value, key and headers plus what Python spends around them
-(`MESSAGE_OVERHEAD`, `HEADER_OVERHEAD`), counted from the moment a part takes it until its
+(`outbox.message.message_cost`), counted from the moment a part takes it until its
 commit has ended (or the gate handed it to librdkafka).
 
 librdkafka's own queue is bounded separately (`queue.buffering.*`, set from the budget in
@@ -22,34 +22,10 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from outbox.records import NewMessage
-
 #: The default budget: 16 MiB. A spill with the brokers down peaked about a sixth higher in memory
 #: with 32 MiB and over a quarter higher with 64 MiB, and ran no slower with less (the commits,
 #: not the queue, set its rate).
 DEFAULT_MEMORY_BUDGET = 16 * 1024 * 1024
-#: Bytes a held message costs beyond its value, key and headers: the `NewMessage` tuple, its id
-#: string, header list and tuple, the writer's slots, and while its commit runs the row the store
-#: binds. With the id header's share below it covers what tracemalloc measured a message to cost.
-MESSAGE_OVERHEAD = 700
-#: Bytes each header costs beyond its name and value (its tuple, the value's bytes object).
-HEADER_OVERHEAD = 96
-
-
-def message_cost(msg: NewMessage) -> int:
-    """Bytes `msg` costs while the producer holds it (once per message on the way to the outbox)."""
-    _, value, key, headers = msg[:4]  # one slice: faster than three attribute reads
-    n = MESSAGE_OVERHEAD
-    if value is not None:
-        n += len(value)
-    if key is not None:
-        n += len(key)
-    if headers:
-        for name, hv in headers:
-            n += HEADER_OVERHEAD + len(name) + (0 if hv is None else len(hv))
-    return n
-
-
 class HoldsBytes(Protocol):
     """A part that holds messages: `held_bytes` is the cost of what it holds now."""
 

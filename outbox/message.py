@@ -8,7 +8,8 @@ reach the writer thread, where its error would have no one to go to.
 `produce()` checks a message once. A message Kafka takes at once goes to librdkafka as it is;
 any other is one `Message`, which every later step of the producer takes (the way into the
 outbox, write-ahead, a transaction's row, a failed first send), and the row the outbox stores is
-made from it by one factory, `Message.row`.
+made from it by one factory, `Message.row`. What a row costs in memory while the producer holds
+it, `message_cost`, is what the memory budget (`outbox.budget`) counts.
 """
 
 from __future__ import annotations
@@ -187,3 +188,25 @@ def normalize_headers(headers: Any) -> Headers:
             what = "name" if exc.object is name else "value"
             raise ValueError(f"header {name!r}: {what} is not valid UTF-8 text ({exc.reason})") from None
     return out
+
+
+#: Bytes a held message costs beyond its value, key and headers: the `NewMessage` tuple, its id
+#: string, header list and tuple, the writer's slots, and while its commit runs the row the store
+#: binds. With the id header's share below it covers what tracemalloc measured a message to cost.
+MESSAGE_OVERHEAD = 700
+#: Bytes each header costs beyond its name and value (its tuple, the value's bytes object).
+HEADER_OVERHEAD = 96
+
+
+def message_cost(msg: NewMessage) -> int:
+    """Bytes `msg` costs while the producer holds it (once per message on the way to the outbox)."""
+    _, value, key, headers = msg[:4]  # one slice: faster than three attribute reads
+    n = MESSAGE_OVERHEAD
+    if value is not None:
+        n += len(value)
+    if key is not None:
+        n += len(key)
+    if headers:
+        for name, hv in headers:
+            n += HEADER_OVERHEAD + len(name) + (0 if hv is None else len(hv))
+    return n

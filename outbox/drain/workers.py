@@ -29,13 +29,13 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
-from outbox.budget import MESSAGE_OVERHEAD
 from outbox.drain.callbacks import CallbackErrors, guarded
 from outbox.drain.sendloop import RESEND_DEFAULTS, InFlight, SendLoop, check_resend_config
 from outbox.drain.settle import Verdict, add_to
 from outbox.errors import KafkaUnavailableError, StoreError
 from outbox.events import Events, logged_and_counted
 from outbox.logs import LIBRDKAFKA_LOG
+from outbox.message import MESSAGE_OVERHEAD
 from outbox.records import DeadLetter, OutboxMessage
 from outbox.retry import RetryPolicy
 from outbox.stores.base import Outbox, Settlement
@@ -125,7 +125,7 @@ class Drainer:
         workers: threads, each with its own producer.
         batch_size: rows claimed per transaction.
         batch_bytes: fewer rows per claim when `batch_size` of them would cost more memory than
-            this (their value and key plus `outbox.budget.MESSAGE_OVERHEAD`, sized from the rows
+            this (their value and key plus `outbox.message.MESSAGE_OVERHEAD`, sized from the rows
             claimed before; 4 KiB each until then), but never less than one stored group of rows
             (`Outbox.claim` takes a group whole). A producer's drain threads get a quarter of
             its `memory_budget`: a worker holds a batch on the wire and the next one claimed,

@@ -12,7 +12,7 @@ Each message a `ResilientProducer` accepts takes one of four routes:
 
 A message bound for the outbox may wait in the hold-back first: while the
 circuit has just opened, or a keyed probe is out, what librdkafka still holds must reach the
-outbox first (`outbox.producer.holdback`).
+outbox first (`outbox.producer.keyorder.Holdback`).
 
 `Admission` decides a message's route on its way in: produce() asks `route` (write-ahead mode's
 `WriteAhead.write` too), and the key backlog's handed-back messages ask `released`. What each
@@ -31,8 +31,7 @@ from typing import Any
 
 from outbox.message import as_bytes
 from outbox.producer.circuit import CircuitBreaker
-from outbox.producer.holdback import Holdback
-from outbox.producer.keyorder import KeyBacklog
+from outbox.producer.keyorder import Holdback, KeyBacklog
 
 
 class Route(IntEnum):
@@ -91,7 +90,7 @@ class Admission:
         # Write-ahead: while librdkafka hands back what it held when the circuit opened, a key's
         # older rows may still come back failed, and a row sent now would overtake them: it is
         # left to the drain, even if a delivery closed the circuit meanwhile. Fallback mode
-        # holds those failures and spills instead and sends on (`outbox.producer.holdback`), except in
+        # holds those failures and spills instead and sends on (`outbox.producer.keyorder.Holdback`), except in
         # the hold's first moments, while stragglers are purged (`outbox.producer.spill.STRAGGLER_GRACE`).
         if circuit.closed and self._probes and not hold.in_grace():
             return SEND

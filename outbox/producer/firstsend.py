@@ -195,7 +195,7 @@ class FirstSend:
                 return
 
     def reported(self, key: Key) -> None:
-        """Delivery thread: a first send of `key` was reported (`outbox.producer.sendfence`)."""
+        """Delivery thread: a first send of `key` was reported (`outbox.producer.keyorder.SendFence`)."""
         self._spill.sent_reported(key)
 
     def on_failure(self, r: _Report, err: KafkaError, msg: KafkaMessage) -> None:

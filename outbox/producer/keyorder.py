@@ -23,6 +23,50 @@ full, a key's next message ends that key's gate, and the producer ends every gat
 under it is a method here: marking a key and queueing its message (to the send fence, the
 hold-back or the writer), holding a gated key's message, and moving held messages on to the
 writer. A check of the store must never see a key marked while its message is in none of them.
+
+Two more holds keep a message bound for the outbox in memory, both built here and filled only
+under the backlog's lock (each keeps its own small lock for the delivery thread's reads).
+
+*The hold-back* (`Holdback`). When the circuit opens, librdkafka still holds messages produced while it was closed. They come
+back as failures (purged at once, or at `message.timeout.ms` if on the wire) and are stored
+then. A message of the same key spilled in between would get an earlier row, and the drain
+would send it first: per-key order lost. So from the moment the circuit opens, every message
+bound for the outbox is held here, in memory, until librdkafka has handed back everything it
+held (or until `message.timeout.ms` has passed, by which time it has reported every one of
+them); then the held messages are stored sorted by their producer sequence (the `outbox-id`
+counter), which is the order the application produced them in.
+
+The time is a bound, not a proof: librdkafka reports a timed-out message up to a second after
+its timeout (it scans for them once a second) and one on the wire after its request's own
+timeout. So a hold whose time ran out while librdkafka still holds messages is not released
+then: the owner is asked to purge what is in flight (a purge reports at once), and the hold
+waits once more as long, then ends whatever is left.
+
+Memory stays bounded: the held messages count against the producer's memory budget
+(`outbox.budget`, bytes). Once it is full the owner is asked to purge what is in flight, which
+ends the hold at librdkafka's next poll, and the application's produce() waits for room (it is
+spilling anyway) until the released messages are committed.
+
+*The send fence* (`SendFence`). The drain re-sends stored messages with producers of its own. A message stored while the
+circuit is closed (librdkafka's queue stayed full, or its key already waits in the outbox) can
+have older messages of its key still in the fast path's producer: one partition's leader is
+gone for a few seconds, say, while the others take messages. Stored at once, it could be
+drained before librdkafka delivers them, and a key's messages would reach Kafka out of order.
+Nor do librdkafka's reports of one key come in produce order once some are handed back: a purge
+reports what waits in the queue at once, and what is on the wire only when its request ends.
+
+So while librdkafka holds any first send of a key, every message of that key bound for the
+outbox is held here, in memory. When librdkafka has reported the last of them (delivered, or
+failed and so held here too), the held messages are handed on sorted by the `outbox-id` counter,
+which is produce order.
+
+Knowing which keys librdkafka holds needs success reports: with `delivery.report.only.error`
+they are not heard, nothing is tracked and nothing is held (the window in docs/guarantees.md).
+
+Bounds: held messages count against the memory budget; once it is full the owner is asked to
+purge what librdkafka holds, whose reports end every fence. And a fence lasts at most
+`longest` seconds (`message.timeout.ms` + 1 s: by then librdkafka has reported every message
+it held), so a report that never comes cannot keep messages in memory for good.
 """
 
 from __future__ import annotations
@@ -31,14 +75,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
-from outbox.budget import MemoryBudget, message_cost
+from outbox.budget import MemoryBudget
 from outbox.errors import StoreError
-from outbox.message import DeliveryCallback
-from outbox.producer.holdback import Holdback
-from outbox.producer.sendfence import Held as Fenced
-from outbox.producer.sendfence import SendFence
+from outbox.message import DeliveryCallback, message_cost
 from outbox.records import Key, NewMessage
 from outbox.stores import Outbox
 from outbox.tally import Tally
@@ -56,6 +97,232 @@ GATE_PAUSE_MAX = 8.0
 #: A message bound for the outbox with its `on_delivery`, as a gate holds it.
 HeldMessage = tuple[NewMessage, DeliveryCallback | None]
 Held = list[HeldMessage]  # a gated key's held messages, in produce order
+#: A message waiting behind its key's first sends: the row, its `on_delivery`, its cost in bytes.
+Fenced = tuple[NewMessage, Any, int]
+T = TypeVar("T")
+
+
+class Holdback(Generic[T]):
+    """Items held while `active`, released in `seq` order.
+
+    Args:
+        seq: the sort key of an item (its producer sequence).
+        budget: the memory budget the held items count against (this is one of its parts).
+        on_full: called (once per hold) when the budget is full, e.g. to purge in-flight sends.
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        seq: Callable[[T], str],
+        *,
+        budget: MemoryBudget,
+        on_full: Callable[[], None] | None = None,
+        clock: Callable[[], float],
+    ) -> None:
+        self._seq = seq
+        self._budget = budget
+        self._on_full = on_full
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._items: list[T] = []
+        self.held_bytes = 0  # what the held items cost (under the lock; outbox.budget)
+        self._until = 0.0
+        self._longest = 0.0
+        self._asked_purge = False
+        self._overdue = False  # the hold's time ran out once with the source not empty
+        self.active = False  # a plain attribute: produce()'s check is one attribute read
+        self._grace_until = 0.0
+        self.holds = 0  # how many holds began (stats, tests)
+        budget.add_part(self)
+
+    def start(self, longest: float, *, grace: float = 0.0) -> None:
+        """Begin holding (or extend a hold) for at most `longest` seconds, the first `grace`
+        of them whatever the source says (`in_grace`)."""
+        with self._lock:
+            if not self.active:
+                self.holds += 1
+                self._asked_purge = False
+                self._overdue = False
+            self._longest = longest
+            now = self._clock()
+            self._until = max(self._until, now + longest)
+            self._grace_until = max(self._grace_until, now + grace)
+            self.active = True
+
+    def in_grace(self) -> bool:
+        """Within the first `grace` seconds of the hold: it lasts, and nothing bypasses it."""
+        return self.active and self._clock() < self._grace_until
+
+    def offer(self, item: T, cost: int) -> bool:
+        """Hold `item` (costing `cost` bytes) and return True, or return False when no hold is active.
+
+        Never waits (the delivery thread offers what librdkafka hands back).
+        """
+        with self._lock:
+            if not self.active:
+                return False
+            if self._budget.full(cost):
+                self._budget_full()
+            self._items.append(item)
+            self.held_bytes += cost
+            return True
+
+    def budget_full(self) -> None:
+        """The memory budget has no room: end the hold sooner (an application thread about to wait)."""
+        if self.active:
+            with self._lock:
+                self._budget_full()
+
+    def _budget_full(self) -> None:
+        """Under the lock: ask the owner, once per hold, to purge what is in flight."""
+        if self.active and not self._asked_purge and self._on_full is not None:
+            self._asked_purge = True
+            self._on_full()
+
+    def release(self, *, source_empty: bool) -> list[T]:
+        """End the hold if the source holds nothing older or the hold ran out; items in seq order.
+
+        The first time the hold runs out with the source not empty, it asks for a purge and
+        runs once more as long (module doc). Returns [] while the hold goes on (or when none
+        is active).
+        """
+        if not self.active:
+            return []
+        with self._lock:
+            if not source_empty:
+                now = self._clock()
+                if now < self._until:
+                    return []
+                if not self._overdue:
+                    self._overdue = True
+                    self._until = now + self._longest
+                    if self._on_full is not None:
+                        self._on_full()
+                    return []
+            self._budget.sample()  # the most held is reached just before a decrease
+            items, self._items = self._items, []
+            self.held_bytes = 0  # the caller hands them to the writer, which counts them again
+            self.active = False
+        items.sort(key=self._seq)
+        return items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class SendFence:
+    """Keys with first sends in librdkafka, and the outbox-bound messages that wait behind them.
+
+    Args:
+        tracking: whether success reports are heard (see the module doc); False: a no-op.
+        budget: the memory budget the held messages count against (this is one of its parts).
+        on_full: called when the budget is full while messages are held (purge librdkafka).
+        clock: monotonic seconds.
+        longest: the most a fence lasts, in seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracking: bool,
+        budget: MemoryBudget,
+        on_full: Callable[[], None],
+        clock: Callable[[], float],
+        longest: float,
+    ) -> None:
+        self.tracking = tracking
+        self._on_full = on_full
+        self._clock = clock
+        self._longest = longest
+        self._lock = threading.Lock()
+        self._sending: dict[Key, int] = {}  # key -> its first sends librdkafka holds
+        self._held: dict[Key, list[Fenced]] = {}
+        self._since: dict[Key, float] = {}
+        self.held_bytes = 0  # under the lock (outbox.budget)
+        self._count = 0  # messages held, under the lock
+        self.fences = 0  # fences begun (stats, tests)
+        self._budget = budget
+        budget.add_part(self)
+
+    @property
+    def active(self) -> bool:
+        """Whether any message is held (one attribute read: the key backlog asks it often)."""
+        return bool(self._held)
+
+    def __len__(self) -> int:
+        return self._count  # a plain read: no walk of a dict another thread may change
+
+    # -- first sends (application threads, the delivery thread) ------------------------------
+
+    def sending(self, key: Key) -> None:
+        """Before librdkafka is given a message of `key`: one more first send of it held there."""
+        with self._lock:
+            self._sending[key] = self._sending.get(key, 0) + 1
+
+    def reported(self, key: Key) -> list[Fenced]:
+        """librdkafka reported a first send of `key` (delivery thread), or did not take it after
+        all (the sending thread). If it was the last one it held, the key's held messages are
+        returned, in produce order, to be queued."""
+        with self._lock:
+            left = self._sending.get(key, 0) - 1
+            if left > 0:
+                self._sending[key] = left
+                return []
+            self._sending.pop(key, None)
+            return self._end(key)
+
+    def others_sending(self, key: Key) -> bool:
+        """Delivery thread, serving a report of `key`: does librdkafka hold other first sends of it?"""
+        return self._sending.get(key, 0) > 1  # the reported one is counted until `reported`
+
+    # -- messages bound for the outbox (under the key backlog's lock) -----------------------
+
+    def hold(self, msg: NewMessage, cb: Any, cost: int) -> bool:
+        """Hold a keyed message bound for the outbox while librdkafka holds a first send of its
+        key (or messages of its key are held already). False: queue it now."""
+        if not self.tracking or msg.key is None:
+            return False
+        key = (msg.topic, msg.key)
+        with self._lock:
+            held = self._held.get(key)
+            if held is None:
+                if not self._sending.get(key):
+                    return False
+                held = self._held[key] = []
+                self._since[key] = self._clock()
+                self.fences += 1
+            if self._budget.full(cost):
+                self._on_full()
+            held.append((msg, cb, cost))
+            self.held_bytes += cost
+            self._count += 1
+            return True
+
+    def overdue(self, *, force: bool = False) -> list[Fenced]:
+        """Delivery thread: the messages of fences past `longest` (all, with `force`), in produce
+        order per key."""
+        if not self._held:
+            return []
+        now = self._clock()
+        out: list[Fenced] = []
+        with self._lock:
+            for key in [k for k, t in self._since.items() if force or now - t >= self._longest]:
+                self._sending.pop(key, None)
+                out += self._end(key)
+        return out
+
+    def _end(self, key: Key) -> list[Fenced]:
+        """Under the lock: the key's held messages, sorted by produce order, and its fence ended."""
+        held = self._held.pop(key, None)
+        if held is None:
+            return []
+        del self._since[key]
+        self._budget.sample()  # the most held is reached just before a decrease
+        self.held_bytes -= sum(cost for _, _, cost in held)
+        self._count -= len(held)
+        held.sort(key=lambda h: h[0].msg_id)
+        return held
 
 
 class Writer(Protocol):

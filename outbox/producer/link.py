@@ -18,7 +18,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
-from outbox.budget import MESSAGE_OVERHEAD
+from outbox.message import MESSAGE_OVERHEAD
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.probe import ClusterProbe
 from outbox.producer.served import Served
@@ -226,7 +226,7 @@ class KafkaLink:
         the hold-back, in produce order, ahead of this message and its key's later ones; left in
         librdkafka, those earlier messages would be stored behind them when they failed. An
         answer: one broker is gone and its partitions' messages fill the queue, which the others
-        cannot drain; the message is stored with the circuit closed (`outbox.producer.sendfence` keeps it
+        cannot drain; the message is stored with the circuit closed (`outbox.producer.keyorder.SendFence` keeps it
         behind its key's messages in librdkafka), and the other brokers go on taking the rest.
         """
         if self._queue_stalled or self._queue_full_timeout <= 0:

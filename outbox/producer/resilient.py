@@ -802,7 +802,7 @@ class ResilientProducer(PythonObject):
 
     def _circuit_opened(self) -> None:
         # Move what waits in librdkafka's queue to disk now instead of at message.timeout.ms,
-        # and hold later spills back until it has (holdback.py: per-key order). In write-ahead
+        # and hold later spills back until it has (`outbox.producer.keyorder.Holdback`: per-key order). In write-ahead
         # mode nothing is held, but no new row is sent until then either (admission.py): a row
         # sent now could overtake older rows of its key that librdkafka has yet to hand back.
         self._spill.hold_after_open(self._message_timeout + 1.0)

@@ -6,7 +6,7 @@ messages in produce order on that way (README, "Order per key"):
 
 - the key backlog (`outbox.producer.keyorder`): once a key has a message bound for the outbox, its later
   messages are stored behind it, until the drain has delivered them all;
-- the hold-back (`outbox.producer.holdback`): from the moment the circuit opens, messages bound for the
+- the hold-back (`outbox.producer.keyorder.Holdback`): from the moment the circuit opens, messages bound for the
   outbox wait in memory until librdkafka has handed back the older ones it still held; and the
   same while a keyed message probes the half-open circuit (if it fails it is stored, ahead of
   its key's later messages).
@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import time
 
-from outbox.budget import message_cost
-from outbox.message import DeliveryCallback, Message
+from outbox.message import DeliveryCallback, Message, message_cost
 from outbox.producer.admission import Admission
 from outbox.producer.circuit import CircuitBreaker, CircuitState
 from outbox.producer.fates import Fates
-from outbox.producer.holdback import Holdback
-from outbox.producer.keyorder import Held, KeyBacklog
+from outbox.producer.keyorder import Held, Holdback, KeyBacklog, SendFence
 from outbox.producer.link import KafkaLink
-from outbox.producer.sendfence import SendFence
 from outbox.producer.writer import GroupCommitWriter
 from outbox.records import Key, NewMessage
 
@@ -55,7 +52,7 @@ class Spill:
             in write-ahead mode, which stores every message anyway.
         keyed_probes: fallback mode: a keyed message may probe the circuit (`outbox.producer.admission`).
         track_sends: success reports are heard, so a key's outbox-bound messages can wait behind
-            its first sends still in librdkafka (`outbox.producer.sendfence`).
+            its first sends still in librdkafka (`outbox.producer.keyorder.SendFence`).
         hold_longest: the most a hold-back or such a wait lasts (`message.timeout.ms` + 1 s).
 
     `admission` decides each message's route from the circuit, the key backlog and the

@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox.budget import DEFAULT_MEMORY_BUDGET, MemoryBudget, message_cost
+from outbox.budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from outbox.drain.settle import Decision, add_to
 from outbox.errors import StoreError
 from outbox.events import Committed, Listener
+from outbox.message import message_cost
 from outbox.producer.latency import LatencyHistogram
 from outbox.records import NewMessage, OutboxMessage
 from outbox.stores.base import Outbox, Settlement

@@ -12,9 +12,7 @@ import pytest
 from outbox.budget import MemoryBudget
 from outbox.producer.admission import HOLD, PROBE, SEND, STORE, Admission
 from outbox.producer.circuit import CircuitBreaker
-from outbox.producer.holdback import Holdback
-from outbox.producer.keyorder import KeyBacklog
-from outbox.producer.sendfence import SendFence
+from outbox.producer.keyorder import Holdback, KeyBacklog, SendFence
 from outbox.records import NewMessage
 from outbox.stores.memory import MemoryOutbox
 

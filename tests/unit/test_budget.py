@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from outbox import ConfigError, Drainer, NewMessage, ResilientProducer, SQLiteOutbox
-from outbox.budget import HEADER_OVERHEAD, MESSAGE_OVERHEAD, MemoryBudget, message_cost
+from outbox.budget import MemoryBudget
+from outbox.message import HEADER_OVERHEAD, MESSAGE_OVERHEAD, message_cost
 from outbox.producer.link import queue_limits
 
 

@@ -1,9 +1,9 @@
-"""The hold-back that keeps per-key order when the circuit opens (outbox/producer/holdback.py): pure logic."""
+"""The hold-back that keeps per-key order when the circuit opens (outbox/producer/keyorder.py): pure logic."""
 
 from __future__ import annotations
 
 from outbox.budget import MemoryBudget
-from outbox.producer.holdback import Holdback
+from outbox.producer.keyorder import Holdback
 
 
 class Clock:

@@ -18,9 +18,7 @@ import pytest
 from outbox import NewMessage, SQLiteOutbox
 from outbox.budget import MemoryBudget
 from outbox.errors import StoreError
-from outbox.producer.holdback import Holdback
-from outbox.producer.keyorder import Held, KeyBacklog
-from outbox.producer.sendfence import SendFence
+from outbox.producer.keyorder import Held, Holdback, KeyBacklog, SendFence
 
 from ..waiting import wait_until
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from outbox.budget import MemoryBudget
-from outbox.producer.sendfence import SendFence
+from outbox.producer.keyorder import SendFence
 from outbox.records import NewMessage
 
 KEY = ("t", b"k")

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from outbox.budget import MemoryBudget, message_cost
+from outbox.budget import MemoryBudget
 from outbox.drain.settle import Decision, Verdict
 from outbox.errors import StoreError, UnknownMessageError
 from outbox.events import Committed, Listener
+from outbox.message import message_cost
 from outbox.producer.writer import GroupCommitWriter
 from outbox.records import NewMessage, Status
 from outbox.stores import SQLiteOutbox
