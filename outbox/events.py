@@ -1,23 +1,24 @@
-"""Events: what happens to a producer's messages, told once to everyone who listens.
+"""Events: what happens to a producer's messages, told to whoever observes it.
 
-The producer's parts report here (the group-commit writer, the drain workers in threads or in a
-drain process, the key backlog), and whoever needs to know subscribes: the producer's own
-routing (send write-ahead rows, free keys, close the circuit, run `on_delivery`), the optional
-OpenTelemetry spans and Prometheus metrics, the drain process's pipe, and the application
-(`ResilientProducer.subscribe`).
+Events are for observers only: the optional OpenTelemetry spans and Prometheus metrics, the
+drain process's pipe to its parent, and the application (`ResilientProducer.subscribe`). The
+producer's own parts do not steer each other through them: the writer hands each committed
+batch to its owner (`outbox.producer.writer.CommitHandoff`), and a drain worker hands what it
+settled back to the producer whose outbox it drains (`outbox.drain.workers.DrainHandback`),
+before either tells the event.
 
 Events come per batch, never per message on the fast path: a message sent and acknowledged on
 its first try makes none (its `on_delivery` says so). Each runs on the thread that learned it:
 
 * `committed(batch)`: the writer thread committed a batch of messages to the outbox
   (`Committed`: new rows, and dead letters of failed first sends);
-* `delivered(rows)`: a drain worker delivered stored rows (`OutboxMessage`, or `Drained` from a
-  drain process: `msg_id`, `topic`, `key`, `headers`, `attempts`, `created_at`);
-* `retried(rows)`: a drain worker's send of these rows failed; they are due again later;
+* `delivered(rows)`: a drain worker delivered stored rows (`Drained`: `msg_id`, `topic`, `key`,
+  `headers`, `attempts`, `created_at`), whether the drain runs in threads or in a process;
+* `retried(rows)`: a drain worker's send of these rows failed; they are due again later
+  (`Drained` too);
 * `dead(letter)`: a message was dead-lettered (the dead letter is stored).
 
-A key the key backlog hands back to the fast path is no event: the backlog hands its held
-messages straight to the producer's first sends (`KeyBacklog.start`).
+Every payload is frozen: one listener cannot change what the next one is told.
 
 A listener that raises never stops the thread that told it: the exception is logged, counted in
 `stats()["callback_errors"]` and raised again by the application's next `poll()` / `flush()`
@@ -31,13 +32,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from outbox.headers import ID_HEADER
+from outbox.headers import ID_HEADER, id_alone
 from outbox.records import Headers, NewMessage, OutboxMessage
 
 if TYPE_CHECKING:
     from outbox.records import DeadLetter
 
-__all__ = ["EVENTS", "Committed", "Drained", "Events", "Listener", "Rows"]
+__all__ = ["EVENTS", "Committed", "Drained", "Events", "Listener", "drained", "drained_fields"]
 
 log = logging.getLogger("outbox")
 
@@ -45,7 +46,7 @@ log = logging.getLogger("outbox")
 # -- what the events carry -------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class Committed:
     """A committed batch, told to the `committed` event (`outbox.events`)."""
 
@@ -60,14 +61,13 @@ class Committed:
 
 
 class Drained(NamedTuple):
-    """A row the drain process delivered: the fields the producer's callbacks read.
+    """A row a drain worker delivered or will retry: what the `delivered` and `retried` events carry.
 
-    Not the whole `OutboxMessage`: its value would be pickled and read back for nothing (with it
-    a row took over four times as long to pickle). Nor, for most rows, its headers: when
-    they are the `outbox-id` header alone, `stored_headers` is None and `headers` rebuilds them
-    if someone reads them (the OpenTelemetry hook). The application's process read rows back
-    in about half the time without their headers and `_make`; its events thread
-    had a fifth of the recovering process's py-spy samples.
+    Not the whole `OutboxMessage`: a drain process would pickle its value for nothing (a whole
+    row took over four times as long to pickle). Nor, for most rows, its headers: when they are
+    the `outbox-id` header alone, `stored_headers` is None and `headers` rebuilds them if someone
+    reads them (the OpenTelemetry hook); the parent read rows back in about half the time
+    without them.
     """
 
     msg_id: str
@@ -84,8 +84,22 @@ class Drained(NamedTuple):
         return [(ID_HEADER, self.msg_id.encode())] if h is None else h
 
 
-#: Rows delivered or retried by a drain worker: whole rows in threads, `Drained` from a process.
-Rows = Sequence[OutboxMessage] | Sequence[Drained]
+_new_tuple = tuple.__new__
+
+
+def drained_fields(rows: Sequence[OutboxMessage]) -> list[tuple[Any, ...]]:
+    """Each row as the fields of a `Drained` (plain tuples: what a drain process pickles)."""
+    out = []
+    for r in rows:
+        hs = None if id_alone(r.headers, r.msg_id.encode()) else r.headers
+        out.append((r.msg_id, r.topic, r.key, hs, r.attempts, r.created_at))
+    return out
+
+
+def drained(rows: Sequence[OutboxMessage]) -> list[Drained]:
+    """Stored rows as the `delivered` and `retried` events carry them (their headers kept only
+    when they are more than the `outbox-id` header)."""
+    return [_new_tuple(Drained, t) for t in drained_fields(rows)]
 
 #: The event names, in the order the docs list them.
 EVENTS = ("committed", "delivered", "retried", "dead")
@@ -101,10 +115,10 @@ class Listener:
     def committed(self, batch: Committed) -> None:
         """The writer thread committed `batch` to the outbox."""
 
-    def delivered(self, rows: Rows) -> None:
+    def delivered(self, rows: Sequence[Drained]) -> None:
         """A drain worker delivered these stored rows."""
 
-    def retried(self, rows: Rows) -> None:
+    def retried(self, rows: Sequence[Drained]) -> None:
         """A drain worker's send of these rows failed; they are due again later."""
 
     def dead(self, letter: DeadLetter) -> None:
@@ -172,10 +186,10 @@ class Events(Listener):
     def committed(self, batch: Committed) -> None:
         self._tell("committed", batch)
 
-    def delivered(self, rows: Rows) -> None:
+    def delivered(self, rows: Sequence[Drained]) -> None:
         self._tell("delivered", rows)
 
-    def retried(self, rows: Rows) -> None:
+    def retried(self, rows: Sequence[Drained]) -> None:
         self._tell("retried", rows)
 
     def dead(self, letter: DeadLetter) -> None:

@@ -57,7 +57,7 @@ from outbox.events import Committed, Drained, Listener
 from outbox.headers import ID_HEADER
 from outbox.producer.aio import AsyncResilientProducer
 from outbox.producer.resilient import HookedHeaders, ResilientProducer
-from outbox.records import DeadLetter, OutboxMessage
+from outbox.records import DeadLetter
 
 __all__ = ["TRACE_HEADERS", "instrument", "message_context"]
 
@@ -242,7 +242,7 @@ class _Spans(Listener):
             )
             span.end()
 
-    def delivered(self, rows: Sequence[OutboxMessage] | Sequence[Drained]) -> None:
+    def delivered(self, rows: Sequence[Drained]) -> None:
         end = time.time_ns()
         for row in rows:
             span = self._tracer.start_span(

@@ -38,24 +38,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from outbox.drain.callbacks import CallbackErrors
 from outbox.drain.sendloop import check_resend_config
-from outbox.drain.workers import Drainer, DrainHealth, DrainResult
+from outbox.drain.workers import Drainer, DrainHandback, DrainHealth, DrainResult, hand_back_logged
 from outbox.errors import ConfigError, StoreError
-from outbox.events import Drained, Events, Listener
-from outbox.headers import id_alone
+from outbox.events import Drained, Events, Listener, drained_fields
 from outbox.records import DeadLetter, OutboxMessage
 from outbox.retry import RetryPolicy
 from outbox.stores import open_outbox
 from outbox.stores.urls import StoreURL
-
-if TYPE_CHECKING:
-    from outbox.events import Rows
 
 log = logging.getLogger("outbox.drain.process")
 
@@ -67,15 +63,6 @@ _CHILD = (
 )
 _START_TIMEOUT = 60.0  # seconds for the child to import, open the store and say "ready"
 _RESTART_PAUSE = 1.0  # seconds before a dead child is started again
-
-
-def _drained(rows: list[OutboxMessage]) -> list[tuple[Any, ...]]:
-    """What a "delivered" event carries: each row as the fields of a `Drained`."""
-    out = []
-    for r in rows:
-        hs = None if id_alone(r.headers, r.msg_id.encode()) else r.headers
-        out.append((r.msg_id, r.topic, r.key, hs, r.attempts, r.created_at))
-    return out
 
 
 @dataclass(frozen=True)
@@ -100,8 +87,8 @@ class DrainProcess:
         outbox: the outbox URL (the child opens the store itself).
         producer_config: as `Drainer`'s; pickled for the child, as `settings` is.
         settings: the child's `Drainer`'s other settings.
-        events: as `Drainer`'s, told on the `outbox-drain-events` thread; `delivered` and
-            `retried` get `Drained` rows.
+        events: as `Drainer`'s, told on the `outbox-drain-events` thread, after `start`'s
+            `hand_back` took the rows back.
         on_store_error: as `Drainer`, called on that thread.
     """
 
@@ -148,9 +135,12 @@ class DrainProcess:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the child and wait until it drains; ConfigError if it cannot start."""
+    def start(self, hand_back: DrainHandback | None = None) -> None:
+        """Start the child and wait until it drains; ConfigError if it cannot start. What the
+        child settles is handed back to `hand_back` (as `Drainer.start`'s), on the
+        `outbox-drain-events` thread, as `Drained` rows."""
         check_resend_config(self._producer_config)
+        self._hand_back = hand_back
         first = self._spawn()
         if first[0] != "ready":
             self._reap()
@@ -258,11 +248,15 @@ class DrainProcess:
             new = tuple.__new__  # each Drained built as the tuple it is, without _make's checks
             rows: list[Drained] = [new(Drained, t) for t in event[1]]
             self._count(event[2])
+            if self._hand_back is not None:
+                hand_back_logged(self._hand_back.delivered, rows)
             self.events.delivered(rows)
         elif kind == "retried":
             self.events.retried([tuple.__new__(Drained, t) for t in event[1]])
         elif kind == "dead":
             self._count(event[2])
+            if self._hand_back is not None:
+                hand_back_logged(self._hand_back.dead, event[1])
             self.events.dead(event[1])
         elif kind == "store_error":
             self.health.store_errors += 1
@@ -337,8 +331,10 @@ def _picklable(value: Any) -> bool:
 # -- the child's side --------------------------------------------------------------------------
 
 
-class _Events(Listener):
-    """The child's end of the events pipe, shared by its drain threads: its drainer's listener."""
+class _Pipe:
+    """The child's end of the events pipe, shared by its drain threads. It is the child's
+    drainer's hand-back: delivered rows and dead letters cross to the parent, which hands them
+    to its producer and tells its observers."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -353,11 +349,8 @@ class _Events(Listener):
         r = self.drainer.result if self.drainer is not None else DrainResult()
         return (r.delivered, r.retried, r.dead, r.released)
 
-    def delivered(self, rows: Rows) -> None:
-        self.send("delivered", _drained(cast(list[OutboxMessage], rows)), self.counts())
-
-    def retried(self, rows: Rows) -> None:
-        self.send("retried", _drained(cast(list[OutboxMessage], rows)))
+    def delivered(self, rows: Sequence[OutboxMessage] | Sequence[Drained]) -> None:
+        self.send("delivered", drained_fields(cast(list[OutboxMessage], rows)), self.counts())
 
     def dead(self, letter: DeadLetter) -> None:
         self.send("dead", letter, self.counts())
@@ -366,10 +359,20 @@ class _Events(Listener):
         self.send("store_error", str(exc))
 
 
+class _RetriedToParent(Listener):
+    """The child's `retried` observer: the parent's observers hear it too."""
+
+    def __init__(self, pipe: _Pipe) -> None:
+        self._pipe = pipe
+
+    def retried(self, rows: Sequence[Drained]) -> None:
+        self._pipe.send("retried", [tuple(r) for r in rows])
+
+
 class _ForwardLogs(logging.Handler):
     """The child's WARNING-and-above log lines, re-logged by the parent under the same names."""
 
-    def __init__(self, events: _Events) -> None:
+    def __init__(self, events: _Pipe) -> None:
         super().__init__(logging.WARNING)
         self._events = events
 
@@ -390,7 +393,7 @@ def child_main(cmd_fd: int, evt_fd: int) -> int:
     # Ctrl-C reaches the whole process group; the parent decides when the drain stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     commands = Connection(cmd_fd, writable=False)
-    events = _Events(Connection(evt_fd, readable=False))
+    events = _Pipe(Connection(evt_fd, readable=False))
     outbox_log = logging.getLogger("outbox")
     outbox_log.addHandler(_ForwardLogs(events))
     outbox_log.setLevel(logging.WARNING)
@@ -408,7 +411,7 @@ def child_main(cmd_fd: int, evt_fd: int) -> int:
             poll_interval=s["poll_interval"],
             on_store_error=events.store_error,
         )
-        drainer.events.subscribe(events, internal=True)  # the pipe: a failure there is the library's
+        drainer.events.subscribe(_RetriedToParent(events), internal=True)  # a failure there is the library's
     except BaseException as exc:
         events.send("failed", f"{type(exc).__name__}: {exc}")
         return 1
@@ -418,7 +421,7 @@ def child_main(cmd_fd: int, evt_fd: int) -> int:
     # "delivered" events need every claim decoded whole, and those rows set off collections).
     gc.freeze()
     events.send("ready", os.getpid())
-    drainer.start()
+    drainer.start(events)
     failing = False
     health = (0, 0)
     while True:

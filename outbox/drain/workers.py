@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaException, Producer
 
@@ -33,7 +33,7 @@ from outbox.drain.callbacks import CallbackErrors, guarded
 from outbox.drain.sendloop import RESEND_DEFAULTS, InFlight, SendLoop, check_resend_config
 from outbox.drain.settle import Verdict, add_to
 from outbox.errors import KafkaUnavailableError, StoreError
-from outbox.events import Events, logged_and_counted
+from outbox.events import Drained, Events, drained, logged_and_counted
 from outbox.logs import LIBRDKAFKA_LOG
 from outbox.message import MESSAGE_OVERHEAD
 from outbox.records import DeadLetter, OutboxMessage
@@ -43,6 +43,18 @@ from outbox.stores.claimed import ids_of
 from outbox.stores.owners import new_owner
 
 log = logging.getLogger(__name__)
+
+
+class DrainHandback(Protocol):
+    """Who takes back what a drain worker settled: the producer whose outbox it drains (its
+    circuit, its messages' `on_delivery`, its key backlog). Told on the worker's thread, after
+    the batch is settled in the store and before observers hear the events."""
+
+    def delivered(self, rows: Sequence[OutboxMessage] | Sequence[Drained]) -> None:
+        """These stored rows were delivered (whole rows in threads, `Drained` from a drain process)."""
+
+    def dead(self, letter: DeadLetter) -> None:
+        """This message was dead-lettered; `letter` is stored."""
 
 #: Settings the drain producers use unless the caller's config says otherwise.
 DRAIN_DEFAULTS: Mapping[str, Any] = RESEND_DEFAULTS
@@ -134,10 +146,11 @@ class Drainer:
             send a batch (message.timeout.ms). A crashed worker's rows are due again after it.
         poll_interval: longest sleep when nothing is due.
         topic: drain only this topic.
-        events: where the workers tell each batch's fates (`outbox.events`: `delivered`,
-            `retried`, `dead`), on a worker thread; a producer passes its own. Default: a fan-out
-            of this drainer's, for `subscribe`; a listener that raises is logged and counted in
-            `callback_errors`, and never ends the worker.
+        events: observers the workers tell each batch's fates (`outbox.events`: `delivered`,
+            `retried`, `dead`), on a worker thread; a producer passes its own (and takes the
+            fates back first, `start(hand_back)`). Default: a fan-out of this drainer's, for
+            `subscribe`; a listener that raises is logged and counted in `callback_errors`, and
+            never ends the worker.
         owner: lease owner name; default `outbox.stores.owners.new_owner("drain")`, whose liveness
             claimers can check (see outbox.stores.owners). Other names keep leases until expiry.
         on_store_error: called with each StoreError a background worker survived (it backs off
@@ -201,16 +214,19 @@ class Drainer:
         # when another worker leased the same rows first (two claims read one snapshot), and the
         # rows that worker settles may unblock more of their keys.
         self._holding = 0
+        self._hand_back: DrainHandback | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Run the workers in background threads until `stop()`.
+    def start(self, hand_back: DrainHandback | None = None) -> None:
+        """Run the workers in background threads until `stop()`, handing what they settle back
+        to `hand_back` (a producer draining its own outbox; None: nobody).
 
         Raises:
             ConfigError: settings the workers' producers cannot use (`check_resend_config`).
         """
         check_resend_config(self._config)
+        self._hand_back = hand_back
         self._stop.clear()
         for i in range(self.workers):
             t = threading.Thread(target=self._supervise, name=f"outbox-drain-{i}", daemon=True)
@@ -489,7 +505,7 @@ class Drainer:
             rows = self.store.claim(
                 self.owner, take, self.lease_seconds, now=time.time(), topic=self.topic, in_flight=in_flight
             )
-            if self.events.listens("delivered"):
+            if self._hand_back is not None or self.events.listens("delivered"):
                 # Decoded once, here, for the producer and then the listener. Nobody listening, a
                 # claim's groups are decoded as they are produced, each message then dropped
                 # (`outbox.stores.grouped.Claimed`): no claimed batch of tracked objects for the
@@ -618,23 +634,37 @@ class Drainer:
             self.result.retried += failed - len(dead)
             self.result.dead += len(dead)
             self.result.released += len(settlement.released)
-        # Told after the batch is settled: a listener that fails (the producer's reads the
+        # Handed back and told after the batch is settled: a producer that fails (it reads the
         # store to free keys, and the store can fail at that moment) cannot undo it.
-        events = self.events
+        hand_back, events = self._hand_back, self.events
         if delivered:
-            events.delivered(delivered)
+            if hand_back is not None:
+                hand_back_logged(hand_back.delivered, delivered)
+            if events.listens("delivered"):
+                events.delivered(drained(delivered))
         if failed > len(dead) and events.listens("retried"):
             gone = {row.id for row in dead}
-            retried = [row for row in batch.rows if row.id in failed_ids and row.id not in gone]
-            events.retried(retried)
+            events.retried(drained([row for row in batch.rows if row.id in failed_ids and row.id not in gone]))
         for row in dead:
-            events.dead(DeadLetter.from_row(row))
+            letter = DeadLetter.from_row(row)
+            if hand_back is not None:
+                hand_back_logged(hand_back.dead, letter)
+            events.dead(letter)
         if failed:
             log.info(
                 "outbox drain: %d delivered, %d to retry, %d dead-lettered in this batch (last error: %s)",
                 len(delivered), failed - len(dead), len(dead), last_error,
             )
         return len(delivered) == len(batch.rows)
+
+
+def hand_back_logged(take: Callable[[Any], None], what: Any) -> None:
+    """Hand settled rows back; a failure there is the library's, logged, and the worker goes on
+    (the rows are settled; the producer's key thread finds its keys free at its next look)."""
+    try:
+        take(what)
+    except Exception:
+        log.exception("outbox drain: handing settled rows back to the producer failed; the worker goes on")
 
 
 def _submit(

@@ -24,17 +24,17 @@ under it is a method here: marking a key and queueing its message (to the send f
 hold-back or the writer), holding a gated key's message, and moving held messages on to the
 writer. A check of the store must never see a key marked while its message is in none of them.
 
-Two more holds keep a message bound for the outbox in memory, both built here and filled only
+Two more holds keep a message bound for the outbox in memory, both defined here and filled only
 under the backlog's lock (each keeps its own small lock for the delivery thread's reads).
 
-*The hold-back* (`Holdback`). When the circuit opens, librdkafka still holds messages produced while it was closed. They come
-back as failures (purged at once, or at `message.timeout.ms` if on the wire) and are stored
-then. A message of the same key spilled in between would get an earlier row, and the drain
-would send it first: per-key order lost. So from the moment the circuit opens, every message
-bound for the outbox is held here, in memory, until librdkafka has handed back everything it
-held (or until `message.timeout.ms` has passed, by which time it has reported every one of
-them); then the held messages are stored sorted by their producer sequence (the `outbox-id`
-counter), which is the order the application produced them in.
+*The hold-back* (`Holdback`). When the circuit opens, librdkafka still holds messages produced
+while it was closed. They come back as failures (purged at once, or at `message.timeout.ms` if
+on the wire) and are stored then. A message of the same key spilled in between would get an
+earlier row, and the drain would send it first: per-key order lost. So from the moment the
+circuit opens, every message bound for the outbox is held here, in memory, until librdkafka has
+handed back everything it held (or until `message.timeout.ms` has passed, by which time it has
+reported every one of them); then the held messages are stored sorted by their producer sequence
+(the `outbox-id` counter), which is the order the application produced them in.
 
 The time is a bound, not a proof: librdkafka reports a timed-out message up to a second after
 its timeout (it scans for them once a second) and one on the wire after its request's own
@@ -47,13 +47,14 @@ Memory stays bounded: the held messages count against the producer's memory budg
 ends the hold at librdkafka's next poll, and the application's produce() waits for room (it is
 spilling anyway) until the released messages are committed.
 
-*The send fence* (`SendFence`). The drain re-sends stored messages with producers of its own. A message stored while the
-circuit is closed (librdkafka's queue stayed full, or its key already waits in the outbox) can
-have older messages of its key still in the fast path's producer: one partition's leader is
-gone for a few seconds, say, while the others take messages. Stored at once, it could be
-drained before librdkafka delivers them, and a key's messages would reach Kafka out of order.
-Nor do librdkafka's reports of one key come in produce order once some are handed back: a purge
-reports what waits in the queue at once, and what is on the wire only when its request ends.
+*The send fence* (`SendFence`). The drain re-sends stored messages with producers of its own. A
+message stored while the circuit is closed (librdkafka's queue stayed full, or its key already
+waits in the outbox) can have older messages of its key still in the fast path's producer: one
+partition's leader is gone for a few seconds, say, while the others take messages. Stored at
+once, it could be drained before librdkafka delivers them, and a key's messages would reach
+Kafka out of order. Nor do librdkafka's reports of one key come in produce order once some are
+handed back: a purge reports what waits in the queue at once, and what is on the wire only when
+its request ends.
 
 So while librdkafka holds any first send of a key, every message of that key bound for the
 outbox is held here, in memory. When librdkafka has reported the last of them (delivered, or

@@ -11,9 +11,12 @@ This module is the router: it checks a message once and sends it down the one pa
 - `outbox.producer.link`: the librdkafka producer and its delivery thread;
 - `outbox.producer.fates`: the callbacks of stored messages, once delivered or dead-lettered;
 - `outbox.drain.workers` / `outbox.drain.process`: the drain workers that re-send stored messages.
-- `outbox.events`: how those parts tell what happened to messages (committed, delivered,
-  retried, dead), to the producer's routing (`_Routes`), tracing and the
-  application's listeners (`subscribe`).
+- `_Handoffs` (here): what the producer does with each batch its writer committed (send
+  write-ahead rows, wake the drain, report dead letters) and each row its drain settled (close
+  the circuit, run callbacks, free keys); handed over directly, on the thread that learned it;
+- `outbox.events`: what happened to messages (committed, delivered, retried, dead), told after
+  those hand-offs to observers only: tracing, metrics and the application's listeners
+  (`subscribe`).
 
 Threads: the caller's threads call `produce()`; one delivery thread polls librdkafka and runs
 every callback (`on_delivery`, `on_dead_letter` for first-send failures); `poll()` waits for
@@ -28,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin._metadata import ClusterMetadata
@@ -37,7 +40,7 @@ from outbox.budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from outbox.drain.process import DrainProcess
 from outbox.drain.workers import DEFAULT_BATCH_SIZE, Drainer
 from outbox.errors import ConfigError, ProducerClosedError, StoreError
-from outbox.events import Committed, Events, Listener
+from outbox.events import Committed, Drained, Events
 from outbox.headers import ID_HEADER, HookedHeaders, IdGenerator
 from outbox.message import (
     BYTES_LIKE,
@@ -64,7 +67,7 @@ from outbox.producer.settings import PRODUCER_DEFAULTS, ProducerArguments, Produ
 from outbox.producer.spill import NOT_SENT_CIRCUIT_OPEN, Spill
 from outbox.producer.writeahead import WriteAhead
 from outbox.producer.writer import GroupCommitWriter
-from outbox.records import DeadLetter, Headers, StoreStats
+from outbox.records import DeadLetter, Headers, OutboxMessage, StoreStats
 from outbox.retry import RetryPolicy
 from outbox.stores import Outbox, open_outbox
 from outbox.stores.owners import new_owner
@@ -72,8 +75,6 @@ from outbox.transactions import enqueue_in_transaction
 
 _new_tuple = tuple.__new__
 
-if TYPE_CHECKING:
-    from outbox.events import Rows
 
 
 #: `ResilientProducer.hook_produce`'s hook: (produce, topic, value, key, partition, on_delivery,
@@ -247,10 +248,9 @@ class ResilientProducer(PythonObject):
         )
         self._owns_store = not isinstance(checked.outbox, Outbox)
         self.store = open_outbox(checked.outbox)
-        # The parts tell what happens to messages through one fan-out (`outbox.events`); the
-        # producer's own reactions (`_Routes`) listen first, then the application's listeners.
-        # No thread tells an event before every part is built and subscribed: the delivery and
-        # key threads and the drain start below, the writer commits only what produce() queues.
+        # Observers hear what happens to messages through one fan-out (`outbox.events`); the
+        # producer's own reactions are handed over directly (`_Handoffs`), given to each thread
+        # as it starts (`_start`), once every part is built.
         self._events = Events(self._served.failed)
         self._fates = Fates(checked.on_dead_letter, report_successes=checked.report_successes, served=self._served)
         self.drainer = self._new_drainer(checked)
@@ -301,11 +301,8 @@ class ResilientProducer(PythonObject):
             self._link, self._spill, self.writer, self.circuit, self._fates, self.retry,
             durability=settings.durability, report_successes=settings.report_successes,
         )
-        self._events.subscribe(
-            _Routes(
-                self._events, self.circuit, self._fates, self._backlog, self._first, self._write_ahead, self.drainer
-            ),
-            internal=True,
+        self._handoffs = _Handoffs(
+            self._events, self.circuit, self._fates, self._backlog, self._write_ahead, self.drainer
         )
 
     def _start(self, drain: bool) -> None:
@@ -313,12 +310,13 @@ class ResilientProducer(PythonObject):
         self._unsaved_at_close = None
         self._closed = False
         self._produce_guard = False
+        self.writer.start(self._handoffs)
         self._link.start(tick=self._spill.tick)
         # A key the backlog hands back: the messages its gate held go to Kafka, in order.
         self._backlog.start(self._first.send_held if self.mode == "fallback" else None)
         if drain:
             try:
-                self.drainer.start()
+                self.drainer.start(self._handoffs)
             except BaseException:  # the drain process could not start: nothing may keep running
                 self.close(5)
                 raise
@@ -809,32 +807,34 @@ class ResilientProducer(PythonObject):
         self._link.purge_queue_soon()
 
 
-class _Routes(Listener):
-    """The producer's own reactions to its parts' events; the first listener of each."""
+class _Handoffs:
+    """The producer's own reactions to what its writer committed and its drain settled: the
+    writer's `CommitHandoff` and the drain's `DrainHandback`. Each runs on the thread that
+    learned it, before observers hear the event."""
 
     def __init__(
-        self, events: Events, circuit: CircuitBreaker, fates: Fates, backlog: KeyBacklog, first: FirstSend,
+        self, events: Events, circuit: CircuitBreaker, fates: Fates, backlog: KeyBacklog,
         write_ahead: WriteAhead, drainer: Drainer | DrainProcess,
     ) -> None:
         self._events = events
         self._circuit = circuit
         self._fates = fates
         self._backlog = backlog
-        self._first = first
         self._write_ahead = write_ahead
         self._drainer = drainer
 
     def committed(self, batch: Committed) -> None:
-        """Writer thread: send write-ahead rows; wake the drain for the rest; tell dead letters."""
+        """Writer thread: send write-ahead rows; wake the drain for the rest; report dead letters."""
         if any(batch.leased):
             self._write_ahead.send(batch)
         if any(not leased for leased in batch.leased):
             self._drainer.wake()
         if batch.dead or batch.dead_failed:
             for letter in self._fates.committed_dead(batch):
+                self.dead(letter)
                 self._events.dead(letter)
 
-    def delivered(self, rows: Rows) -> None:
+    def delivered(self, rows: Sequence[OutboxMessage] | Sequence[Drained]) -> None:
         """Drain: a delivery proves the cluster back (the circuit); callbacks; keys may be free."""
         self._circuit.record_success()
         self._fates.drained(rows)

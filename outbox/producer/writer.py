@@ -2,8 +2,10 @@
 
 Callers append to an in-memory list and return (durability "batch") or wait for the commit
 ("sync"). The writer swaps the list out, writes everything in one transaction, then hands the
-committed batch to its `committed` event (`outbox.events`). One fsync then covers hundreds
-of messages (batched, about thirty times the rows/s of one per transaction: docs/DESIGN.md).
+committed batch to its owner (`CommitHandoff`: the producer sends write-ahead rows, wakes the
+drain, reports dead letters) and tells observers (the `committed` event, `outbox.events`). One
+fsync then covers hundreds of messages (batched, about thirty times the rows/s of one per
+transaction: docs/DESIGN.md).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from outbox.budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from outbox.drain.settle import Decision, add_to
@@ -25,6 +27,12 @@ from outbox.records import NewMessage, OutboxMessage
 from outbox.stores.base import Outbox, Settlement
 
 log = logging.getLogger(__name__)
+
+
+class CommitHandoff(Protocol):
+    """Who takes each committed batch on, on the writer thread, before the batch counts as done."""
+
+    def committed(self, batch: Committed) -> None: ...
 
 
 @dataclass
@@ -60,8 +68,11 @@ class GroupCommitWriter:
             callers that pass `wait=True` block while it is full, so a long outage keeps memory
             flat instead of queueing in RAM; and a quarter of it queued starts a commit at once.
             None: a budget of its own, `DEFAULT_MEMORY_BUDGET`.
-        events: told each committed batch (`committed`), on the writer thread: the producer's
-            `outbox.events.Events`, or any object with a `committed(batch)` method.
+        events: observers told each committed batch (`committed`), on the writer thread, after
+            its owner took it on: the producer's `outbox.events.Events`, or any object with a
+            `committed(batch)` method.
+
+    Nothing is committed before `start`, which is given the batches' owner.
     """
 
     def __init__(
@@ -98,7 +109,13 @@ class GroupCommitWriter:
         self.committed_rows = 0
         self.commit_seconds = LatencyHistogram()  # per commit, not per message: no hot-path cost
         self.budget.add_part(self)
+        self._hand_off: CommitHandoff | None = None
         self._thread = threading.Thread(target=self._run, name="outbox-writer", daemon=True)
+
+    def start(self, hand_off: CommitHandoff | None = None) -> None:
+        """Start the writer thread, which hands each committed batch to `hand_off` (None: nobody
+        takes them on; observers still hear them)."""
+        self._hand_off = hand_off
         self._thread.start()
 
     # -- producers of work (any thread) ------------------------------------------------------
@@ -190,6 +207,8 @@ class GroupCommitWriter:
 
     def close(self, timeout: float | None = None) -> int:
         """Commit what is queued and stop the thread; return how many messages were not committed."""
+        if self._thread.ident is None:  # never started: nothing was committed, nothing runs
+            return self.pending()
         left = self.flush(timeout)
         with self._cond:
             self._closed = True
@@ -270,18 +289,19 @@ class GroupCommitWriter:
         it_l, it_f = iter(ids_leased), iter(ids_free)
         new_ids = [next(it_l) if is_leased else next(it_f) for is_leased in batch.leased]
         self.committed_rows += len(new_ids) + len(dead_ids)
-        # The hook runs before the batch counts as done, so flush()/close() also wait until the
-        # committed rows were handed on (sent, or reported as dead letters).
-        if self._events is not None:
-            try:
-                self._events.committed(
-                    Committed(
-                        new_ids, batch.new, batch.new_meta, batch.leased,
-                        dead_ids, batch.dead, batch.dead_meta, dead_failed,
-                    )
-                )
-            except Exception:
-                log.exception("outbox writer: telling a committed batch failed")
+        # Handed on before the batch counts as done, so flush()/close() also wait until the
+        # committed rows were taken on (sent, or reported as dead letters).
+        if self._hand_off is not None or self._events is not None:
+            committed = Committed(
+                new_ids, batch.new, batch.new_meta, batch.leased, dead_ids, batch.dead, batch.dead_meta, dead_failed
+            )
+            for taker in (self._hand_off, self._events):
+                if taker is None:
+                    continue
+                try:
+                    taker.committed(committed)
+                except Exception:
+                    log.exception("outbox writer: handing on a committed batch failed; the writer goes on")
         self._forget(batch)
         batch.done.set()
 

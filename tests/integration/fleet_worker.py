@@ -16,7 +16,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from outbox import Drainer, DrainResult, Listener, OutboxMessage, RetryPolicy, parse_url
+from outbox import Drainer, DrainResult, Listener, RetryPolicy, parse_url
+from outbox.events import Drained
 from outbox.stores.postgres import PostgresOutbox
 
 EMPTY_FOR = 2.0  # seconds without a pending row before the worker stops
@@ -41,7 +42,7 @@ def main(url: str, bootstrap: str, report: str) -> None:
     acked_batches = 0
 
     class Acked(Listener):
-        def delivered(self, rows: Sequence[OutboxMessage]) -> None:
+        def delivered(self, rows: Sequence[Drained]) -> None:
             nonlocal acked_batches
             acked_batches += 1
             acked.extend(r.msg_id for r in rows)

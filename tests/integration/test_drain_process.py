@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from outbox import DeadLetter, NewMessage, SQLiteOutbox
+from outbox import DeadLetter, Listener, NewMessage, SQLiteOutbox
+from outbox.events import Drained
 
 from ..waiting import wait_until
 from .delivery import keyed_value, read_topic
@@ -67,3 +69,31 @@ def test_dead_letters_of_the_drain_process_reach_the_application(
     assert dead[0].headers[0] == ("h", b"1")
     assert (st["delivered_from_outbox"], st["dead_this_process"], st["dead"]) == (10, 1, 1)
     assert read_topic(kafka_bootstrap, topic, 10).unique == 10
+
+
+@pytest.mark.parametrize("drain_in", ["threads", "process"])
+def test_observers_hear_one_delivered_shape_whatever_drain_in(
+    kafka_bootstrap: str, topic: str, tmp_path: Path, drain_in: str
+) -> None:
+    """The `delivered` event carries `Drained` rows, drained in threads or in a drain process."""
+    db = tmp_path / "o.db"
+    heard: list[Drained] = []
+
+    class Observer(Listener):
+        def delivered(self, rows: Sequence[Drained]) -> None:
+            heard.extend(rows)
+
+    with make_producer(kafka_bootstrap, db, drain_in=drain_in) as p:
+        p.subscribe(Observer())
+        # Stored after the observer subscribed (as an earlier process would have left them).
+        plain = NewMessage(topic, b"v", b"k", [("outbox-id", b"plain")], -1, "plain")
+        traced = NewMessage(topic, b"v", b"k", [("app", b"1"), ("outbox-id", b"traced")], -1, "traced")
+        with SQLiteOutbox(str(db)) as store:
+            store.enqueue([plain, traced])
+        wait_until(lambda: len(heard) == 2, 60, "both rows delivered")
+    assert [type(r) for r in heard] == [Drained, Drained]
+    assert [(r.msg_id, r.topic, r.key, r.attempts, r.headers) for r in heard] == [
+        ("plain", topic, b"k", 0, [("outbox-id", b"plain")]),
+        ("traced", topic, b"k", 0, [("app", b"1"), ("outbox-id", b"traced")]),
+    ]
+    assert read_topic(kafka_bootstrap, topic, 2).unique == 2

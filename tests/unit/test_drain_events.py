@@ -1,12 +1,12 @@
-"""What the drain process tells the application about delivered rows (`outbox.drain.process`):
-the fields its callbacks read, with the common headers left out and rebuilt on reading."""
+"""What the `delivered` and `retried` events carry (`outbox.events.Drained`), whether the drain
+runs in threads or in a process: the fields callbacks read, with the common headers left out and
+rebuilt on reading."""
 
 from __future__ import annotations
 
 import pickle
 
-from outbox.drain.process import _drained
-from outbox.events import Drained
+from outbox.events import Drained, drained, drained_fields
 from outbox.headers import ID_HEADER
 from outbox.records import OutboxMessage, Status
 
@@ -18,7 +18,7 @@ def row(msg_id: str, headers: list[tuple[str, bytes | None]]) -> OutboxMessage:
 
 def read_back(rows: list[OutboxMessage]) -> list[Drained]:
     new = tuple.__new__
-    return [new(Drained, t) for t in pickle.loads(pickle.dumps(_drained(rows)))]
+    return [new(Drained, t) for t in pickle.loads(pickle.dumps(drained_fields(rows)))]
 
 
 def test_the_id_header_alone_is_not_sent_and_is_rebuilt_when_read() -> None:
@@ -35,6 +35,13 @@ def test_any_other_headers_travel_as_they_are() -> None:
         [("app", None)],
         [],
     ]
-    drained = read_back([row("abc", h) for h in kept])
-    assert [d.headers for d in drained] == kept
-    assert [d.stored_headers for d in drained] == kept
+    rows = read_back([row("abc", h) for h in kept])
+    assert [d.headers for d in rows] == kept
+    assert [d.stored_headers for d in rows] == kept
+
+
+def test_a_thread_drain_tells_the_same_rows_as_a_drain_process() -> None:
+    rows = [row("abc", [(ID_HEADER, b"abc")]), row("def", [("app", b"1"), (ID_HEADER, b"def")])]
+    told = drained(rows)
+    assert told == read_back(rows)
+    assert all(type(d) is Drained for d in told)

@@ -6,6 +6,7 @@ rows checked at the end are the rows SQLite actually committed.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -159,6 +160,7 @@ class Hook(Listener):
 def test_many_threads_commit_in_few_transactions(store: CountingOutbox, leased: bool) -> None:
     hook = Hook()
     w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=0.02, events=hook)
+    w.start()
     per_thread, nthreads = 1000, 4
     start = threading.Barrier(nthreads)
 
@@ -205,7 +207,8 @@ def test_many_threads_commit_in_few_transactions(store: CountingOutbox, leased: 
 
 def test_committed_batch_ids_match_the_stored_rows_in_order(store: CountingOutbox) -> None:
     hook = Hook()
-    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, events=hook)
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60)
+    w.start(hook)  # the batches' owner
     for i in range(300):
         w.add_new(msg(i), meta=i, leased=i % 3 == 0)  # a mix: two transactions per batch
     assert w.close() == 0
@@ -220,6 +223,7 @@ def test_committed_batch_ids_match_the_stored_rows_in_order(store: CountingOutbo
 
 def test_rows_born_leased_carry_the_lease(store: CountingOutbox) -> None:
     w = GroupCommitWriter(store, owner=OWNER, lease_seconds=3600)
+    w.start()
     before = time.time()
     w.add_new(msg(1), leased=True)
     w.add_new(msg(2), leased=False)
@@ -235,6 +239,7 @@ def test_rows_born_leased_carry_the_lease(store: CountingOutbox) -> None:
 def test_delivered_outcomes_delete_rows(store: CountingOutbox) -> None:
     ids = store.enqueue([msg(i) for i in range(4)])
     w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60)
+    w.start()
     w.add_outcomes([ids[0]], [])
     w.add_outcomes([ids[2], 999_999], [])  # unknown (delivered by another worker): ignored
     assert w.flush() == 0
@@ -250,6 +255,7 @@ def test_failed_outcomes_reschedule_or_dead_letter(store: CountingOutbox) -> Non
     retry_id, dead_id = store.enqueue([msg(1), msg(2)])
     hook = Hook()
     w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, events=hook)
+    w.start()
     now = 1_700_000_000.0
     w.add_outcomes([], [
         (retry_id, Decision(Verdict.RESCHEDULE, now + 30, -192, "_MSG_TIMED_OUT", ERR, attempts=1), now),
@@ -270,6 +276,7 @@ def test_failed_outcomes_reschedule_or_dead_letter(store: CountingOutbox) -> Non
 def test_add_dead_stores_dead_letters(store: CountingOutbox) -> None:
     hook = Hook()
     w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, events=hook)
+    w.start()
     w.add_dead(msg(1)._replace(last_error=DEAD_ERR, attempts=1), meta="m1")
     assert w.close() == 0
     (c,) = hook.batches
@@ -283,6 +290,7 @@ def test_add_dead_stores_dead_letters(store: CountingOutbox) -> None:
 
 def test_flush_on_idle_writer_returns_zero(store: CountingOutbox) -> None:
     w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60)
+    w.start()
     assert w.flush() == 0
     assert w.flush(timeout=0) == 0
     assert w.pending() == 0
@@ -296,6 +304,7 @@ def test_flush_on_idle_writer_returns_zero(store: CountingOutbox) -> None:
 
 def test_close_commits_what_is_queued(store: CountingOutbox) -> None:
     w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60)
+    w.start()
     for i in range(500):
         w.add_new(msg(i), leased=bool(i % 2))
     w.add_dead(msg(500))
@@ -310,6 +319,7 @@ def test_pending_counts_uncommitted_messages(tmp_path: Path) -> None:
     store = GatedOutbox(str(tmp_path / "outbox.db"))
     try:
         w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=0)
+        w.start()
         for i in range(5):
             w.add_new(msg(i))
         assert store.entered.wait(30)  # the writer took the batch and is inside its transaction
@@ -340,6 +350,7 @@ def test_failed_commits_are_retried_and_nothing_is_lost(tmp_path: Path, leased: 
     hook = Hook()
     try:
         w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, events=hook)
+        w.start()
         batch = [w.add_new(msg(i), meta=i, leased=leased) for i in range(200)]
         assert w.flush() == 0
         assert w.close() == 0
@@ -352,6 +363,36 @@ def test_failed_commits_are_retried_and_nothing_is_lost(tmp_path: Path, leased: 
         store.close()
 
 
+def test_the_owner_takes_each_batch_before_observers_hear_it_and_before_flush_returns(
+    store: CountingOutbox,
+) -> None:
+    told: list[str] = []
+
+    class Owner:
+        def committed(self, batch: Committed) -> None:
+            told.append(f"owner {batch.new_ids}")
+
+    class Observer(Listener):
+        def committed(self, batch: Committed) -> None:
+            told.append(f"observer {batch.new_ids}")
+
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, events=Observer())
+    w.start(Owner())
+    w.add_new(msg(1))
+    assert w.flush() == 0
+    assert told == ["owner [1]", "observer [1]"]
+    with pytest.raises(dataclasses.FrozenInstanceError):  # one observer cannot change the next one's
+        Committed([], [], [], [], [], [], [], []).new_ids = [2]  # type: ignore[misc]
+    assert w.close() == 0
+
+
+def test_a_writer_never_started_closes_with_what_it_holds(store: CountingOutbox) -> None:
+    w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60)
+    w.add_new(msg(1))
+    assert w.close() == 1
+    assert all_rows(store) == []
+
+
 def test_a_committed_listener_that_fails_does_not_stop_the_writer(store: CountingOutbox) -> None:
     seen: list[int] = []
 
@@ -362,6 +403,7 @@ def test_a_committed_listener_that_fails_does_not_stop_the_writer(store: Countin
                 raise RuntimeError("hook bug")
 
     w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, events=Failing())
+    w.start()
     w.add_new(msg(1))
     assert w.flush() == 0
     w.add_new(msg(2))
@@ -378,6 +420,7 @@ def test_retry_after_a_partial_commit_does_not_write_twice(tmp_path: Path) -> No
     try:
         # max_batch=2: the writer commits as soon as both are queued, so they share one batch.
         w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=30, max_batch=2)
+        w.start()
         w.add_new(msg(1), leased=True)
         w.add_new(msg(2), leased=False)
         assert w.close() == 0
@@ -395,6 +438,7 @@ def test_retry_after_a_partial_commit_counts_a_failure_once(tmp_path: Path) -> N
         (row_id,) = store.enqueue([msg(0)])
         store.left = 1  # fail the writer's enqueue, not the setup's above
         w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=30, max_batch=2)
+        w.start()
         retry = Decision(Verdict.RESCHEDULE, 2e9, -192, "_MSG_TIMED_OUT", ERR, attempts=1)
         w.add_outcomes([], [(row_id, retry, 1.7e9)])
         w.add_new(msg(1), leased=False)
@@ -413,6 +457,7 @@ def test_held_bytes_count_queued_and_committing_rows_until_their_commit(tmp_path
     budget = MemoryBudget(1 << 30)
     try:
         w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=0, budget=budget)
+        w.start()
         first = [msg(i) for i in range(3)]
         for m in first:
             w.add_new(m)
@@ -437,6 +482,7 @@ def test_a_full_budget_makes_application_threads_wait_for_a_commit(tmp_path: Pat
     budget = MemoryBudget(3 * cost)  # room for three messages
     try:
         w = GroupCommitWriter(store, owner=OWNER, lease_seconds=60, max_delay=0, budget=budget)
+        w.start()
         for i in range(3):
             w.add_new(msg(i), wait=True)
         assert store.entered.wait(30)
@@ -467,6 +513,7 @@ def test_a_quarter_of_the_budget_queued_is_committed_without_waiting_for_max_del
     w = GroupCommitWriter(
         store, owner=OWNER, lease_seconds=60, max_delay=600, max_batch=10_000, budget=MemoryBudget(40 * cost)
     )
+    w.start()
     assert w.max_batch_bytes == 10 * cost
     for i in range(10):
         w.add_new(msg(i))
