@@ -128,22 +128,26 @@ ALL_PLACES = ",".join("?" * len(ALL_COLUMNS.split(",")))
 ERROR_COLUMNS = ("error_code", "error_name")
 
 
+#: A new file's `outbox` table: version 1's with version 2's error columns already beside
+#: `last_error`, so that creating an outbox never needs `migrate_to_2`'s copy-and-swap (nor
+#: sqlite-utils, which imports pandas when it is installed: about 90 MB in every producer's
+#: process, for a table that has no rows yet).
+NEW_TABLE = MIGRATIONS[1][0].replace(
+    "last_error TEXT,", "last_error TEXT,\n            error_code INTEGER,\n            error_name TEXT,"
+)
+
+
 def migrate_to_2(conn: sqlite3.Connection) -> None:
     """Add error_code/error_name beside last_error and fill them from the stored text.
 
-    Runs inside the caller's BEGIN IMMEDIATE. sqlite-utils does the schema work: `add_column`
-    (an ALTER TABLE) and `transform()` for the copy-and-swap that puts the new columns beside
-    `last_error`, which ALTER TABLE cannot do; transform keeps AUTOINCREMENT and the indexes,
-    and its savepoint nests in our transaction. The last-issued id is kept so ids are never reused.
+    Runs inside the caller's BEGIN IMMEDIATE. A file written by version 1 needs schema work,
+    which sqlite-utils does: `add_column` (an ALTER TABLE) and `transform()` for the
+    copy-and-swap that puts the new columns beside `last_error`, which ALTER TABLE cannot do;
+    transform keeps AUTOINCREMENT and the indexes, and its savepoint nests in our transaction.
+    The last-issued id is kept so ids are never reused. A new file has them already (`NEW_TABLE`).
     """
-    import sqlite_utils  # only needed once per outbox file, when it is upgraded
-
-    db = sqlite_utils.Database(conn, execute_plugins=False)
-    table = db.table("outbox")
-    columns = table.columns_dict
-    for name, kind in (("error_code", int), ("error_name", str)):
-        if name not in columns:
-            table.add_column(name, kind)
+    if _column_names(conn) != _with_error_columns(_column_names(conn)):
+        _add_error_columns(conn)
     # The one place the old text form is parsed: "NAME (code): reason", written by version 1.
     conn.execute(
         "UPDATE outbox SET "
@@ -153,9 +157,31 @@ def migrate_to_2(conn: sqlite3.Connection) -> None:
         "WHERE last_error IS NOT NULL AND error_code IS NULL "
         "AND instr(last_error, ' (') > 0 AND instr(last_error, '):') > instr(last_error, ' (')"
     )
-    order = [c for c in table.columns_dict if c not in ERROR_COLUMNS]
+
+
+def _column_names(conn: sqlite3.Connection) -> list[str]:
+    return [row[1] for row in conn.execute("PRAGMA table_info(outbox)")]
+
+
+def _with_error_columns(columns: list[str]) -> list[str]:
+    """`columns` as version 2 orders them: the error columns right after `last_error`."""
+    order = [c for c in columns if c not in ERROR_COLUMNS]
     at = order.index("last_error") + 1
     order[at:at] = list(ERROR_COLUMNS)
+    return order
+
+
+def _add_error_columns(conn: sqlite3.Connection) -> None:
+    """A version-1 file: add the error columns and move them beside `last_error`."""
+    import sqlite_utils  # only needed once per version-1 outbox file, when it is upgraded
+
+    db = sqlite_utils.Database(conn, execute_plugins=False)
+    table = db.table("outbox")
+    columns = table.columns_dict
+    for name, kind in (("error_code", int), ("error_name", str)):
+        if name not in columns:
+            table.add_column(name, kind)
+    order = _with_error_columns(list(table.columns_dict))
     if list(table.columns_dict) != order:
         seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
         table.transform(column_order=order)
@@ -166,6 +192,11 @@ def migrate_to_2(conn: sqlite3.Connection) -> None:
 def migrate_in(c: sqlite3.Connection, version: int) -> None:
     """From `version` to SCHEMA_VERSION, inside the caller's write transaction."""
     for v in range(version + 1, SCHEMA_VERSION + 1):
+        if v == 1:
+            c.execute(NEW_TABLE)
+            for stmt in MIGRATIONS[1][1:]:
+                c.execute(stmt)
+            continue
         if v == 2:
             migrate_to_2(c)
             continue

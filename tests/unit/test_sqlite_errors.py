@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -129,3 +131,40 @@ def test_file_deleted_before_this_process_wrote_is_recreated_with_its_rows(tmp_p
     store.close()
     with SQLiteOutbox(str(path), create=False) as again:
         assert [r.value for r in again.claim("w", 10, 30, now=time.time())] == [b"old", b"new"]
+
+
+def test_a_new_outbox_has_the_upgraded_files_columns_without_importing_sqlite_utils(tmp_path: Path) -> None:
+    """A new file is made at its last version directly: the same columns, types and order as a
+    version-1 file upgraded, and sqlite-utils (which imports pandas, when installed, into the
+    application's process) is never imported for it."""
+    new, old = tmp_path / "new.db", tmp_path / "v1.db"
+    script = (
+        "import sys; from outbox.stores.sqlite import SQLiteOutbox; "
+        f"SQLiteOutbox({str(new)!r}).close(); "
+        "print(sorted(m for m in ('sqlite_utils', 'pandas', 'numpy') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+    from outbox.stores.sqlite_schema import MIGRATIONS as _MIGRATIONS
+
+    conn = sqlite3.connect(old)
+    for stmt in _MIGRATIONS[1]:
+        conn.execute(stmt)
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    SQLiteOutbox(str(old)).close()
+
+    def table(path: Path) -> list[tuple[object, ...]]:
+        """Each column's position, name, type, NOT NULL and primary key (sqlite-utils' copy quotes
+        an integer default, `'-1'`, which the column's INTEGER affinity stores as -1 all the same)."""
+        raw = sqlite3.connect(path)
+        try:
+            return [(cid, name, kind, notnull, pk) for cid, name, kind, notnull, _, pk in raw.execute(
+                "PRAGMA table_info(outbox)"
+            )]
+        finally:
+            raw.close()
+
+    assert table(new) == table(old)
+    assert [c[1] for c in table(new)].index("error_code") == [c[1] for c in table(new)].index("last_error") + 1
