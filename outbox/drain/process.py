@@ -126,6 +126,7 @@ class DrainProcess:
         self._events: Connection | None = None
         self._base = (0, 0, 0, 0)  # counts of children that died: a new child counts from zero
         self._reader: threading.Thread | None = None
+        self._hand_back: DrainHandback | None = None
 
     @property
     def pid(self) -> int | None:

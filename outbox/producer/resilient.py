@@ -76,7 +76,6 @@ from outbox.transactions import enqueue_in_transaction
 _new_tuple = tuple.__new__
 
 
-
 #: `ResilientProducer.hook_produce`'s hook: (produce, topic, value, key, partition, on_delivery,
 #: timestamp, headers, callback, enable_retry, transaction) -> the message id.
 ProduceHook = Callable[..., str]
@@ -283,7 +282,7 @@ class ResilientProducer(PythonObject):
         )
 
     def _assemble_routes(self, settings: ProducerSettings) -> None:
-        """The paths a message takes (spill, first send, write-ahead), and the routing of their events."""
+        """The paths a message takes (spill, first send, write-ahead), and the producer's hand-offs."""
         fallback = settings.mode == "fallback"
         self._spill = Spill(
             self.writer, self._link, self.circuit, self._fates,
@@ -800,9 +799,10 @@ class ResilientProducer(PythonObject):
 
     def _circuit_opened(self) -> None:
         # Move what waits in librdkafka's queue to disk now instead of at message.timeout.ms,
-        # and hold later spills back until it has (`outbox.producer.keyorder.Holdback`: per-key order). In write-ahead
-        # mode nothing is held, but no new row is sent until then either (admission.py): a row
-        # sent now could overtake older rows of its key that librdkafka has yet to hand back.
+        # and hold later spills back until it has (`outbox.producer.keyorder.Holdback`: per-key
+        # order). In write-ahead mode nothing is held, but no new row is sent until then either
+        # (admission.py): a row sent now could overtake older rows of its key that librdkafka
+        # has yet to hand back.
         self._spill.hold_after_open(self._message_timeout + 1.0)
         self._link.purge_queue_soon()
 
