@@ -20,11 +20,14 @@ from typing import Any
 from benchmarks.__main__ import Runner
 from outbox.testing import KafkaCluster, create_topic
 
+#: Each case: a scenario of `benchmarks.scenarios` ("resilient" unless it says) and its parameters.
 CASES: dict[str, dict[str, Any]] = {
     "fallback": {"mode": "fallback"},
     "fallback-only-error": {"mode": "fallback", "only_errors": True},
     "fallback-on-delivery": {"mode": "fallback", "on_delivery": True},
     "write-ahead": {"mode": "write-ahead", "durability": "batch"},
+    # The outage spill: the circuit tripped, every message stored (no broker answers there).
+    "spill": {"scenario": "spill", "bootstrap": "127.0.0.1:1", "circuit_reset_timeout": 3600},
 }
 
 
@@ -47,7 +50,9 @@ def main() -> None:
             cpu: dict[str, list[float]] = {"before": [], "after": []}
             for rep in range(args.reps):
                 for side in ("before", "after") if rep % 2 == 0 else ("after", "before"):
-                    cpu[side].append(sides[side].run("resilient", {**common, **CASES[case]})["cpu_us_per_msg"])
+                    params = {**common, **CASES[case]}
+                    scenario = params.pop("scenario", "resilient")
+                    cpu[side].append(sides[side].run(scenario, params)["cpu_us_per_msg"])
             ratios = [a / b for a, b in zip(cpu["after"], cpu["before"], strict=True)]
             print(
                 f"{case}: CPU µs/msg, medians: before {statistics.median(cpu['before']):.2f}, "
