@@ -21,11 +21,12 @@ from outbox.stores.sqlite_schema import SCHEMA_VERSION, migrate_in
 
 log = logging.getLogger("outbox.stores.sqlite")
 
-#: The write connection's page cache (negative: KiB). SQLite's default, 2 MiB, holds a small part
-#: of the indexes a backlog's inserts and deletes walk at random (by key): with 16 MiB, spill +
-#: drain cost over a fifth less store CPU per message, and 64 MiB saved no more. Reads keep the
-#: default.
-_CACHE_KIB = -16384
+#: The write connection's page cache (negative: KiB). SQLite's default, 2 MiB, held a small part
+#: of the indexes a backlog of one-message rows walks at random (by key); a spill now stores a
+#: writer batch as one row, whose body pages would fill a larger cache instead. 4 MiB: the
+#: outage spill's CPU per message as with 16 MiB, and 13 to 26 MB less resident (docs/benchmarks.md).
+#: Reads keep the default.
+_CACHE_KIB = -4096
 
 
 class SQLiteConnection:
