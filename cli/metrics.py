@@ -44,7 +44,7 @@ Examples:
   outbox metrics --json                                     # print once as JSON and exit
 
 \b
-Served: outbox_store_up, outbox_pending_messages(_by_topic), outbox_dead_letters(_by_topic),
+PollReport: outbox_store_up, outbox_pending_messages(_by_topic), outbox_dead_letters(_by_topic),
 outbox_oldest_pending_age_seconds, outbox_leased_messages. The producer's own counters
 (produced, delivered, circuit state, commit latency) come from outbox.metrics inside the
 application.

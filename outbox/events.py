@@ -22,7 +22,7 @@ Every payload is frozen: one listener cannot change what the next one is told.
 
 A listener that raises never stops the thread that told it: the exception is logged, counted in
 `stats()["callback_errors"]` and raised again by the application's next `poll()` / `flush()`
-(`outbox.producer.served`); the event still reaches every other listener.
+(`outbox.producer.pollreport`); the event still reaches every other listener.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class Events(Listener):
     """The fan-out: tells each event to every subscribed listener, in subscription order.
 
     Args:
-        failed: called with what a listener raised (the producer's: `Served.failed`, which
+        failed: called with what a listener raised (the producer's: `PollReport.failed`, which
             logs, counts and hands it to the next poll()/flush()).
 
     Subscribing copies the tuples of handlers (rare); telling reads one tuple (every event), so

@@ -80,7 +80,7 @@ class FirstSend:
         self._id_headers = 0 if id_header is None else 1  # headers a message has with none of its own
         self._report_successes = report_successes
         self.failed = Tally()  # enable_retry=False messages that failed (delivery thread, or the caller's)
-        self.served = link.served  # counts the delivery thread's calls of `on_delivery`
+        self.poll_report = link.poll_report  # counts the delivery thread's calls of `on_delivery`
 
     def send(
         self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
@@ -205,7 +205,7 @@ class FirstSend:
             if self._link.app_purging:  # the application dropped it
                 if r.cb is not None:
                     r.cb(err, msg)
-                    self._link.served.delivery_thread_calls += 1
+                    self._link.poll_report.delivery_thread_calls += 1
                 return
             if not self._circuit.closed:
                 # Purged while the circuit is not closed: if it was the half-open circuit's probe,
@@ -269,7 +269,7 @@ class FirstSend:
             self.failed.add()
         if cb is not None and (err is not None or self._report_successes):
             cb(err, msg)
-            self._link.served.delivery_thread_calls += 1
+            self._link.poll_report.delivery_thread_calls += 1
 
 
 # Compiled, a report is left out of the garbage collector's walks (acyclic): it refers to its
@@ -333,7 +333,7 @@ class _FullReport(_Report):
         cb = self.cb
         if err is None and cb is not None:  # successes heard (delivery.report.only.error unset)
             cb(None, msg)
-            self.first.served.delivery_thread_calls += 1
+            self.first.poll_report.delivery_thread_calls += 1
 
 
 def _message_of(row: NewMessage, cb: DeliveryCallback | None) -> Message:

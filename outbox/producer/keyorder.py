@@ -345,7 +345,7 @@ class KeyBacklog:
             here until librdkafka has handed back what it held (no key is released meanwhile).
         fence: keys with first sends in librdkafka, behind which their outbox-bound messages
             wait (no key is released while it holds any).
-        waiting: where a stored message's `on_delivery` waits for its fate (`outbox.producer.fates`).
+        waiting: where a stored message's `on_delivery` waits for its fate (`outbox.producer.storedcallbacks`).
         may_check: whether a check is worth its query now (the producer: circuit not open).
         budget: the memory budget the held messages count against (the gate is one of its
             parts); None: the gate holds without a bound (tests of its logic).

@@ -20,8 +20,8 @@ from confluent_kafka import KafkaError, Producer
 
 from outbox.message import MESSAGE_OVERHEAD
 from outbox.producer.circuit import CircuitBreaker
+from outbox.producer.pollreport import PollReport
 from outbox.producer.probe import ClusterProbe
-from outbox.producer.served import Served
 from outbox.retry import UNREACHABLE_CODES, describe
 from outbox.tally import Tally
 
@@ -84,7 +84,7 @@ class KafkaLink:
         circuit: opened by "all brokers down"; told of deliveries and transport failures.
         queue_full_timeout: see `ResilientProducer` (how long a produce() waits for room).
         user_error_cb: the application's `error_cb`, still called for every error.
-        served: counts what the delivery thread served and keeps what the callbacks raised.
+        poll_report: counts what the delivery thread served and keeps what the callbacks raised.
     """
 
     def __init__(
@@ -94,9 +94,9 @@ class KafkaLink:
         *,
         queue_full_timeout: float,
         user_error_cb: Callable[[KafkaError], None] | None = None,
-        served: Served | None = None,
+        poll_report: PollReport | None = None,
     ) -> None:
-        self.served = served or Served()
+        self.poll_report = poll_report or PollReport()
         self._config = {**config, "error_cb": self._on_error}
         for name in ("stats_cb", "throttle_cb"):  # counted as served events, as poll() reports them
             if callable(self._config.get(name)):
@@ -271,9 +271,9 @@ class KafkaLink:
         try:
             served: int = self.kafka.poll(timeout)
         except Exception as exc:  # a callback raised: the application hears it in poll()/flush()
-            self.served.failed(exc)
+            self.poll_report.failed(exc)
             served = 1
-        self.served.publish()
+        self.poll_report.publish()
         return served
 
     def flush_reports(self, timeout: float) -> int:
@@ -285,12 +285,12 @@ class KafkaLink:
             try:
                 return int(self.kafka.flush(max(0.0, deadline - time.monotonic())))
             except Exception as exc:  # a callback's: counted and logged, never the end of close()
-                self.served.failed(exc)
+                self.poll_report.failed(exc)
                 if time.monotonic() >= deadline:
                     return len(self.kafka)
 
     def _counted(self, callback: Callable[..., None]) -> Callable[..., None]:
-        served = self.served
+        served = self.poll_report
 
         def counted(*args: Any) -> None:
             callback(*args)
@@ -333,7 +333,7 @@ class KafkaLink:
                 if self._recreate:
                     self._recreate_producer()
             except Exception as exc:  # the thread serves the next report regardless; the app hears
-                self.served.failed(exc)
+                self.poll_report.failed(exc)
 
     def _recreate_producer(self) -> None:
         self._recreate = False
@@ -356,4 +356,4 @@ class KafkaLink:
             log.debug("outbox: producer error %s", describe(err))
         if self._user_error_cb is not None:
             self._user_error_cb(err)
-            self.served.delivery_thread_calls += 1
+            self.poll_report.delivery_thread_calls += 1

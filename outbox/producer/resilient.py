@@ -9,7 +9,7 @@ This module is the router: it checks a message once and sends it down the one pa
 - `outbox.producer.spill`: the way into the outbox (per-key order, hold-back, group-commit writer);
 - `outbox.producer.writeahead`: write-ahead mode (stored first, sent from the writer thread);
 - `outbox.producer.link`: the librdkafka producer and its delivery thread;
-- `outbox.producer.fates`: the callbacks of stored messages, once delivered or dead-lettered;
+- `outbox.producer.storedcallbacks`: the callbacks of stored messages, once delivered or dead-lettered;
 - `outbox.drain.workers` / `outbox.drain.process`: the drain workers that re-send stored messages.
 - `_Handoffs` (here): what the producer does with each batch its writer committed (send
   write-ahead rows, wake the drain, report dead letters) and each row its drain settled (close
@@ -20,7 +20,7 @@ This module is the router: it checks a message once and sends it down the one pa
 
 Threads: the caller's threads call `produce()`; one delivery thread polls librdkafka and runs
 every callback (`on_delivery`, `on_dead_letter` for first-send failures); `poll()` waits for
-them and raises what they raised (`outbox.producer.served`); the group-commit
+them and raises what they raised (`outbox.producer.pollreport`); the group-commit
 writer thread writes the outbox and, in write-ahead mode, sends committed rows; the key thread
 releases keys whose stored messages are delivered; the drain worker threads re-send stored rows
 and run callbacks for the messages they deliver or dead-letter.
@@ -57,14 +57,14 @@ from outbox.producer import exithook
 from outbox.producer.admission import HOLD, PROBE, SEND, STORE
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.compiling import PythonObject
-from outbox.producer.fates import DeadLetterCallback, Fates
 from outbox.producer.firstsend import FirstSend
 from outbox.producer.keyorder import KeyBacklog
 from outbox.producer.link import KafkaLink
+from outbox.producer.pollreport import PollReport
 from outbox.producer.serialization import Serializer
-from outbox.producer.served import Served
 from outbox.producer.settings import PRODUCER_DEFAULTS, ProducerArguments, ProducerSettings
 from outbox.producer.spill import NOT_SENT_CIRCUIT_OPEN, Spill
+from outbox.producer.storedcallbacks import DeadLetterCallback, StoredCallbacks
 from outbox.producer.writeahead import WriteAhead
 from outbox.producer.writer import GroupCommitWriter
 from outbox.records import DeadLetter, Headers, OutboxMessage, StoreStats
@@ -238,20 +238,22 @@ class ResilientProducer(PythonObject):
             failure_threshold=checked.circuit_failure_threshold, reset_timeout=checked.circuit_reset_timeout,
             on_open=self._circuit_opened,
         )
-        self._served = Served()
+        self._poll_report = PollReport()
         # The librdkafka producer first: it checks the settings (a KafkaException, as from
         # confluent_kafka) before anything is opened or started.
         self._link = KafkaLink(
             checked.kafka_config, self.circuit, queue_full_timeout=checked.queue_full_timeout,
-            user_error_cb=checked.user_error_cb, served=self._served,
+            user_error_cb=checked.user_error_cb, poll_report=self._poll_report,
         )
         self._owns_store = not isinstance(checked.outbox, Outbox)
         self.store = open_outbox(checked.outbox)
         # Observers hear what happens to messages through one fan-out (`outbox.events`); the
         # producer's own reactions are handed over directly (`_Handoffs`), given to each thread
         # as it starts (`_start`), once every part is built.
-        self._events = Events(self._served.failed)
-        self._fates = Fates(checked.on_dead_letter, report_successes=checked.report_successes, served=self._served)
+        self._events = Events(self._poll_report.failed)
+        self._callbacks = StoredCallbacks(
+            checked.on_dead_letter, report_successes=checked.report_successes, poll_report=self._poll_report
+        )
         self.drainer = self._new_drainer(checked)
         self.writer = GroupCommitWriter(
             self.store, owner=new_owner("producer"), lease_seconds=checked.lease_seconds,
@@ -285,7 +287,7 @@ class ResilientProducer(PythonObject):
         """The paths a message takes (spill, first send, write-ahead), and the producer's hand-offs."""
         fallback = settings.mode == "fallback"
         self._spill = Spill(
-            self.writer, self._link, self.circuit, self._fates,
+            self.writer, self._link, self.circuit, self._callbacks,
             gate=fallback, keyed_probes=settings.drain_workers == 0,
             track_sends=fallback and not settings.kafka_config["delivery.report.only.error"],
             hold_longest=self._message_timeout + 1.0,
@@ -297,11 +299,11 @@ class ResilientProducer(PythonObject):
             wake_drain=self.drainer.wake, id_header=settings.id_header, report_successes=settings.report_successes,
         )
         self._write_ahead = WriteAhead(
-            self._link, self._spill, self.writer, self.circuit, self._fates, self.retry,
+            self._link, self._spill, self.writer, self.circuit, self._callbacks, self.retry,
             durability=settings.durability, report_successes=settings.report_successes,
         )
         self._handoffs = _Handoffs(
-            self._events, self.circuit, self._fates, self._backlog, self._write_ahead, self.drainer
+            self._events, self.circuit, self._callbacks, self._backlog, self._write_ahead, self.drainer
         )
 
     def _start(self, drain: bool) -> None:
@@ -324,11 +326,11 @@ class ResilientProducer(PythonObject):
     @property
     def on_dead_letter(self) -> DeadLetterCallback | None:
         """The recovery callback: called once per dead-lettered message, after it is stored."""
-        return self._fates.on_dead_letter
+        return self._callbacks.on_dead_letter
 
     @on_dead_letter.setter
     def on_dead_letter(self, callback: DeadLetterCallback | None) -> None:
-        self._fates.on_dead_letter = callback
+        self._callbacks.on_dead_letter = callback
 
     # -- the public API ----------------------------------------------------------------------
 
@@ -544,7 +546,7 @@ class ResilientProducer(PythonObject):
         """
         if self._closed:
             raise ProducerClosedError(CLOSED)
-        return self._served.wait(None if timeout is None or timeout < 0 else timeout)
+        return self._poll_report.wait(None if timeout is None or timeout < 0 else timeout)
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every message is delivered or safely in the outbox.
@@ -562,13 +564,13 @@ class ResilientProducer(PythonObject):
         if self._closed:
             raise ProducerClosedError(CLOSED)
         left = self._flush(None if timeout is None or timeout < 0 else timeout)
-        self._served.raise_pending()
+        self._poll_report.raise_pending()
         return left
 
     def _flush(self, timeout: float | None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            self._served.raise_pending()
+            self._poll_report.raise_pending()
             in_memory = len(self._link)
             held = self._spill.held()
             queued = self.writer.pending() + held
@@ -669,7 +671,7 @@ class ResilientProducer(PythonObject):
         except StoreError:  # the store is down: the counters still answer; its fields read None
             store = None
         first_try = self._link.first_sends_delivered()  # once: two reads could disagree
-        drain_delivered = self._fates.drain_delivered
+        drain_delivered = self._callbacks.drain_delivered
         return {
             "produced": self._ids.issued,
             "delivered": first_try + drain_delivered,
@@ -679,12 +681,12 @@ class ResilientProducer(PythonObject):
             "pending": None if store is None else store.pending,
             "retried": self.drainer.result.retried,
             "dead": None if store is None else store.dead,
-            "dead_this_process": self._fates.dead + self.drainer.result.dead,
+            "dead_this_process": self._callbacks.dead + self.drainer.result.dead,
             "failed_no_retry": self._first.failed.value,
             "queue_full_waits": self._link.queue_full_waits.value,
             "store_errors": self.drainer.health.store_errors,
             "drain_restarts": self.drainer.restarts,
-            "callback_errors": self._served.callback_errors + self.drainer.callback_errors.count,
+            "callback_errors": self._poll_report.callback_errors + self.drainer.callback_errors.count,
             "store_failing_since": self.drainer.health.failing_since,
             "enqueued_in_transaction": self._in_transaction,
             "in_memory": len(self._link),
@@ -754,7 +756,7 @@ class ResilientProducer(PythonObject):
         in_librdkafka = self._link.flush_reports(5.0 if budget is None else min(budget, 5.0))
         self._backlog.close()
         self._link.stop()
-        self._served.close()
+        self._poll_report.close()
         self._spill.release_held(force=True)
         # Commit before stopping the drain: a drain worker may wait for its batch on the wire,
         # and what is only in memory matters more than what is already stored.
@@ -813,12 +815,12 @@ class _Handoffs:
     learned it, before observers hear the event."""
 
     def __init__(
-        self, events: Events, circuit: CircuitBreaker, fates: Fates, backlog: KeyBacklog,
+        self, events: Events, circuit: CircuitBreaker, callbacks: StoredCallbacks, backlog: KeyBacklog,
         write_ahead: WriteAhead, drainer: Drainer | DrainProcess,
     ) -> None:
         self._events = events
         self._circuit = circuit
-        self._fates = fates
+        self._callbacks = callbacks
         self._backlog = backlog
         self._write_ahead = write_ahead
         self._drainer = drainer
@@ -830,19 +832,19 @@ class _Handoffs:
         if any(not leased for leased in batch.leased):
             self._drainer.wake()
         if batch.dead or batch.dead_failed:
-            for letter in self._fates.committed_dead(batch):
+            for letter in self._callbacks.committed_dead(batch):
                 self.dead(letter)
                 self._events.dead(letter)
 
     def delivered(self, rows: Sequence[OutboxMessage] | Sequence[Drained]) -> None:
         """Drain: a delivery proves the cluster back (the circuit); callbacks; keys may be free."""
         self._circuit.record_success()
-        self._fates.drained(rows)
+        self._callbacks.drained(rows)
         # The key thread looks; the drain worker claims on.
         self._backlog.drained([(row.topic, row.key) for row in rows if row.key is not None])
 
     def dead(self, letter: DeadLetter) -> None:
-        self._fates.dead_letter(letter)
+        self._callbacks.dead_letter(letter)
         if letter.key is not None:
             self._backlog.drained([(letter.topic, letter.key)])
 

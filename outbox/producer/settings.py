@@ -19,9 +19,9 @@ from outbox.drain.sendloop import check_resend_config
 from outbox.errors import ConfigError, StoreError
 from outbox.logs import LIBRDKAFKA_LOG
 from outbox.message import DeliveryCallback
-from outbox.producer.fates import DeadLetterCallback
 from outbox.producer.link import queue_limits
 from outbox.producer.serialization import Serializer, Serializers
+from outbox.producer.storedcallbacks import DeadLetterCallback
 from outbox.retry import RetryPolicy
 from outbox.stores import Outbox
 

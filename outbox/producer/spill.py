@@ -25,9 +25,9 @@ import time
 from outbox.message import DeliveryCallback, Message, message_cost
 from outbox.producer.admission import Admission
 from outbox.producer.circuit import CircuitBreaker, CircuitState
-from outbox.producer.fates import Fates
 from outbox.producer.keyorder import Held, Holdback, KeyBacklog, SendFence
 from outbox.producer.link import KafkaLink
+from outbox.producer.storedcallbacks import StoredCallbacks
 from outbox.producer.writer import GroupCommitWriter
 from outbox.records import Key, NewMessage
 
@@ -46,7 +46,7 @@ class Spill:
             keys with rows); its memory budget is shared by the hold-back and the gate.
         link: the librdkafka producer (the hold-back ends once it has handed back its messages).
         circuit: keys are checked only while it is not open (nothing drains then).
-        fates: where a stored message's `on_delivery` waits.
+        callbacks: where a stored message's `on_delivery` waits.
         gate: fallback mode: a key is handed back to the fast path through a gate
             (`outbox.producer.keyorder`), and new messages may probe the half-open circuit; not
             in write-ahead mode, which stores every message anyway.
@@ -64,7 +64,7 @@ class Spill:
         writer: GroupCommitWriter,
         link: KafkaLink,
         circuit: CircuitBreaker,
-        fates: Fates,
+        callbacks: StoredCallbacks,
         *,
         gate: bool,
         keyed_probes: bool = False,
@@ -96,7 +96,7 @@ class Spill:
             writer,
             self.hold,
             self.fence,
-            waiting=fates.waiting,
+            waiting=callbacks.waiting,
             may_check=lambda: circuit.state is not CircuitState.OPEN,
             budget=self.budget,
         )

@@ -37,9 +37,9 @@ from outbox.events import Committed
 from outbox.message import DeliveryCallback, Message
 from outbox.producer.admission import SEND
 from outbox.producer.circuit import CircuitBreaker
-from outbox.producer.fates import Fates
 from outbox.producer.link import KafkaLink
 from outbox.producer.spill import Spill
+from outbox.producer.storedcallbacks import StoredCallbacks
 from outbox.producer.writer import GroupCommitWriter
 from outbox.records import NewMessage
 from outbox.retry import RetryPolicy
@@ -65,7 +65,7 @@ class WriteAhead:
             of messages handed to the drain.
         writer: the group-commit writer; each `committed` batch it tells must reach `send`.
         circuit: one already open when a batch's sends fail leaves their rows due now.
-        fates: where the `on_delivery` of a row left to the drain waits.
+        callbacks: where the `on_delivery` of a row left to the drain waits.
         retry: the policy that settles a failed send.
         durability: "batch" or "sync" (`write` returns once the row is committed).
         report_successes: whether `on_delivery` hears deliveries.
@@ -77,7 +77,7 @@ class WriteAhead:
         spill: Spill,
         writer: GroupCommitWriter,
         circuit: CircuitBreaker,
-        fates: Fates,
+        callbacks: StoredCallbacks,
         retry: RetryPolicy,
         *,
         durability: str,
@@ -89,7 +89,7 @@ class WriteAhead:
         self._route = spill.admission.route
         self._writer = writer
         self._circuit = circuit
-        self._waiting = fates.waiting
+        self._waiting = callbacks.waiting
         self._retry = retry
         self._sync = durability == "sync"
         self._report_successes = report_successes
@@ -163,7 +163,7 @@ class WriteAhead:
             batch.delivered(i)
             if cb is not None and self._report_successes:
                 cb(None, msg)
-                self._link.served.delivery_thread_calls += 1
+                self._link.poll_report.delivery_thread_calls += 1
             return
         batch.decided(i, *self._failed(batch.messages[i], cb, err))
 

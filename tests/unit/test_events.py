@@ -11,7 +11,7 @@ import pytest
 
 from outbox import Listener, ResilientProducer
 from outbox.events import EVENTS, Committed, Events
-from outbox.producer.served import Served
+from outbox.producer.pollreport import PollReport
 from outbox.records import DeadLetter
 
 
@@ -42,7 +42,7 @@ class Recorder(Listener):
 
 def test_each_event_reaches_every_listener_in_subscription_order() -> None:
     log: list[tuple[str, str, Any]] = []
-    events = Events(Served().failed)
+    events = Events(PollReport().failed)
     events.subscribe(Recorder("a", log))
     events.subscribe(Recorder("b", log))
     batch, letter, rows = _batch(), _letter(), [object()]
@@ -64,7 +64,7 @@ def test_a_listener_needs_only_the_methods_it_uses_and_need_not_subclass() -> No
         def dead(self, letter: DeadLetter) -> None:
             heard.append(letter)
 
-    events = Events(Served().failed)
+    events = Events(PollReport().failed)
     events.subscribe(DeadOnly())
     events.committed(_batch())
     events.dead(_letter())
@@ -75,7 +75,7 @@ def test_a_listener_needs_only_the_methods_it_uses_and_need_not_subclass() -> No
 def test_a_listener_that_raises_is_counted_and_re_raised_to_the_application_the_others_still_hear(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    served = Served()
+    served = PollReport()
     log: list[tuple[str, str, Any]] = []
 
     class Broken(Listener):
@@ -97,7 +97,7 @@ def test_a_listener_that_raises_is_counted_and_re_raised_to_the_application_the_
 def test_an_internal_listener_that_raises_is_logged_not_raised_to_the_application(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    served = Served()
+    served = PollReport()
 
     class Bug(Listener):
         def committed(self, batch: Committed) -> None:
@@ -113,7 +113,7 @@ def test_an_internal_listener_that_raises_is_logged_not_raised_to_the_applicatio
 
 
 def test_a_listener_with_no_event_method_or_a_class_is_refused() -> None:
-    events = Events(Served().failed)
+    events = Events(PollReport().failed)
     with pytest.raises(TypeError, match="none of the event methods"):
         events.subscribe(object())
     with pytest.raises(TypeError, match="not the class Recorder"):
@@ -121,7 +121,7 @@ def test_a_listener_with_no_event_method_or_a_class_is_refused() -> None:
 
 
 def test_subscribing_while_another_thread_tells_events_loses_none_of_them() -> None:
-    events = Events(Served().failed)
+    events = Events(PollReport().failed)
     counts = [0]
 
     class Count(Listener):

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError
 
 from outbox.headers import ID_HEADER
 from outbox.producer.firstsend import FirstSend, _FullReport, _Report
-from outbox.producer.served import Served
+from outbox.producer.pollreport import PollReport
 from outbox.retry import RetryPolicy
 from outbox.tally import Tally
 
@@ -37,11 +37,11 @@ class FakeMessage:
         return self._latency
 
 
-def first_send() -> tuple[FirstSend, list[tuple[Any, Any]], Served]:
+def first_send() -> tuple[FirstSend, list[tuple[Any, Any]], PollReport]:
     stored: list[tuple[Any, Any]] = []
-    served = Served()
+    served = PollReport()
     link = SimpleNamespace(
-        send_failures=Tally(), app_purging=False, served=served,
+        send_failures=Tally(), app_purging=False, poll_report=served,
         note_transport_failure=lambda code: None, recreate_soon=lambda: None,
     )
     spill = SimpleNamespace(

@@ -1,11 +1,11 @@
-"""Fates: what the application hears of its messages that went through the outbox.
+"""StoredCallbacks: what the application hears of its messages that went through the outbox.
 
 A message stored in the outbox is delivered later by a drain worker (of this process, its drain
 process, or another process), or dead-lettered. Its `on_delivery` callback waits here, by
 message id, until that happens in this process; `on_dead_letter` hears every dead letter this
 process makes. Callbacks run on the thread that learned the fate (a drain thread, the writer,
 the delivery thread); an exception in one is kept for the application's next `poll()` or
-`flush()` (`outbox.producer.served`), never lost in a dead thread.
+`flush()` (`outbox.producer.pollreport`), never lost in a dead thread.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ from confluent_kafka import KafkaError
 
 from outbox.events import Committed, Drained
 from outbox.message import DeliveryCallback
-from outbox.producer.served import Served
+from outbox.producer.pollreport import PollReport
 from outbox.records import DeadLetter, OutboxMessage
 
 DeadLetterCallback = Callable[[DeadLetter], None]
 
 
-class Fates:
+class StoredCallbacks:
     """The callbacks of outboxed messages, and the counts of their fates in this process.
 
     Args:
         on_dead_letter: the application's recovery callback (or None).
         report_successes: whether `on_delivery` hears deliveries (not with
             `delivery.report.only.error`).
-        served: counts the callbacks run and keeps the exceptions they raised.
+        poll_report: counts the callbacks run and keeps the exceptions they raised.
     """
 
     def __init__(
@@ -37,10 +37,10 @@ class Fates:
         on_dead_letter: DeadLetterCallback | None,
         *,
         report_successes: bool,
-        served: Served,
+        poll_report: PollReport,
     ) -> None:
         self.on_dead_letter = on_dead_letter
-        self._served = served
+        self._poll_report = poll_report
         self._report_successes = report_successes
         #: msg_id → on_delivery of outboxed messages that this process may still deliver. Written
         #: directly on the paths into the outbox: a method call would add a frame per message.
@@ -56,15 +56,15 @@ class Fates:
             try:
                 code = dl.error_code if dl.error_code is not None else KafkaError._FAIL
                 cb(KafkaError(code, f"dead-lettered: {dl.last_error}"), None)
-                self._served.add(1)
+                self._poll_report.add(1)
             except Exception as exc:
-                self._served.failed(exc)
+                self._poll_report.failed(exc)
         if self.on_dead_letter is not None:
             try:
                 self.on_dead_letter(dl)  # the dead letter is stored whatever it does
-                self._served.add(1)
+                self._poll_report.add(1)
             except Exception as exc:
-                self._served.failed(exc)
+                self._poll_report.failed(exc)
 
     def committed_dead(self, c: Committed) -> list[DeadLetter]:
         """Writer thread: the dead letters of a commit (first sends and write-ahead rows), each
@@ -96,6 +96,6 @@ class Fates:
                         cb(None, None)
                         called += 1
                     except Exception as exc:
-                        self._served.failed(exc)
+                        self._poll_report.failed(exc)
             if called:
-                self._served.add(called)
+                self._poll_report.add(called)

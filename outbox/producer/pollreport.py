@@ -1,4 +1,4 @@
-"""Served: what the producer's threads did for the application since it last looked.
+"""PollReport: what the producer's threads did for the application since it last looked.
 
 The application's callbacks (`on_delivery`, `error_cb`, `stats_cb`, `on_dead_letter`, ...) run
 on the producer's own threads, not in `poll()`. `poll()` still answers what confluent_kafka's
@@ -21,7 +21,7 @@ log = logging.getLogger("outbox")
 MAX_KEPT_ERRORS = 100
 
 
-class Served:
+class PollReport:
     """Counts served events, keeps the exceptions callbacks raised, and wakes `poll()`."""
 
     def __init__(self) -> None:
