@@ -9,13 +9,15 @@ import os
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
 
-from outbox import PRODUCER_DEFAULTS, ResilientProducer
+from outbox import PRODUCER_DEFAULTS, DeadLetter, Listener, ResilientProducer
+from outbox.events import Committed, Drained
 from outbox.headers import ID_HEADER
 from outbox.testing import KafkaCluster
 from outbox.testing.history import History, Verdict
@@ -44,6 +46,38 @@ class Setup:
         return f"{self.mode}, drain in {self.drain_in}, {self.store}, {self.size} B, {self.threads} threads"
 
 
+class Fates(Listener):
+    """What the producer's events said of each message that left the happy path, by outbox-id:
+    committed (born leased to the producer in write-ahead mode, or left to the drain), retried,
+    delivered by a drain worker, dead. A lost message's fates say which path took it as sent."""
+
+    def __init__(self) -> None:
+        self.of: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+
+    def _add(self, msg_id: str, what: str) -> None:
+        with self._lock:
+            self.of.setdefault(msg_id, []).append(f"{what} at {time.monotonic():.3f}")
+
+    def committed(self, batch: Committed) -> None:
+        for m, leased in zip(batch.new, batch.leased, strict=True):
+            self._add(m.msg_id, f"committed {'leased to the producer' if leased else 'for the drain'} ({m.last_error})")
+
+    def delivered(self, rows: Sequence[Drained]) -> None:
+        for r in rows:
+            self._add(r.msg_id, f"delivered by the drain (attempt {r.attempts + 1})")
+
+    def retried(self, rows: Sequence[Drained]) -> None:
+        for r in rows:
+            self._add(r.msg_id, "retried")
+
+    def dead(self, letter: DeadLetter) -> None:
+        self._add(letter.msg_id, f"dead ({letter.last_error})")
+
+    def of_lost(self, lost: Sequence[str], most: int = 5) -> list[str]:
+        return [f"lost {i}: {'; '.join(self.of.get(i, ['no event: sent on its first try']))}" for i in lost[:most]]
+
+
 @dataclass
 class Run:
     setup: Setup
@@ -56,13 +90,16 @@ class Run:
     circuit_reasons: list[str]
     #: A plain `confluent_kafka.Producer` with the same settings beside it, under the same faults.
     raw: Verdict
+    #: What the events said of the lost messages (`Fates.of_lost`).
+    lost_fates: list[str] = field(default_factory=list)
 
     def line(self) -> str:
-        return (
+        return "\n".join([
             f"[{self.setup}] {len(self.schedule)} faults ({'; '.join(map(str, self.schedule)) or 'none'}): "
             f"{self.verdict.summary()}, {self.dead} dead, {self.pending} pending, "
-            f"circuit opened {self.circuit_opens}x{self.why()}; raw producer beside it: {self.raw.summary()}"
-        )
+            f"circuit opened {self.circuit_opens}x{self.why()}; raw producer beside it: {self.raw.summary()}",
+            *self.lost_fates,
+        ])
 
     def why(self) -> str:
         return f" ({'; '.join(self.circuit_reasons)})" if self.circuit_reasons else ""
@@ -87,6 +124,7 @@ class Run:
             "raw_lost": len(self.raw.lost),
             "raw_reordered_keys": len(self.raw.reordered),
             "raw_duplicates": self.raw.duplicates,
+            "lost_fates": self.lost_fates,
         }
 
 
@@ -131,6 +169,8 @@ def run(
             memory_budget=SMALL_BUDGET if setup.size >= LARGE else 16 * 1024 * 1024,
             **(options or {}),
         )
+        fates = Fates()
+        producer.subscribe(fates)
         try:
             # The raw producer gets what the wrapper's own librdkafka producer runs with.
             raw = Producer({**PRODUCER_DEFAULTS, "enable.idempotence": True, **config})
@@ -155,7 +195,7 @@ def run(
     for name in (topic, raw_topic):
         cluster.delete_topic(name)
     dead, pending = stats["dead"] or 0, stats["pending"] or 0
-    return Run(setup, schedule, verdict, dead, pending, opens, reasons.seen, raw_verdict)
+    return Run(setup, schedule, verdict, dead, pending, opens, reasons.seen, raw_verdict, fates.of_lost(verdict.lost))
 
 
 class CircuitReasons(logging.Handler):
