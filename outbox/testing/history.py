@@ -22,7 +22,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from outbox.headers import ID_HEADER
 from outbox.testing.consume import readable_partitions
@@ -130,7 +130,14 @@ Read = tuple[int, str | None, str | None]  # offset, outbox-id, outbox-attempt
 
 def _read(bootstrap: str, topic: str, timeout: float) -> list[tuple[int, list[Read]]]:
     """Every record of `topic` as (partition, [(offset, outbox-id, outbox-attempt)]), up to the
-    high watermarks."""
+    high watermarks, asked again until none moved.
+
+    A partition's new leader answers its own high watermark, which can lag behind the previous
+    leader's for a moment after an election (it learns the committed offset from its followers'
+    next fetches): read to that, a partition would stop short of records Kafka has already
+    acknowledged. So once every partition is read to its high watermark, they are all asked
+    again a second later, and read on, until a round finds nothing new.
+    """
     deadline = time.monotonic() + timeout
     consumer = Consumer(
         {
@@ -140,28 +147,42 @@ def _read(bootstrap: str, topic: str, timeout: float) -> list[tuple[int, list[Re
             "enable.partition.eof": False,
         }
     )
-    out: list[tuple[int, list[Read]]] = []
     try:
-        for part in readable_partitions(consumer, topic, timeout):
-            low, high = _watermarks(consumer, topic, part, deadline)
-            got: list[Read] = []
-            consumer.assign([TopicPartition(topic, part, OFFSET_BEGINNING)])
-            position = low
-            while position < high:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{topic!r} [{part}]: read to offset {position} of {high} in {timeout} s")
-                msg = consumer.poll(1.0)
-                if msg is None or msg.error() is not None:
-                    continue
-                offset = msg.offset() or 0
-                position = offset + 1
-                headers = msg.headers() or []
-                pairs = list(headers.items()) if isinstance(headers, dict) else headers
-                got.append((offset, _header(pairs, ID_HEADER), _header(pairs, "outbox-attempt")))
-            out.append((part, got))
-        return out
+        parts = readable_partitions(consumer, topic, timeout)
+        got: dict[int, list[Read]] = {part: [] for part in parts}
+        position = {part: _watermarks(consumer, topic, part, deadline)[0] for part in parts}
+        while True:
+            grew = False
+            for part in parts:
+                high = _watermarks(consumer, topic, part, deadline)[1]
+                if high > position[part]:
+                    grew = True
+                    position[part] = _read_to(consumer, topic, part, position[part], high, got[part], deadline)
+            if not grew:
+                return [(part, got[part]) for part in parts]
+            time.sleep(1.0)
     finally:
         consumer.close()
+
+
+def _read_to(
+    consumer: Consumer, topic: str, part: int, start: int, high: int, got: list[Read], deadline: float
+) -> int:
+    """Read partition `part` from offset `start` up to `high` into `got`; return the next offset."""
+    consumer.assign([TopicPartition(topic, part, start)])
+    position = start
+    while position < high:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{topic!r} [{part}]: read to offset {position} of {high} in time")
+        msg = consumer.poll(1.0)
+        if msg is None or msg.error() is not None:
+            continue
+        offset = msg.offset() or 0
+        position = offset + 1
+        headers = msg.headers() or []
+        pairs = list(headers.items()) if isinstance(headers, dict) else headers
+        got.append((offset, _header(pairs, ID_HEADER), _header(pairs, "outbox-attempt")))
+    return position
 
 
 #: Answers of a partition whose leadership is moving.
