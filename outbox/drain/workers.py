@@ -56,6 +56,7 @@ class DrainHandback(Protocol):
     def dead(self, letter: DeadLetter) -> None:
         """This message was dead-lettered; `letter` is stored."""
 
+
 #: Settings the drain producers use unless the caller's config says otherwise.
 DRAIN_DEFAULTS: Mapping[str, Any] = RESEND_DEFAULTS
 
