@@ -1,7 +1,8 @@
 """Events: what happens to a producer's messages, told to whoever observes it.
 
 Events are for observers only: the optional OpenTelemetry spans and Prometheus metrics, the
-drain process's pipe to its parent, and the application (`ResilientProducer.subscribe`). The
+drain process's forwarding of `retried` to its parent, and the application
+(`ResilientProducer.subscribe`). The
 producer's own parts do not steer each other through them: the writer hands each committed
 batch to its owner (`outbox.producer.writer.CommitHandoff`), and a drain worker hands what it
 settled back to the producer whose outbox it drains (`outbox.drain.workers.DrainHandback`),
@@ -18,7 +19,8 @@ its first try makes none (its `on_delivery` says so). Each runs on the thread th
   (`Drained` too);
 * `dead(letter)`: a message was dead-lettered (the dead letter is stored).
 
-Every payload is frozen: one listener cannot change what the next one is told.
+Every payload is a frozen type: a listener cannot reassign what the next one is told (the lists
+a `Committed` holds are the writer's own, to be read, not changed).
 
 A listener that raises never stops the thread that told it: the exception is logged, counted in
 `stats()["callback_errors"]` and raised again by the application's next `poll()` / `flush()`
