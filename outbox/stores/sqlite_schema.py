@@ -146,7 +146,8 @@ def migrate_to_2(conn: sqlite3.Connection) -> None:
     transform keeps AUTOINCREMENT and the indexes, and its savepoint nests in our transaction.
     The last-issued id is kept so ids are never reused. A new file has them already (`NEW_TABLE`).
     """
-    if _column_names(conn) != _with_error_columns(_column_names(conn)):
+    columns = _column_names(conn)
+    if columns != _with_error_columns(columns):
         _add_error_columns(conn)
     # The one place the old text form is parsed: "NAME (code): reason", written by version 1.
     conn.execute(
