@@ -150,11 +150,12 @@ def _read(bootstrap: str, topic: str, timeout: float) -> list[tuple[int, list[Re
     try:
         parts = readable_partitions(consumer, topic, timeout)
         got: dict[int, list[Read]] = {part: [] for part in parts}
-        position = {part: _watermarks(consumer, topic, part, deadline)[0] for part in parts}
+        position: dict[int, int] = {}
         while True:
             grew = False
             for part in parts:
-                high = _watermarks(consumer, topic, part, deadline)[1]
+                low, high = _watermarks(consumer, topic, part, deadline)
+                position.setdefault(part, low)  # the first round reads from the start
                 if high > position[part]:
                     grew = True
                     position[part] = _read_to(consumer, topic, part, position[part], high, got[part], deadline)
