@@ -359,6 +359,9 @@ class _Pipe:
     def store_error(self, exc: StoreError) -> None:
         self.send("store_error", str(exc))
 
+    def cluster_known_down(self) -> bool:
+        return False  # the parent's circuit is not seen here; the worker's own sends tell
+
 
 class _RetriedToParent(Listener):
     """The child's `retried` observer: the parent's observers hear it too."""

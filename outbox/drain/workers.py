@@ -56,6 +56,9 @@ class DrainHandback(Protocol):
     def dead(self, letter: DeadLetter) -> None:
         """This message was dead-lettered; `letter` is stored."""
 
+    def cluster_known_down(self) -> bool:
+        """Did the producer's own sends just find no broker (its circuit is open)?"""
+
 
 #: Settings the drain producers use unless the caller's config says otherwise.
 DRAIN_DEFAULTS: Mapping[str, Any] = RESEND_DEFAULTS
@@ -68,8 +71,14 @@ DRAIN_DEFAULTS: Mapping[str, Any] = RESEND_DEFAULTS
 DEFAULT_BATCH_SIZE = 10_000
 _BACKOFF_MAX = 5.0  # longest pause between tries while the store fails (seconds)
 _CLUSTER_RETRY = 2.0  # pause between "is a broker up?" probes while the cluster is down (seconds)
+#: While the cluster is thought down, a broker that takes longer than this to answer is not back
+#: (seconds). Short, so that `stop()` does not wait on a probe for long.
+_DOWN_PROBE = 1.0
 _RESTART_FIRST = 0.5  # pause before a failed worker's first restart (seconds), doubling to:
 _RESTART_MAX = 30.0
+#: A probe batch (claimed before the cluster took one of the worker's) is this fraction of a batch: enough rows
+#: to measure, few to hold if the cluster is down. A group is still claimed whole.
+_PROBE_SHARE = 10
 
 
 @dataclass
@@ -388,24 +397,34 @@ class Drainer:
         # continue keys of the batch in flight (a claim does not count this worker's own leases
         # as blocking), which is safe because they are sent only after it, and only if all of it
         # was delivered.
+        #
+        # Until a batch of this worker's was settled with the cluster there (at start, and
+        # after the worker found no broker), the cluster is unproven: the worker claims a probe
+        # batch and nothing ahead of it. Into a cluster that is down, each claimed batch waits in
+        # the producer for message.timeout.ms, held twice (here and in librdkafka): full batches
+        # claimed ahead held three times a quarter of the producer's memory budget per worker.
         current: InFlight[OutboxMessage] | None = None  # on the producer
         queued: Sequence[OutboxMessage] = []  # claimed, sent once `current` is settled
         claiming: Future[Sequence[OutboxMessage]] | None = None  # the claim of the next batch
         claims = ThreadPoolExecutor(1, thread_name_prefix="outbox-claim")
         holding = False
+        proven = False  # a batch was settled since the worker last found no broker
         try:
             while not self._stop.is_set():
                 holding = self._mark_holding(current is not None or bool(queued) or claiming is not None, holding)
+                if current is None and not proven and not loop.cluster_down and self._known_down(loop):
+                    loop.cluster_down = True
                 if loop.cluster_down and current is None:
                     self._wait_for_cluster(loop, until_empty)
+                    proven = False
                     continue
-                if not queued and claiming is None and not loop.cluster_down:
+                if not queued and claiming is None and not loop.cluster_down and (current is None or proven):
                     holding = self._mark_holding(True, holding)  # before its lease: see _holding
                     in_flight = ids_of(current.rows) if current else []
-                    claiming = _submit(claims, self._claim, limit, background, in_flight)
+                    claiming = _submit(claims, self._claim, limit, background, in_flight, proven)
                 if current is not None:
                     delivered_all = self._settle(loop, current, background)
-                    current = None
+                    proven, current = not loop.cluster_down, None
                     if progress is not None:
                         progress(self.result)
                     if claiming is not None:
@@ -419,9 +438,9 @@ class Drainer:
                 if claiming is not None:
                     queued, claiming = claiming.result(), None
                 if queued:
-                    if not loop.cluster_down:  # the next claim runs while this batch is produced
+                    if proven and not loop.cluster_down:  # the next claim runs while this batch is produced
                         holding = self._mark_holding(True, holding)
-                        claiming = _submit(claims, self._claim, limit, background, ids_of(queued))
+                        claiming = _submit(claims, self._claim, limit, background, ids_of(queued), proven)
                     current, queued = loop.start(queued), []
                     continue
                 if limit is not None and limit[0] is not None and limit[0] <= 0:
@@ -471,6 +490,13 @@ class Drainer:
             seen = self._changes
             self._progress.wait_for(lambda: self._changes != seen, self.poll_interval)
 
+    def _known_down(self, loop: SendLoop) -> bool:
+        """Before a probe batch: the producer's circuit is open, and no broker answers this
+        worker either. A batch sent then would wait in librdkafka for message.timeout.ms, held
+        in memory twice, to fail."""
+        hand_back = self._hand_back
+        return hand_back is not None and hand_back.cluster_known_down() and not loop.cluster_up(_DOWN_PROBE)
+
     def _wait_for_cluster(self, loop: SendLoop, until_empty: bool) -> None:
         """No broker answers: the batch went back unattempted; claim again once one does.
 
@@ -482,26 +508,28 @@ class Drainer:
             self._stop.set()
             return
         log.warning("outbox drain: no Kafka broker answers; waiting for the cluster (rows stay pending)")
-        while not self._stop.is_set() and not loop.cluster_up():
+        while not self._stop.is_set() and not loop.cluster_up(_DOWN_PROBE):
             self._stop.wait(_CLUSTER_RETRY)
         loop.cluster_down = False
 
     def _claim(
-        self, limit: list[int | None] | None, background: bool, in_flight: list[int]
+        self, limit: list[int | None] | None, background: bool, in_flight: list[int], proven: bool
     ) -> Sequence[OutboxMessage]:
         """Claim the next batch (within `max_messages`); [] when nothing is due or the store failed.
 
         `in_flight`: this worker's rows in flight on its producer; their keys' later rows may
-        follow them in this batch (`Outbox.claim`).
+        follow them in this batch (`Outbox.claim`). `proven`: the cluster took the worker's last
+        batch; else this is a probe batch (`_PROBE_SHARE` of a batch).
         """
+        want = self._batch_rows() if proven else max(1, self._batch_rows() // _PROBE_SHARE)
         if limit is not None and limit[0] is not None:
             with self._lock:
                 if limit[0] <= 0:
                     return []
-                take = min(self._batch_rows(), limit[0])
+                take = min(want, limit[0])
                 limit[0] -= take
         else:
-            take = self._batch_rows()
+            take = want
         try:
             rows = self.store.claim(
                 self.owner, take, self.lease_seconds, now=time.time(), topic=self.topic, in_flight=in_flight

@@ -55,7 +55,7 @@ from outbox.message import (
 )
 from outbox.producer import exithook
 from outbox.producer.admission import HOLD, PROBE, SEND, STORE
-from outbox.producer.circuit import CircuitBreaker
+from outbox.producer.circuit import CircuitBreaker, CircuitState
 from outbox.producer.compiling import PythonObject
 from outbox.producer.firstsend import FirstSend
 from outbox.producer.keyorder import KeyBacklog
@@ -847,6 +847,9 @@ class _Handoffs:
         self._callbacks.dead_letter(letter)
         if letter.key is not None:
             self._backlog.drained([(letter.topic, letter.key)])
+
+    def cluster_known_down(self) -> bool:
+        return self._circuit.state is CircuitState.OPEN
 
 
 def _check_batch(messages: list[Any], *, payloads: bool) -> None:

@@ -3,6 +3,7 @@ the drain's claims bounded by it, and the producer's `memory_budget` setting."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,15 +99,56 @@ def test_a_drain_claims_fewer_rows_when_they_would_pass_its_batch_bytes(store: S
     one_message_rows(store, "big", 100, 4096)
     row = 4096 + MESSAGE_OVERHEAD
     d = Drainer(store, {"bootstrap.servers": "127.0.0.1:1"}, batch_size=50, batch_bytes=10 * row)
-    first = d._claim(None, True, [])
+    first = d._claim(None, True, [], True)
     assert len(first) == 10  # 4 KiB a row assumed, and measured: ten fit
     one_message_rows(store, "small", 100, 100)
     d._give_back(first, None, True)
     d._row_bytes = 100 + MESSAGE_OVERHEAD  # as sampled from a claim of small rows
-    assert len(d._claim(None, True, [])) == 50  # batch_size bounds it: 10 rows' bytes hold 53 small ones
+    assert len(d._claim(None, True, [], True)) == 50  # batch_size bounds it: 10 rows' bytes hold 53 small ones
+
+
+def test_until_the_cluster_took_a_batch_a_drain_claims_a_probe_batch(store: SQLiteOutbox) -> None:
+    one_message_rows(store, "m", 100, 100)
+    d = Drainer(store, {"bootstrap.servers": "127.0.0.1:1"}, batch_size=50)
+    assert len(d._claim(None, True, [], False)) == 5  # a tenth of the batch: little held if the cluster is down
+    assert len(d._claim(None, True, [], True)) == 50
+
+
+class CircuitOpen:
+    """A producer's hand-back whose circuit is open (its own sends found no broker)."""
+
+    def delivered(self, rows: object) -> None:
+        raise AssertionError("nothing can be delivered: no broker")
+
+    def dead(self, letter: object) -> None:
+        raise AssertionError("nothing was sent to fail")
+
+    def cluster_known_down(self) -> bool:
+        return True
+
+
+def test_a_drain_claims_nothing_while_its_producers_circuit_is_open_and_no_broker_answers(
+    store: SQLiteOutbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    one_message_rows(store, "m", 30, 4096)
+    d = Drainer(store, {"bootstrap.servers": "127.0.0.1:1"}, workers=2)
+    with caplog.at_level("WARNING", logger="outbox.drain.workers"):
+        d.start(CircuitOpen())
+        try:
+            deadline = time.monotonic() + 30
+            while not any("waiting for the cluster" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "the workers never found the cluster down"
+                time.sleep(0.05)
+            # Both workers are waiting, and neither sent a batch to wait in librdkafka.
+            while sum("waiting for the cluster" in r.getMessage() for r in caplog.records) < 2:
+                assert time.monotonic() < deadline, "a worker never found the cluster down"
+                time.sleep(0.05)
+            assert len(store.claim("test", 100, 60, now=time.time())) == 30, "a worker leased rows"
+        finally:
+            d.stop(10)
 
 
 def test_without_batch_bytes_a_drain_claims_batch_size_rows(store: SQLiteOutbox) -> None:
     one_message_rows(store, "big", 30, 4096)
     d = Drainer(store, {"bootstrap.servers": "127.0.0.1:1"}, batch_size=20)
-    assert len(d._claim(None, True, [])) == 20
+    assert len(d._claim(None, True, [], True)) == 20
