@@ -58,6 +58,11 @@ MEMORY_SIZES = (200, 1024, 4096)
 MEMORY_PEAK_MB = 150
 MEMORY_GROWTH_MB = 60
 MEMORY_FLAT_MB = 20
+#: The soak's traffic: a producer and a consumer in one process (msgs/s of 1 KiB), through two
+#: whole-cluster outages of `--outage` seconds; what it measures is the memory given back.
+SOAK_RATE = 4000.0
+#: What the soak's process may keep of what its outages took (MB, after against before).
+SOAK_KEPT_MB = 20
 
 # Where a recovery run drains (`--recovery-drain`), as the table and the curves name it.
 DRAIN_PLACES = {
@@ -68,7 +73,7 @@ DRAIN_PLACES = {
 LINE_STYLES = {"threads": "-", "process": "--", "sidecar": ":"}
 ALL = (
     "raw", "fallback", "burst", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark",
-    "consumer", "dedup", "loop-lag", "fleet",
+    "consumer", "dedup", "loop-lag", "soak", "fleet",
 )
 #: The loop-lag scenario's traffic (msgs/s over 100 keys, four producing tasks): a service, not a
 #: throughput run; what is measured is how late its event loop wakes.
@@ -877,6 +882,25 @@ def main(argv: list[str] | None = None) -> int:
                 c.send("UP")
                 record("loop-lag", c.result(300))
 
+        # -- phase 4c: a producer and a consumer in one process, through two outages ---------
+        if "soak" in sel and cluster is None:
+            log("soak needs a local cluster to stop and restart: skipped")
+        elif "soak" in sel:
+            assert cluster is not None
+            log(f"soak: producer + ResilientConsumer in one process at {SOAK_RATE:,.0f} msgs/s, "
+                f"two outages of {outage:.0f}s")
+            c = runner.start("soak", {**common, "rate": SOAK_RATE, "size": 1024, "rf": rf, "outages": 2})
+            c.expect("READY", 120)
+            for _ in range(2):
+                c.send("STOP")
+                cluster.stop_all()
+                c.send("DOWN")
+                time.sleep(outage)
+                cluster.start_all()
+                c.send("UP")
+                c.expect("CAUGHT_UP", 600)
+            record("soak", c.result(300))
+
         # -- phase 5: Spark bulk drain vs the CLI drain on copies of one outbox; standalone 1 / 2 executors ---
         if "spark" in sel:
             spark_rows = drain_rows  # --drain-rows: the same backlog as the drain scenario's
@@ -1212,6 +1236,18 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
     if "loop-lag" in runs:
         label, row, how = _loop_lag_row(runs["loop-lag"], outage)
         table.add(label, row, **how)
+    if "soak" in runs:
+        soak = runs["soak"][0]
+        table.add(
+            f"soak: producer + ResilientConsumer in one process, two {outage:.0f}s outages [1 KiB]",
+            soak,
+            target=f"RSS after the last outage < +{SOAK_KEPT_MB} MB over before the first",
+            met=soak["growth_mb"] < SOAK_KEPT_MB,
+            notes=f"RSS before {soak['rss_before_mb']:.0f} MB, after {soak['rss_after_mb']:.0f} MB "
+            f"({soak['growth_mb']:+.0f} MB), peak {soak['peak_rss_mb']:.0f} MB; caught up "
+            + "/".join(f"{x:.0f}" for x in soak["caught_up_after_up_s"]) + " s after each restart; "
+            f"{soak['handled']:,} of {soak['n']:,} handled",
+        )
     png = None if args.no_write else plot_recovery(runs, outage, quick)
     if png is not None:
         print(f"recovery curves: {png.relative_to(ROOT)}")

@@ -949,6 +949,123 @@ def loop_lag(p: Params) -> Result:
     )
 
 
+@scenario("soak")
+def soak(p: Params) -> Result:
+    """A service that produces and consumes in one process through whole-cluster outages: is the
+    memory an outage took given back?
+
+    A thread produces `rate` msgs/s of `size` B over 1,000 keys (`ResilientProducer`, its
+    defaults), and a `ResilientConsumer(RetryTopics([1]))` in another thread reads them back, 1 %
+    failing once. The parent stops every broker (``STOP``, ``DOWN``) and starts them again
+    (``UP``) `outages` times; after each, the child says ``CAUGHT_UP`` once the outbox is empty and
+    every message was handled. RSS is sampled every 0.5 s: `rss_before_mb` is the median of the
+    5 s before the first ``STOP``, `rss_after_mb` the median of the 5 s that follow `settle`
+    seconds after the last catch-up.
+    """
+    from outbox import ResilientConsumer, ResilientProducer, RetryTopics
+    from outbox.testing.cluster import create_topic
+
+    rate, size, outages = float(p["rate"]), int(p.get("size", 1024)), int(p.get("outages", 2))
+    warm, settle = float(p.get("warm_up", 20)), float(p.get("settle", 10))
+    top = int(rate * (warm + 300 * outages))  # messages it could produce: the bitmaps' size
+    topic = create_topic(p["bootstrap"], f"soak-{os.getpid()}", 3, p.get("rf"), None)
+    events: dict[str, float] = {}
+    threading.Thread(target=lambda: [events.setdefault(x.strip(), time.monotonic()) for x in sys.stdin],
+                     daemon=True).start()
+    # Bitmaps allocated before the first sample: what the benchmark itself holds does not grow.
+    handled, failed = bytearray(top // 8 + 1), bytearray(top // 8 + 1)
+    count = [0, 0]  # produced, handled (distinct)
+    stop = threading.Event()
+
+    def handler(msg: Message) -> None:
+        i = int.from_bytes((msg.value() or b"")[:8], "big")
+        byte, bit = divmod(i, 8)
+        if i % 100 == 0 and not failed[byte] >> bit & 1:
+            failed[byte] |= 1 << bit
+            raise TimeoutError("fails once")
+        if not handled[byte] >> bit & 1:
+            handled[byte] |= 1 << bit
+            count[1] += 1
+
+    rp = ResilientProducer(kafka_config(p), outbox=f"sqlite:///{p['workdir']}/soak-{os.getpid()}.db")
+    rc = ResilientConsumer(
+        {"bootstrap.servers": p["bootstrap"], "group.id": f"soak-{os.getpid()}", "auto.offset.reset": "earliest"},
+        topics=[topic], handler=handler, strategy=RetryTopics(delays=[1.0]),
+        outbox=f"sqlite:///{p['workdir']}/soak-consumer-{os.getpid()}.db",
+    )
+    pad, keys = os.urandom(max(0, size - 8)), [b"key-%03d" % k for k in range(1000)]
+
+    def produce() -> None:
+        m0 = time.monotonic()
+        while not stop.is_set() and count[0] < top:
+            due = min(top, int((time.monotonic() - m0) * rate))
+            while count[0] < due:
+                i = count[0]
+                rp.produce(topic, i.to_bytes(8, "big") + pad, keys[i % 1000])
+                count[0] += 1
+            time.sleep(0.005)
+
+    def consume() -> None:
+        while not stop.is_set():
+            rc.poll_once()
+
+    samples: list[tuple[float, float]] = []
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append((time.monotonic(), rss_mb()))
+            time.sleep(0.5)
+
+    workers = [threading.Thread(target=f, daemon=True) for f in (produce, consume, sample)]
+    for t in workers:
+        t.start()
+    start_clock()
+    time.sleep(warm)
+    _say("READY")
+    caught_up: list[float] = []
+    first_stop: float | None = None
+    for _ in range(outages):
+        while "UP" not in events:
+            time.sleep(0.1)
+        up, stopped = events.pop("UP"), events.pop("STOP")
+        events.pop("DOWN", None)
+        first_stop = stopped if first_stop is None else first_stop
+        while True:
+            time.sleep(0.5)
+            st = rp.stats()
+            if st["pending"] == 0 and count[1] >= count[0] - int(rate):  # within a second of live traffic
+                break
+            if time.monotonic() - up > 600:
+                raise SystemExit("soak: not caught up 10 minutes after the cluster came back")
+        caught_up.append(time.monotonic() - up)
+        _say("CAUGHT_UP")
+    time.sleep(settle + 5)
+    stop.set()
+    for t in workers:
+        t.join(30)
+    end = samples[-1][0]
+    produced, got = count
+    rp.close(30)
+    rc.close(30)
+
+    def median_between(a: float, b: float) -> float:
+        xs = sorted(r for t, r in samples if a <= t <= b)
+        return xs[len(xs) // 2]
+
+    assert first_stop is not None
+    before = median_between(first_stop - 5, first_stop)
+    after = median_between(end - 5, end)
+    return result(
+        p, produced, end - samples[0][0], None,
+        handled=got,
+        rss_before_mb=before,
+        rss_after_mb=after,
+        growth_mb=after - before,
+        caught_up_after_up_s=caught_up,
+        rss_timeline=[(round(t - first_stop, 1), round(r, 1)) for t, r in samples[::4]],
+    )
+
+
 # -- 9. simple retry vs ResilientProducer during an outage -----------------------------------
 
 
