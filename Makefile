@@ -10,7 +10,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: prereqs test-prereqs venv kafka fetch services test test-unit demo bench chaos lint docs docs-serve clean distclean
+.PHONY: prereqs test-prereqs venv kafka fetch services test test-unit demo bench chaos lint docs docs-serve dist clean distclean
 
 # Each missing prerequisite stops make at once with one line naming it ($(error) prints just
 # that line); expanded only when a target that needs the prerequisites runs.
@@ -95,6 +95,12 @@ bench: venv kafka
 		echo "make bench: no C compiler ($${CC:-cc}) found: the compiled build is left out, pure Python only"; \
 		$(VPY) -m benchmarks; \
 	fi
+
+# What is published: the sdist and one pure-Python wheel (py3-none-any), into dist/. The compiled
+# build stays opt-in, from the sdist (CONTRIBUTING.md, 'The compiled build', says why).
+dist: venv
+	rm -rf dist && $(VPY) -m build --outdir dist . >build-dist.log 2>&1 || { tail -n 20 build-dist.log; exit 1; }
+	@rm -f build-dist.log && ls dist
 
 lint: venv
 	$(VPY) -m ruff check .
