@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,6 +192,35 @@ class Applied:
     new_ids: list[int]
     deleted: int
     dead: list[OutboxMessage]
+
+
+#: One-message rows an erasure deletes per transaction (`StoreAdmin.erase_key`).
+ERASE_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Erased:
+    """How many messages of one key `StoreAdmin.erase_key` deleted (or, in a dry run, would delete).
+
+    Attributes:
+        pending: pending messages, those of group rows included.
+        dead: dead letters.
+        leased: of the pending ones, those leased to a sender when they were deleted (a drain
+            worker's batch, a write-ahead producer's own send): that send may be in flight, and
+            may still reach Kafka.
+    """
+
+    pending: int = 0
+    dead: int = 0
+    leased: int = 0
+
+    @property
+    def total(self) -> int:
+        """Every message counted: pending and dead."""
+        return self.pending + self.dead
+
+    def __add__(self, other: Erased) -> Erased:
+        return Erased(self.pending + other.pending, self.dead + other.dead, self.leased + other.leased)
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,8 +431,13 @@ class StoreAdmin(abc.ABC):
         """Dead letters matching the filter, oldest first."""
 
     @abc.abstractmethod
-    def purge_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> int:
-        """Delete dead letters matching the filter; return how many."""
+    def purge_dead(self, flt: DeadLetterFilter = DeadLetterFilter(), *, at_most: int | None = None) -> int:
+        """Delete dead letters matching the filter; return how many.
+
+        `at_most`: delete no more than that many (which ones is the store's choice) in one short
+        transaction, for a caller that purges in bounded batches: it calls again until fewer
+        come back (`outbox.stores.audited.purge_in_batches`). None: every match, in one statement.
+        """
 
     @abc.abstractmethod
     def replay_dead(
@@ -424,6 +458,63 @@ class StoreAdmin(abc.ABC):
     ) -> bool:
         """Replace one dead letter's value and headers and put it back to PENDING, due now,
         attempts reset, in one statement. False when `id` is not a dead letter (any more)."""
+
+    def erase_key(
+        self,
+        key: bytes,
+        *,
+        topic: str | None = None,
+        dry_run: bool = False,
+        now: float,
+        on_batch: Callable[[Erased], None] | None = None,
+    ) -> Erased:
+        """Delete every pending message and dead letter whose key is `key` (of `topic` only, when
+        given); return how many, by state. `dry_run`: count them, delete nothing.
+
+        In short transactions, never one long one: first each group row holding the key (several
+        messages in one row, `outbox.stores.grouped`) is exploded into one-message rows without
+        the key's messages, one group per transaction, so the other keys' messages keep their
+        ids, their leases and their order; then the key's one-message rows go `ERASE_BATCH` at a
+        time. `on_batch` hears what each committed transaction deleted, so a caller that
+        records the erasure knows what was done if a later transaction fails.
+
+        Rows leased to a sender (`now` is before their lease's end) are deleted too, and counted
+        in `leased`: their send may be in flight and reach Kafka, and its outcome then finds no
+        row to settle. A message of the key stored while the erasure runs (its producer still
+        spilling it) may be left: stop producing the key first, or erase it again. Messages
+        already in Kafka, or still in a producer's memory, are out of the store's reach.
+        """
+        if dry_run:
+            return self._key_counts(key, topic, now)
+        done = Erased()
+        after = 0
+        while (found := self._erase_in_group(key, topic, after, now)) is not None:
+            after, erased = found
+            done += erased
+            if on_batch is not None and erased.total:
+                on_batch(erased)
+        while True:
+            erased = self._erase_rows(key, topic, now, ERASE_BATCH)
+            done += erased
+            if on_batch is not None and erased.total:
+                on_batch(erased)
+            if erased.total < ERASE_BATCH:
+                return done
+
+    @abc.abstractmethod
+    def _key_counts(self, key: bytes, topic: str | None, now: float) -> Erased:
+        """What `erase_key` would delete now: one read, nothing changed."""
+
+    @abc.abstractmethod
+    def _erase_in_group(self, key: bytes, topic: str | None, after: int, now: float) -> tuple[int, Erased] | None:
+        """In one transaction, explode the first group row with an id above `after` (of `topic`)
+        that holds `key`, leaving out the key's messages: the group's id and what left with it.
+        None: no such group. A store without group rows has none."""
+
+    @abc.abstractmethod
+    def _erase_rows(self, key: bytes, topic: str | None, now: float, limit: int) -> Erased:
+        """In one transaction, delete up to `limit` one-message rows (pending or dead) of `key`
+        (of `topic`); what was deleted."""
 
     @abc.abstractmethod
     def trace(self, msg_id: str) -> list[OutboxMessage]:

@@ -33,6 +33,7 @@ from outbox.stores.backlog import (
 from outbox.stores.base import (
     Applied,
     Capabilities,
+    Erased,
     Failure,
     Outbox,
     Settlement,
@@ -273,12 +274,36 @@ class MemoryOutbox(Outbox):
         with self._lock:
             return len(self._dead(flt))
 
-    def purge_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> int:
+    def purge_dead(self, flt: DeadLetterFilter = DeadLetterFilter(), *, at_most: int | None = None) -> int:
         with self._lock:
-            found = self._dead(flt)
+            found = self._dead(flt)[:at_most]
             for m in found:
                 del self._rows[m.id]
             return len(found)
+
+    def _of_key(self, key: bytes, topic: str | None) -> list[OutboxMessage]:
+        return [m for m in self._rows.values() if m.key == key and topic in (None, m.topic)]
+
+    def _counted(self, rows: list[OutboxMessage], now: float) -> Erased:
+        pending = [m for m in rows if m.status is _PENDING]
+        leased = sum(m.id in self._owners and m.next_attempt_at > now for m in pending)
+        return Erased(len(pending), len(rows) - len(pending), leased)
+
+    def _key_counts(self, key: bytes, topic: str | None, now: float) -> Erased:
+        with self._lock:
+            return self._counted(self._of_key(key, topic), now)
+
+    def _erase_in_group(self, key: bytes, topic: str | None, after: int, now: float) -> tuple[int, Erased] | None:
+        return None  # one message per row: no group
+
+    def _erase_rows(self, key: bytes, topic: str | None, now: float, limit: int) -> Erased:
+        with self._lock:
+            rows = self._of_key(key, topic)[:limit]
+            erased = self._counted(rows, now)
+            for m in rows:
+                del self._rows[m.id]
+                self._owners.pop(m.id, None)
+            return erased
 
     def replay_dead(
         self, flt: DeadLetterFilter = DeadLetterFilter(), *, now: float, to_topic: str | None = None

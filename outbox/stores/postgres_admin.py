@@ -3,6 +3,8 @@ and redrive, trace, the audit log, stats and the backlog (`outbox.stores.base.St
 
 from __future__ import annotations
 
+import abc
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from outbox.errors import UnknownMessageError
@@ -11,6 +13,7 @@ from outbox.stores import grouped
 from outbox.stores.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.stores.base import (
     COLUMNS,
+    Erased,
     StoreAdmin,
     dead_letter_where,
     row_from_columns,
@@ -18,7 +21,7 @@ from outbox.stores.base import (
 from outbox.stores.codec import encode_headers
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
-    pass
+    import psycopg
 from outbox.stores.postgres_conn import PostgresConnection
 from outbox.stores.postgres_schema import NEXT_DUE_SQL
 
@@ -26,6 +29,30 @@ _ALL = DeadLetterFilter()  # the empty filter: every dead letter
 
 _KEY_MATCH = "md5(key) = md5({p}::bytea) AND key = {p}::bytea"
 _HEADERS_CONTAIN = "position({p}::bytea in headers) > 0"
+# "Leased to a sender at %s": a pending row whose lease has not ended.
+_LEASED = "(lease_owner IS NOT NULL AND next_attempt_at > %s)"
+
+
+def _of_key(key: bytes, topic: str | None) -> tuple[str, list[Any], str, list[Any]]:
+    """WHERE clauses and arguments of `key`'s one-message rows (of `topic`): the pending ones on
+    the pending key index (with a topic), the dead ones on the dead key index. Group rows have
+    no key."""
+    match = _KEY_MATCH.format(p="%s")
+    pending, dead = f"status = 0 AND key IS NOT NULL AND {match}", f"status = 2 AND {match}"
+    args: list[Any] = [key, key]
+    if topic is not None:
+        pending, dead = f"topic = %s AND {pending}", f"topic = %s AND {dead}"
+        args = [topic, *args]
+    return pending, args, dead, list(args)
+
+
+def _erased(rows: list[tuple[Any, ...]]) -> Erased:
+    """What rows of (status, leased, count) add up to."""
+    out = Erased()
+    for status, leased, n in rows:
+        dead = status == Status.DEAD
+        out += Erased(0 if dead else int(n), int(n) if dead else 0, int(n) if leased else 0)
+    return out
 
 
 def _group_of(gid: int, topic: str, created_at: float, due: float, body: bytes) -> list[OutboxMessage]:
@@ -35,6 +62,11 @@ def _group_of(gid: int, topic: str, created_at: float, due: float, body: bytes) 
 
 class PostgresAdmin(PostgresConnection, StoreAdmin):
     """The administration half of `PostgresOutbox` (one class of the store, kept in its own module)."""
+
+    @abc.abstractmethod
+    def _explode(self, conn: psycopg.Connection[Any], gid: int, *, skip: Collection[int] = ()) -> int:
+        """Replace a group row with one row per message, leaving out the ids in `skip`, in the
+        caller's transaction: the hot path's (`PostgresOutbox._explode`), which an erasure uses too."""
 
     def get(self, id: int) -> OutboxMessage:
         rows = self._read(f"SELECT {COLUMNS} FROM {self._t} WHERE id = %s AND n = 1", [id])
@@ -97,10 +129,74 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
             conn.execute("SET LOCAL enable_sort = off")
             return [row_from_columns(r) for r in conn.execute(sql, args).fetchall()]
 
-    def purge_dead(self, flt: DeadLetterFilter = _ALL) -> int:
+    def purge_dead(self, flt: DeadLetterFilter = _ALL, *, at_most: int | None = None) -> int:
         where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)
+        if at_most is not None:
+            where = f"id IN (SELECT id FROM {self._t} WHERE {where} LIMIT %s)"
+            args.append(at_most)
         with self._conn() as conn:
             return conn.execute(f"DELETE FROM {self._t} WHERE {where}", args).rowcount
+
+    # -- erasure of one key (`StoreAdmin.erase_key`) ------------------------------------------
+
+    def _groups_of_key(self, key: bytes, topic: str | None) -> tuple[str, list[Any]]:
+        """WHERE clause and arguments of the group rows holding `key` (of `topic`)."""
+        where = "n > 1 AND status = 0 AND position(%s::bytea in keys) > 0"
+        args: list[Any] = [grouped.key_token(key)]
+        if topic is not None:
+            where += " AND topic = %s"
+            args.append(topic)
+        return where, args
+
+    def _key_counts(self, key: bytes, topic: str | None, now: float) -> Erased:
+        pending, pending_args, dead, dead_args = _of_key(key, topic)
+        groups, group_args = self._groups_of_key(key, topic)
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT status, {_LEASED}, count(*) FROM {self._t} WHERE {pending} GROUP BY 1, 2 UNION ALL "
+                f"SELECT status, false, count(*) FROM {self._t} WHERE {dead} GROUP BY 1",
+                [now, *pending_args, *dead_args],
+            ).fetchall()
+            in_groups = conn.cursor(binary=True).execute(
+                f"SELECT id, topic, created_at, body, {_LEASED} FROM {self._t} WHERE {groups}", [now, *group_args]
+            ).fetchall()
+        counts = _erased(rows)
+        for gid, gtopic, created_at, body, leased in in_groups:
+            n = sum(m.key == key for m in grouped.decode(bytes(body), gid, gtopic, created_at))
+            counts += Erased(n, 0, n if leased else 0)
+        return counts
+
+    def _erase_in_group(self, key: bytes, topic: str | None, after: int, now: float) -> tuple[int, Erased] | None:
+        groups, args = self._groups_of_key(key, topic)
+        found = self._read(f"SELECT id FROM {self._t} WHERE id > %s AND {groups} ORDER BY id LIMIT 1", [after, *args])
+        if not found:
+            return None
+        gid = int(found[0][0])
+        with self._tx() as conn:
+            # Locked until the commit; gone if it was delivered or exploded since.
+            row = conn.cursor(binary=True).execute(
+                f"SELECT topic, created_at, body, {_LEASED} FROM {self._t} "
+                "WHERE id = %s AND n > 1 AND status = 0 FOR UPDATE",
+                [now, gid],
+            ).fetchone()
+            if row is None:
+                return gid, Erased()
+            gtopic, created_at, body, leased = row
+            gone = [m.id for m in grouped.decode(bytes(body), gid, gtopic, created_at) if m.key == key]
+            self._explode(conn, gid, skip=gone)
+        return gid, Erased(len(gone), 0, len(gone) if leased else 0)
+
+    def _erase_rows(self, key: bytes, topic: str | None, now: float, limit: int) -> Erased:
+        pending, pending_args, dead, dead_args = _of_key(key, topic)
+        with self._conn() as conn:  # one statement: its own transaction
+            rows = conn.execute(
+                f"DELETE FROM {self._t} WHERE id IN (SELECT id FROM ("
+                f"(SELECT id FROM {self._t} WHERE {pending} LIMIT %s) UNION ALL "
+                f"(SELECT id FROM {self._t} WHERE {dead} LIMIT %s)) AS k LIMIT %s) "
+                f"RETURNING status, {_LEASED}, 1",
+                [*pending_args, limit, *dead_args, limit, limit, now],
+            ).fetchall()
+        return _erased(rows)
 
     def replay_dead(self, flt: DeadLetterFilter = _ALL, *, now: float, to_topic: str | None = None) -> int:
         where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)

@@ -3,15 +3,18 @@ redrive, trace, the audit log, stats and the backlog (`outbox.stores.base.StoreA
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import abc
+import sqlite3
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from outbox.errors import UnknownMessageError
-from outbox.records import AuditEntry, DeadLetterFilter, OutboxMessage, StoreStats
+from outbox.records import AuditEntry, DeadLetterFilter, OutboxMessage, Status, StoreStats
 from outbox.stores import grouped
 from outbox.stores.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.stores.base import (
     COLUMNS,
+    Erased,
     StoreAdmin,
     dead_letter_where,
     row_from_columns,
@@ -40,8 +43,36 @@ def _dead_index(flt: DeadLetterFilter) -> str:
     return "INDEXED BY outbox_dead"
 
 
+def _batch_index(flt: DeadLetterFilter) -> str:
+    """Which index a bounded purge reads its batch from: a time window (the retention's "failed
+    before T") on the failure-time index, where it starts, so that the last, short batch does
+    not walk every dead letter that is not in the window; otherwise as a list would."""
+    selective = flt.ids or flt.topic is not None or flt.error is not None or flt.key is not None
+    if not selective and (flt.since is not None or flt.until is not None):
+        return "INDEXED BY outbox_dead_failed"
+    return _dead_index(flt)
+
+
+def _key_where(key: bytes, topic: str | None) -> tuple[str, list[Any]]:
+    """The one-message rows of `key` (of `topic`: then on the key index). Group rows have no key."""
+    if topic is None:
+        return "key = ?", [key]
+    return "topic = ? AND key = ?", [topic, key]
+
+
+def _leased(prefix: str = "") -> str:
+    """The SQL truth of "leased to a sender at ?" (a pending row whose lease has not ended)."""
+    return f"({prefix}lease_owner IS NOT NULL AND {prefix}next_attempt_at > ?)"
+
+
 class SQLiteAdmin(SQLiteConnection, StoreAdmin):
     """The administration half of `SQLiteOutbox` (one class of the store, kept in its own module)."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def _explode(c: sqlite3.Connection, gid: int, *, skip: Collection[int] = ()) -> int:
+        """Replace a group row with one row per message, leaving out the ids in `skip`: the hot
+        path's (`SQLiteOutbox._explode`), which an erasure uses too."""
 
     def get(self, id: int) -> OutboxMessage:
         rows = self._read(f"SELECT {COLUMNS} FROM outbox WHERE id = ? AND n = 1", (id,))
@@ -80,10 +111,66 @@ class SQLiteAdmin(SQLiteConnection, StoreAdmin):
             args.append(flt.limit)
         return [row_from_columns(r) for r in self._read(sql, args)]
 
-    def purge_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> int:
+    def purge_dead(self, flt: DeadLetterFilter = DeadLetterFilter(), *, at_most: int | None = None) -> int:
         where, args = dead_letter_where(flt, "?")
+        if at_most is not None:
+            where = f"id IN (SELECT id FROM outbox {_batch_index(flt)} WHERE {where} LIMIT ?)"
+            args.append(at_most)
         with self._write() as c:
             return c.execute(f"DELETE FROM outbox WHERE {where}", args).rowcount
+
+    # -- erasure of one key (`StoreAdmin.erase_key`) ------------------------------------------
+
+    def _key_counts(self, key: bytes, topic: str | None, now: float) -> Erased:
+        where, args = _key_where(key, topic)
+        in_groups = f"SELECT {GROUP}, {_leased('o.')} FROM {GROUPS} WHERE o.n > 1 AND instr(b.keys, ?) > 0"
+        group_args: list[Any] = [now, grouped.key_token(key)]
+        if topic is not None:
+            in_groups += " AND o.topic = ?"
+            group_args.append(topic)
+        counts = Erased()
+        with self._snapshot() as c:
+            for status, leased, n in c.execute(
+                f"SELECT status, {_leased()}, COUNT(*) FROM outbox WHERE {where} GROUP BY 1, 2", [now, *args]
+            ):
+                dead = status == Status.DEAD
+                counts += Erased(0 if dead else n, n if dead else 0, n if leased else 0)
+            for gid, gtopic, created_at, _, _, body, leased in c.execute(in_groups, group_args):
+                n = sum(m.key == key for m in grouped.decode(body, gid, gtopic, created_at))
+                counts += Erased(n, 0, n if leased else 0)
+        return counts
+
+    def _erase_in_group(self, key: bytes, topic: str | None, after: int, now: float) -> tuple[int, Erased] | None:
+        sql = f"SELECT o.id FROM {GROUPS} WHERE o.n > 1 AND o.id > ? AND instr(b.keys, ?) > 0"
+        args: list[Any] = [after, grouped.key_token(key)]
+        if topic is not None:
+            sql += " AND o.topic = ?"
+            args.append(topic)
+        found = self._read(sql + " ORDER BY o.id LIMIT 1", args)
+        if not found:
+            return None
+        gid: int = found[0][0]
+        # Read again under the write lock: the group may have been delivered or exploded since.
+        with self._write() as c:
+            row = c.execute(f"SELECT {GROUP}, {_leased('o.')} FROM {GROUPS} WHERE o.n > 1 AND o.id = ?",
+                            (now, gid)).fetchone()
+            if row is None:
+                return gid, Erased()
+            _, gtopic, created_at, _, _, body, leased = row
+            gone = [m.id for m in grouped.decode(body, gid, gtopic, created_at) if m.key == key]
+            self._explode(c, gid, skip=gone)
+        return gid, Erased(len(gone), 0, len(gone) if leased else 0)
+
+    def _erase_rows(self, key: bytes, topic: str | None, now: float, limit: int) -> Erased:
+        where, args = _key_where(key, topic)
+        with self._write() as c:
+            rows = c.execute(
+                f"DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE {where} LIMIT ?) "
+                f"RETURNING status, {_leased()}",
+                [*args, limit, now],
+            ).fetchall()
+        dead = sum(status == Status.DEAD for status, _ in rows)
+        return Erased(len(rows) - dead, dead, sum(bool(leased) for _, leased in rows))
 
     def replay_dead(
         self, flt: DeadLetterFilter = DeadLetterFilter(), *, now: float, to_topic: str | None = None

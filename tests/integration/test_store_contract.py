@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 
 from outbox.errors import ConfigError, UnknownMessageError
 from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
-from outbox.stores.base import Failure, Outbox, Settlement
+from outbox.stores.base import ERASE_BATCH, Erased, Failure, Outbox, Settlement
 from outbox.stores.bulk import BulkSelection, explode, explode_keys
 from outbox.stores.keyrule import first_blockers, waits
 from outbox.stores.memory import MemoryOutbox
@@ -978,3 +978,113 @@ def test_pending_keys(store: Outbox) -> None:
     assert store.pending_keys() == {("t", b"A"), ("u", b"\x00B")}
     store.mark_delivered([a1, a2])
     assert store.pending_keys() == {("u", b"\x00B")}
+
+
+# -- bounded purges and the erasure of one key --------------------------------------------------------
+
+
+def test_purge_dead_at_most_deletes_a_bounded_batch_and_never_a_pending_row(store: Outbox) -> None:
+    old = store.add_dead([msg(value=b"%d" % i) for i in range(5)], failed_at=100.0)
+    young = store.add_dead([msg(value=b"young")], failed_at=NOW)
+    [pending] = store.enqueue([msg(value=b"pending")])
+    older = DeadLetterFilter(until=200.0)
+    assert [store.purge_dead(older, at_most=2) for _ in range(4)] == [2, 2, 1, 0]
+    assert ids(store.list_dead()) == young
+    assert store.get(pending).status == Status.PENDING
+    assert store.purge_dead(at_most=10) == 1
+    assert store.count_dead() == 0 and len(old) == 5
+
+
+def _group_rows(store: Outbox) -> int:
+    """How many rows of the store hold several messages (0: a store without group rows)."""
+    if not store.capabilities.grouped_rows:
+        return 0
+    from outbox.stores.postgres import PostgresOutbox
+
+    table = store._t if isinstance(store, PostgresOutbox) else "outbox"
+    return int(_run_sql(store, f"SELECT count(*) FROM {table} WHERE n > 1")[0][0])
+
+
+def _keyed(n: int, topic: str = "t", keys: int = 3, prefix: str = "m") -> list[NewMessage]:
+    return [msg(topic, value=b"%s-%d" % (prefix.encode(), i), key=b"k%d" % (i % keys), msg_id=f"{prefix}-{i}")
+            for i in range(n)]
+
+
+def test_erase_key_deletes_the_keys_pending_and_dead_messages_and_nothing_else(store: Outbox) -> None:
+    batch = _keyed(40)  # SQLite, PostgreSQL: one group row holding k0, k1 and k2
+    before = store.enqueue(batch)
+    [single] = store.enqueue([msg("t", key=b"k1", msg_id="single")])
+    [other_topic] = store.enqueue([msg("u", key=b"k1", msg_id="other-topic")])
+    [unkeyed] = store.enqueue([msg("t", key=None, msg_id="unkeyed")])
+    dead = store.add_dead([msg("t", key=b"k1", msg_id="dead-1"), msg("u", key=b"k1", msg_id="dead-2"),
+                           msg("t", key=b"k2", msg_id="dead-k2")], failed_at=NOW)
+    groups = _group_rows(store)
+    assert groups == (1 if store.capabilities.grouped_rows else 0)
+    of_k1 = sum(m.key == b"k1" for m in batch)  # 13
+    expected = Erased(pending=of_k1 + 2, dead=2, leased=0)
+    assert store.erase_key(b"k1", dry_run=True, now=NOW) == expected
+    assert len(store.messages()) == 40 + 3 + 3  # a dry run changes nothing
+    batches: list[Erased] = []
+    assert store.erase_key(b"k1", now=NOW, on_batch=batches.append) == expected
+    assert sum(batches, Erased()) == expected
+    left = store.messages()
+    assert all(m.key != b"k1" for m in left)
+    # The other keys' messages keep their ids, bytes and order; the rest of the store is untouched.
+    kept = [(i, m.msg_id, m.value) for i, m in zip(before, batch, strict=True) if m.key != b"k1"]
+    assert [(m.id, m.msg_id, m.value) for m in left if m.msg_id.startswith("m-")] == kept
+    assert {m.id for m in left} == {i for i, _, _ in kept} | {unkeyed, dead[2]}
+    assert single not in {m.id for m in left} and other_topic not in {m.id for m in left}
+    assert _group_rows(store) == 0  # the group holding k1 became one-message rows
+    assert not store.has_pending("t", b"k1") and store.keys_with_pending([("t", b"k1"), ("u", b"k1")]) == set()
+    assert store.pending_keys() == {("t", b"k0"), ("t", b"k2")}
+    assert [m.msg_id for m in store.claim("w", 100, 30, now=NOW)] == [m.msg_id for m in batch if m.key != b"k1"] + [
+        "unkeyed"]
+    assert store.erase_key(b"k1", now=NOW) == Erased()
+    assert ids(store.list_dead()) == [dead[2]]
+
+
+def test_erase_key_of_one_topic_leaves_the_key_in_other_topics(store: Outbox) -> None:
+    store.enqueue(_keyed(20, "t") + _keyed(20, "u", prefix="n"))  # a group per topic
+    store.add_dead([msg("t", key=b"k0"), msg("u", key=b"k0")], failed_at=NOW)
+    assert store.erase_key(b"k0", topic="t", now=NOW) == Erased(pending=7, dead=1)
+    assert not store.has_pending("t", b"k0") and store.has_pending("u", b"k0")
+    assert sorted(m.topic for m in store.messages() if m.key == b"k0") == ["u"] * 8
+    assert store.erase_key(b"k0", topic="none", dry_run=True, now=NOW) == Erased()
+
+
+def test_erase_key_deletes_leased_rows_and_counts_them(store: Outbox) -> None:
+    batch = _keyed(30)
+    rows = store.enqueue(batch)
+    [free] = store.enqueue([msg("t", key=b"k1", msg_id="free")])
+    claimed = store.claim("w", 30, 60, now=NOW)  # the group (SQLite, PostgreSQL), leased whole
+    assert {m.msg_id for m in claimed} == {m.msg_id for m in batch}
+    leased_k1 = sum(m.key == b"k1" for m in batch)  # 10
+    assert store.erase_key(b"k1", dry_run=True, now=NOW) == Erased(pending=leased_k1 + 1, leased=leased_k1)
+    assert store.erase_key(b"k1", now=NOW) == Erased(pending=leased_k1 + 1, leased=leased_k1)
+    assert free not in {m.id for m in store.messages()}
+    # The other keys' messages stay leased to their sender, whose settlement still applies: the
+    # erased ones are simply not there to settle.
+    assert store.claim("w2", 100, 60, now=NOW + 1) == []
+    k1_ids = [i for i, m in zip(rows, batch, strict=True) if m.key == b"k1"]
+    assert store.record_failures([fail(k1_ids[0], None)]) == []
+    assert store.mark_delivered(rows) == len(rows) - leased_k1
+    assert store.messages() == []
+
+
+def test_erase_key_goes_in_bounded_transactions(store: Outbox) -> None:
+    n = ERASE_BATCH * 2 + 5
+    store.add_dead([msg("t", key=b"many", value=b"%d" % i) for i in range(n)], failed_at=NOW)  # one row each
+    [other] = store.add_dead([msg("t", key=b"other")], failed_at=NOW)
+    batches: list[Erased] = []
+    assert store.erase_key(b"many", now=NOW, on_batch=batches.append) == Erased(dead=n)
+    assert [b.dead for b in batches] == [ERASE_BATCH, ERASE_BATCH, 5]
+    assert ids(store.list_dead()) == [other]
+
+
+def test_erase_key_matches_the_exact_key_bytes(store: Outbox) -> None:
+    keys = [b"", b"k", b"k\x00", b"K", None]
+    store.enqueue([msg(key=k, msg_id=f"m{i}") for i, k in enumerate(keys)] * 4)  # 20: a group with every key
+    assert store.erase_key(b"", now=NOW) == Erased(pending=4)
+    assert store.erase_key(b"k", now=NOW) == Erased(pending=4)
+    assert sorted({m.msg_id for m in store.messages()}) == ["m2", "m3", "m4"]
+    assert len(store.messages()) == 12

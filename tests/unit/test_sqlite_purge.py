@@ -38,3 +38,25 @@ def test_a_purged_dead_letter_leaves_no_bytes_in_the_file(tmp_path: Path) -> Non
         assert [m.msg_id for m in store.messages()] == ["m2"]
     finally:
         store.close()
+
+
+def test_an_erased_key_leaves_no_bytes_in_the_file_and_the_other_keys_keep_theirs(tmp_path: Path) -> None:
+    path = str(tmp_path / "o.db")
+    store = SQLiteOutbox(path)
+    key = b"customer-4111-erase-me"
+    try:
+        # A group row (its body and its key list hold the key), a one-message row and a dead letter.
+        batch = [NewMessage("t", SECRET if i % 2 else b"kept-%d" % i, key if i % 2 else b"other", [], -1, f"m{i}",
+                            0, None, None, 0.0) for i in range(20)]
+        store.enqueue(batch)
+        store.enqueue([NewMessage("t", SECRET, key, [], -1, "single", 0, None, None, 0.0)])
+        store.add_dead([NewMessage("u", SECRET, key, [], -1, "dead", 0, None, None, 0.0)], failed_at=NOW)
+        raw = file_bytes(path)
+        assert MARK in raw and key in raw and key.hex().encode() in raw
+        erased = store.erase_key(key, now=NOW)
+        assert (erased.pending, erased.dead) == (11, 1)
+        raw = file_bytes(path)
+        assert MARK not in raw and key not in raw and key.hex().encode() not in raw
+        assert [m.value for m in store.messages()] == [b"kept-%d" % i for i in range(0, 20, 2)]
+    finally:
+        store.close()
