@@ -1,16 +1,22 @@
-"""How people name dead letters: error codes or names, and TIME (ISO-8601 or an age).
+"""How people name dead letters: error codes or names, TIME (ISO-8601 or an age), and how a
+filter is written in the audit log.
 
-One place for both, shared by the `outbox` command line and the console (`outbox.ui`), so a
-filter typed in either means the same rows.
+One place for all, shared by the `outbox` command line, the console (`outbox.ui`) and the
+producer's dead-letter retention, so a filter means the same rows in each.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from confluent_kafka import KafkaError
+
+from outbox.records import DeadLetterFilter
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)\s*(?:ago)?\s*$", re.IGNORECASE)
 _UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -58,3 +64,19 @@ def error_filter(value: str | None) -> str | None:
         return "_" + name
     # Not a librdkafka name: a consumer dead letter's exception class ("builtins.ValueError"), as given.
     return v
+
+
+def describe(flt: DeadLetterFilter) -> dict[str, Any]:
+    """The filter as a JSON-able object without its empty fields and paging (for the audit log)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(flt):
+        v = getattr(flt, f.name)
+        if f.name in ("limit", "after_id") or v is None or v == ():
+            continue
+        out[f.name] = v.decode("utf-8", "replace") if isinstance(v, bytes) else list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def describe_json(flt: DeadLetterFilter) -> str:
+    """`describe` as the audit log's `filter` text."""
+    return json.dumps(describe(flt), sort_keys=True)

@@ -7,13 +7,13 @@ a `FilterError` naming the field: the server answers 400 with that text, never a
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from outbox.records import DeadLetterFilter
-from outbox.stores.filters import error_filter, parse_time
+from outbox.stores.filters import describe, describe_json, error_filter, parse_time
+
+__all__ = ["FIELDS", "FilterError", "describe", "describe_json", "parse_filter", "query_of"]
 
 #: The filter fields a request may carry (anything else is refused, so a typo is not ignored).
 FIELDS = ("topic", "group", "error", "key", "text", "since", "until")
@@ -105,21 +105,6 @@ def parse_filter(
         after_id=_int("after", values.get("after"), 0, 2**63 - 1) if paging else None,
         limit=(_int("limit", values.get("limit"), 1, MAX_PAGE) or PAGE) if paging else None,
     )
-
-
-def describe(flt: DeadLetterFilter) -> dict[str, Any]:
-    """The filter as a JSON-able object without its empty fields and paging (for the audit log)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(flt):
-        v = getattr(flt, f.name)
-        if f.name in ("limit", "after_id") or v is None or v == ():
-            continue
-        out[f.name] = v.decode("utf-8", "replace") if isinstance(v, bytes) else list(v) if isinstance(v, tuple) else v
-    return out
-
-
-def describe_json(flt: DeadLetterFilter) -> str:
-    return json.dumps(describe(flt), sort_keys=True)
 
 
 def query_of(flt: DeadLetterFilter) -> dict[str, str]:
