@@ -23,7 +23,8 @@ every callback (`on_delivery`, `on_dead_letter` for first-send failures); `poll(
 them and raises what they raised (`outbox.producer.pollreport`); the group-commit
 writer thread writes the outbox and, in write-ahead mode, sends committed rows; the key thread
 releases keys whose stored messages are delivered; the drain worker threads re-send stored rows
-and run callbacks for the messages they deliver or dead-letter.
+and run callbacks for the messages they deliver or dead-letter; with `dead_letter_retention`, the
+retention thread deletes old dead letters (`outbox.producer.retention`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
@@ -61,6 +63,7 @@ from outbox.producer.firstsend import FirstSend
 from outbox.producer.keyorder import KeyBacklog
 from outbox.producer.link import KafkaLink
 from outbox.producer.pollreport import PollReport
+from outbox.producer.retention import DeadLetterRetention
 from outbox.producer.serialization import Serializer
 from outbox.producer.settings import PRODUCER_DEFAULTS, ProducerArguments, ProducerSettings
 from outbox.producer.spill import NOT_SENT_CIRCUIT_OPEN, Spill
@@ -173,6 +176,12 @@ class ResilientProducer(PythonObject):
             closed, to deliver and then commit to the outbox every accepted message still in
             memory (`outbox.producer.exithook`; the count is logged). Default 10. A `kill -9` runs no
             exit hook: write-ahead mode is the answer to that.
+        dead_letter_retention: how long the outbox keeps a dead letter, in seconds or as a
+            `datetime.timedelta`, counted from its last failure (when it became a dead letter).
+            A thread of the producer deletes older ones when it starts and every 5 minutes, in
+            batches of 1,000, each its own transaction and audit entry (who: "retention"); every
+            dead letter of the outbox counts, whoever stored it (`outbox.producer.retention`).
+            None (the default): dead letters are kept until purged.
     """
 
     #: Until __init__ has run (a subclass that does not call it), every call says "closed", as
@@ -211,6 +220,7 @@ class ResilientProducer(PythonObject):
         value_serializer: Serializer | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
+        dead_letter_retention: float | timedelta | None = None,
         **settings: Any,
     ) -> None:
         checked = ProducerSettings.check(config, settings, ProducerArguments(
@@ -220,7 +230,7 @@ class ResilientProducer(PythonObject):
             queue_full_timeout=queue_full_timeout, commit_interval=commit_interval, lease_seconds=lease_seconds,
             drain_batch_size=drain_batch_size, drain_poll_interval=drain_poll_interval, on_store_error=on_store_error,
             key_serializer=key_serializer, value_serializer=value_serializer, memory_budget=memory_budget,
-            exit_timeout=exit_timeout,
+            exit_timeout=exit_timeout, dead_letter_retention=dead_letter_retention,
         ))
         # What produce() reads stays a plain attribute of the producer: one lookup per message.
         self._serializers = checked.serializers
@@ -260,6 +270,8 @@ class ResilientProducer(PythonObject):
             max_delay=checked.commit_interval, budget=self.memory, events=self._events,
         )
         self._assemble_routes(checked)
+        retention = checked.dead_letter_retention
+        self._retention = None if retention is None else DeadLetterRetention(self.store, retention)
         self._start(checked.drain_workers > 0)
 
     def _new_drainer(self, settings: ProducerSettings) -> Drainer | DrainProcess:
@@ -321,6 +333,8 @@ class ResilientProducer(PythonObject):
             except BaseException:  # the drain process could not start: nothing may keep running
                 self.close(5)
                 raise
+        if self._retention is not None:
+            self._retention.start()
         exithook.remember(self)  # last: only a producer whose every part runs is closed at exit
 
     @property
@@ -762,6 +776,8 @@ class ResilientProducer(PythonObject):
         # and what is only in memory matters more than what is already stored.
         self.writer.flush(left())
         self.drainer.stop(left())
+        if self._retention is not None:
+            self._retention.stop(left())
         unsaved = self.writer.close(left()) + in_librdkafka
         if self._owns_store:
             self.store.close()

@@ -9,8 +9,10 @@ librdkafka checks its own settings when the producer's Kafka client is built (`o
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from outbox.drain import idempotence
@@ -79,6 +81,7 @@ class ProducerArguments:
     value_serializer: Serializer | None
     memory_budget: int
     exit_timeout: float
+    dead_letter_retention: float | timedelta | None
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class ProducerSettings:
     serializers: Serializers | None
     memory_budget: int
     exit_timeout: float
+    #: Seconds a dead letter is kept after its last failure (None: kept until purged).
+    dead_letter_retention: float | None
     #: The librdkafka producer's settings: the caller's (less `error_cb` and the default delivery
     #: callback) over `PRODUCER_DEFAULTS`, with idempotence, the logger and the queue's bound defaulted.
     kafka_config: Mapping[str, Any]
@@ -172,7 +177,8 @@ class ProducerSettings:
             circuit_reset_timeout=given.circuit_reset_timeout, queue_full_timeout=given.queue_full_timeout,
             commit_interval=given.commit_interval, lease_seconds=lease_seconds, on_store_error=given.on_store_error,
             serializers=Serializers.of(given.key_serializer, given.value_serializer),
-            memory_budget=given.memory_budget, exit_timeout=float(given.exit_timeout), kafka_config=kafka_config,
+            memory_budget=given.memory_budget, exit_timeout=float(given.exit_timeout),
+            dead_letter_retention=retention_seconds(given.dead_letter_retention), kafka_config=kafka_config,
             drain_config=drain_config, user_error_cb=user_error_cb, default_on_delivery=default_on_delivery,
             rdkafka_reserve=rdkafka_reserve, report_successes=report_successes, message_timeout=message_timeout,
             drain=DrainSettings(
@@ -205,6 +211,29 @@ def _check_arguments(config: Mapping[str, Any], given: ProducerArguments) -> Non
         raise ConfigError(f"memory_budget must be a positive number of bytes (int), got {memory_budget!r}")
     if given.drain_in == "process" and isinstance(given.outbox, Outbox):
         raise ConfigError("drain_in='process' needs the outbox as a URL: the drain process opens it itself")
+
+
+def retention_seconds(retention: object) -> float | None:
+    """`dead_letter_retention` in seconds: a number of seconds or a `datetime.timedelta`, above 0;
+    None keeps dead letters until they are purged.
+
+    Raises:
+        ConfigError: anything else, named.
+    """
+    if retention is None:
+        return None
+    if isinstance(retention, timedelta):
+        seconds = retention.total_seconds()
+    elif isinstance(retention, int | float) and not isinstance(retention, bool):
+        seconds = float(retention)
+    else:
+        raise ConfigError(
+            "dead_letter_retention must be a number of seconds or a datetime.timedelta (None: keep dead "
+            f"letters until purged), got {retention!r}"
+        )
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(f"dead_letter_retention must be above 0 seconds, got {retention!r}")
+    return seconds
 
 
 def _is_true(setting: object) -> bool:

@@ -1,5 +1,5 @@
-"""How people name dead letters: error codes or names, TIME (ISO-8601 or an age), and how a
-filter is written in the audit log.
+"""How people name dead letters: error codes or names, TIME (ISO-8601 or an age), a DURATION,
+and how a filter is written in the audit log.
 
 One place for all, shared by the `outbox` command line, the console (`outbox.ui`) and the
 producer's dead-letter retention, so a filter means the same rows in each.
@@ -18,7 +18,9 @@ from confluent_kafka import KafkaError
 
 from outbox.records import DeadLetterFilter
 
-_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)\s*(?:ago)?\s*$", re.IGNORECASE)
+_AMOUNT = r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)"
+_AGE = re.compile(rf"^\s*{_AMOUNT}\s*(?:ago)?\s*$", re.IGNORECASE)
+_DURATION = re.compile(rf"^\s*{_AMOUNT}\s*$", re.IGNORECASE)
 _UNIT = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -43,6 +45,27 @@ def parse_time(text: str, *, now: float | None = None) -> float:
         return dt.timestamp()
     except (ValueError, OverflowError, OSError):
         raise ValueError(text) from None
+
+
+def parse_duration(text: str) -> float:
+    """A DURATION argument as seconds: `<number><s|m|h|d|w>` (90s, 30m, 12h, 7d, 2w; `sec` and
+    `min` too), above zero.
+
+    Raises:
+        ValueError: the text is not a duration, is zero, or reaches back before year 1 (no time
+            that old can be shown or compared).
+    """
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(text)
+    seconds = float(m.group(1)) * _UNIT[m.group(2).lower()]
+    try:
+        datetime.fromtimestamp(-seconds, UTC)  # now less the duration is after this: representable
+    except (ValueError, OverflowError, OSError):
+        raise ValueError(text) from None
+    if not seconds > 0:
+        raise ValueError(text)
+    return seconds
 
 
 def error_filter(value: str | None) -> str | None:
