@@ -8,6 +8,7 @@ one-line `click.ClickException` with the documented exit code, with any secret s
 
 from __future__ import annotations
 
+import getpass
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException
 from outbox import exitcodes
 from outbox.errors import ConfigError, KafkaUnavailableError, MissingDependencyError, OutboxError
 from outbox.stores import Outbox, open_outbox
-from outbox.stores.filters import parse_time
+from outbox.stores.filters import parse_duration, parse_time
 from outbox.stores.urls import StoreURL, parse_url
 
 from .format import dumps
@@ -289,6 +290,37 @@ class TimeParam(click.ParamType):  # type: ignore[type-arg]  # generic only in c
 
 
 TIME = TimeParam()
+
+
+class DurationParam(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
+    """Click type for DURATION (seconds); a bad value is one line and exit code 2."""
+
+    name = "DURATION"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError:
+            opt = param.opts[0] if param is not None and param.opts else "DURATION"
+            raise CliError(
+                f"{opt}: cannot read the duration {value!r}: use a number above 0 and a unit, s, m, h, d or w "
+                "(90s, 30m, 12h, 7d, 2w)",
+                EXIT_USAGE,
+            ) from None
+
+
+DURATION = DurationParam()
+
+
+def who() -> str:
+    """How the audit log names what this command did: `cli:` and the operating-system user (the
+    console names `local` or its token's digest, the producer's retention `retention`)."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):  # no user name in the environment nor in the password database
+        return "cli"
 
 
 def stdout_is_terminal() -> bool:

@@ -1,7 +1,8 @@
 """`outbox dlq`: list, show, purge and replay dead letters.
 
 Everything goes through the `Outbox` store methods (`list_dead`, `get`, `purge_dead`,
-`replay_dead`), the same ones the SDK uses: the CLI holds no SQL of its own.
+`replay_dead`), the same ones the SDK uses: the CLI holds no SQL of its own. A purge goes in
+bounded batches, each recorded in the store's audit log (`outbox.stores.audited`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from outbox.consumer.redrive import redrive_topic
 from outbox.message import topic_problem
 from outbox.records import DeadLetterFilter, OutboxMessage, Status
 from outbox.stores import Outbox
+from outbox.stores.audited import purge_in_batches
 from outbox.stores.filters import error_filter
 
 from . import format as fmt
 from .common import (
+    DURATION,
     EXIT_CODES_HELP,
     EXIT_USAGE,
     TIME,
@@ -33,6 +36,7 @@ from .common import (
     open_store,
     outbox_option,
     settings_option,
+    who,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -118,7 +122,7 @@ def id_option(f: F) -> F:
 def _ids_alone(ids: Sequence[int], **filters: object) -> None:
     """--id names dead letters exactly: a filter beside it could only narrow it, silently, to
     fewer than were named (often none), so the combination is refused."""
-    given = [name for name, value in filters.items() if value is not None]
+    given = [name.replace("_", "-") for name, value in filters.items() if value is not None]
     if ids and given:
         raise CliError(
             f"--id cannot be combined with --{given[0]}: give either ids or filters (--topic, --error, --since, "
@@ -135,11 +139,19 @@ def _filter(
     ids: Sequence[int] = (),
     limit: int | None = None,
     group: str | None = None,
+    older_than: float | None = None,
 ) -> DeadLetterFilter:
-    _ids_alone(ids, topic=topic, error=error, since=since, until=until, group=group)
+    """The filter the options name. `older_than` (seconds) bounds the last failure as `until`
+    does: both given, the earlier bound holds."""
+    _ids_alone(ids, topic=topic, error=error, since=since, until=until, group=group, older_than=older_than)
+    bound = "--until"
+    if older_than is not None:
+        cutoff = time.time() - older_than
+        if until is None or cutoff < until:
+            until, bound = cutoff, "--older-than"
     if since is not None and until is not None and since >= until:
         raise CliError(
-            f"--since ({fmt.when(since)}) is not before --until ({fmt.when(until)}): no dead letter can match "
+            f"--since ({fmt.when(since)}) is not before {bound} ({fmt.when(until)}): no dead letter can match "
             "an empty range",
             EXIT_USAGE,
         )
@@ -366,14 +378,25 @@ def _safe_name(name: str) -> str:
 Examples:
   outbox dlq purge --outbox app.db --id 17 --id 18
   outbox dlq purge --outbox app.db --topic orders --error TOPIC_AUTHORIZATION_FAILED --yes
-  outbox dlq purge --outbox app.db --until 30d --yes      (older than 30 days)
+  outbox dlq purge --outbox app.db --older-than 30d --yes
+  outbox dlq purge --outbox app.db --topic orders --older-than 12h --yes
 
 {TIME_HELP}
+
+\b
+DURATION is a number above 0 and a unit: 90s, 30m, 12h, 7d, 2w.
 
 {EXIT_CODES_HELP}""",
 )
 @outbox_option
 @filter_options
+@click.option(
+    "--older-than",
+    type=DURATION,
+    metavar="DURATION",
+    help="Only dead letters whose last failure is older than DURATION (what a producer's dead_letter_retention "
+    "deletes). With --until, the earlier of the two holds.",
+)
 @group_option
 @id_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -384,6 +407,7 @@ def purge(
     error: str | None,
     since: float | None,
     until: float | None,
+    older_than: float | None,
     group: str | None,
     ids: tuple[int, ...],
     yes: bool,
@@ -393,12 +417,13 @@ def purge(
 
     Asks for confirmation (on stderr) unless --yes is given; without a terminal to answer, a
     purge without --yes is aborted (exit 1), and --json needs --yes (exit 2). Only dead letters
-    are ever deleted, never pending messages.
+    are ever deleted, never pending messages. They are deleted 1,000 at a time, each batch its
+    own transaction and its own entry in the store's audit log (who: cli:USER).
     """
     if as_json and not yes:
         raise CliError("--json needs --yes: a purge asks for confirmation, and a JSON reader cannot answer it",
                        EXIT_USAGE)
-    flt = _filter(topic, error, since, until, ids, group=group)
+    flt = _filter(topic, error, since, until, ids, group=group, older_than=older_than)
     with open_store(outbox_url) as (store, url):
         _check_ids(store, ids)
         described = _describe(flt)
@@ -410,7 +435,7 @@ def purge(
                 abort=True,
                 err=True,
             )
-        removed = store.purge_dead(flt) if matching else 0
+        removed = purge_in_batches(store, flt, who=who()) if matching else 0
     if as_json:
         click.echo(fmt.dumps({"outbox": url.redacted(), "removed": removed}))
     elif removed:

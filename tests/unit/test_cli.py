@@ -431,6 +431,62 @@ def test_dlq_purge_everything_and_nothing_left(db: tuple[str, SQLiteOutbox]) -> 
     assert result.stdout == "No dead letters; removed 0.\n"
 
 
+def test_dlq_purge_older_than_deletes_by_the_age_of_the_last_failure_and_audits_it(
+    db: tuple[str, SQLiteOutbox],
+) -> None:
+    path, store = db
+    result = run("dlq", "purge", "--outbox", path, "--older-than", "2h", "--yes")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "Removed 1 dead letter(s).\n"
+    assert [r.id for r in store.list_dead()] == [5, 6]  # failed 1 h and 10 min ago
+    [entry] = store.audit_log()
+    assert (entry.action, entry.count) == ("purge", 1)
+    assert entry.who.startswith("cli")
+    assert time.time() - 2 * HOUR - 5 < json.loads(entry.filter)["until"] <= time.time() - 2 * HOUR
+    # Combined with the other filters; with --until, the earlier bound holds (the payment failed 1 h ago).
+    result = run("dlq", "purge", "--outbox", path, "--older-than", "5m", "--topic", "payments", "--until", "2h",
+                 "--yes")
+    assert result.stdout.startswith("No dead letters matching topic payments, failed before ")
+    assert result.stdout.endswith("; removed 0.\n")
+    assert run("dlq", "purge", "--outbox", path, "--older-than", "5m", "--topic", "payments", "--yes").stdout == (
+        "Removed 1 dead letter(s).\n")
+    assert [r.id for r in store.list_dead()] == [6]
+
+
+def test_dlq_purge_goes_in_batches_each_audited(db: tuple[str, SQLiteOutbox]) -> None:
+    path, store = db
+    store.add_dead([NewMessage("bulk", b"%d" % i, None) for i in range(2100)], failed_at=time.time() - 30 * 86400)
+    result = run("dlq", "purge", "--outbox", path, "--older-than", "1w", "--json", "--yes")
+    assert json.loads(result.stdout) == {"outbox": f"sqlite:///{path}", "removed": 2100}
+    assert [e.count for e in store.audit_log()] == [100, 1000, 1000]
+    assert store.count_dead() == 3
+
+
+@pytest.mark.parametrize("duration", ["7x", "0s", "-1d", "1d ago", "7", "", "2024-05-01"])
+def test_dlq_purge_bad_duration_is_a_usage_error_and_deletes_nothing(
+    db: tuple[str, SQLiteOutbox], duration: str
+) -> None:
+    path, store = db
+    result = run("dlq", "purge", "--outbox", path, "--older-than", duration, "--yes")
+    assert result.exit_code == 2
+    assert one_error_line(result) == (
+        f"--older-than: cannot read the duration {duration!r}: use a number above 0 and a unit, s, m, h, d or w "
+        "(90s, 30m, 12h, 7d, 2w)")
+    assert len(store.list_dead()) == 3 and store.audit_log() == []
+
+
+def test_dlq_purge_older_than_is_a_filter_not_to_combine_with_ids(db: tuple[str, SQLiteOutbox]) -> None:
+    path, store = db
+    result = run("dlq", "purge", "--outbox", path, "--id", "4", "--older-than", "1h", "--yes")
+    assert result.exit_code == 2
+    assert one_error_line(result).startswith("--id cannot be combined with --older-than: ")
+    result = run("dlq", "purge", "--outbox", path, "--since", "1d", "--older-than", "2d", "--yes")
+    assert result.exit_code == 2
+    assert one_error_line(result).startswith("--since (")
+    assert ") is not before --older-than (" in result.stderr
+    assert len(store.list_dead()) == 3
+
+
 @pytest.mark.parametrize("command", ["purge", "replay"])
 def test_dlq_unknown_or_pending_id_is_an_error(db: tuple[str, SQLiteOutbox], command: str) -> None:
     path, store = db
