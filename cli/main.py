@@ -11,6 +11,7 @@ from . import drain as drain_command
 from .common import EXIT_CODES_HELP, TIME_HELP, OutboxGroup
 from .dlq import dlq
 from .drain import drain
+from .erase import erase
 from .metrics import metrics
 from .status import status
 from .ui import ui
@@ -36,7 +37,8 @@ Examples:
   outbox dlq list --since 1d
   outbox dlq show 42
   outbox dlq replay --error _MSG_TIMED_OUT && outbox drain
-  outbox dlq purge --topic orders --until 7d --yes
+  outbox dlq purge --topic orders --older-than 7d --yes
+  outbox erase --key customer-42 --dry-run
 
 \b
 Every command but `dlq replay-topic` (which reads a Kafka topic, not an outbox)
@@ -57,12 +59,13 @@ names the exit code (below); the exit code is the same as without --json.
 )
 @click.version_option(_version(), "--version", "-V", prog_name="outbox")
 def cli() -> None:
-    """Look at and act on a kafka-outbox store: drain it, check it, manage its dead letters."""
+    """Look at and act on a kafka-outbox store: drain it, check it, manage its dead letters, erase a key."""
 
 
 cli.add_command(drain)
 cli.add_command(status)
 cli.add_command(dlq)
+cli.add_command(erase)
 cli.add_command(metrics)
 cli.add_command(ui)
 

@@ -88,6 +88,7 @@ def closed_port() -> int:
 def test_the_walk_finds_every_command() -> None:
     assert set(commands()) == {
         "drain", "status", "metrics", "ui", "dlq list", "dlq show", "dlq purge", "dlq replay", "dlq replay-topic",
+        "erase",
     }
 
 
@@ -128,7 +129,7 @@ def test_the_exit_code_table_is_in_the_help_and_in_the_docs() -> None:
 def test_every_json_command_reports_a_missing_outbox_as_json(path: str, tmp_path: Path) -> None:
     missing = tmp_path / "nope.db"
     args = ["1"] if path == "dlq show" else []
-    extra = ["-b", "127.0.0.1:9"] if path == "drain" else (["--yes"] if path == "dlq purge" else [])
+    extra = {"drain": ["-b", "127.0.0.1:9"], "dlq purge": ["--yes"], "erase": ["--key", "k", "--yes"]}.get(path, [])
     result = run(*path.split(), *args, "--outbox", str(missing), *extra, "--json")
     assert result.exit_code == exitcodes.ERROR
     assert json_error(result)["message"] == f"outbox file {missing} does not exist"
