@@ -16,12 +16,13 @@ from starlette.concurrency import run_in_threadpool
 
 from outbox.consumer.redrive import redrive_topic
 from outbox.message import topic_problem
+from outbox.stores.audited import key_digest
 from outbox.ui import present
 from outbox.ui.console import ConsoleDep
 from outbox.ui.errors import ConsoleError
 from outbox.ui.filters import FilterError, describe, parse_filter
-from outbox.ui.inputs import body_ids, headers_of, int_param, json_body, rate_of, value_of
-from outbox.ui.operations import check_ids, dead_page, overview, purge, redrive_edited
+from outbox.ui.inputs import body_ids, headers_of, int_param, json_body, key_of, rate_of, value_of
+from outbox.ui.operations import check_ids, dead_page, erase, overview, purge, redrive_edited
 
 router = APIRouter(prefix="/api", tags=["api"])
 
@@ -75,6 +76,30 @@ async def api_purge(request: Request, console: ConsoleDep) -> Response:
     if body.get("confirm") is not True:
         raise ConsoleError(400, 'a purge cannot be undone: send "confirm": true (count first with "dry_run": true)')
     return JSONResponse({"removed": purge(console, flt), "filter": describe(flt)})
+
+
+@router.post("/erase", summary="Delete every stored message of one key: dry-run count, or erase with confirm")
+async def api_erase(request: Request, console: ConsoleDep) -> Response:
+    """Body: `key` (text) or `key_hex`, optional `topic`; `dry_run` to count; `confirm: true` to
+    delete every pending message and dead letter of the key (`outbox erase`). The answer and the
+    audit log name the key by the first 16 hex digits of its SHA-256, never by its bytes."""
+    body = await json_body(request)
+    unknown = sorted(set(body) - {"key", "key_hex", "topic", "dry_run", "confirm"})
+    if unknown:
+        raise FilterError(f"unknown field(s): {', '.join(unknown)}")
+    key = key_of(body)
+    topic = body.get("topic")
+    if topic is not None and (not isinstance(topic, str) or not topic):
+        raise FilterError("topic: must be a topic's name")
+    dry_run = bool(body.get("dry_run"))
+    if not dry_run and body.get("confirm") is not True:
+        raise ConsoleError(400, 'an erasure cannot be undone: send "confirm": true (count first with "dry_run": true)')
+    # Blocking store work (a group rewritten per transaction): in the thread pool, not on the event loop.
+    done = await run_in_threadpool(erase, console, key, topic, dry_run=dry_run)
+    return JSONResponse({
+        "key_sha256": key_digest(key), "topic": topic, "dry_run": dry_run,
+        "pending": done.pending, "dead": done.dead, "leased": done.leased, "total": done.total,
+    })
 
 
 @router.post("/dead-letters/{row_id}/redrive", summary="Edit one dead letter, then redrive it")

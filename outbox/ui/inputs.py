@@ -48,6 +48,24 @@ def body_ids(body: Mapping[str, Any]) -> list[object]:
     return ids
 
 
+def key_of(body: Mapping[str, Any]) -> bytes:
+    """The key an erasure names: `key` (text) or `key_hex`, exactly one. The value is never
+    repeated in an error: it is the data to forget."""
+    text, hex_text = body.get("key"), body.get("key_hex")
+    if (text is None) == (hex_text is None):
+        raise FilterError("give the key once: key (text) or key_hex")
+    if text is not None:
+        if not isinstance(text, str):
+            raise FilterError("key: must be text (key_hex for bytes)")
+        return text.encode("utf-8")
+    if not isinstance(hex_text, str):
+        raise FilterError("key_hex: must be text")
+    try:
+        return bytes.fromhex(hex_text)
+    except ValueError:
+        raise FilterError("key_hex: not hex (two hex digits per byte; the value is not repeated)") from None
+
+
 def int_param(value: str | None, name: str, default: int | None, low: int, high: int) -> Any:
     if value is None or value == "":
         return default

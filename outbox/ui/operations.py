@@ -1,6 +1,6 @@
 """What the pages and the JSON API both do with the store: a keyset page of dead letters, the
 overview's counts, the check that named ids are dead letters, and the writes that the audit
-log records (a purge, an edited message redriven).
+log records (a purge, an edited message redriven, a key erased).
 
 Each works through the store's own methods; the routes only read the request and shape the
 answer, so a page and its API twin cannot drift apart.
@@ -15,6 +15,8 @@ from typing import Any
 from outbox.consumer.headers import consumer_failure
 from outbox.errors import KafkaUnavailableError
 from outbox.records import DeadLetterFilter, Headers, Status
+from outbox.stores.audited import erase_key
+from outbox.stores.base import Erased
 from outbox.ui import present
 from outbox.ui.console import Console
 from outbox.ui.errors import ConsoleError
@@ -92,6 +94,12 @@ def purge(console: Console, flt: DeadLetterFilter) -> int:
     console.store.add_audit(who=console.actor, action="purge", filter=describe_json(flt), count=removed,
                             at=time.time())
     return removed
+
+
+def erase(console: Console, key: bytes, topic: str | None, *, dry_run: bool) -> Erased:
+    """Delete every pending message and dead letter of `key` (of `topic`), and record it as
+    `outbox erase` does (`outbox.stores.audited.erase_key`); `dry_run` counts only."""
+    return erase_key(console.store, key, topic=topic, who=console.actor, dry_run=dry_run)
 
 
 def redrive_edited(console: Console, row_id: int, value: bytes | None, headers: Headers) -> int:

@@ -19,11 +19,12 @@ from outbox_cli.main import cli
 
 from outbox.drain.workers import Drainer
 from outbox.records import DeadLetterFilter, NewMessage, Status
+from outbox.stores.audited import key_digest
 from outbox.stores.base import Outbox
 from outbox.stores.sqlite import SQLiteOutbox
 from outbox.stores.urls import parse_url
 from outbox.testing.consume import consume
-from outbox.ui import create_app
+from outbox.ui import create_app, security
 
 from .durable_stores import durable_store
 
@@ -216,6 +217,54 @@ def test_purge_needs_confirmation(store: Outbox) -> None:
     assert store.count_dead() == 9 and store.list_dead(DeadLetterFilter(ids=tuple(ids["auth"]))) == []
     [entry] = c.get("/api/audit").json()["entries"]
     assert (entry["action"], entry["count"]) == ("purge", 3)
+
+
+def test_erase_a_key_counted_first_then_confirmed_and_audited_by_its_digest(store: Outbox) -> None:
+    key, other = b"customer-42", b"\x00customer-7"
+    batch = [NewMessage("orders", b"o-%d" % i, key if i % 3 == 0 else other, msg_id=f"o{i}") for i in range(30)]
+    ids = store.enqueue(batch)  # one group row holding both keys
+    store.add_dead([NewMessage("orders", b"d", key), NewMessage("payments", b"d", key)], failed_at=NOW)
+    store.claim("drain@elsewhere", 100, 600, now=time.time())  # the group, leased to a drain worker
+    digest = key_digest(key)
+    c = client(store, token=TOKEN, loopback=False)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    dry = c.post("/api/erase", json={"key": "customer-42", "dry_run": True}, headers=auth).json()
+    assert dry == {"key_sha256": digest, "topic": None, "dry_run": True, "pending": 10, "dead": 2, "leased": 10,
+                   "total": 12}
+    r = c.post("/api/erase", json={"key": "customer-42"}, headers=auth)
+    assert r.status_code == 400 and '"confirm": true' in r.json()["error"]
+    assert c.post("/api/erase", json={"key": "customer-42", "confirm": True}).status_code == 401  # no token
+    assert len(store.messages()) == 32 and store.audit_log() == []
+    r = c.post("/api/erase", json={"key_hex": key.hex(), "topic": "payments", "confirm": True}, headers=auth)
+    assert r.json() == {"key_sha256": digest, "topic": "payments", "dry_run": False, "pending": 0, "dead": 1,
+                        "leased": 0, "total": 1}
+    r = c.post("/api/erase", json={"key": "customer-42", "confirm": True}, headers=auth)
+    assert (r.json()["pending"], r.json()["dead"], r.json()["leased"]) == (10, 1, 10)
+    assert [m.key for m in store.messages()] == [other] * 20
+    assert [m.id for m in store.messages()] == [i for i, m in zip(ids, batch, strict=True) if m.key == other]
+    entries = c.get("/api/audit", headers=auth).json()["entries"]
+    assert [(e["action"], e["count"], e["who"]) for e in entries] == [("erase", 11, security.who(TOKEN)),
+                                                                       ("erase", 1, security.who(TOKEN))]
+    assert "customer-42" not in str(entries) and key.hex() not in str(entries) and digest in str(entries)
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ({"confirm": True}, "give the key once: key (text) or key_hex"),
+        ({"key": "a", "key_hex": "61", "confirm": True}, "give the key once: key (text) or key_hex"),
+        ({"key_hex": "zz-secret", "confirm": True}, "key_hex: not hex (two hex digits per byte; the value is not "
+                                                    "repeated)"),
+        ({"key": 42, "confirm": True}, "key: must be text (key_hex for bytes)"),
+        ({"key": "k", "topic": "", "confirm": True}, "topic: must be a topic's name"),
+        ({"key": "k", "ids": [1], "confirm": True}, "unknown field(s): ids"),
+    ],
+)
+def test_a_bad_erase_request_is_a_400_naming_the_field(store: Outbox, body: dict[str, Any], error: str) -> None:
+    store.enqueue([NewMessage("orders", b"v", b"k")])
+    r = client(store).post("/api/erase", json=body)
+    assert r.status_code == 400 and r.json() == {"error": error}
+    assert len(store.messages()) == 1 and store.audit_log() == []
 
 
 def test_edit_then_redrive_one(store: Outbox) -> None:
@@ -526,4 +575,4 @@ def test_openapi_schema_lists_the_api(store: Outbox) -> None:
     paths = client(store).get("/api/openapi.json").json()["paths"]
     assert {"/api/stats", "/api/dead-letters", "/api/dead-letters/{row_id}", "/api/redrive", "/api/jobs/{job_id}",
             "/api/purge", "/api/dead-letters/{row_id}/redrive", "/api/redrive-topic", "/api/trace/{msg_id}",
-            "/api/audit"} == set(paths)
+            "/api/audit", "/api/erase"} == set(paths)
