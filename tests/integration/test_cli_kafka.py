@@ -8,10 +8,12 @@ ResilientProducer, and every message is consumed back from Kafka and counted by 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -26,11 +28,13 @@ from confluent_kafka import Message
 from outbox.headers import ID_HEADER
 from outbox.producer.resilient import ResilientProducer
 from outbox.records import NewMessage
+from outbox.retry import RetryPolicy
 from outbox.stores import SQLiteOutbox
 from outbox.testing import KafkaCluster
 from outbox.testing.consume import consume, topic_size
 
 from ..waiting import wait_until
+from .delivery import keyed_value, read_topic
 
 OUTBOX = Path(sys.executable).parent / "outbox"
 TIMED_OUT = "_MSG_TIMED_OUT (-192): Local: Message timed out"
@@ -389,6 +393,81 @@ def test_producer_without_drain_workers_resumes_the_fast_path_after_an_external_
         assert producer.close(timeout=30) is True
     got = consume(kafka_bootstrap, topic, 4, timeout=30)
     assert [m.value() for m in got] == [b"first", b"stored", b"behind", b"direct"]
+
+
+def test_a_key_erased_by_another_process_in_an_outage_is_released_and_the_others_keep_their_order(
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A producer queues each key behind its stored rows (`KeyBacklog`). `outbox erase`, another
+    process, deletes one key's rows while every broker is down. The producer's key thread looks
+    at the store at least once a second while its circuit is not open, whoever removed the rows,
+    and finds none of that key's: it releases the key before the cluster is back, with nothing
+    delivered. Once it is back, the other keys' stored messages arrive in produce order, none of
+    the erased ones arrive (except any the erasure reports as leased: already in flight), and the
+    erased key's new messages go to Kafka on their first try."""
+    topic = make_topic(partitions=3)
+    bs = chaos_cluster.bootstrap_servers
+    db = tmp_path / "app.db"
+    keys, per_key, erased = 4, 100, b"key-0"
+    seq = [0] * keys
+    producer = ResilientProducer(
+        # 15 s: the restarted cluster's first seconds (idempotence ids not yet granted) time no send out.
+        {"bootstrap.servers": bs, "acks": "all", "linger.ms": 5, "message.timeout.ms": 15000},
+        outbox=f"sqlite:///{db}", retry=RetryPolicy(max_attempts=100, initial_delay=0.5),
+        circuit_reset_timeout=1.0, drain_poll_interval=0.2, lease_seconds=10.0,
+    )
+    try:
+        producer.produce(make_topic(partitions=1), b"warm-up")
+        wait_until(lambda: producer.stats()["delivered"] == 1, 60, "the warm-up message is delivered")
+        chaos_cluster.stop_all()
+        for i in range(keys * per_key):
+            k = i % keys
+            key, value = keyed_value(k, seq[k])
+            seq[k] += 1
+            producer.produce(topic, value, key=key)
+        wait_until(lambda: producer.stats()["pending"] == keys * per_key and producer.stats()["unsaved"] == 0
+                   and producer.stats()["in_memory"] == 0, 90, "every message of the outage is in the outbox")
+        assert producer.stats()["keys_waiting"] == keys
+        with contextlib.closing(sqlite3.connect(db)) as raw:  # how the producer stored them, for the log
+            groups = raw.execute("SELECT count(*), coalesce(sum(n), 0) FROM outbox WHERE n > 1").fetchone()
+
+        done = outbox_cli("erase", "--outbox", str(db), "--key", erased.decode(), "--topic", topic, "--yes", "--json")
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert (report["pending"], report["dead"]) == (per_key, 0), report
+        with SQLiteOutbox(str(db), create=False) as store:
+            assert not store.has_pending(topic, erased)
+            assert store.stats(now=time.time()).pending == (keys - 1) * per_key
+            [entry] = store.audit_log()
+            assert (entry.action, entry.count) == ("erase", per_key) and erased.decode() not in entry.filter
+        # Still down: no delivery can have freed anything. The key thread found the key's rows gone.
+        wait_until(lambda: producer.stats()["keys_waiting"] == keys - 1, 30, "the producer released the erased key")
+        assert producer.stats()["delivered"] == 1
+
+        chaos_cluster.start_all()
+        chaos_cluster.wait_until_healthy()
+        wait_until(lambda: producer.stats()["pending"] == 0 and producer.stats()["keys_waiting"] == 0
+                   and producer.stats()["circuit"] == "closed", 120, "the outbox is drained and the circuit closed")
+        first_tries: list[bool] = []
+        for _ in range(20):
+            key, value = keyed_value(0, seq[0])
+            seq[0] += 1
+            producer.produce(topic, value, key=key,
+                             on_delivery=lambda err, msg: first_tries.append(err is None and msg is not None))
+        assert producer.flush(30) == 0
+        assert first_tries == [True] * 20, "the erased key's new messages went through the outbox"
+        assert producer.stats()["outboxed"] == keys * per_key
+    finally:
+        producer.close(timeout=30)
+    got = read_topic(bs, topic, (keys - 1) * per_key + 20)
+    assert got.order_violations() == []
+    arrived = {m.value() for m in got.messages}
+    assert all(keyed_value(k, s)[1] in arrived for k in range(1, keys) for s in range(per_key))
+    assert all(keyed_value(0, s)[1] in arrived for s in range(per_key, per_key + 20))
+    erased_arrived = [m for m in got.messages if m.key() == erased and int(m.value().rsplit(b":", 1)[1]) < per_key]
+    assert len(erased_arrived) <= report["leased"], "erased messages reached Kafka that were not in flight"
+    print(f"\nerasure: {report}; {len(erased_arrived)} erased message(s) were already in flight; "
+          f"{groups[1]} of the outage's messages were in {groups[0]} group row(s)")
 
 
 def test_json_errors_and_exit_codes_of_the_installed_script(kafka_bootstrap: str, tmp_path: Path) -> None:
