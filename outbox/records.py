@@ -153,15 +153,18 @@ class DeadLetterFilter:
 
 @dataclass(frozen=True, slots=True)
 class AuditEntry:
-    """One operator action on dead letters, as the audit log keeps it.
+    """One operator action on stored messages, as the audit log keeps it.
 
     Attributes:
         id: entry id (increasing).
         at: epoch seconds.
-        who: "local" or "token:<first 8 hex of its SHA-256>" (never the token itself).
-        action: "redrive", "purge", "edit-redrive", ...
-        filter: what was named (a JSON object as text: filter fields or ids).
-        count: how many dead letters the action changed.
+        who: the console's "local" or "token:<first 8 hex of its SHA-256>" (never the token
+            itself), the command line's "cli:<user>", or a producer's "retention".
+        action: "redrive", "purge" (one entry per batch of a bounded purge), "edit-redrive",
+            "erase", ...
+        filter: what was named (a JSON object as text: filter fields or ids; an erasure's key as
+            "key_sha256", never its bytes).
+        count: how many messages the action changed (an erasure: pending and dead).
     """
 
     id: int
