@@ -2,6 +2,8 @@
 
 Writes take a JSON body (the middleware refuses any other content type: see
 `outbox.ui.security`); errors answer `{"error": "..."}` with their status (`outbox.ui.errors`).
+Messages are masked (`outbox.masking`); each write names the role it needs (`outbox.ui.roles`),
+and a request below it gets a 403 with `{"error", "needs"}`.
 """
 
 from __future__ import annotations
@@ -10,19 +12,21 @@ import json
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from outbox.consumer.redrive import redrive_topic
+from outbox.masking import NO_MASKS
 from outbox.message import topic_problem
 from outbox.stores.audited import key_digest
 from outbox.ui import present
-from outbox.ui.console import ConsoleDep
+from outbox.ui.console import ConsoleDep, IdentityDep
 from outbox.ui.errors import ConsoleError
 from outbox.ui.filters import FilterError, describe, parse_filter
 from outbox.ui.inputs import body_ids, headers_of, int_param, json_body, key_of, rate_of, value_of
-from outbox.ui.operations import check_ids, dead_page, erase, overview, purge, redrive_edited
+from outbox.ui.operations import check_ids, dead_page, erase, overview, purge, redrive_edited, reveal
+from outbox.ui.roles import Role, need
 
 router = APIRouter(prefix="/api", tags=["api"])
 
@@ -42,11 +46,19 @@ def api_dead_letters(request: Request, console: ConsoleDep) -> Response:
 
 @router.get("/dead-letters/{row_id}", summary="One stored message, every byte shown safely")
 def api_dead_letter(row_id: int, console: ConsoleDep) -> dict[str, Any]:
-    return present.detail(console.store.get(row_id))
+    return present.detail(console.store.get(row_id), console.masker)
 
 
-@router.post("/redrive", summary="Redrive dead letters: dry-run count, or start a job")
-async def api_redrive(request: Request, console: ConsoleDep) -> Response:
+@router.post("/dead-letters/{row_id}/reveal", summary="One stored message unmasked (admin; audited)",
+             dependencies=[Depends(need(Role.ADMIN, "revealing a message unmasked"))])
+def api_reveal(row_id: int, console: ConsoleDep, me: IdentityDep) -> dict[str, Any]:
+    """What GET /api/dead-letters/{id} shows, without masks; the audit log records who saw it."""
+    return present.detail(reveal(console, row_id, me), NO_MASKS)
+
+
+@router.post("/redrive", summary="Redrive dead letters: dry-run count, or start a job (operator)",
+             dependencies=[Depends(need(Role.OPERATOR, "redriving dead letters"))])
+async def api_redrive(request: Request, console: ConsoleDep, me: IdentityDep) -> Response:
     """Body: filter fields and/or `ids`, `dry_run` (count only), `rate` (messages/s).
     Answers 202 with the job; follow it at /api/jobs/{id}."""
     body = await json_body(request)
@@ -54,7 +66,7 @@ async def api_redrive(request: Request, console: ConsoleDep) -> Response:
     rate = rate_of(body.get("rate"), console.default_rate)
     if body.get("dry_run"):
         return JSONResponse({"count": console.store.count_dead(flt), "filter": describe(flt)})
-    job = console.jobs.redrive(flt, rate=rate, who=console.actor)
+    job = console.jobs.redrive(flt, rate=rate, who=me.who)
     return JSONResponse({"job": job.as_dict(), "url": f"/api/jobs/{job.id}"}, status_code=202)
 
 
@@ -66,8 +78,9 @@ def api_job(job_id: int, console: ConsoleDep) -> dict[str, Any]:
     return job.as_dict()
 
 
-@router.post("/purge", summary="Delete dead letters: dry-run count, or purge with confirm")
-async def api_purge(request: Request, console: ConsoleDep) -> Response:
+@router.post("/purge", summary="Delete dead letters: dry-run count, or purge with confirm (operator)",
+             dependencies=[Depends(need(Role.OPERATOR, "purging dead letters"))])
+async def api_purge(request: Request, console: ConsoleDep, me: IdentityDep) -> Response:
     """Body: filter fields and/or `ids`; `dry_run` to count; `confirm: true` to delete."""
     body = await json_body(request)
     flt = check_ids(console, parse_filter(body, ids=body_ids(body), allow=("ids", "dry_run", "confirm")))
@@ -75,11 +88,12 @@ async def api_purge(request: Request, console: ConsoleDep) -> Response:
         return JSONResponse({"count": console.store.count_dead(flt), "filter": describe(flt)})
     if body.get("confirm") is not True:
         raise ConsoleError(400, 'a purge cannot be undone: send "confirm": true (count first with "dry_run": true)')
-    return JSONResponse({"removed": purge(console, flt), "filter": describe(flt)})
+    return JSONResponse({"removed": purge(console, flt, me.who), "filter": describe(flt)})
 
 
-@router.post("/erase", summary="Delete every stored message of one key: dry-run count, or erase with confirm")
-async def api_erase(request: Request, console: ConsoleDep) -> Response:
+@router.post("/erase", summary="Delete every stored message of one key: dry-run count, or erase with confirm "
+             "(operator)", dependencies=[Depends(need(Role.OPERATOR, "erasing a key's messages"))])
+async def api_erase(request: Request, console: ConsoleDep, me: IdentityDep) -> Response:
     """Body: `key` (text) or `key_hex`, optional `topic`; `dry_run` to count; `confirm: true` to
     delete every pending message and dead letter of the key (`outbox erase`). The answer and the
     audit log name the key by the first 16 hex digits of its SHA-256, never by its bytes."""
@@ -95,19 +109,22 @@ async def api_erase(request: Request, console: ConsoleDep) -> Response:
     if not dry_run and body.get("confirm") is not True:
         raise ConsoleError(400, 'an erasure cannot be undone: send "confirm": true (count first with "dry_run": true)')
     # Blocking store work (a group rewritten per transaction): in the thread pool, not on the event loop.
-    done = await run_in_threadpool(erase, console, key, topic, dry_run=dry_run)
+    done = await run_in_threadpool(erase, console, key, topic, who=me.who, dry_run=dry_run)
     return JSONResponse({
         "key_sha256": key_digest(key), "topic": topic, "dry_run": dry_run,
         "pending": done.pending, "dead": done.dead, "leased": done.leased, "total": done.total,
     })
 
 
-@router.post("/dead-letters/{row_id}/redrive", summary="Edit one dead letter, then redrive it")
-async def api_redrive_edited(row_id: int, request: Request, console: ConsoleDep) -> dict[str, Any]:
+@router.post("/dead-letters/{row_id}/redrive", summary="Edit one dead letter, then redrive it (operator)",
+             dependencies=[Depends(need(Role.OPERATOR, "redriving a dead letter"))])
+async def api_redrive_edited(row_id: int, request: Request, console: ConsoleDep, me: IdentityDep) -> dict[str, Any]:
     """Body: `value` (text, or hex with `value_encoding: "hex"`, or null) and `headers`
     (a list of [name, text-or-null], or of {name, value, encoding} as GET shows them, with
     encoding "utf-8", "hex" or null); both optional (kept as they are when absent). What GET
-    /api/dead-letters/{id} shows, posted back unchanged, stores the same bytes."""
+    /api/dead-letters/{id} shows, posted back unchanged, stores the same bytes: masked parts
+    left as GET shows them keep their stored bytes. Changing a masked part needs the admin
+    role (who posts the revealed text); masked text changed with its mask still in it is a 400."""
     body = await json_body(request)
     unknown = sorted(set(body) - {"value", "value_encoding", "headers"})
     if unknown:
@@ -115,12 +132,13 @@ async def api_redrive_edited(row_id: int, request: Request, console: ConsoleDep)
     row = console.store.get(row_id)
     value = value_of(body["value"], body.get("value_encoding", "utf-8")) if "value" in body else row.value
     headers = headers_of(body["headers"]) if "headers" in body else row.headers
-    redrive_edited(console, row_id, value, headers)
-    return present.detail(console.store.get(row_id))
+    redrive_edited(console, row_id, value, headers, me)
+    return present.detail(console.store.get(row_id), console.masker)
 
 
-@router.post("/redrive-topic", summary="Republish a consumer's DLQ topic into its retry tier")
-async def api_redrive_topic(request: Request, console: ConsoleDep) -> dict[str, Any]:
+@router.post("/redrive-topic", summary="Republish a consumer's DLQ topic into its retry tier (operator)",
+             dependencies=[Depends(need(Role.OPERATOR, "redriving a DLQ topic"))])
+async def api_redrive_topic(request: Request, console: ConsoleDep, me: IdentityDep) -> dict[str, Any]:
     """Body: `dlq_topic` (e.g. orders.billing.dlq), optional `limit`. Each message goes to its
     group's first retry tier (`outbox dlq replay-topic`); progress is kept by the consumer group
     outbox-redrive.<dlq_topic>, so a second call republishes only what came later."""
@@ -137,7 +155,7 @@ async def api_redrive_topic(request: Request, console: ConsoleDep) -> dict[str, 
     limit = int_param(str(body["limit"]), "limit", None, 1, 10_000_000) if body.get("limit") is not None else None
     # Blocking Kafka calls: run in the thread pool, not on the event loop.
     result = await run_in_threadpool(redrive_topic, console.kafka, topic, limit=limit)
-    console.store.add_audit(who=console.actor, action="redrive-topic",
+    console.store.add_audit(who=me.who, action="redrive-topic",
                             filter=json.dumps({"dlq_topic": topic, "limit": limit}),
                             count=result.replayed, at=time.time())
     return {"dlq_topic": topic, "replayed": result.replayed, "by_topic": result.by_topic}
@@ -148,7 +166,7 @@ def api_trace(msg_id: str, console: ConsoleDep) -> dict[str, Any]:
     rows = console.store.trace(msg_id)
     if not rows:
         raise ConsoleError(404, f"no row with outbox-id {msg_id!r} in the outbox (delivered rows are deleted)")
-    return {"msg_id": msg_id, "rows": [present.detail(r) for r in rows]}
+    return {"msg_id": msg_id, "rows": [present.detail(r, console.masker) for r in rows]}
 
 
 @router.get("/audit", summary="The audit log, newest first")

@@ -1,8 +1,9 @@
 """What every part of the console shares: the store, the settings it was started with, the
 templates and the redrive jobs, in one `Console` kept on the application (`app.state.console`).
 
-Routes take it as a dependency (`ConsoleDep`); the middleware and the exception handlers, which
-FastAPI does not inject into, read it with `console_of(request)`.
+Routes take it as a dependency (`ConsoleDep`), and who asks as another (`IdentityDep`, resolved
+by the middleware); the middleware and the exception handlers, which FastAPI does not inject
+into, read the console with `console_of(request)`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from urllib.parse import urlencode
 from fastapi import Depends, Request
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from outbox.masking import Masker
 from outbox.stores import Outbox
 from outbox.ui import present
 from outbox.ui.jobs import Jobs
+from outbox.ui.roles import Access, Identity, identity_of
 
 
 @dataclass(frozen=True)
@@ -25,14 +28,15 @@ class Console:
     """One console: its store and how it was started (see `create_app` for each setting)."""
 
     store: Outbox
-    token: str | None
+    #: The tokens and the role header that say who asks (`outbox.ui.roles`).
+    access: Access
     loopback: bool
     #: Where the store lives, as the pages show it (never with a password).
     location: str
     default_rate: float
     kafka: Mapping[str, Any] | None
-    #: Who acts, as the audit log names them (`outbox.ui.security.who`).
-    actor: str
+    #: What the pages and the API mask of every message (`outbox.masking`).
+    masker: Masker
     templates: Environment
     jobs: Jobs
 
@@ -58,3 +62,11 @@ async def _console(request: Request) -> Console:
 
 #: A route's parameter `console: ConsoleDep` receives the `Console`.
 ConsoleDep = Annotated[Console, Depends(_console)]
+
+
+async def _identity(request: Request) -> Identity:
+    return identity_of(request)
+
+
+#: A route's parameter `me: IdentityDep` receives who asks (their role, and their audit name).
+IdentityDep = Annotated[Identity, Depends(_identity)]

@@ -18,6 +18,7 @@ from outbox.errors import ConfigError, KafkaDeliveryError, KafkaUnavailableError
 from outbox.ui import security
 from outbox.ui.console import Console, console_of
 from outbox.ui.filters import FilterError
+from outbox.ui.roles import Refused, Role
 
 # The name the console has always logged under: a logging configuration may select it by name.
 log = logging.getLogger("outbox.ui.app")
@@ -32,10 +33,12 @@ class ConsoleError(Exception):
         self.message = message
 
 
-def refuse(console: Console, api: bool, status: int, message: str) -> Response:
-    """The answer to a refused request: JSON for the API, the error page for a browser."""
+def refuse(console: Console, api: bool, status: int, message: str, needs: Role | None = None) -> Response:
+    """The answer to a refused request: JSON for the API, the error page for a browser. A 403
+    for want of a role names it (`needs`, in the JSON too)."""
     if api:
-        response: Response = JSONResponse({"error": message}, status_code=status)
+        body = {"error": message} if needs is None else {"error": message, "needs": needs.label}
+        response: Response = JSONResponse(body, status_code=status)
     else:
         html = console.templates.get_template("error.html").render(
             status=status, message=message, location=console.location
@@ -52,6 +55,10 @@ def _error(request: Request, status: int, message: str) -> Response:
 
 async def on_console_error(request: Request, exc: ConsoleError) -> Response:
     return _error(request, exc.status, exc.message)
+
+
+async def on_refused(request: Request, exc: Refused) -> Response:
+    return refuse(console_of(request), request.url.path.startswith("/api/"), exc.status, exc.message, exc.needs)
 
 
 async def on_filter_error(request: Request, exc: FilterError) -> Response:
@@ -92,6 +99,7 @@ async def on_bug(request: Request, exc: Exception) -> Response:
 #: Each failure a route may raise, and what answers it.
 HANDLERS: tuple[tuple[type[Exception], Callable[..., Awaitable[Response]]], ...] = (
     (ConsoleError, on_console_error),
+    (Refused, on_refused),
     (FilterError, on_filter_error),
     (UnknownMessageError, on_unknown),
     (StoreError, on_store_error),

@@ -1,8 +1,9 @@
 """The middleware that applies `outbox.ui.security`'s rules to every request, before any route.
 
-In order: the host check, the token, JSON-only API writes; then the per-browser CSRF token,
-kept on `request.state.csrf` for the forms and set as a cookie the first time a page is shown;
-and the security headers on every answer.
+In order: the host check, who asks (the token or the role header, `outbox.ui.roles.resolve`:
+kept on `request.state.identity` for the routes), JSON-only API writes; then the per-browser
+CSRF token, kept on `request.state.csrf` for the forms and set as a cookie the first time a page
+is shown; and the security headers on every answer. What each role may do, the routes say.
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ from fastapi.responses import Response
 from outbox.ui import security
 from outbox.ui.console import console_of
 from outbox.ui.errors import refuse
-
-_TOKEN_REQUIRED = (
-    "a token is required: send 'Authorization: Bearer <token>', or open /login?token=<token> once in the browser"
-)
+from outbox.ui.roles import Refused, resolve
 
 
 async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -26,10 +24,13 @@ async def guard(request: Request, call_next: Callable[[Request], Awaitable[Respo
     api = request.url.path.startswith("/api/")
     if console.loopback and not security.is_loopback(request.url.hostname or ""):
         return refuse(console, api, 400, "this console answers requests addressed to localhost only")
-    if console.token is not None and request.url.path != "/login":
+    if request.url.path != "/login":  # which checks the token it is given itself
         given = security.bearer(request.headers.get("authorization")) or request.cookies.get(security.TOKEN_COOKIE)
-        if not security.token_matches(console.token, given):
-            return refuse(console, api, 401, _TOKEN_REQUIRED)
+        header = request.headers.get(console.access.role_header) if console.access.role_header else None
+        try:
+            request.state.identity = resolve(console.access, token=given, header=header)
+        except Refused as exc:
+            return refuse(console, api, exc.status, exc.message)
     if api and request.method not in ("GET", "HEAD", "OPTIONS"):
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":

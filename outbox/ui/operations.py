@@ -1,6 +1,6 @@
 """What the pages and the JSON API both do with the store: a keyset page of dead letters, the
-overview's counts, the check that named ids are dead letters, and the writes that the audit
-log records (a purge, an edited message redriven, a key erased).
+overview's counts, the check that named ids are dead letters, and what the audit log records
+(a purge, an edited message redriven, a key erased, a message revealed).
 
 Each works through the store's own methods; the routes only read the request and shape the
 answer, so a page and its API twin cannot drift apart.
@@ -14,7 +14,8 @@ from typing import Any
 
 from outbox.consumer.headers import consumer_failure
 from outbox.errors import KafkaUnavailableError
-from outbox.records import DeadLetterFilter, Headers, Status
+from outbox.masking import MaskedEdit
+from outbox.records import DeadLetterFilter, Headers, OutboxMessage, Status
 from outbox.stores.audited import erase_key
 from outbox.stores.base import Erased
 from outbox.ui import present
@@ -22,6 +23,7 @@ from outbox.ui.console import Console
 from outbox.ui.errors import ConsoleError
 from outbox.ui.filters import describe, describe_json
 from outbox.ui.lag import tier_lags
+from outbox.ui.roles import Identity, Role, forbidden
 
 
 def dead_page(console: Console, flt: DeadLetterFilter) -> dict[str, Any]:
@@ -32,7 +34,7 @@ def dead_page(console: Console, flt: DeadLetterFilter) -> dict[str, Any]:
     more = len(rows) > flt.limit
     rows = rows[: flt.limit]
     return {
-        "items": [present.summary(r) for r in rows],
+        "items": [present.summary(r, console.masker) for r in rows],
         "next_after": rows[-1].id if more and rows else None,
         "filter": describe(flt),
     }
@@ -88,31 +90,53 @@ def check_ids(console: Console, flt: DeadLetterFilter) -> DeadLetterFilter:
     return flt
 
 
-def purge(console: Console, flt: DeadLetterFilter) -> int:
-    """Delete the dead letters `flt` names, and record it; how many were deleted."""
+def purge(console: Console, flt: DeadLetterFilter, who: str) -> int:
+    """Delete the dead letters `flt` names, and record it as `who`'s; how many were deleted."""
     removed = console.store.purge_dead(flt)
-    console.store.add_audit(who=console.actor, action="purge", filter=describe_json(flt), count=removed,
+    console.store.add_audit(who=who, action="purge", filter=describe_json(flt), count=removed,
                             at=time.time())
     return removed
 
 
-def erase(console: Console, key: bytes, topic: str | None, *, dry_run: bool) -> Erased:
+def erase(console: Console, key: bytes, topic: str | None, *, who: str, dry_run: bool) -> Erased:
     """Delete every pending message and dead letter of `key` (of `topic`), and record it as
     `outbox erase` does (`outbox.stores.audited.erase_key`); `dry_run` counts only."""
-    return erase_key(console.store, key, topic=topic, who=console.actor, dry_run=dry_run)
+    return erase_key(console.store, key, topic=topic, who=who, dry_run=dry_run)
 
 
-def redrive_edited(console: Console, row_id: int, value: bytes | None, headers: Headers) -> int:
-    """Store a dead letter's new value and headers and make it pending again, and record it."""
+def redrive_edited(console: Console, row_id: int, value: bytes | None, headers: Headers, me: Identity) -> int:
+    """Store a dead letter's new value and headers and make it pending again, and record it.
+
+    The edit was made on the masked message (`outbox.masking`): masks that came back unchanged
+    are the stored bytes again, masked text changed but still holding the mask is refused (400),
+    and changing or dropping a masked part needs the admin's role, who may see it revealed.
+    """
     store = console.store
     row = store.get(row_id)
     if row.status is not Status.DEAD:
         raise ConsoleError(409, f"message {row_id} is {row.status.name.lower()}, not a dead letter")
-    if not store.redrive_edited(row_id, value=value, headers=headers, now=time.time()):
+    try:
+        edit = console.masker.restore(row, value, headers)
+    except MaskedEdit as exc:
+        raise ConsoleError(400, str(exc)) from None
+    if edit.changes_masked and not me.may(Role.ADMIN):
+        raise forbidden(me, Role.ADMIN, f"changing the masked parts of message {row_id}")
+    if not store.redrive_edited(row_id, value=edit.value, headers=edit.headers, now=time.time()):
         raise ConsoleError(409, f"message {row_id} is no longer a dead letter")
-    store.add_audit(who=console.actor, action="edit-redrive", filter=describe_json(DeadLetterFilter(ids=(row_id,))),
+    store.add_audit(who=me.who, action="edit-redrive", filter=describe_json(DeadLetterFilter(ids=(row_id,))),
                     count=1, at=time.time())
     return row_id
+
+
+def reveal(console: Console, row_id: int, me: Identity) -> OutboxMessage:
+    """One stored message, to be shown unmasked (`outbox.masking.NO_MASKS`) to an admin; the
+    audit log records who saw which first, so that no reveal goes unrecorded."""
+    if not me.may(Role.ADMIN):
+        raise forbidden(me, Role.ADMIN, "revealing a message unmasked")
+    row = console.store.get(row_id)
+    console.store.add_audit(who=me.who, action="reveal", filter=describe_json(DeadLetterFilter(ids=(row_id,))),
+                            count=1, at=time.time())
+    return row
 
 
 def _fields(flt: DeadLetterFilter) -> dict[str, Any]:

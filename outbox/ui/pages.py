@@ -1,8 +1,9 @@
 """The pages: plain HTML rendered by Jinja2, and forms that post back here, with no script.
 
-Each page shows what its API twin answers (`outbox.ui.operations` computes both). A form
-carries the browser's CSRF token (`outbox.ui.inputs.posted_form` checks it); a write answers
-with a redirect (303) to the page that shows its outcome.
+Each page shows what its API twin answers (`outbox.ui.operations` computes both), masked. A
+form carries the browser's CSRF token (`outbox.ui.inputs.posted_form` checks it); a write answers
+with a redirect (303) to the page that shows its outcome. A page shows only the buttons and forms
+of what the request's role may do, and each write checks the role again (`outbox.ui.roles`).
 """
 
 from __future__ import annotations
@@ -10,17 +11,19 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import FormData
 
-from outbox.records import DeadLetterFilter
+from outbox.masking import NO_MASKS, Masker
+from outbox.records import DeadLetterFilter, OutboxMessage
 from outbox.ui import present, security
-from outbox.ui.console import Console, ConsoleDep
+from outbox.ui.console import Console, ConsoleDep, IdentityDep
 from outbox.ui.errors import ConsoleError, refuse
 from outbox.ui.filters import FIELDS, FilterError, describe, parse_filter, query_of
 from outbox.ui.inputs import int_param, posted_form, rate_of
-from outbox.ui.operations import check_ids, dead_page, overview, purge, redrive_edited
+from outbox.ui.operations import check_ids, dead_page, overview, purge, redrive_edited, reveal
+from outbox.ui.roles import Role, identity_of, need
 
 # The pages are for people: not part of the API's schema.
 router = APIRouter(include_in_schema=False)
@@ -30,9 +33,12 @@ _ACTION_FIELDS = ("csrf", "do", "action", "scope", "ids", "rate")
 
 
 def render(request: Request, console: Console, name: str, **context: Any) -> HTMLResponse:
-    """The page `name`, with what every page shows: where the store is, who acts, the form token."""
+    """The page `name`, with what every page shows: where the store is, who asks and what their
+    role may do (`can_act`: redrive, purge; `can_reveal`), the form token."""
+    me = identity_of(request)
     html = console.templates.get_template(name).render(
-        csrf=request.state.csrf, location=console.location, who=console.actor, **context
+        csrf=request.state.csrf, location=console.location, me=me, can_act=me.may(Role.OPERATOR),
+        can_reveal=me.may(Role.ADMIN), **context
     )
     return HTMLResponse(html)
 
@@ -41,12 +47,12 @@ def render(request: Request, console: Console, name: str, **context: Any) -> HTM
 def login(request: Request, console: ConsoleDep) -> Response:
     # Trades ?token= for a cookie, and redirects: the token leaves the address bar at once.
     given = request.query_params.get("token")
-    if console.token is None:
+    if not console.access.tokens:
         return RedirectResponse("/", status_code=303)
-    if not security.token_matches(console.token, given):
+    if given is None or not any(security.token_matches(t, given) for t in console.access.tokens):
         return refuse(console, False, 401, "wrong or missing token: open /login?token=<token>")
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(security.TOKEN_COOKIE, console.token, httponly=True, samesite="strict")
+    response.set_cookie(security.TOKEN_COOKIE, given, httponly=True, samesite="strict")
     return response
 
 
@@ -66,27 +72,47 @@ def list_page(request: Request, console: ConsoleDep) -> HTMLResponse:
 
 @router.get("/dead-letters/{row_id}", response_class=HTMLResponse)
 def detail_page(request: Request, row_id: int, console: ConsoleDep) -> HTMLResponse:
-    row = console.store.get(row_id)
-    doc = present.detail(row)
-    edit_text, edit_encoding = present.edit_value(row.value)
-    return render(request, console, "detail.html", m=doc, headers_text=present.headers_as_text(row.headers),
-                  edit_text=edit_text, edit_encoding=edit_encoding, notice=request.query_params.get("notice"))
+    return _detail(request, console, console.store.get(row_id), console.masker,
+                   notice=request.query_params.get("notice"))
 
 
-@router.post("/dead-letters/{row_id}/redrive")
-async def edit_redrive_form(request: Request, row_id: int, console: ConsoleDep) -> Response:
+@router.post("/dead-letters/{row_id}/reveal", response_class=HTMLResponse,
+             dependencies=[Depends(need(Role.ADMIN, "revealing a message unmasked"))])
+async def reveal_form(request: Request, row_id: int, console: ConsoleDep, me: IdentityDep) -> HTMLResponse:
+    # A form posted with its CSRF token, answered with the page itself: a reveal is an audited
+    # action, which a link from another site must not be able to make (as a GET could).
+    await posted_form(request)
+    return _detail(request, console, reveal(console, row_id, me), NO_MASKS, revealed=True)
+
+
+def _detail(request: Request, console: Console, row: OutboxMessage, masker: Masker, *, notice: str | None = None,
+            revealed: bool = False) -> HTMLResponse:
+    """The page of one message as `masker` shows it; its edit form holds what is shown (with
+    masks, which an edit keeps as stored: `outbox.masking.Masker.restore`)."""
+    shown = masker.row(row).row
+    edit_text, edit_encoding = present.edit_value(shown.value)
+    return render(request, console, "detail.html", m=present.detail(row, masker), revealed=revealed,
+                  headers_text=present.headers_as_text(shown.headers), edit_text=edit_text,
+                  edit_encoding=edit_encoding, notice=notice)
+
+
+@router.post("/dead-letters/{row_id}/redrive", dependencies=[Depends(need(Role.OPERATOR, "redriving a dead letter"))])
+async def edit_redrive_form(request: Request, row_id: int, console: ConsoleDep, me: IdentityDep) -> Response:
     form = await posted_form(request)
     try:
         headers = present.parse_headers(str(form.get("headers", "")))
         value = present.form_value(str(form.get("value", "")), str(form.get("value_encoding", "utf-8")))
     except ValueError as exc:
         raise FilterError(str(exc)) from None
-    redrive_edited(console, row_id, value, headers)
+    redrive_edited(console, row_id, value, headers, me)
     notice = "Edited and redriven: pending again, attempts reset; the drain sends it."
     return RedirectResponse(f"/dead-letters/{row_id}?{urlencode({'notice': notice})}", status_code=303)
 
 
-@router.post("/actions", response_class=HTMLResponse)
+_ACT = Depends(need(Role.OPERATOR, "redriving or purging dead letters"))
+
+
+@router.post("/actions", response_class=HTMLResponse, dependencies=[_ACT])
 async def action_form(request: Request, console: ConsoleDep) -> HTMLResponse:
     """Step 1 of a bulk action: what it would touch (a dry-run count), and a confirmation."""
     form = await posted_form(request)
@@ -96,15 +122,15 @@ async def action_form(request: Request, console: ConsoleDep) -> HTMLResponse:
                   described=describe(flt), query=query_of(flt), ids=flt.ids, rate=console.default_rate)
 
 
-@router.post("/actions/confirm")
-async def action_confirm(request: Request, console: ConsoleDep) -> Response:
+@router.post("/actions/confirm", dependencies=[_ACT])
+async def action_confirm(request: Request, console: ConsoleDep, me: IdentityDep) -> Response:
     # Step 2: the action itself. A redrive goes on as a job, and its page follows it.
     form = await posted_form(request)
     action, _scope, flt = _bulk_action(console, form)
     if action == "redrive":
-        job = console.jobs.redrive(flt, rate=rate_of(form.get("rate"), console.default_rate), who=console.actor)
+        job = console.jobs.redrive(flt, rate=rate_of(form.get("rate"), console.default_rate), who=me.who)
         return RedirectResponse(f"/jobs/{job.id}", status_code=303)
-    removed = purge(console, flt)
+    removed = purge(console, flt, me.who)
     back = {**query_of(flt), "notice": f"Purged {removed} dead letter(s)."}
     return RedirectResponse(f"/dead-letters?{urlencode(back)}", status_code=303)
 
@@ -120,7 +146,7 @@ def job_page(request: Request, job_id: int, console: ConsoleDep) -> HTMLResponse
 @router.get("/trace", response_class=HTMLResponse)
 def trace_page(request: Request, console: ConsoleDep) -> HTMLResponse:
     msg_id = (request.query_params.get("msg_id") or "").strip()
-    rows = [present.detail(r) for r in console.store.trace(msg_id)] if msg_id else []
+    rows = [present.detail(r, console.masker) for r in console.store.trace(msg_id)] if msg_id else []
     return render(request, console, "trace.html", msg_id=msg_id, rows=rows)
 
 

@@ -4,6 +4,9 @@ Message bytes come from applications and may be anything. Values and headers are
 text when they decode, hex otherwise; a JSON value is also pretty-printed, for reading only. What
 is shown for editing encodes every byte, so a form submitted unchanged stores the same bytes.
 The pages escape all of it (Jinja2 autoescape): nothing here produces HTML.
+
+Every message is shown through a `Masker` (`outbox.masking`): what it masks is never shown, and
+`masked` says that something was. Sizes are the stored bytes'.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from outbox.consumer.headers import consumer_failure
+from outbox.masking import MaskedRow, Masker
 from outbox.records import AuditEntry, Headers, OutboxMessage
 
 #: Values larger than this are cut in lists (the page of one message shows them whole).
@@ -126,9 +130,14 @@ def _preview(data: bytes | None) -> tuple[str | None, str | None]:
     return cut.hex(), "hex"
 
 
-def summary(row: OutboxMessage) -> dict[str, Any]:
+def summary(stored: OutboxMessage, masker: Masker) -> dict[str, Any]:
     """One dead letter in a list: no value bytes beyond a short preview (as text, or hex; a
-    list does not pretty-print JSON: it would be flattened again into one line)."""
+    list does not pretty-print JSON: it would be flattened again into one line), masked."""
+    return _summary(stored, masker.row(stored))
+
+
+def _summary(stored: OutboxMessage, shown: MaskedRow) -> dict[str, Any]:
+    row = shown.row
     key, key_enc = header_text(row.key)
     value, value_enc = _preview(row.value)
     failure = consumer_failure(row.headers)
@@ -141,7 +150,8 @@ def summary(row: OutboxMessage) -> dict[str, Any]:
         "key_encoding": key_enc,
         "value_preview": one_line(value),
         "value_encoding": value_enc,
-        "size": len(row.value) if row.value is not None else 0,
+        "size": len(stored.value) if stored.value is not None else 0,
+        "masked": shown.masked,
         "attempts": row.attempts,
         "first_failed_at": iso(row.first_failed_at),
         "last_failed_at": iso(row.last_failed_at),
@@ -151,9 +161,11 @@ def summary(row: OutboxMessage) -> dict[str, Any]:
     }
 
 
-def detail(row: OutboxMessage) -> dict[str, Any]:
-    """Everything about one stored message, every byte shown safely."""
-    doc = summary(row)
+def detail(stored: OutboxMessage, masker: Masker) -> dict[str, Any]:
+    """Everything about one stored message, every byte shown safely, masked."""
+    shown = masker.row(stored)
+    row = shown.row
+    doc = _summary(stored, shown)
     del doc["value_preview"]
     doc["value"], doc["value_encoding"] = decode(row.value)
     doc["value_pretty"] = pretty(row.value)

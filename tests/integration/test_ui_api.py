@@ -575,4 +575,4 @@ def test_openapi_schema_lists_the_api(store: Outbox) -> None:
     paths = client(store).get("/api/openapi.json").json()["paths"]
     assert {"/api/stats", "/api/dead-letters", "/api/dead-letters/{row_id}", "/api/redrive", "/api/jobs/{job_id}",
             "/api/purge", "/api/dead-letters/{row_id}/redrive", "/api/redrive-topic", "/api/trace/{msg_id}",
-            "/api/audit", "/api/erase"} == set(paths)
+            "/api/audit", "/api/erase", "/api/dead-letters/{row_id}/reveal"} == set(paths)
