@@ -2,7 +2,9 @@
 
 Everything goes through the `Outbox` store methods (`list_dead`, `get`, `purge_dead`,
 `replay_dead`), the same ones the SDK uses: the CLI holds no SQL of its own. A purge goes in
-bounded batches, each recorded in the store's audit log (`outbox.stores.audited`).
+bounded batches, each recorded in the store's audit log (`outbox.stores.audited`). What `list`
+and `show` print is masked as the console masks it (`outbox.masking`) unless `--reveal` is given,
+which the audit log records.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from confluent_kafka import KafkaError
 
 from outbox.consumer.headers import ConsumerFailure, consumer_failure
 from outbox.consumer.redrive import redrive_topic
+from outbox.masking import MASK, NO_MASKS, Masker, MaskRules
 from outbox.message import topic_problem
 from outbox.records import DeadLetterFilter, OutboxMessage, Status
 from outbox.stores import Outbox
@@ -38,6 +41,7 @@ from .common import (
     settings_option,
     who,
 )
+from .masks import mask_options, record_reveal, reveal_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -171,12 +175,27 @@ def _origin_text(o: ConsumerFailure) -> str:
     return f"{o.group}: {o.origin.topic} [{o.origin.partition}] @{o.origin.offset}"
 
 
-def _message_json(row: OutboxMessage, encoding: str = "auto") -> dict[str, Any]:
-    doc = fmt.message_json(row, encoding)
-    o = consumer_failure(row.headers)
+def _message_json(stored: OutboxMessage, masker: Masker, encoding: str = "auto") -> dict[str, Any]:
+    """A message for --json, masked: `masked` says whether anything is; `size` is the stored value's."""
+    shown = masker.row(stored)
+    doc = fmt.message_json(shown.row, encoding)
+    doc["size"] = len(stored.value) if stored.value is not None else 0
+    doc["masked"] = shown.masked
+    o = consumer_failure(shown.row.headers)
     if o is not None:
         doc["consumer"] = o.as_dict()
     return doc
+
+
+def _masker(masking: MaskRules, reveal: bool, store: Outbox, rows: Sequence[OutboxMessage]) -> Masker:
+    """The masker of what is printed; with --reveal none, recorded in the audit log first."""
+    if not reveal:
+        return Masker(masking)
+    record_reveal(store, [r.id for r in rows], who())
+    return NO_MASKS
+
+
+_MASKED_NOTE = f"(masked parts show {MASK}; --reveal shows every byte, recorded in the audit log)"
 
 
 def _describe(flt: DeadLetterFilter) -> str:
@@ -237,6 +256,8 @@ Examples:
 @click.option(
     "--limit", type=click.IntRange(min=1), metavar="N", help="At most N dead letters (oldest first)."
 )
+@mask_options
+@reveal_option
 @json_option
 def list_cmd(
     outbox_url: str,
@@ -246,19 +267,22 @@ def list_cmd(
     until: float | None,
     group: str | None,
     limit: int | None,
+    masking: MaskRules,
+    reveal: bool,
     as_json: bool,
 ) -> None:
     """One line per dead letter: id, topic, key, size, attempts, first/last failure, error.
 
     Dead letters of a ResilientConsumer also show where they came from (ORIGIN: group, original
     topic [partition] @ offset); their TOPIC is the group's first retry tier, where a replay
-    sends them.
+    sends them. Values (--json), headers and errors are masked unless --reveal is given.
     """
     flt = _filter(topic, error, since, until, limit=limit, group=group)
     with open_store(outbox_url) as (store, _url):
         rows = store.list_dead(flt)
+        masker = _masker(masking, reveal, store, rows)
     if as_json:
-        click.echo(fmt.dumps([_message_json(r) for r in rows]))
+        click.echo(fmt.dumps([_message_json(r, masker) for r in rows]))
         return
     if not rows:
         click.echo(f"No dead letters{_describe(flt)}.")
@@ -278,7 +302,7 @@ def list_cmd(
             str(r.attempts),
             fmt.when(r.first_failed_at),
             fmt.when(r.last_failed_at),
-            " ".join((r.last_error or "-").split()),
+            " ".join((masker.text(r.last_error) or "-").split()),
         ]
         if with_origin:
             line.insert(2, "-" if o is None else _origin_text(o))
@@ -305,24 +329,29 @@ Examples:
     help="How to print keys, values and headers: auto = text when it is printable UTF-8, else hex "
     f"(up to {fmt.HEX_LIMIT} bytes) or base64.",
 )
+@mask_options
+@reveal_option
 @json_option
-def show(message_id: int, outbox_url: str, encoding: str, as_json: bool) -> None:
+def show(message_id: int, outbox_url: str, encoding: str, masking: MaskRules, reveal: bool, as_json: bool) -> None:
     """Everything about one dead letter: metadata, error, headers and the value, printed safely.
 
     Binary data is never written raw to the terminal: keys, values and headers that are not
-    printable UTF-8 text are shown as hex or base64, labelled.
+    printable UTF-8 text are shown as hex or base64, labelled. Secrets are masked (the console's
+    rules: --mask-* options, --mask-config) unless --reveal is given, which the audit log records.
     """
     with open_store(outbox_url) as (store, _url):
-        row = store.get(message_id)
-    if row.status is not Status.DEAD:
-        raise CliError(
-            f"message {message_id} is {row.status.name.lower()}, not a dead letter "
-            "(`outbox status` shows what is pending)"
-        )
-    doc = _message_json(row, encoding)
+        stored = store.get(message_id)
+        if stored.status is not Status.DEAD:
+            raise CliError(
+                f"message {message_id} is {stored.status.name.lower()}, not a dead letter "
+                "(`outbox status` shows what is pending)"
+            )
+        masker = _masker(masking, reveal, store, [stored])
+    doc = _message_json(stored, masker, encoding)
     if as_json:
         click.echo(fmt.dumps(doc))
         return
+    row = masker.row(stored).row
     fields = [
         ("id", str(row.id)),
         ("message id", row.msg_id or "-"),
@@ -351,12 +380,14 @@ def show(message_id: int, outbox_url: str, encoding: str, as_json: bool) -> None
     for h in doc["headers"]:
         raw = None if h["value"] is None else h["value"]
         click.echo(f"  {_safe_name(h['name'])}: {_labelled(raw, h['encoding'], None)}")
-    n = len(row.value) if row.value is not None else 0
+    n = len(stored.value) if stored.value is not None else 0
     if row.value is None:
         click.echo("value: null")
     else:
         click.echo(f"value ({doc['value_encoding']}, {n} bytes):")
         click.echo(doc["value"])
+    if doc["masked"]:
+        click.echo(_MASKED_NOTE, err=True)
 
 
 def _labelled(text: str | None, encoding: str | None, raw: bytes | None) -> str:
