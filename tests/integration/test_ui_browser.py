@@ -1,10 +1,13 @@
 """The console in a real headless Chromium (Debian's `chromium` + `chromium-driver`, driven by
 selenium through the system chromedriver: nothing is downloaded), served by the real `outbox ui`
-command. Screenshots of every page go to test-output/ui/ (or $OUTBOX_TEST_OUTPUT/ui/)."""
+command: pages, actions, hostile values, byte-exact edits, and what each role sees (masks, no
+button it may not press, an admin's reveal in the audit log). Screenshots of every page go to
+test-output/ui/ (or $OUTBOX_TEST_OUTPUT/ui/)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -25,10 +28,12 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from outbox.drain.workers import Drainer
 from outbox.errors import UnknownMessageError
+from outbox.masking import MASK
 from outbox.records import DeadLetterFilter, NewMessage, Status
 from outbox.stores.sqlite import SQLiteOutbox
 from outbox.testing.consume import consume
 from outbox.testing.ports import free_port
+from outbox.ui import security
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -77,20 +82,22 @@ def console(tmp_path: Path) -> Iterator[tuple[str, SQLiteOutbox, dict[str, list[
 
 
 @contextlib.contextmanager
-def serve(path: Path) -> Iterator[str]:
-    """`outbox ui` on the store at `path`, in a child process: its base URL once it answers."""
+def serve(path: Path, *args: str, env: dict[str, str] | None = None, token: str | None = None) -> Iterator[str]:
+    """`outbox ui` on the store at `path` (with `args` and `env`), in a child process: its base
+    URL once it answers (to `token`, when it needs one)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-c", "from outbox_cli.main import main; main()", "ui", "--outbox", str(path),
-         "--port", str(port)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+         "--port", str(port), *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
     )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                urllib.request.urlopen(base + "/api/stats", timeout=2).read()
+                headers = {"Authorization": f"Bearer {token}"} if token else {}
+                urllib.request.urlopen(urllib.request.Request(base + "/api/stats", headers=headers), timeout=2).read()
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -270,3 +277,94 @@ def test_save_and_redrive_unchanged_sends_the_stored_bytes(
             assert [h for h in m.headers() or [] if not h[0].startswith("outbox-")] == headers
     finally:
         store.close()
+
+
+VIEWER, OPERATOR, ADMIN = "viewer-token-0123456789", "operator-token-0123456789", "admin-token-0123456789"
+CARD, PASSWORD, BEARER = "4111 1111 1111 1111", "hunter2-Pa55", "Bearer eyJhbGciOi.secret-part"
+SECRETS = (CARD, PASSWORD, "secret-part", "4111111111111111")
+
+
+@pytest.fixture
+def roles_console(tmp_path: Path) -> Iterator[tuple[str, SQLiteOutbox, list[int]]]:
+    """Dead letters holding secrets, served by `outbox ui` with a token per role: the viewer's
+    and the admin's from files, the operator's from its environment variable."""
+    path = tmp_path / "roles.db"
+    store = SQLiteOutbox(str(path))
+    value = json.dumps({"order": 42, "card": {"number": CARD}, "user": {"name": "Ann", "password": PASSWORD}})
+    ids = store.add_dead([
+        NewMessage("orders", value.encode(), key=b"customer-42", msg_id="secret-1",
+                   headers=[("authorization", BEARER.encode()), ("trace", b"t-1")], attempts=2,
+                   error_name="builtins.ValueError", last_error=f"builtins.ValueError (consumer): bad card {CARD}"),
+        NewMessage("payments", f"card={CARD} password={PASSWORD}".encode(), msg_id="secret-2", attempts=1,
+                   error_code=10, error_name="MSG_SIZE_TOO_LARGE", last_error="MSG_SIZE_TOO_LARGE (10): too big"),
+    ], failed_at=time.time())
+    (tmp_path / "viewer").write_text(VIEWER + "\n")
+    (tmp_path / "admin").write_text(ADMIN + "\n")
+    args = ("--viewer-token-file", str(tmp_path / "viewer"), "--admin-token-file", str(tmp_path / "admin"))
+    try:
+        with serve(path, *args, env={"OUTBOX_UI_OPERATOR_TOKEN": OPERATOR}, token=VIEWER) as base:
+            yield base, store, ids
+    finally:
+        store.close()
+
+
+def sign_in(driver: WebDriver, base: str, token: str) -> None:
+    driver.get(f"{base}/login?token={token}")
+    WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.ID, "role"))
+
+
+ACTIONS = ("selection", "redrive-selected", "purge-selected", "redrive-filter", "purge-filter", "edit-form",
+           "edit-redrive", "reveal-form", "reveal")
+
+
+def test_a_viewer_never_sees_a_masked_value_or_an_action(roles_console: Any, browser: WebDriver) -> None:
+    base, store, [secret, text_letter] = roles_console
+    before = (store.messages(), store.audit_log())
+    sign_in(browser, base, VIEWER)
+    assert text(browser, "#role") == "viewer"
+    pages = ["/", "/dead-letters", f"/dead-letters/{secret}", f"/dead-letters/{text_letter}",
+             "/trace?msg_id=secret-1", "/audit"]
+    for page in pages:
+        browser.get(base + page)
+        shown = browser.find_element(By.TAG_NAME, "body").text
+        source = browser.page_source
+        assert not any(s in shown or s in source for s in SECRETS), page
+        assert [a for a in ACTIONS if browser.find_elements(By.ID, a)] == [], page
+        assert browser.find_elements(By.CSS_SELECTOR, "main form[method=post], main input[type=checkbox]") == [], page
+        if page == f"/dead-letters/{secret}":
+            value = json.loads(text(browser, "#value"))
+            assert value == {"order": 42, "card": {"number": MASK}, "user": {"name": "Ann", "password": MASK}}
+            assert f"authorization {MASK}" in text(browser, "#headers")
+            assert text(browser, "#last-error") == f"builtins.ValueError (consumer): bad card {MASK}"
+            assert "Only an admin may reveal them" in text(browser, "#masked-note")
+            shot(browser, "viewer-dead-letter")
+        if page == "/dead-letters":
+            assert f"card={MASK} password={MASK}" in text(browser, "#dead-letters")
+            shot(browser, "viewer-dead-letters")
+    assert (store.messages(), store.audit_log()) == before
+
+
+def test_an_admins_reveal_shows_the_value_and_leaves_an_audit_row(roles_console: Any, browser: WebDriver) -> None:
+    base, store, [secret, _text_letter] = roles_console
+    sign_in(browser, base, OPERATOR)  # an operator may act, but sees no Reveal button
+    browser.get(f"{base}/dead-letters/{secret}")
+    assert text(browser, "#role") == "operator" and browser.find_elements(By.ID, "edit-redrive")
+    assert browser.find_elements(By.ID, "reveal") == [] and CARD not in browser.page_source
+    browser.delete_all_cookies()
+    sign_in(browser, base, ADMIN)
+    browser.get(f"{base}/dead-letters/{secret}")
+    assert text(browser, "#role") == "admin"
+    assert PASSWORD not in browser.page_source and MASK in text(browser, "#value")  # masked until revealed
+    assert store.audit_log() == []
+    navigate(browser, browser.find_element(By.ID, "reveal"))
+    assert "Revealed" in text(browser, "#revealed")
+    value = json.loads(text(browser, "#value"))
+    assert value == {"order": 42, "card": {"number": CARD}, "user": {"name": "Ann", "password": PASSWORD}}
+    assert BEARER in text(browser, "#headers")
+    shot(browser, "admin-revealed")
+    [entry] = store.audit_log()
+    assert (entry.action, json.loads(entry.filter), entry.count, entry.who) == (
+        "reveal", {"ids": [secret]}, 1, security.who(ADMIN))
+    browser.get(base + "/audit")
+    assert f"{security.who(ADMIN)} reveal" in text(browser, "#audit")
+    assert ADMIN not in browser.page_source
