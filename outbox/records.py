@@ -158,10 +158,11 @@ class AuditEntry:
     Attributes:
         id: entry id (increasing).
         at: epoch seconds.
-        who: the console's "local" or "token:<first 8 hex of its SHA-256>" (never the token
-            itself), the command line's "cli:<user>", or a producer's "retention".
+        who: the console's "local", "token:<first 8 hex of its SHA-256>" (never the token
+            itself) or "proxy:<role>" (a reverse proxy's role header), the command line's
+            "cli:<user>", or a producer's "retention".
         action: "redrive", "purge" (one entry per batch of a bounded purge), "edit-redrive",
-            "erase", ...
+            "erase", "reveal" (a message shown unmasked), ...
         filter: what was named (a JSON object as text: filter fields or ids; an erasure's key as
             "key_sha256", never its bytes).
         count: how many messages the action changed (an erasure: pending and dead).
