@@ -45,6 +45,7 @@ __all__ = ["MASK", "MaskRules", "MaskedEdit", "MaskedRow", "Masker", "Restored",
 #: What a masked field, header value or match shows instead of its text.
 MASK = "••••"
 _MASK_BYTES = MASK.encode("utf-8")
+_MASK_ESCAPED = json.dumps(MASK)[1:-1].encode("ascii")  # as JSON written in ASCII shows it
 
 #: Words that make a header or JSON field's name sensitive (compared without case, `-` or `_`).
 SENSITIVE_WORDS = ("authorization", "password", "passwd", "secret", "token", "apikey")
@@ -310,10 +311,18 @@ class Masker:
         except ValueError:
             shown = self._sub(text)
             return (data, False) if shown == text else (shown.encode("utf-8"), True)
-        masked_doc, changed = self._json(doc, ())
+        except RecursionError:  # JSON nested too deep to read: what it holds cannot be told
+            return _MASK_BYTES, True
+        try:
+            masked_doc, changed = self._json(doc, ())
+        except RecursionError:
+            return _MASK_BYTES, True
         if not changed:
             return data, False
-        return json.dumps(masked_doc, ensure_ascii=False).encode("utf-8"), True
+        try:
+            return json.dumps(masked_doc, ensure_ascii=False).encode("utf-8"), True
+        except UnicodeEncodeError:  # a lone surrogate, written \udxxx in the JSON: kept escaped
+            return json.dumps(masked_doc).encode("ascii"), True
 
     def _json(self, node: Any, path: tuple[str | int, ...]) -> tuple[Any, bool]:
         if self._selected(path):
@@ -429,7 +438,7 @@ def _masked_match(m: re.Match[str]) -> str:
 
 def _holds_mask(new: bytes | None, old: bytes | None) -> bool:
     """Whether `new` shows a mask that `old`, the stored bytes, do not hold themselves."""
-    return new is not None and _MASK_BYTES in new and (old is None or _MASK_BYTES not in old)
+    return new is not None and any(m in new and (old is None or m not in old) for m in (_MASK_BYTES, _MASK_ESCAPED))
 
 
 def _numbered(headers: Iterable[tuple[str, bytes | None]]) -> list[tuple[str, int, bytes | None]]:

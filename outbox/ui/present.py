@@ -50,7 +50,7 @@ def pretty(data: bytes | None) -> str | None:
         return None
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to read
         return None
     return json.dumps(doc, indent=2, ensure_ascii=False) if isinstance(doc, (dict, list)) else None
 

@@ -113,6 +113,19 @@ def test_a_card_number_written_as_a_json_number_is_masked_whole() -> None:
     assert out == {"pan": MASK, "ts": 1700000000000}
 
 
+def test_json_too_deep_to_read_is_masked_whole_and_odd_json_stays_valid() -> None:
+    assert DEFAULTS.value(b"[" * 100_000 + b"]" * 100_000) == (MASK.encode(), True)
+    assert DEFAULTS.value(b"[" * 990 + b'"x"' + b"]" * 990) == (MASK.encode(), True)
+    assert NONE.value(b"[" * 100_000 + b"]" * 100_000)[1] is False  # no rule: nothing to read
+    out, masked = DEFAULTS.value(b'{"s": "\\ud800", "password": "p"}')  # a lone surrogate, escaped
+    assert masked and out is not None and json.loads(out) == {"s": "\ud800", "password": MASK}
+    stored = row(b'{"s": "\\ud800", "password": "p", "n": 1}', [])
+    changed = DEFAULTS.row(stored).row.value
+    assert changed is not None
+    with pytest.raises(MaskedEdit):
+        DEFAULTS.restore(stored, changed.replace(b'"n": 1', b'"n": 2'), [])
+
+
 def test_luhn() -> None:
     assert luhn_ok(VISA) and luhn_ok("79927398713") and not luhn_ok("79927398710")
 

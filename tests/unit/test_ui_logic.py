@@ -102,6 +102,7 @@ def test_decode_values() -> None:
     assert present.decode(b'{"a":1}') == ('{"a":1}', "utf-8")  # the stored text, never re-indented
     assert present.pretty(b'{"a":1}') == '{\n  "a": 1\n}'  # shown apart, never submitted
     assert present.pretty(b"12") is None  # JSON scalars stay as written
+    assert present.pretty(b"[" * 100_000 + b"]" * 100_000) is None  # too deep to read: shown as text
     assert present.decode(b"<p>") == ("<p>", "utf-8")  # escaping is the template's job
     assert present.decode(b"\xff\x00") == ("ff00", "hex")
     assert present.decode(None) == (None, None)
