@@ -40,7 +40,10 @@ from typing import Any
 from outbox.errors import ConfigError
 from outbox.records import Headers, OutboxMessage
 
-__all__ = ["MASK", "MaskRules", "MaskedEdit", "MaskedRow", "Masker", "Restored", "NO_MASKS"]
+__all__ = [
+    "MASK", "NO_MASKS", "SENSITIVE_WORDS", "MaskRules", "MaskedEdit", "MaskedRow", "Masker", "Restored", "luhn_ok",
+    "parse_json_path", "sensitive_name",
+]
 
 #: What a masked field, header value or match shows instead of its text.
 MASK = "••••"
@@ -132,6 +135,7 @@ class MaskedRow:
             times as stored).
         value_masked: the value shows a mask.
         masked_headers: the positions in `row.headers` of the header values that show a mask.
+        error_masked: the error text shows a mask.
     """
 
     row: OutboxMessage
@@ -265,9 +269,13 @@ class Masker:
         patterns: list[tuple[re.Pattern[str], Callable[[re.Match[str]], bool]]] = []
         for text in self.rules.regexes:
             try:
-                patterns.append((re.compile(text), _always))
+                pattern = re.compile(text)
             except re.error as exc:
                 raise ConfigError(f"masking regex {text!r}: {exc}") from None
+            if pattern.fullmatch(""):
+                raise ConfigError(f"masking regex {text!r}: matches empty text, so it would mask between every "
+                                  "character (use + rather than *)")
+            patterns.append((pattern, _always))
         if self.rules.defaults:
             patterns += [(re.compile(_CARD), _card), (re.compile(_NAMED), _always)]
         self._patterns = tuple(patterns)

@@ -143,9 +143,11 @@ def test_regexes_mask_matches_or_their_first_group() -> None:
     assert m.text(None) is None
 
 
-def test_a_regex_that_does_not_compile_is_a_config_error() -> None:
+def test_a_regex_that_does_not_compile_or_matches_empty_text_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"masking regex '\(unclosed'"):
         Masker(MaskRules(regexes=("(unclosed",)))
+    with pytest.raises(ConfigError, match="matches empty text, so it would mask between every character"):
+        Masker(MaskRules(regexes=(r"\d*",)))
 
 
 def test_nothing_masked_keeps_the_stored_bytes_exactly() -> None:
