@@ -53,3 +53,15 @@ class KafkaDeliveryError(OutboxError):
 
 class KafkaUnavailableError(OutboxError):
     """No broker of the cluster answered (the cluster is down or the address is wrong)."""
+
+
+class DecryptionError(StoreError):
+    """A stored row is encrypted with a key that was not given, or does not decrypt with it.
+
+    Names the key's id (`key_id`), never the key. Nothing is lost: the row stays in the store,
+    pending or dead as it was, and is read once the right key is given.
+    """
+
+    def __init__(self, key_id: str, message: str) -> None:
+        super().__init__(message)
+        self.key_id = key_id

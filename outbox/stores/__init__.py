@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from outbox.encryption import KeyRing
 from outbox.stores.base import Capabilities, Failure, Outbox
 from outbox.stores.memory import MemoryOutbox, open_memory
 from outbox.stores.sqlite import SQLiteOutbox
@@ -13,7 +14,7 @@ __all__ = ["Capabilities", "Failure", "MemoryOutbox", "Outbox", "SQLiteOutbox", 
 MEMORY_SCHEME = "memory:"
 
 
-def open_outbox(target: str | StoreURL | Outbox, *, create: bool = True) -> Outbox:
+def open_outbox(target: str | StoreURL | Outbox, *, create: bool = True, encryption: KeyRing | None = None) -> Outbox:
     """Open the store a URL names (or return an `Outbox` given as is).
 
     Args:
@@ -21,7 +22,20 @@ def open_outbox(target: str | StoreURL | Outbox, *, create: bool = True) -> Outb
             store of that name, `outbox.stores.memory`), a parsed `StoreURL`, or a store instance.
         create: create a missing SQLite file / missing PostgreSQL schema objects. The CLI passes
             False so that a mistyped path is reported instead of silently creating a new outbox.
+        encryption: the key ring that encrypts stored payloads (`Outbox.set_encryption`).
     """
+    store = _open(target, create)
+    if encryption is not None:
+        try:
+            store.set_encryption(encryption)
+        except BaseException:
+            if store is not target:
+                store.close()
+            raise
+    return store
+
+
+def _open(target: str | StoreURL | Outbox, create: bool) -> Outbox:
     if isinstance(target, Outbox):
         return target
     if isinstance(target, str) and target[: len(MEMORY_SCHEME)].lower() == MEMORY_SCHEME:

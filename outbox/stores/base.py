@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from outbox.encryption import KeyRing
 from outbox.errors import ConfigError
 from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from outbox.stores.backlog import Backlog
@@ -546,6 +547,22 @@ class Outbox(MessageStore, StoreAdmin):
     Implementations are safe to share between threads of one process; what else a backend can
     do is in its `capabilities`.
     """
+
+    #: The key ring that encrypts stored payloads (`outbox.encryption`); None: stored in clear.
+    encryption: KeyRing | None = None
+
+    def set_encryption(self, ring: KeyRing | None) -> None:
+        """Encrypt the payloads this store writes with `ring`'s newest key, and read those its
+        keys encrypted (`outbox.stores.sealed`); None: write in clear.
+
+        Raises:
+            ConfigError: this backend does not encrypt (only the SQLite store does).
+        """
+        if ring is not None:
+            raise ConfigError(
+                f"{type(self).__name__} does not encrypt stored messages; encryption is available "
+                "with a SQLite outbox (sqlite:///path.db)"
+            )
 
     def __enter__(self) -> Outbox:
         return self

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from outbox.encryption import KeyRing
 from outbox.records import NewMessage, Status
-from outbox.stores import grouped
+from outbox.stores import grouped, sealed
 from outbox.stores.base import insert_values
 
 
@@ -33,6 +34,7 @@ class NewGroup:
     body: bytes
     keys: bytes | None
     owner: str | None  # born leased (write-ahead)
+    key_id: str | None  # the key its body is encrypted with (`outbox.stores.sealed`); None: in clear
     messages: Sequence[NewMessage]
 
 
@@ -46,10 +48,12 @@ def prepare(
     lease_owner: str | None,
     lease_until: float | None,
     now: float,
+    ring: KeyRing | None = None,
 ) -> list[Part]:
-    """What storing `messages` writes, in order (see the module's rule)."""
+    """What storing `messages` writes, in order (see the module's rule); with `ring`, each row's
+    payload encrypted (`outbox.stores.sealed`: a one-message row's values, a group's body once)."""
     if status is not Status.PENDING or len(messages) < grouped.GROUP_MIN:
-        return [[insert_values(m, status, lease_owner, lease_until, now) for m in messages]] if messages else []
+        return [_rows(messages, status, lease_owner, lease_until, now, ring)] if messages else []
     owner = lease_owner if lease_until is not None else None  # as insert_values: both or neither
     if owner is None:
         lease_until = None
@@ -62,11 +66,24 @@ def prepare(
             end += 1
         run = messages[start:end]
         if len(run) < grouped.GROUP_MIN:
-            parts.append([insert_values(m, status, owner, lease_until, now) for m in run])
+            parts.append(_rows(run, status, owner, lease_until, now, ring))
         else:
             body, keys = grouped.encode(run)
+            if ring is not None:
+                body = sealed.seal_body(body, topic, ring)
             latest = max(m.next_attempt_at for m in run)
             due = latest if lease_until is None else lease_until
-            parts.append(NewGroup(topic, len(run), due, latest, body, keys, owner, run))
+            kid = None if ring is None else ring.current
+            parts.append(NewGroup(topic, len(run), due, latest, body, keys, owner, kid, run))
         start = end
     return parts
+
+
+def _rows(
+    messages: Sequence[NewMessage], status: Status, owner: str | None, until: float | None, now: float,
+    ring: KeyRing | None,
+) -> list[tuple[Any, ...]]:
+    """One-message rows' values (`insert_values`), encrypted with `ring` (then the key id last)."""
+    if ring is None:
+        return [insert_values(m, status, owner, until, now) for m in messages]
+    return [sealed.seal_values(insert_values(m, status, owner, until, now), ring) for m in messages]

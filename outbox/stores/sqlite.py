@@ -23,11 +23,11 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from outbox.encryption import KeyRing
 from outbox.errors import ConfigError
 from outbox.records import NewMessage, OutboxMessage, Status
-from outbox.stores import grouped
+from outbox.stores import grouped, sealed
 from outbox.stores.base import (
-    COLUMNS,
     INSERT_COLUMNS,
     Applied,
     Capabilities,
@@ -47,8 +47,12 @@ from outbox.stores.sqlite_schema import (
     GROUP,
     GROUPS,
     INSERT_SQL,
+    INSERT_WITH_ID_SQL,
     KEYS,
+    ROW,
     SCHEMA_VERSION,
+    SEALED_INSERT_SQL,
+    SEALED_INSERT_WITH_ID_SQL,
     N,
 )
 
@@ -124,6 +128,9 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
 
     capabilities = Capabilities(transactional_enqueue=True, owner_liveness=True, grouped_rows=True, bulk_read=True)
 
+    def set_encryption(self, ring: KeyRing | None) -> None:
+        self.encryption = ring
+
     # -- writes ------------------------------------------------------------------------------
 
     @staticmethod
@@ -135,9 +142,9 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
                 seq = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
                 gid = (seq[0] if seq else 0) + 1
                 c.execute(
-                    "INSERT INTO outbox (id, msg_id, topic, created_at, next_attempt_at, n, lease_owner) "
-                    "VALUES (?, '', ?, ?, ?, ?, ?)",
-                    (gid, part.topic, now, part.due, part.n, part.owner),
+                    "INSERT INTO outbox (id, msg_id, topic, created_at, next_attempt_at, n, lease_owner, enc_key) "
+                    "VALUES (?, '', ?, ?, ?, ?, ?, ?)",
+                    (gid, part.topic, now, part.due, part.n, part.owner, part.key_id),
                 )
                 c.execute("INSERT INTO outbox_body (id, body, keys) VALUES (?, ?, ?)", (gid, part.body, part.keys))
                 # AUTOINCREMENT: the next row's id comes after this group's message ids (the
@@ -145,7 +152,8 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
                 c.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'outbox'", (gid + part.n,))
                 ids += range(gid + 1, gid + part.n + 1)
             elif part:
-                c.executemany(INSERT_SQL, part)
+                # An encrypted row's values end with its key id (`sealed.seal_values`).
+                c.executemany(INSERT_SQL if len(part[0]) == len(INSERT_COLUMNS) else SEALED_INSERT_SQL, part)
                 # The write lock is ours for the whole transaction, so the ids are consecutive.
                 last = c.execute("SELECT last_insert_rowid()").fetchone()[0]
                 ids += range(last - len(part) + 1, last + 1)
@@ -159,7 +167,7 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         lease_until: float | None = None,
     ) -> list[int]:
         now = time.time()
-        parts = prepare(messages, Status.PENDING, lease_owner, lease_until, now)
+        parts = prepare(messages, Status.PENDING, lease_owner, lease_until, now, self.encryption)
         with self._write() as c:
             return self._insert(c, parts, now)
 
@@ -190,13 +198,13 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
             )
         now = time.time()
         try:
-            return self._insert(conn, prepare(messages, Status.PENDING, None, None, now), now)
+            return self._insert(conn, prepare(messages, Status.PENDING, None, None, now, self.encryption), now)
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
 
 
     def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:
-        parts = prepare(messages, Status.DEAD, None, None, failed_at)
+        parts = prepare(messages, Status.DEAD, None, None, failed_at, self.encryption)
         with self._write() as c:
             return self._insert(c, parts, failed_at)
 
@@ -249,9 +257,9 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         out: list[OutboxMessage] = []
         for chunk in _chunks(ids):
             out += [
-                row_from_columns(r)
+                self._message(r)
                 for r in c.execute(
-                    f"SELECT {COLUMNS} FROM outbox WHERE status = 2 AND id IN ({','.join('?' * len(chunk))})",
+                    f"SELECT {ROW} FROM outbox WHERE status = 2 AND id IN ({','.join('?' * len(chunk))})",
                     list(chunk),
                 )
             ]
@@ -295,8 +303,11 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
                     of_groups += len(done)
         return gone, of_groups == len(delivered)
 
-    @staticmethod
-    def _explode(c: sqlite3.Connection, gid: int, *, skip: Collection[int] = ()) -> int:
+    def _message(self, r: Sequence[Any]) -> OutboxMessage:
+        """A row selected with `ROW` as a message, its payload decrypted (`sealed.open_row`)."""
+        return row_from_columns(sealed.open_row(r, self.encryption))
+
+    def _explode(self, c: sqlite3.Connection, gid: int, *, skip: Collection[int] = ()) -> int:
         """Replace a group row with one row per message (their own ids; lease and created_at kept),
         leaving out the ids in `skip`. Returns how many rows it wrote."""
         row = c.execute(
@@ -304,17 +315,19 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         ).fetchone()
         if row is None:
             return 0
-        _, topic, created_at, due, _, body, owner = row
+        _, topic, created_at, due, _, body, kid, owner = row
+        ring = self.encryption
+        body = sealed.open_body(body, kid, topic, ring, gid)
         rows = [
             (m.id, *insert_values(grouped.as_new(m), Status.PENDING, owner, due, created_at))
             for m in grouped.decode(body, gid, topic, created_at)
             if m.id not in skip
         ]
         c.execute("DELETE FROM outbox WHERE id = ?", (gid,))  # its body too (outbox_body_gone)
-        c.executemany(
-            f"INSERT INTO outbox (id, {', '.join(INSERT_COLUMNS)}) VALUES (?, {','.join('?' * len(INSERT_COLUMNS))})",
-            rows,
-        )
+        if ring is None:
+            c.executemany(INSERT_WITH_ID_SQL, rows)
+        else:  # its messages encrypted again, each on its own, with the newest key
+            c.executemany(SEALED_INSERT_WITH_ID_SQL, [(r[0], *sealed.seal_values(r[1:], ring)) for r in rows])
         return len(rows)
 
     def bulk_read(self) -> BulkRead:
@@ -344,7 +357,7 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
     ) -> Applied:
         if not settlement and not new:
             return Applied([], 0, [])
-        parts = prepare(new, Status.PENDING, lease_owner, lease_until, now)
+        parts = prepare(new, Status.PENDING, lease_owner, lease_until, now, self.encryption)
         # Failures must last (attempt counts decide dead letters); new rows must last.
         with self._write(stores_messages=bool(new or settlement.failures)) as c:
             ids = self._insert(c, parts, now)
@@ -397,6 +410,10 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
                 break
         if not rows:
             return []
+        if any(r[sealed.ROW_KEY] is not None for r in rows):
+            # Decrypted before the lease: a row whose key is missing or wrong is not leased, so it
+            # stays pending as it was, no attempt counted, and the claim fails naming the key.
+            rows = [self._opened(r) for r in rows]
         rows = self._lease(rows, owner, now, now + lease_seconds)
         if all(r[BODY] is None for r in rows):
             return [row_from_columns(r) for r in rows]
@@ -405,6 +422,13 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
             row_from_columns(r) if r[BODY] is None else grouped.Group(r[0], r[N], r[2], r[9], r[BODY])
             for r in rows
         ])
+
+    def _opened(self, r: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A claim's candidate with its payload decrypted (a group's body, or a row's values)."""
+        if r[BODY] is None:
+            return tuple(sealed.open_row(r, self.encryption))
+        body = sealed.open_body(r[BODY], r[sealed.ROW_KEY], r[2], self.encryption, r[0])
+        return (*r[: sealed.ROW_KEY], None, *r[sealed.ROW_KEY + 1 : BODY], body, *r[BODY + 1 :])
 
     def _lease(
         self, rows: list[tuple[Any, ...]], owner: str, now: float, until: float

@@ -8,22 +8,23 @@ import sqlite3
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from outbox.encryption import KeyRing
 from outbox.errors import UnknownMessageError
-from outbox.records import AuditEntry, DeadLetterFilter, OutboxMessage, Status, StoreStats
-from outbox.stores import grouped
+from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from outbox.stores import grouped, sealed
 from outbox.stores.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.stores.base import (
-    COLUMNS,
     Erased,
     StoreAdmin,
     dead_letter_where,
-    row_from_columns,
+    insert_values,
 )
 from outbox.stores.codec import encode_headers
 from outbox.stores.sqlite_conn import SQLiteConnection
 from outbox.stores.sqlite_schema import (
     GROUP,
     GROUPS,
+    ROW,
 )
 
 
@@ -68,16 +69,25 @@ def _leased(prefix: str = "") -> str:
 class SQLiteAdmin(SQLiteConnection, StoreAdmin):
     """The administration half of `SQLiteOutbox` (one class of the store, kept in its own module)."""
 
-    @staticmethod
+    encryption: KeyRing | None = None
+
     @abc.abstractmethod
-    def _explode(c: sqlite3.Connection, gid: int, *, skip: Collection[int] = ()) -> int:
+    def _explode(self, c: sqlite3.Connection, gid: int, *, skip: Collection[int] = ()) -> int:
         """Replace a group row with one row per message, leaving out the ids in `skip`: the hot
         path's (`SQLiteOutbox._explode`), which an erasure uses too."""
 
+    @abc.abstractmethod
+    def _message(self, r: Sequence[Any]) -> OutboxMessage:
+        """A row selected with `ROW` as a message, its payload decrypted."""
+
+    def _body(self, gid: int, topic: str, body: bytes, kid: str | None) -> bytes:
+        """A group's body as `grouped` reads it: decrypted when it is encrypted."""
+        return sealed.open_body(body, kid, topic, self.encryption, gid)
+
     def get(self, id: int) -> OutboxMessage:
-        rows = self._read(f"SELECT {COLUMNS} FROM outbox WHERE id = ? AND n = 1", (id,))
+        rows = self._read(f"SELECT {ROW} FROM outbox WHERE id = ? AND n = 1", (id,))
         if rows:
-            return row_from_columns(rows[0])
+            return self._message(rows[0])
         # A message of a group: the group with the largest id below it, if its ids reach it.
         for m in self._group_messages(
             "o.id < ? AND o.id >= ? ORDER BY o.id DESC LIMIT 1", (id, id - grouped.GROUP_MAX)
@@ -90,26 +100,27 @@ class SQLiteAdmin(SQLiteConnection, StoreAdmin):
         """Every message in the store, pending and dead, in id order (groups read message by
         message): for inspection and tests, not for hot paths."""
         with self._snapshot():
-            out = [row_from_columns(r) for r in self._read(f"SELECT {COLUMNS} FROM outbox WHERE n = 1")]
+            out = [self._message(r) for r in self._read(f"SELECT {ROW} FROM outbox WHERE n = 1")]
             out += self._group_messages("1", ())
         return sorted(out, key=lambda m: m.id)
 
     def _group_messages(self, where: str, args: Sequence[Any]) -> list[OutboxMessage]:
         """The messages of the groups matching `where`, each due when its group is (its lease)."""
         out: list[OutboxMessage] = []
-        for gid, topic, created_at, due, _, body in self._read(
+        for gid, topic, created_at, due, _, body, kid in self._read(
             f"SELECT {GROUP} FROM {GROUPS} WHERE o.n > 1 AND {where}", args
         ):
+            body = self._body(gid, topic, body, kid)
             out += [m._replace(next_attempt_at=due) for m in grouped.decode(body, gid, topic, created_at)]
         return out
 
     def list_dead(self, flt: DeadLetterFilter = DeadLetterFilter()) -> list[OutboxMessage]:
         where, args = dead_letter_where(flt, "?")
-        sql = f"SELECT {COLUMNS} FROM outbox {_dead_index(flt)} WHERE {where} ORDER BY id"
+        sql = f"SELECT {ROW} FROM outbox {_dead_index(flt)} WHERE {where} ORDER BY id"
         if flt.limit is not None:
             sql += " LIMIT ?"
             args.append(flt.limit)
-        return [row_from_columns(r) for r in self._read(sql, args)]
+        return [self._message(r) for r in self._read(sql, args)]
 
     def purge_dead(self, flt: DeadLetterFilter = DeadLetterFilter(), *, at_most: int | None = None) -> int:
         where, args = dead_letter_where(flt, "?")
@@ -135,7 +146,8 @@ class SQLiteAdmin(SQLiteConnection, StoreAdmin):
             ):
                 dead = status == Status.DEAD
                 counts += Erased(0 if dead else n, n if dead else 0, n if leased else 0)
-            for gid, gtopic, created_at, _, _, body, leased in c.execute(in_groups, group_args):
+            for gid, gtopic, created_at, _, _, body, kid, leased in c.execute(in_groups, group_args):
+                body = self._body(gid, gtopic, body, kid)
                 n = sum(m.key == key for m in grouped.decode(body, gid, gtopic, created_at))
                 counts += Erased(n, 0, n if leased else 0)
         return counts
@@ -156,7 +168,8 @@ class SQLiteAdmin(SQLiteConnection, StoreAdmin):
                             (now, gid)).fetchone()
             if row is None:
                 return gid, Erased()
-            _, gtopic, created_at, _, _, body, leased = row
+            _, gtopic, created_at, _, _, body, kid, leased = row
+            body = self._body(gid, gtopic, body, kid)
             gone = [m.id for m in grouped.decode(body, gid, gtopic, created_at) if m.key == key]
             self._explode(c, gid, skip=gone)
         return gid, Erased(len(gone), 0, len(gone) if leased else 0)
@@ -191,23 +204,37 @@ class SQLiteAdmin(SQLiteConnection, StoreAdmin):
     def redrive_edited(
         self, id: int, *, value: bytes | None, headers: list[tuple[str, bytes | None]], now: float
     ) -> bool:
+        ring = self.encryption
         with self._write() as c:
+            kid: str | None = None
+            stored: tuple[Any, ...] = (value, encode_headers(headers))
+            if ring is not None:  # encrypted again with the newest key, bound to its msg_id
+                row = c.execute("SELECT msg_id FROM outbox WHERE id = ? AND status = 2", (id,)).fetchone()
+                if row is None:
+                    return False
+                v = sealed.seal_values(insert_values(NewMessage("", value, None, headers, msg_id=row[0]),
+                                                     Status.DEAD, None, None, now), ring)
+                stored, kid = (v[3], v[4]), ring.current
             return c.execute(
-                "UPDATE outbox SET value = ?, headers = ?, status = 0, attempts = 0, next_attempt_at = ?, "
-                "lease_owner = NULL WHERE id = ? AND status = 2",
-                (value, encode_headers(headers), now, id),
+                "UPDATE outbox SET value = ?, headers = ?, enc_key = ?, status = 0, attempts = 0, "
+                "next_attempt_at = ?, lease_owner = NULL WHERE id = ? AND status = 2",
+                (*stored, kid, now, id),
             ).rowcount == 1
 
     def trace(self, msg_id: str) -> list[OutboxMessage]:
         # Dead letters on the partial index, pending rows by a scan of the backlog (see MIGRATIONS[3]).
         rows = self._read(
-            f"SELECT {COLUMNS} FROM outbox WHERE msg_id = ? AND status = 2 UNION ALL "
-            f"SELECT {COLUMNS} FROM outbox WHERE msg_id = ? AND status = 0 ORDER BY 1",
+            f"SELECT {ROW} FROM outbox WHERE msg_id = ? AND status = 2 UNION ALL "
+            f"SELECT {ROW} FROM outbox WHERE msg_id = ? AND status = 0 ORDER BY 1",
             (msg_id, msg_id),
         )
-        found = [row_from_columns(r) for r in rows]
-        # In a group: only the bodies holding the id's bytes are decoded.
-        found += [m for m in self._group_messages("instr(b.body, ?) > 0", (msg_id.encode(),)) if m.msg_id == msg_id]
+        found = [self._message(r) for r in rows]
+        # In a group: only the bodies holding the id's bytes are decoded (an encrypted body
+        # cannot be searched: each is decrypted).
+        found += [
+            m for m in self._group_messages("(instr(b.body, ?) > 0 OR o.enc_key IS NOT NULL)", (msg_id.encode(),))
+            if m.msg_id == msg_id
+        ]
         return sorted(found, key=lambda m: m.id)
 
     def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:

@@ -8,10 +8,15 @@ import sqlite3
 from outbox.stores import grouped
 from outbox.stores.base import COLUMNS, INSERT_COLUMNS
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 #: The statement that writes one row (`insert_values` order); benchmarks time it as their baseline.
 INSERT_SQL = f"INSERT INTO outbox ({', '.join(INSERT_COLUMNS)}) VALUES ({','.join('?' * len(INSERT_COLUMNS))})"
+#: The same with the key id last (`outbox.stores.sealed.seal_values`): an encrypted row.
+SEALED_INSERT_SQL = INSERT_SQL.replace(") VALUES (", ", enc_key) VALUES (?,")
+#: Both with the id given first (a group's messages exploded into rows of their own ids).
+INSERT_WITH_ID_SQL = INSERT_SQL.replace("outbox (", "outbox (id, ").replace("VALUES (", "VALUES (?,")
+SEALED_INSERT_WITH_ID_SQL = SEALED_INSERT_SQL.replace("outbox (", "outbox (id, ").replace("VALUES (", "VALUES (?,")
 
 MIGRATIONS: dict[int, list[str]] = {
     1: [
@@ -93,6 +98,12 @@ MIGRATIONS[5] = [
 ]
 
 
+# Version 7: the id of the key a row's payload is encrypted with (`outbox.stores.sealed`); NULL
+# for a row in clear, what every row written without encryption has. No index: only a key
+# rotation looks for it, walking the rows in id order a batch at a time.
+MIGRATIONS[7] = ["ALTER TABLE outbox ADD COLUMN enc_key TEXT"]
+
+
 def migrate_to_6(conn: sqlite3.Connection) -> None:
     """Version 6: the record timestamp (ms; 0: unknown, what every row stored before has) as a
     column, and in each message of a group body (`grouped.upgrade_v5` rewrites the bodies)."""
@@ -112,16 +123,18 @@ def migrate_to_6(conn: sqlite3.Connection) -> None:
 
 
 #: A group's columns as `_group_messages` reads them (`outbox` as o, `outbox_body` as b).
-GROUP = "o.id, o.topic, o.created_at, o.next_attempt_at, o.n, b.body"
-#: A claim's candidate: the row's columns, then n, body and keys (NULL for a one-message row).
-CANDIDATE = ", ".join(f"o.{c.strip()}" for c in COLUMNS.split(",")) + ", o.n, b.body, b.keys"
+GROUP = "o.id, o.topic, o.created_at, o.next_attempt_at, o.n, b.body, o.enc_key"
+#: A row's columns as `row_from_columns` reads them, then the id of its encryption key.
+ROW = f"{COLUMNS}, enc_key"
+#: A claim's candidate: the row's columns and key id, then n, body and keys (NULL for a one-message row).
+CANDIDATE = ", ".join(f"o.{c.strip()}" for c in ROW.split(",")) + ", o.n, b.body, b.keys"
 #: Where a candidate holds n, body and keys.
-N = len(COLUMNS.split(","))
+N = len(ROW.split(","))
 BODY, KEYS = N + 1, N + 2
 #: A group row with its body and keys.
 GROUPS = "outbox AS o INDEXED BY outbox_group JOIN outbox_body AS b ON b.id = o.id"
 #: Every column a row has, in the order `_recreate` copies them.
-ALL_COLUMNS = f"{COLUMNS}, lease_owner, n"
+ALL_COLUMNS = f"{ROW}, lease_owner, n"
 ALL_PLACES = ",".join("?" * len(ALL_COLUMNS.split(",")))
 
 #: Version 2: the error as code and name columns (filters and stats read them, never the text).

@@ -113,7 +113,7 @@ def test_version_1_outbox_is_migrated_with_error_columns(tmp_path: Path) -> None
         assert "AUTOINCREMENT" in sql and sql.index("error_code") < sql.index("lease_owner")
         assert {"outbox_due", "outbox_key", "outbox_dead_msg_id", "outbox_dead_topic", "outbox_group"} <= indexes
         assert "body" not in sql  # version 5: group bodies live in outbox_body
-        assert version == 6 and "timestamp" in sql  # version 6: the record timestamp
+        assert version == 7 and "timestamp" in sql and "enc_key" in sql  # 6: the timestamp; 7: the key id
     finally:
         store.close()
 

@@ -121,7 +121,7 @@ def test_a_version_5_file_is_migrated_and_its_rows_and_groups_read_timestamp_0(t
     sqlite_v5(path, singles, groups, now=NOW)
     store = SQLiteOutbox(path)
     try:
-        assert store._read("PRAGMA user_version")[0][0] == sqlite_store.SCHEMA_VERSION == 6
+        assert store._read("PRAGMA user_version")[0][0] == sqlite_store.SCHEMA_VERSION == 7
         got = store.messages()
         assert [m.msg_id for m in got] == ["single"] + [m.msg_id for new in groups for m in new]
         assert {m.timestamp for m in got} == {0}
