@@ -46,6 +46,7 @@ from typing import Any, cast
 from outbox.drain.callbacks import CallbackErrors
 from outbox.drain.sendloop import check_resend_config
 from outbox.drain.workers import Drainer, DrainHandback, DrainHealth, DrainResult, hand_back_logged
+from outbox.encryption import KeyRing
 from outbox.errors import ConfigError, StoreError
 from outbox.events import Drained, Events, Listener, drained_fields
 from outbox.records import DeadLetter, OutboxMessage
@@ -90,6 +91,7 @@ class DrainProcess:
         events: as `Drainer`'s, told on the `outbox-drain-events` thread, after `start`'s
             `hand_back` took the rows back.
         on_store_error: as `Drainer`, called on that thread.
+        encryption: the key ring of an encrypted outbox, pickled for the child over its pipe.
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class DrainProcess:
         *,
         events: Events,
         on_store_error: Callable[[StoreError], None] | None = None,
+        encryption: KeyRing | None = None,
     ) -> None:
         self.events = events
         self.on_store_error = on_store_error
@@ -118,6 +121,7 @@ class DrainProcess:
             "batch_size": settings.batch_size,
             "lease_seconds": settings.lease_seconds,
             "poll_interval": settings.poll_interval,
+            "encryption": encryption,
         })
         self._send_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -404,7 +408,7 @@ def child_main(cmd_fd: int, evt_fd: int) -> int:
     outbox_log.propagate = False
     try:
         s = pickle.loads(commands.recv_bytes())
-        store = open_outbox(s["outbox"])
+        store = open_outbox(s["outbox"], encryption=s["encryption"])
         drainer = Drainer(
             store,
             s["config"],

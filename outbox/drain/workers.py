@@ -32,6 +32,7 @@ from confluent_kafka import KafkaException, Producer
 from outbox.drain.callbacks import CallbackErrors, guarded
 from outbox.drain.sendloop import RESEND_DEFAULTS, InFlight, SendLoop, check_resend_config
 from outbox.drain.settle import Verdict, add_to
+from outbox.encryption import Encryption, as_key_ring
 from outbox.errors import KafkaUnavailableError, StoreError
 from outbox.events import Drained, Events, drained, logged_and_counted
 from outbox.logs import LIBRDKAFKA_LOG
@@ -164,7 +165,11 @@ class Drainer:
         owner: lease owner name; default `outbox.stores.owners.new_owner("drain")`, whose liveness
             claimers can check (see outbox.stores.owners). Other names keep leases until expiry.
         on_store_error: called with each StoreError a background worker survived (it backs off
-            and retries); `health` keeps the counts.
+            and retries); `health` keeps the counts. A row whose encryption key is missing or
+            wrong is such an error (`DecryptionError`, naming the key's id): it stays pending,
+            no attempt counted, and is sent once the right key is given.
+        encryption: the keys of an encrypted outbox (`ResilientProducer`'s `encryption`), set on
+            `store` (`Outbox.set_encryption`).
     """
 
     def __init__(
@@ -182,11 +187,14 @@ class Drainer:
         events: Events | None = None,
         owner: str | None = None,
         on_store_error: Callable[[StoreError], None] | None = None,
+        encryption: Encryption | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if encryption is not None:
+            store.set_encryption(as_key_ring(encryption))
         self.store = store
         self.retry = retry or RetryPolicy()
         self.workers = workers

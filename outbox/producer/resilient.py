@@ -41,6 +41,7 @@ from confluent_kafka.admin._metadata import ClusterMetadata
 from outbox.budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from outbox.drain.process import DrainProcess
 from outbox.drain.workers import DEFAULT_BATCH_SIZE, Drainer
+from outbox.encryption import Encryption
 from outbox.errors import ConfigError, ProducerClosedError, StoreError
 from outbox.events import Committed, Drained, Events
 from outbox.headers import ID_HEADER, HookedHeaders, IdGenerator
@@ -182,6 +183,10 @@ class ResilientProducer(PythonObject):
             batches of 1,000, each its own transaction and audit entry (who: "retention"); every
             dead letter of the outbox counts, whoever stored it (`outbox.producer.retention`).
             None (the default): dead letters are kept until purged.
+        encryption: encrypt the value and headers of every message the outbox stores (pending
+            or dead) with AES-256-GCM: a `outbox.encryption.KeyRing`, a `Key`, or keys newest
+            first (the newest encrypts, every one decrypts). Message keys, topics and times stay
+            in clear. SQLite outboxes only; needs the `encryption` extra. docs/encryption.md.
     """
 
     #: Until __init__ has run (a subclass that does not call it), every call says "closed", as
@@ -221,6 +226,7 @@ class ResilientProducer(PythonObject):
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
         dead_letter_retention: float | timedelta | None = None,
+        encryption: Encryption | None = None,
         **settings: Any,
     ) -> None:
         checked = ProducerSettings.check(config, settings, ProducerArguments(
@@ -230,7 +236,7 @@ class ResilientProducer(PythonObject):
             queue_full_timeout=queue_full_timeout, commit_interval=commit_interval, lease_seconds=lease_seconds,
             drain_batch_size=drain_batch_size, drain_poll_interval=drain_poll_interval, on_store_error=on_store_error,
             key_serializer=key_serializer, value_serializer=value_serializer, memory_budget=memory_budget,
-            exit_timeout=exit_timeout, dead_letter_retention=dead_letter_retention,
+            exit_timeout=exit_timeout, dead_letter_retention=dead_letter_retention, encryption=encryption,
         ))
         # What produce() reads stays a plain attribute of the producer: one lookup per message.
         self._serializers = checked.serializers
@@ -256,7 +262,7 @@ class ResilientProducer(PythonObject):
             user_error_cb=checked.user_error_cb, poll_report=self._poll_report,
         )
         self._owns_store = not isinstance(checked.outbox, Outbox)
-        self.store = open_outbox(checked.outbox)
+        self.store = open_outbox(checked.outbox, encryption=checked.encryption)
         # Observers hear what happens to messages through one fan-out (`outbox.events`); the
         # producer's own reactions are handed over directly (`_Handoffs`), given to each thread
         # as it starts (`_start`), once every part is built.
@@ -281,7 +287,7 @@ class ResilientProducer(PythonObject):
             try:
                 return DrainProcess(
                     settings.outbox, settings.drain_config, settings.drain, events=self._events,
-                    on_store_error=settings.on_store_error,
+                    on_store_error=settings.on_store_error, encryption=settings.encryption,
                 )
             except ConfigError:
                 self.store.close()

@@ -18,6 +18,7 @@ from typing import Any
 from outbox.drain import idempotence
 from outbox.drain.process import DrainSettings
 from outbox.drain.sendloop import check_resend_config
+from outbox.encryption import Encryption, KeyRing, as_key_ring
 from outbox.errors import ConfigError, StoreError
 from outbox.logs import LIBRDKAFKA_LOG
 from outbox.message import DeliveryCallback
@@ -82,6 +83,7 @@ class ProducerArguments:
     memory_budget: int
     exit_timeout: float
     dead_letter_retention: float | timedelta | None
+    encryption: Encryption | None
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ class ProducerSettings:
     exit_timeout: float
     #: Seconds a dead letter is kept after its last failure (None: kept until purged).
     dead_letter_retention: float | None
+    #: The key ring that encrypts stored payloads (None: stored in clear).
+    encryption: KeyRing | None
     #: The librdkafka producer's settings: the caller's (less `error_cb` and the default delivery
     #: callback) over `PRODUCER_DEFAULTS`, with idempotence, the logger and the queue's bound defaulted.
     kafka_config: Mapping[str, Any]
@@ -179,6 +183,7 @@ class ProducerSettings:
             serializers=Serializers.of(given.key_serializer, given.value_serializer),
             memory_budget=given.memory_budget, exit_timeout=float(given.exit_timeout),
             dead_letter_retention=retention_seconds(given.dead_letter_retention), kafka_config=kafka_config,
+            encryption=as_key_ring(given.encryption),
             drain_config=drain_config, user_error_cb=user_error_cb, default_on_delivery=default_on_delivery,
             rdkafka_reserve=rdkafka_reserve, report_successes=report_successes, message_timeout=message_timeout,
             drain=DrainSettings(

@@ -225,6 +225,17 @@ class Erased:
 
 
 @dataclass(frozen=True, slots=True)
+class Rotation:
+    """What a key rotation (`Outbox.rotate_keys`) did, in messages (a group row counts each)."""
+
+    #: Messages now encrypted with the newest key that were not before.
+    reencrypted: int
+    #: Messages still under another key or in clear: leased to a sender meanwhile (the next
+    #: rotation takes them), or written meanwhile by a process without the newest key.
+    left: int
+
+
+@dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a store can do beyond the contract every store keeps, declared by its class (read
     `store.capabilities`, never probe for methods).
@@ -563,6 +574,15 @@ class Outbox(MessageStore, StoreAdmin):
                 f"{type(self).__name__} does not encrypt stored messages; encryption is available "
                 "with a SQLite outbox (sqlite:///path.db)"
             )
+
+    def rotate_keys(self, *, now: float, batch: int = 1000) -> Rotation:
+        """Encrypt every row not under the newest key of `encryption` with it (rows under older
+        keys, and rows in clear), `batch` rows a transaction, while producers and drains run.
+
+        Raises:
+            ConfigError: this backend does not encrypt, or no key ring is set.
+        """
+        raise ConfigError(f"{type(self).__name__} does not encrypt stored messages; there are no keys to rotate")
 
     def __enter__(self) -> Outbox:
         return self

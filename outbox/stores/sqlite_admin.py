@@ -9,12 +9,13 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from outbox.encryption import KeyRing
-from outbox.errors import UnknownMessageError
+from outbox.errors import ConfigError, UnknownMessageError
 from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from outbox.stores import grouped, sealed
 from outbox.stores.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.stores.base import (
     Erased,
+    Rotation,
     StoreAdmin,
     dead_letter_where,
     insert_values,
@@ -236,6 +237,43 @@ class SQLiteAdmin(SQLiteConnection, StoreAdmin):
             if m.msg_id == msg_id
         ]
         return sorted(found, key=lambda m: m.id)
+
+    def rotate_keys(self, *, now: float, batch: int = 1000) -> Rotation:
+        ring = self.encryption
+        if ring is None:
+            raise ConfigError("no encryption keys given: a rotation needs the new key first, then the old ones")
+        done = 0
+        last = 0
+        while True:
+            # One short transaction per `batch` rows in id order (the primary key: no scan of the
+            # rest), so producers and drains wait for at most one batch. A leased row is being
+            # sent: it is skipped, and the next rotation (or its delivery) takes care of it.
+            with self._write() as c:
+                rows = c.execute(
+                    f"SELECT {ROW}, n, {_leased()} FROM outbox WHERE id > ? ORDER BY id LIMIT ?", (now, last, batch)
+                ).fetchall()
+                if not rows:
+                    break
+                last = rows[-1][0]
+                for r in rows:
+                    n, leased = r[-2], r[-1]
+                    if r[sealed.ROW_KEY] == ring.current or leased:
+                        continue
+                    if n > 1:
+                        topic = r[2]
+                        (body,) = c.execute("SELECT body FROM outbox_body WHERE id = ?", (r[0],)).fetchone()
+                        plain = sealed.open_body(body, r[sealed.ROW_KEY], topic, ring, r[0])
+                        c.execute("UPDATE outbox_body SET body = ? WHERE id = ?",
+                                  (sealed.seal_body(plain, topic, ring), r[0]))
+                        c.execute("UPDATE outbox SET enc_key = ? WHERE id = ?", (ring.current, r[0]))
+                    else:
+                        c.execute("UPDATE outbox SET value = ?, headers = ?, enc_key = ? WHERE id = ?",
+                                  (*sealed.reseal_row(r, ring), ring.current, r[0]))
+                    done += n
+        left: int = self._read(
+            "SELECT COALESCE(SUM(n), 0) FROM outbox WHERE enc_key IS NULL OR enc_key != ?", (ring.current,)
+        )[0][0]
+        return Rotation(done, left)
 
     def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:
         with self._write() as c:

@@ -250,3 +250,45 @@ def test_a_drain_store_error_is_logged_once_and_rows_stay(path: Path, store: SQL
         assert (stats.pending, stats.dead, stats.leased) == (20, 0, 0)
     finally:
         keyless.close()
+
+
+def test_a_rotation_reencrypts_old_rows_in_batches_and_skips_leased_ones(path: Path, store: SQLiteOutbox) -> None:
+    old_ids = store.enqueue(messages(3, tag="s") + messages(40, tag="g"))  # 3 rows, then a group
+    leased = store.enqueue(messages(2, tag="l"))
+    dead = store.add_dead(messages(1, tag="d"), failed_at=time.time())
+    now = time.time()
+    store.claim("drain", 100, 60, now=now)  # leases every pending row...
+    store.apply(Settlement(released=old_ids), now=now)  # ...and gives all but `leased` back
+    store.close()
+    new = Key(SECRET_B)
+    rotating = SQLiteOutbox(str(path))
+    rotating.set_encryption(KeyRing([new, Key(SECRET_A)]))
+    try:
+        first = rotating.rotate_keys(now=time.time(), batch=2)
+        assert (first.reencrypted, first.left) == (3 + 40 + 1, 2)  # the leased rows are left
+        raw = sqlite3.connect(path)
+        assert dict(raw.execute("SELECT enc_key, SUM(n) FROM outbox GROUP BY enc_key")) == {
+            new.id: 44, key_id(SECRET_A): 2}
+        raw.close()
+        rotating.apply(Settlement(released=leased), now=time.time())
+        second = rotating.rotate_keys(now=time.time())
+        assert (second.reencrypted, second.left) == (2, 0)
+    finally:
+        rotating.close()
+    only_new = SQLiteOutbox(str(path))
+    only_new.set_encryption(KeyRing([new]))  # the old key can be dropped now
+    try:
+        got = only_new.messages()
+        assert [m.id for m in got] == [*old_ids, *leased, *dead]
+        assert [m.value for m in got] == [m.value for m in messages(3, tag="s") + messages(40, tag="g")
+                                          + messages(2, tag="l") + messages(1, tag="d")]
+        assert [m.id for m in only_new.claim("w", 100, 30, now=time.time())] == [*old_ids, *leased]
+    finally:
+        only_new.close()
+    assert MARKER not in raw_bytes(path)
+
+
+def test_a_rotation_needs_keys(store: SQLiteOutbox) -> None:
+    store.set_encryption(None)
+    with pytest.raises(ConfigError, match="no encryption keys given"):
+        store.rotate_keys(now=time.time())
