@@ -19,6 +19,7 @@ import click
 from confluent_kafka import KafkaError, KafkaException
 
 from outbox import exitcodes
+from outbox.encryption import KEYS_ENV, KeyRing
 from outbox.errors import ConfigError, KafkaUnavailableError, MissingDependencyError, OutboxError
 from outbox.stores import Outbox, open_outbox
 from outbox.stores.filters import parse_duration, parse_time
@@ -44,6 +45,7 @@ Times are printed in UTC."""
 F = TypeVar("F", bound=Callable[..., Any])
 
 _SECRETS_KEY = "outbox.secrets"
+_KEY_FILES = "outbox.key_files"
 
 
 class CliError(click.ClickException):
@@ -215,6 +217,36 @@ def outbox_option(f: F) -> F:
     )(f)
 
 
+def key_file_option(f: F) -> F:
+    """`--key-file PATH` (repeatable, newest first), else $OUTBOX_ENCRYPTION_KEYS: the keys of an
+    encrypted outbox, which `open_store` gives the store."""
+    return click.option(
+        "--key-file",
+        "key_files",
+        multiple=True,
+        metavar="PATH",
+        expose_value=False,
+        callback=_remember_key_files,
+        help=f"A key of an encrypted outbox (32 bytes, or hex or base64 text); repeatable, the newest "
+        f"first. Default: the keys in ${KEYS_ENV} (hex or base64, comma-separated, newest first).",
+    )(f)
+
+
+def _remember_key_files(ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> None:
+    ctx.meta[_KEY_FILES] = value
+
+
+def key_ring(ctx: click.Context) -> KeyRing | None:
+    """The keys `--key-file` or $OUTBOX_ENCRYPTION_KEYS give (None: none; or the command takes no keys)."""
+    if _KEY_FILES not in ctx.meta:
+        return None
+    try:
+        files = ctx.meta[_KEY_FILES]
+        return KeyRing.from_files(files) if files else KeyRing.from_env(KEYS_ENV)
+    except ConfigError as exc:  # a MissingDependencyError too: the extra to install
+        raise CliError(str(exc), EXIT_ERROR if isinstance(exc, MissingDependencyError) else EXIT_USAGE) from None
+
+
 def bootstrap_option(help: str) -> Callable[[F], F]:
     """`--bootstrap-servers / -b HOST:PORT[,...]` (or $KAFKA_BOOTSTRAP_SERVERS)."""
     return click.option(
@@ -253,8 +285,9 @@ def open_store(url: str) -> Iterator[tuple[Outbox, StoreURL]]:
     """Open an EXISTING outbox (never creates one: a mistyped path is an error) and close it after."""
     ctx = click.get_current_context()
     parsed = parse_store_url(ctx, url)
+    ring = key_ring(ctx)
     try:
-        store = open_outbox(parsed, create=False)
+        store = open_outbox(parsed, create=False, encryption=ring)
     except MissingDependencyError as exc:
         raise CliError(scrub(ctx, str(exc))) from exc
     except ImportError as exc:

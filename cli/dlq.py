@@ -36,6 +36,7 @@ from .common import (
     OutboxGroup,
     bootstrap_option,
     json_option,
+    key_file_option,
     open_store,
     outbox_option,
     settings_option,
@@ -251,6 +252,7 @@ Examples:
 {EXIT_CODES_HELP}""",
 )
 @outbox_option
+@key_file_option
 @filter_options
 @group_option
 @click.option(
@@ -321,6 +323,7 @@ Examples:
 )
 @click.argument("message_id", metavar="ID", type=ROW_ID)
 @outbox_option
+@key_file_option
 @click.option(
     "--encoding",
     type=click.Choice(["auto", "hex", "base64"]),
@@ -420,6 +423,7 @@ DURATION is a number above 0 and a unit: 90s, 30m, 12h, 7d, 2w.
 {EXIT_CODES_HELP}""",
 )
 @outbox_option
+@key_file_option
 @filter_options
 @click.option(
     "--older-than",
@@ -489,6 +493,7 @@ Examples:
 {EXIT_CODES_HELP}""",
 )
 @outbox_option
+@key_file_option
 @filter_options
 @group_option
 @id_option

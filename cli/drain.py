@@ -43,6 +43,7 @@ from .common import (
     bootstrap_option,
     json_option,
     kafka_error_text,
+    key_file_option,
     open_store,
     outbox_option,
     settings_option,
@@ -65,6 +66,7 @@ Examples:
 {EXIT_CODES_HELP}""",
 )
 @outbox_option
+@key_file_option
 @bootstrap_option("Kafka brokers to send to.")
 @settings_option(
     "A librdkafka producer setting (repeatable), e.g. -X security.protocol=SSL. "

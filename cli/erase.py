@@ -20,6 +20,7 @@ from .common import (
     CliError,
     OutboxCommand,
     json_option,
+    key_file_option,
     open_store,
     outbox_option,
     who,
@@ -56,6 +57,7 @@ Examples:
 {EXIT_CODES_HELP}""",
 )
 @outbox_option
+@key_file_option
 @click.option("--key", "key_text", metavar="KEY", help="The key, as UTF-8 text.")
 @click.option("--key-hex", metavar="HEX", help="The key as hex, for a key that is not text (00ff10).")
 @click.option("--topic", metavar="TOPIC", help="Only the key's messages of this topic.")

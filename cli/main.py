@@ -12,6 +12,7 @@ from .common import EXIT_CODES_HELP, TIME_HELP, OutboxGroup
 from .dlq import dlq
 from .drain import drain
 from .erase import erase
+from .keys import keys
 from .metrics import metrics
 from .status import status
 from .ui import ui
@@ -39,6 +40,12 @@ Examples:
   outbox dlq replay --error _MSG_TIMED_OUT && outbox drain
   outbox dlq purge --topic orders --older-than 7d --yes
   outbox erase --key customer-42 --dry-run
+  outbox keys rotate --key-file new.key --key-file old.key
+
+\b
+An encrypted outbox (docs/encryption.md) needs its keys wherever stored values
+are read or written (drain, dlq, erase, ui, keys rotate): --key-file PATH,
+repeatable, newest first, or $OUTBOX_ENCRYPTION_KEYS.
 
 \b
 Every command but `dlq replay-topic` (which reads a Kafka topic, not an outbox)
@@ -68,6 +75,7 @@ cli.add_command(dlq)
 cli.add_command(erase)
 cli.add_command(metrics)
 cli.add_command(ui)
+cli.add_command(keys)
 
 
 def main() -> None:

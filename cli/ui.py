@@ -11,7 +11,16 @@ import click
 from outbox.logs import redact_in_logs
 from outbox.masking import MaskRules
 
-from .common import EXIT_USAGE, CliError, OutboxCommand, open_store, outbox_option, remember_secret, settings_option
+from .common import (
+    EXIT_USAGE,
+    CliError,
+    OutboxCommand,
+    key_file_option,
+    open_store,
+    outbox_option,
+    remember_secret,
+    settings_option,
+)
 from .masks import mask_options
 
 #: Loggers that could print a request line with `?token=` or an error naming the store.
@@ -41,6 +50,7 @@ Pages: / (overview), /dead-letters, /dead-letters/ID, /trace, /audit.
 API: /api/... (OpenAPI schema: /api/openapi.json).""",
 )
 @outbox_option
+@key_file_option
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind (not loopback: needs a token, or --role-header).")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
