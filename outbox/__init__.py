@@ -20,6 +20,7 @@ from outbox.consumer import (
 from outbox.drain.workers import Drainer, DrainResult
 from outbox.errors import (
     ConfigError,
+    DecryptionError,
     KafkaDeliveryError,
     KafkaUnavailableError,
     OutboxError,
@@ -63,6 +64,7 @@ __all__ = [
     "Drainer",
     "Ignore",
     "KafkaDeliveryError",
+    "DecryptionError",
     "KafkaUnavailableError",
     "MainTopicCircuit",
     "MemoryOutbox",

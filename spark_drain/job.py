@@ -206,6 +206,12 @@ def _bulk_read(options: JobOptions) -> BulkRead:
     try:
         if not store.capabilities.bulk_read:
             raise ConfigError(f"outbox {store.location} cannot be read by Spark (no database table)")
+        encrypted = store.encrypted_key_ids()
+        if encrypted:
+            raise ConfigError(
+                f"outbox {store.location} holds messages encrypted with key(s) {', '.join(sorted(encrypted))}, "
+                "which the Spark job cannot decrypt: drain it with `outbox drain --key-file PATH` instead"
+            )
         return store.bulk_read()
     finally:
         store.close()

@@ -575,6 +575,11 @@ class Outbox(MessageStore, StoreAdmin):
                 "with a SQLite outbox (sqlite:///path.db)"
             )
 
+    def encrypted_key_ids(self) -> list[str]:
+        """The ids of the keys some stored row is encrypted with (none for a store that does not
+        encrypt): for a reader that cannot decrypt, to refuse such a store."""
+        return []
+
     def rotate_keys(self, *, now: float, batch: int = 1000) -> Rotation:
         """Encrypt every row not under the newest key of `encryption` with it (rows under older
         keys, and rows in clear), `batch` rows a transaction, while producers and drains run.

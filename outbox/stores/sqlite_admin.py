@@ -238,6 +238,9 @@ class SQLiteAdmin(SQLiteConnection, StoreAdmin):
         ]
         return sorted(found, key=lambda m: m.id)
 
+    def encrypted_key_ids(self) -> list[str]:
+        return [k for (k,) in self._read("SELECT DISTINCT enc_key FROM outbox WHERE enc_key IS NOT NULL")]
+
     def rotate_keys(self, *, now: float, batch: int = 1000) -> Rotation:
         ring = self.encryption
         if ring is None:

@@ -292,3 +292,14 @@ def test_a_rotation_needs_keys(store: SQLiteOutbox) -> None:
     store.set_encryption(None)
     with pytest.raises(ConfigError, match="no encryption keys given"):
         store.rotate_keys(now=time.time())
+
+
+def test_the_spark_job_refuses_an_outbox_with_encrypted_rows(path: Path, store: SQLiteOutbox, ring: KeyRing) -> None:
+    from spark_drain.job import _bulk_read
+    from spark_drain.options import JobOptions
+
+    options = JobOptions(outbox=f"sqlite:///{path}", bootstrap_servers="127.0.0.1:1")
+    assert _bulk_read(options).grouped  # in clear (empty): read as before
+    store.enqueue(messages(2))
+    with pytest.raises(ConfigError, match=rf"encrypted with key\(s\) {ring.current}.*outbox drain --key-file"):
+        _bulk_read(options)
