@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import hashlib
 import json
 import logging
 import os
@@ -25,11 +26,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
 from benchmarks.threadcpu import ThreadCPU, by_stage
+
+if TYPE_CHECKING:
+    from outbox.encryption import Key
 
 ID_HEADER = "outbox-id"
 Params = dict[str, Any]
@@ -446,6 +450,7 @@ def spill(p: Params) -> Result:
     `distinct`: every message gets a value of its own (as an application's are), so what the
     producer holds costs what it would; otherwise all share one value object (the spill-rate
     runs: the time, not the memory, is measured there). `memory_budget`: the producer's.
+    `encryption`: true stores the messages encrypted (`bench_key`).
     """
     from outbox import ResilientProducer
 
@@ -464,6 +469,8 @@ def spill(p: Params) -> Result:
     # run measures that wait).
     if p.get("circuit_reset_timeout"):
         budget["circuit_reset_timeout"] = float(p["circuit_reset_timeout"])
+    if p.get("encryption"):
+        budget["encryption"] = bench_key()
     rp = ResilientProducer(kafka_config(p), outbox=outbox, mode="fallback", **budget)
     if p.get("start_at"):
         time.sleep(max(0.0, float(p["start_at"]) - time.time()))
@@ -544,18 +551,29 @@ def sqlite_batch(p: Params) -> Result:
     return result(p, n, seconds)
 
 
+def bench_key() -> Key:
+    """The benchmarks' encryption key: fixed, so that a drain opens what a fill stored."""
+    from outbox.encryption import Key
+
+    return Key(hashlib.sha256(b"kafka-outbox benchmark key").digest())
+
+
 # -- 6. drain --------------------------------------------------------------------------------
 
 
 @scenario("fill")
 def fill(p: Params) -> Result:
-    """Write the drain template: N pending rows via SQLiteOutbox.enqueue in 10k batches."""
+    """Write the drain template: N pending rows via SQLiteOutbox.enqueue in 10k batches
+    (`encryption`: true stores them encrypted with `bench_key`, for a drain given it too)."""
+    from outbox.encryption import KeyRing
     from outbox.records import NewMessage
     from outbox.stores.sqlite import SQLiteOutbox
 
     n, topic = int(p["n"]), p["topic"]
     value = os.urandom(int(p["size"]))
     store = SQLiteOutbox(p["path"], synchronous="NORMAL")
+    if p.get("encryption"):
+        store.set_encryption(KeyRing([bench_key()]))
     now = time.time()
     t0 = start_clock()
     all_ids = ids(os.urandom(8).hex(), n)
@@ -572,7 +590,8 @@ def fill(p: Params) -> Result:
 
 @scenario("drain")
 def drain(p: Params) -> Result:
-    """Drainer(store, config).run(until_empty=True) over a copy of the template."""
+    """Drainer(store, config).run(until_empty=True) over a copy of the template (`encryption`:
+    true gives the drain `bench_key`, for a template filled with it)."""
     from outbox import Drainer
     from outbox.stores.sqlite import SQLiteOutbox
 
@@ -580,7 +599,8 @@ def drain(p: Params) -> Result:
     shutil.copyfile(p["template"], path)
     store = SQLiteOutbox(path)
     n = int(p["n"])
-    drainer = Drainer(store, kafka_config(p, batch_stats=True))  # the defaults, as `Drainer(store, config)` gives them
+    # The defaults, as `Drainer(store, config)` gives them.
+    drainer = Drainer(store, kafka_config(p, batch_stats=True), encryption=bench_key() if p.get("encryption") else None)
     t0 = start_clock(by_thread=True, topic=p["topic"])
     res = drainer.run(until_empty=True)
     seconds = time.perf_counter() - t0
