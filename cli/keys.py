@@ -41,13 +41,13 @@ Examples:
 @outbox_option
 @key_file_option
 @click.option("--batch", type=click.IntRange(min=1), default=1000, show_default=True, metavar="N",
-              help="Rows re-encrypted per transaction.")
+              help="Messages re-encrypted per transaction (about: a row of several is taken whole).")
 @json_option
 def rotate(outbox_url: str, batch: int, as_json: bool) -> None:
     """Re-encrypt every stored message (pending or dead) with the newest key, the first given.
 
     Messages under an older key, or stored in clear, are encrypted again with the newest key,
-    N rows per short transaction, while producers and drains keep running. A message leased to a
+    about N messages per short transaction (a row of several messages whole), while producers and drains keep running. A message leased to a
     sender meanwhile is left as it is and counted as left: run the rotation again later. Once
     none is left, the older keys can be dropped.
     """

@@ -186,7 +186,7 @@ class ResilientProducer(PythonObject):
         encryption: encrypt the value and headers of every message the outbox stores (pending
             or dead) with AES-256-GCM: a `outbox.encryption.KeyRing`, a `Key`, or keys newest
             first (the newest encrypts, every one decrypts). Message keys, topics and times stay
-            in clear. SQLite outboxes only; needs the `encryption` extra. docs/encryption.md.
+            in clear. SQLite and PostgreSQL outboxes; needs the `encryption` extra. docs/encryption.md.
     """
 
     #: Until __init__ has run (a subclass that does not call it), every call says "closed", as

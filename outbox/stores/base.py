@@ -567,12 +567,12 @@ class Outbox(MessageStore, StoreAdmin):
         keys encrypted (`outbox.stores.sealed`); None: write in clear.
 
         Raises:
-            ConfigError: this backend does not encrypt (only the SQLite store does).
+            ConfigError: this backend does not encrypt (the SQLite and PostgreSQL stores do).
         """
         if ring is not None:
             raise ConfigError(
                 f"{type(self).__name__} does not encrypt stored messages; encryption is available "
-                "with a SQLite outbox (sqlite:///path.db)"
+                "with a SQLite or PostgreSQL outbox"
             )
 
     def encrypted_key_ids(self) -> list[str]:
@@ -582,7 +582,8 @@ class Outbox(MessageStore, StoreAdmin):
 
     def rotate_keys(self, *, now: float, batch: int = 1000) -> Rotation:
         """Encrypt every row not under the newest key of `encryption` with it (rows under older
-        keys, and rows in clear), `batch` rows a transaction, while producers and drains run.
+        keys, and rows in clear), about `batch` messages a transaction (a group row whole, and at
+        least one row), while producers and drains run. A row leased to a sender is skipped.
 
         Raises:
             ConfigError: this backend does not encrypt, or no key ring is set.

@@ -53,7 +53,7 @@ def prepare(
     """What storing `messages` writes, in order (see the module's rule); with `ring`, each row's
     payload encrypted (`outbox.stores.sealed`: a one-message row's values, a group's body once)."""
     if status is not Status.PENDING or len(messages) < grouped.GROUP_MIN:
-        return [_rows(messages, status, lease_owner, lease_until, now, ring)] if messages else []
+        return [rows_of(messages, status, lease_owner, lease_until, now, ring)] if messages else []
     owner = lease_owner if lease_until is not None else None  # as insert_values: both or neither
     if owner is None:
         lease_until = None
@@ -66,7 +66,7 @@ def prepare(
             end += 1
         run = messages[start:end]
         if len(run) < grouped.GROUP_MIN:
-            parts.append(_rows(run, status, owner, lease_until, now, ring))
+            parts.append(rows_of(run, status, owner, lease_until, now, ring))
         else:
             body, keys = grouped.encode(run)
             if ring is not None:
@@ -79,7 +79,7 @@ def prepare(
     return parts
 
 
-def _rows(
+def rows_of(
     messages: Sequence[NewMessage], status: Status, owner: str | None, until: float | None, now: float,
     ring: KeyRing | None,
 ) -> list[tuple[Any, ...]]:

@@ -62,11 +62,11 @@ import time
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from outbox.errors import ConfigError, StoreError
+from outbox.encryption import KeyRing
+from outbox.errors import ConfigError, DecryptionError, StoreError
 from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
-from outbox.stores import grouped
+from outbox.stores import grouped, sealed
 from outbox.stores.base import (
-    COLUMNS,
     INSERT_COLUMNS,
     Applied,
     Capabilities,
@@ -74,9 +74,8 @@ from outbox.stores.base import (
     Outbox,
     Settlement,
     insert_values,
-    row_from_columns,
 )
-from outbox.stores.grouping import NewGroup, prepare
+from outbox.stores.grouping import NewGroup, prepare, rows_of
 from outbox.stores.owners import Liveness, describe_owner, local_liveness, parse_owner
 from outbox.stores.postgres_claim import ClaimedRows, Row, message_of
 from outbox.stores.postgres_schema import NEXT_DUE_SQL, SCHEMA_VERSION
@@ -84,7 +83,7 @@ from outbox.stores.postgres_schema import NEXT_DUE_SQL, SCHEMA_VERSION
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
     import psycopg
 from outbox.stores.bulk import BulkRead
-from outbox.stores.postgres_admin import PostgresAdmin
+from outbox.stores.postgres_admin import ROW, PostgresAdmin
 
 __all__ = ["SCHEMA_VERSION", "PostgresOutbox"]
 
@@ -105,12 +104,15 @@ _COPY_TYPES = ["int8", *(
 )]
 _COPY_TYPES += ["float8", "int4", "bytea", "bytea"]  # ready_at, n, body, keys
 _COPY = "COPY {t} (id, " + ", ".join(INSERT_COLUMNS) + ", ready_at, n, body, keys) FROM STDIN (FORMAT BINARY)"
+# The same with the encryption key's id last (`outbox.stores.sealed`): encrypted rows.
+_SEALED_COPY = _COPY.replace(", keys)", ", keys, enc_key)")
+_SEALED_COPY_TYPES = [*_COPY_TYPES, "text"]
 _NEXT_ATTEMPT = INSERT_COLUMNS.index("next_attempt_at")
 # A row's group columns: n, body, keys (a one-message row's).
 _SINGLE = (1, None, None)
-# What a claim selects: `COLUMNS`, then the group columns at these positions.
-_CLAIMED = f"{COLUMNS}, n, body, keys"
-N, BODY, KEYS = 17, 18, 19
+# What a claim selects: `COLUMNS` and the key id (`ROW`), then the group columns at these positions.
+_CLAIMED = f"{ROW}, n, body, keys"
+N, BODY, KEYS = 18, 19, 20
 
 # Rows due at %s (both placeholders: the same time): found on the ready_at index, judged exactly.
 _DUE = "status = 0 AND ready_at <= %s AND next_attempt_at <= %s"
@@ -119,6 +121,8 @@ _INSERT = (
     "INSERT INTO {t} (id, " + ", ".join(INSERT_COLUMNS) + ", ready_at) OVERRIDING SYSTEM VALUE VALUES ("
     + ", ".join(["%s"] * (len(INSERT_COLUMNS) + 2)) + ")"
 )
+
+_SEALED_INSERT = _INSERT.replace(", ready_at)", ", ready_at, enc_key)").replace("VALUES (", "VALUES (%s, ")
 
 _ALL = DeadLetterFilter()  # the empty filter: every dead letter
 
@@ -212,7 +216,8 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             return []
         if lease_owner is not None and lease_until is not None:
             self._hold_owner(str(lease_owner))
-        parts = prepare(messages, status, lease_owner, lease_until, now)
+        ring = self.encryption
+        parts = prepare(messages, status, lease_owner, lease_until, now, ring)
         count = sum(p.n + 1 if isinstance(p, NewGroup) else len(p) for p in parts)
         source = "generate_series(1, %s)"
         args: list[Any] = [self._id_seq, count]
@@ -229,8 +234,10 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         assert row is not None  # an aggregate's one row
         ids: Sequence[int] = range(row[0], row[1] + 1) if row[2] is None else row[2]
         stored: list[int] = []
-        with conn.cursor().copy(_COPY.format(t=self._t)) as copy:
-            copy.set_types(_COPY_TYPES)
+        # Encrypted rows end with their key's id (`sealed.seal_values`), after the group columns.
+        kid = () if ring is None else (ring.current,)
+        with conn.cursor().copy((_COPY if ring is None else _SEALED_COPY).format(t=self._t)) as copy:
+            copy.set_types(_COPY_TYPES if ring is None else _SEALED_COPY_TYPES)
             write = copy.write_row
             at = 0  # the next id to use
             pos = 0  # the next message
@@ -241,20 +248,22 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                         # The group row (`INSERT_COLUMNS`, then ready_at and the group columns):
                         # its messages' own columns are in its body.
                         write((gid, "", part.topic, None, None, None, -1, int(status), 0, now, None, None,
-                               part.due, None, None, None, part.owner, 0, part.ready_at, n, part.body, part.keys))
+                               part.due, None, None, None, part.owner, 0, part.ready_at, n, part.body, part.keys,
+                               *kid))
                         stored += range(gid + 1, gid + n + 1)
                         at += n + 1
                         pos += n
                         continue
                     until = part.due if part.owner is not None else None
-                    rows = [insert_values(m, status, part.owner, until, now) for m in part.messages]
+                    rows = rows_of(part.messages, status, part.owner, until, now, ring)
                     at += 1  # the group's own id, not needed
                 else:
                     rows = part
                 for v in rows:
                     # ready_at: next_attempt_at, or for a row born leased its due time without the lease.
                     i = ids[at]
-                    write((i, *v, min(messages[pos].next_attempt_at, v[_NEXT_ATTEMPT]), *_SINGLE))
+                    ready = min(messages[pos].next_attempt_at, v[_NEXT_ATTEMPT])
+                    write((i, *v, ready, *_SINGLE) if ring is None else (i, *v[:-1], ready, *_SINGLE, v[-1]))
                     stored.append(i)
                     at += 1
                     pos += 1
@@ -341,10 +350,11 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         cur.execute("SELECT nextval(%s::regclass) FROM generate_series(1, %s)", [self._id_seq, len(messages)])
         ids = sorted(r[0] for r in cur.fetchall())
         rows = []
-        for i, m in zip(ids, messages, strict=True):
-            v = insert_values(m, Status.PENDING, None, None, now)
-            rows.append((i, *v, v[_NEXT_ATTEMPT]))  # ready_at: not leased, so its due time
-        cur.executemany(_INSERT.format(t=self._t), rows)
+        ring = self.encryption
+        for i, m, v in zip(ids, messages, rows_of(messages, Status.PENDING, None, None, now, ring), strict=True):
+            ready = m.next_attempt_at  # ready_at: not leased, so its due time
+            rows.append((i, *v, ready) if ring is None else (i, *v[:-1], ready, v[-1]))
+        cur.executemany((_INSERT if ring is None else _SEALED_INSERT).format(t=self._t), rows)
         return ids
 
     def add_dead(self, messages: Sequence[NewMessage], *, failed_at: float) -> list[int]:
@@ -383,7 +393,7 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             )
         if not dead:
             return []
-        cols = ", ".join(f"o.{c.strip()}" for c in COLUMNS.split(","))
+        cols = ", ".join(f"o.{c.strip()}" for c in ROW.split(","))
         cur = conn.execute(
             f"UPDATE {self._t} AS o SET attempts = o.attempts + 1, last_error = f.e, status = 2, "
             "error_code = f.c, error_name = f.n, "
@@ -396,7 +406,7 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 [f.failed_at for f in dead],
             ],
         )
-        return sorted((row_from_columns(r) for r in cur.fetchall()), key=lambda m: m.id)
+        return sorted((self._message(r) for r in cur.fetchall()), key=lambda m: m.id)
 
     def _groups_touched(self, conn: psycopg.Connection[Any], settlement: Settlement) -> list[tuple[int, int]]:
         """(id, n) of the group rows whose messages the settlement names (on the group index)."""
@@ -458,23 +468,29 @@ class PostgresOutbox(PostgresAdmin, Outbox):
 
         Run in a transaction: the group row is locked until it commits."""
         row = conn.cursor(binary=True).execute(
-            f"SELECT topic, created_at, next_attempt_at, lease_owner, body FROM {self._t} "
+            f"SELECT topic, created_at, next_attempt_at, lease_owner, body, enc_key FROM {self._t} "
             "WHERE id = %s AND n > 1 AND status = 0 FOR UPDATE",
             [gid],
         ).fetchone()
         if row is None:
             return 0
-        topic, created_at, due, owner, body = row
+        topic, created_at, due, owner, body, kid = row
+        plain = self._body(gid, topic, body, kid)
         conn.execute(f"DELETE FROM {self._t} WHERE id = %s", [gid])
         until = due if owner is not None else None
         written = 0
-        with conn.cursor().copy(_COPY.format(t=self._t)) as copy:
-            copy.set_types(_COPY_TYPES)
-            for m in grouped.decode(bytes(body), gid, topic, created_at):
+        ring = self.encryption  # the messages encrypted again, each on its own, with the newest key
+        with conn.cursor().copy((_COPY if ring is None else _SEALED_COPY).format(t=self._t)) as copy:
+            copy.set_types(_COPY_TYPES if ring is None else _SEALED_COPY_TYPES)
+            for m in grouped.decode(plain, gid, topic, created_at):
                 if m.id not in skip:
                     v = insert_values(grouped.as_new(m), Status.PENDING, owner, until, created_at)
                     # ready_at: the message's own due time (the group's is its latest message's).
-                    copy.write_row((m.id, *v, min(m.next_attempt_at, v[_NEXT_ATTEMPT]), *_SINGLE))
+                    ready = min(m.next_attempt_at, v[_NEXT_ATTEMPT])
+                    if ring is None:
+                        copy.write_row((m.id, *v, ready, *_SINGLE))
+                    else:
+                        copy.write_row((m.id, *sealed.seal_values(v, ring)[:-1], ready, *_SINGLE, ring.current))
                     written += 1
         return written
 
@@ -572,28 +588,53 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                 "WHERE c.before = 0 OR c.before + c.n <= %s"
             )
             lease = _Lease(owner, now, now + lease_seconds)
-            for _ in range(2):
-                full, rows, leased, split = self._claim_tx(
-                    conn, sql, [*args, limit, limit], order, limit, in_flight, lease
-                )
-                self._dense_backlog = order == "id" and full
-                if len(leased) != len(rows):
-                    rows = self._give_back_lost(conn, rows, leased, now)
-                if split is None:
-                    break
-                # A group holding a key that waits behind a back-off becomes one-message rows, so
-                # that the per-key rule holds back only that key's messages, and the claim goes
-                # on with the others (read again if nothing came before the group).
-                with conn.transaction():
-                    self._explode(conn, split)  # leased meanwhile: it keeps its lease
+            rows: list[Row] = []
+            try:
+                for _ in range(2):
+                    full, rows, leased, split = self._claim_tx(
+                        conn, sql, [*args, limit, limit], order, limit, in_flight, lease
+                    )
+                    self._dense_backlog = order == "id" and full
+                    if len(leased) != len(rows):
+                        rows = self._give_back_lost(conn, rows, leased, now)
+                    if split is None:
+                        break
+                    # A group holding a key that waits behind a back-off becomes one-message rows, so
+                    # that the per-key rule holds back only that key's messages, and the claim goes
+                    # on with the others (read again if nothing came before the group).
+                    with conn.transaction():
+                        self._explode(conn, split)  # leased meanwhile: it keeps its lease
+                    if rows:
+                        break
+                if any(r[sealed.ROW_KEY] is not None for r in rows):
+                    rows = [self._opened(r) for r in rows]
+            except DecryptionError:
+                # Decrypted after the claim's commit (no Python work between its read and its
+                # lease): a row whose key is missing or wrong is given back at once, due as it
+                # was, no attempt counted, and the claim fails naming the key.
                 if rows:
-                    break
+                    conn.execute(
+                        f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s, ready_at = %s "
+                        "WHERE id = ANY(%s::bigint[]) AND status = 0",
+                        [now, now, _id_array([r[0] for r in rows])],
+                    )
+                raise
         if all(r[N] == 1 for r in rows):
             return ClaimedRows(rows)
         # Groups stay encoded until read (`grouped.Claimed`).
         return grouped.Claimed([
             message_of(r) if r[N] == 1 else grouped.Group(r[0], r[N], r[2], r[9], r[BODY]) for r in rows
         ])
+
+    def _opened(self, r: Row) -> Row:
+        """A claimed row with its payload decrypted (a group's body, or a row's values)."""
+        if r[N] == 1:
+            return tuple(sealed.open_row(r, self.encryption))
+        body = self._body(r[0], r[2], r[BODY], r[sealed.ROW_KEY])
+        return (*r[: sealed.ROW_KEY], None, *r[sealed.ROW_KEY + 1 : BODY], body, *r[BODY + 1 :])
+
+    def set_encryption(self, ring: KeyRing | None) -> None:
+        self.encryption = ring
 
     def _claim_tx(
         self, conn: psycopg.Connection[Any], sql: str, args: list[Any], order: str, limit: int,

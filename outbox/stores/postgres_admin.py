@@ -7,15 +7,18 @@ import abc
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from outbox.errors import UnknownMessageError
-from outbox.records import AuditEntry, DeadLetterFilter, OutboxMessage, Status, StoreStats
-from outbox.stores import grouped
+from outbox.encryption import KeyRing
+from outbox.errors import ConfigError, UnknownMessageError
+from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from outbox.stores import grouped, sealed
 from outbox.stores.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.stores.base import (
     COLUMNS,
     Erased,
+    Rotation,
     StoreAdmin,
     dead_letter_where,
+    insert_values,
     row_from_columns,
 )
 from outbox.stores.codec import encode_headers
@@ -26,6 +29,8 @@ from outbox.stores.postgres_conn import PostgresConnection
 from outbox.stores.postgres_schema import NEXT_DUE_SQL
 
 _ALL = DeadLetterFilter()  # the empty filter: every dead letter
+#: A row's columns as `row_from_columns` reads them, then the id of its encryption key.
+ROW = f"{COLUMNS}, enc_key"
 
 _KEY_MATCH = "md5(key) = md5({p}::bytea) AND key = {p}::bytea"
 _HEADERS_CONTAIN = "position({p}::bytea in headers) > 0"
@@ -55,13 +60,25 @@ def _erased(rows: list[tuple[Any, ...]]) -> Erased:
     return out
 
 
-def _group_of(gid: int, topic: str, created_at: float, due: float, body: bytes) -> list[OutboxMessage]:
-    """A group row's messages, each due when its group is (its lease)."""
-    return [m._replace(next_attempt_at=due) for m in grouped.decode(bytes(body), gid, topic, created_at)]
-
-
 class PostgresAdmin(PostgresConnection, StoreAdmin):
     """The administration half of `PostgresOutbox` (one class of the store, kept in its own module)."""
+
+    encryption: KeyRing | None = None
+
+    def _message(self, r: Any) -> OutboxMessage:
+        """A row selected with `ROW` as a message, its payload decrypted (`sealed.open_row`)."""
+        return row_from_columns(sealed.open_row(r, self.encryption))
+
+    def _body(self, gid: int, topic: str, body: bytes, kid: str | None) -> bytes:
+        """A group's body as `grouped` reads it: decrypted when it is encrypted."""
+        return sealed.open_body(bytes(body), kid, topic, self.encryption, gid)
+
+    def _group_of(
+        self, gid: int, topic: str, created_at: float, due: float, body: bytes, kid: str | None
+    ) -> list[OutboxMessage]:
+        """A group row's messages, each due when its group is (its lease)."""
+        plain = self._body(gid, topic, body, kid)
+        return [m._replace(next_attempt_at=due) for m in grouped.decode(plain, gid, topic, created_at)]
 
     @abc.abstractmethod
     def _explode(self, conn: psycopg.Connection[Any], gid: int, *, skip: Collection[int] = ()) -> int:
@@ -69,9 +86,9 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
         caller's transaction: the hot path's (`PostgresOutbox._explode`), which an erasure uses too."""
 
     def get(self, id: int) -> OutboxMessage:
-        rows = self._read(f"SELECT {COLUMNS} FROM {self._t} WHERE id = %s AND n = 1", [id])
+        rows = self._read(f"SELECT {ROW} FROM {self._t} WHERE id = %s AND n = 1", [id])
         if rows:
-            return row_from_columns(rows[0])
+            return self._message(rows[0])
         # A message of a group: the group with the largest id below it, if its ids reach it.
         for m in self._group_messages(
             "id < %s AND id >= %s ORDER BY id DESC LIMIT 1", [id, id - grouped.GROUP_MAX]
@@ -85,23 +102,24 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
         message): for inspection and tests, not for hot paths."""
         with self._conn() as conn:  # one statement: one snapshot
             rows = conn.cursor(binary=True).execute(
-                f"SELECT {COLUMNS}, n, body FROM {self._t} ORDER BY id"
+                f"SELECT {ROW}, n, body FROM {self._t} ORDER BY id"
             ).fetchall()
         out: list[OutboxMessage] = []
         for r in rows:
-            if r[17] == 1:  # n
-                out.append(row_from_columns(r))
-            else:  # id, topic, created_at, next_attempt_at, body
-                out += _group_of(r[0], r[2], r[9], r[12], r[18])
+            if r[18] == 1:  # n
+                out.append(self._message(r))
+            else:  # id, topic, created_at, next_attempt_at, body, enc_key
+                out += self._group_of(r[0], r[2], r[9], r[12], r[19], r[17])
         return out
 
     def _group_messages(self, where: str, args: list[Any]) -> list[OutboxMessage]:
         """The messages of the groups matching `where` (`_group_of`)."""
         out: list[OutboxMessage] = []
         for r in self._read(
-            f"SELECT id, topic, created_at, next_attempt_at, body FROM {self._t} WHERE n > 1 AND {where}", args
+            f"SELECT id, topic, created_at, next_attempt_at, body, enc_key FROM {self._t} WHERE n > 1 AND {where}",
+            args,
         ):
-            out += _group_of(*r)
+            out += self._group_of(*r)
         return out
 
     def list_dead(self, flt: DeadLetterFilter = _ALL) -> list[OutboxMessage]:
@@ -111,7 +129,7 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
         # window sits at the end of that walk, behind every older dead letter).
         by_time = flt.since is not None and not (flt.ids or flt.topic is not None or flt.error is not None
                                                  or flt.key is not None)
-        sql = f"SELECT {COLUMNS} FROM {self._t} WHERE {where} ORDER BY {'id + 0' if by_time else 'id'}"
+        sql = f"SELECT {ROW} FROM {self._t} WHERE {where} ORDER BY {'id + 0' if by_time else 'id'}"
         if flt.limit is not None:
             sql += " LIMIT %s"
             args.append(flt.limit)
@@ -119,7 +137,7 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
             flt.ids or flt.topic is not None or flt.error is not None or flt.key is not None or flt.since is not None
         )
         if not walk:
-            return [row_from_columns(r) for r in self._read(sql, args)]
+            return [self._message(r) for r in self._read(sql, args)]
         # No selective column: a page is found fastest by walking the dead rows in id order (the
         # partial index) until it is full. The planner cannot know that: it estimates a LIKE
         # '%text%' or a group's topic suffix to match almost nothing, and would read and sort
@@ -127,7 +145,7 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
         # INDEXED BY (sqlite._dead_index).
         with self._conn() as conn, conn.transaction():
             conn.execute("SET LOCAL enable_sort = off")
-            return [row_from_columns(r) for r in conn.execute(sql, args).fetchall()]
+            return [self._message(r) for r in conn.execute(sql, args).fetchall()]
 
     def purge_dead(self, flt: DeadLetterFilter = _ALL, *, at_most: int | None = None) -> int:
         where, args = dead_letter_where(flt, "%s", key_match=_KEY_MATCH, headers_contain=_HEADERS_CONTAIN)
@@ -158,11 +176,13 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
                 [now, *pending_args, *dead_args],
             ).fetchall()
             in_groups = conn.cursor(binary=True).execute(
-                f"SELECT id, topic, created_at, body, {_LEASED} FROM {self._t} WHERE {groups}", [now, *group_args]
+                f"SELECT id, topic, created_at, body, enc_key, {_LEASED} FROM {self._t} WHERE {groups}",
+                [now, *group_args],
             ).fetchall()
         counts = _erased(rows)
-        for gid, gtopic, created_at, body, leased in in_groups:
-            n = sum(m.key == key for m in grouped.decode(bytes(body), gid, gtopic, created_at))
+        for gid, gtopic, created_at, body, kid, leased in in_groups:
+            plain = self._body(gid, gtopic, body, kid)
+            n = sum(m.key == key for m in grouped.decode(plain, gid, gtopic, created_at))
             counts += Erased(n, 0, n if leased else 0)
         return counts
 
@@ -175,14 +195,15 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
         with self._tx() as conn:
             # Locked until the commit; gone if it was delivered or exploded since.
             row = conn.cursor(binary=True).execute(
-                f"SELECT topic, created_at, body, {_LEASED} FROM {self._t} "
+                f"SELECT topic, created_at, body, enc_key, {_LEASED} FROM {self._t} "
                 "WHERE id = %s AND n > 1 AND status = 0 FOR UPDATE",
                 [now, gid],
             ).fetchone()
             if row is None:
                 return gid, Erased()
-            gtopic, created_at, body, leased = row
-            gone = [m.id for m in grouped.decode(bytes(body), gid, gtopic, created_at) if m.key == key]
+            gtopic, created_at, body, kid, leased = row
+            plain = self._body(gid, gtopic, body, kid)
+            gone = [m.id for m in grouped.decode(plain, gid, gtopic, created_at) if m.key == key]
             self._explode(conn, gid, skip=gone)
         return gid, Erased(len(gone), 0, len(gone) if leased else 0)
 
@@ -214,25 +235,85 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
     def redrive_edited(
         self, id: int, *, value: bytes | None, headers: list[tuple[str, bytes | None]], now: float
     ) -> bool:
-        with self._conn() as conn:
+        ring = self.encryption
+        with self._tx() as conn:
+            kid: str | None = None
+            stored: tuple[Any, ...] = (value, encode_headers(headers))
+            if ring is not None:  # encrypted again with the newest key, bound to its msg_id
+                row = conn.execute(f"SELECT msg_id FROM {self._t} WHERE id = %s AND status = 2", [id]).fetchone()
+                if row is None:
+                    return False
+                v = sealed.seal_values(insert_values(NewMessage("", value, None, headers, msg_id=row[0]),
+                                                     Status.DEAD, None, None, now), ring)
+                stored, kid = (v[3], v[4]), ring.current
             return conn.execute(
-                f"UPDATE {self._t} SET value = %s, headers = %s, status = 0, attempts = 0, "
+                f"UPDATE {self._t} SET value = %s, headers = %s, enc_key = %s, status = 0, attempts = 0, "
                 "next_attempt_at = %s, ready_at = %s, lease_owner = NULL WHERE id = %s AND status = 2",
-                [value, encode_headers(headers), now, now, id],
+                [*stored, kid, now, now, id],
             ).rowcount == 1
 
     def trace(self, msg_id: str) -> list[OutboxMessage]:
         rows = self._read(
-            f"SELECT {COLUMNS} FROM {self._t} WHERE msg_id = %s AND status = 2 UNION ALL "
-            f"SELECT {COLUMNS} FROM {self._t} WHERE msg_id = %s AND status = 0 ORDER BY 1",
+            f"SELECT {ROW} FROM {self._t} WHERE msg_id = %s AND status = 2 UNION ALL "
+            f"SELECT {ROW} FROM {self._t} WHERE msg_id = %s AND status = 0 ORDER BY 1",
             [msg_id, msg_id],
         )
-        found = [row_from_columns(r) for r in rows]
+        found = [self._message(r) for r in rows]
+        # An encrypted body cannot be searched: each is decrypted.
         found += [
-            m for m in self._group_messages("position(%s::bytea in body) > 0", [msg_id.encode()])
+            m for m in self._group_messages(
+                "(position(%s::bytea in body) > 0 OR enc_key IS NOT NULL)", [msg_id.encode()]
+            )
             if m.msg_id == msg_id
         ]
         return sorted(found, key=lambda m: m.id)
+
+    def encrypted_key_ids(self) -> list[str]:
+        return [r[0] for r in self._read(f"SELECT DISTINCT enc_key FROM {self._t} WHERE enc_key IS NOT NULL", [])]
+
+    def rotate_keys(self, *, now: float, batch: int = 1000) -> Rotation:
+        ring = self.encryption
+        if ring is None:
+            raise ConfigError("no encryption keys given: a rotation needs the new key first, then the old ones")
+        done = 0
+        last = 0
+        while True:
+            # One short transaction per `batch` messages in id order (on the primary key). A row
+            # leased to a sender is skipped (the next rotation, or its delivery, takes care of
+            # it); SKIP LOCKED passes rows a writer holds at that moment too.
+            with self._tx() as conn:
+                rows = conn.cursor(binary=True).execute(
+                    f"SELECT {ROW}, n, {_LEASED} FROM {self._t} WHERE id > %s ORDER BY id LIMIT %s "
+                    "FOR UPDATE SKIP LOCKED",
+                    [now, last, batch],
+                ).fetchall()
+                if not rows:
+                    break
+                taken = 0  # messages this transaction re-encrypted: at most about `batch`
+                for r in rows:
+                    if taken >= batch:
+                        break
+                    last = r[0]
+                    n, leased = r[18], r[19]
+                    if r[sealed.ROW_KEY] == ring.current or leased:
+                        continue
+                    if n > 1:
+                        got = conn.cursor(binary=True).execute(
+                            f"SELECT body FROM {self._t} WHERE id = %s", [r[0]]
+                        ).fetchone()
+                        assert got is not None  # locked above
+                        plain = self._body(r[0], r[2], got[0], r[sealed.ROW_KEY])
+                        conn.execute(f"UPDATE {self._t} SET body = %s, enc_key = %s WHERE id = %s",
+                                     [sealed.seal_body(plain, r[2], ring), ring.current, r[0]])
+                    else:
+                        conn.execute(f"UPDATE {self._t} SET value = %s, headers = %s, enc_key = %s WHERE id = %s",
+                                     [*sealed.reseal_row(r, ring), ring.current, r[0]])
+                    taken += n
+                done += taken
+        left = self._read(
+            f"SELECT COALESCE(sum(n), 0) FROM {self._t} WHERE enc_key IS NULL OR enc_key <> %s", [ring.current]
+        )[0][0]
+        return Rotation(done, int(left))
 
     def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:
         with self._conn() as conn:

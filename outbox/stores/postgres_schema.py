@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 #: Table pages are filled to this percentage: a claim's lease rewrites each row it takes, and a
 #: rewrite that fits in its own page is a heap-only (HOT) update, which adds no index entries.
@@ -115,6 +115,10 @@ def migrations(schema: str, table: str) -> dict[int, list[str]]:
             f"ALTER TABLE {t} ALTER COLUMN body SET STORAGE EXTERNAL",
             f'CREATE INDEX IF NOT EXISTS "{table}_group" ON {t} (id) WHERE n > 1',
         ],
+        # The id of the key a row's payload is encrypted with (`outbox.stores.sealed`); NULL for a
+        # row in clear, what every row written without encryption has. No index: only a key
+        # rotation looks for it, walking the rows in id order a batch at a time.
+        7: [f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS enc_key TEXT"],
     }
 
 #: How the dead-letter filter compares keys: through the md5 index, then exactly.

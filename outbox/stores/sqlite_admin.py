@@ -248,7 +248,7 @@ class SQLiteAdmin(SQLiteConnection, StoreAdmin):
         done = 0
         last = 0
         while True:
-            # One short transaction per `batch` rows in id order (the primary key: no scan of the
+            # One short transaction per `batch` messages in id order (the primary key: no scan of the
             # rest), so producers and drains wait for at most one batch. A leased row is being
             # sent: it is skipped, and the next rotation (or its delivery) takes care of it.
             with self._write() as c:
@@ -257,8 +257,11 @@ class SQLiteAdmin(SQLiteConnection, StoreAdmin):
                 ).fetchall()
                 if not rows:
                     break
-                last = rows[-1][0]
+                taken = 0  # messages this transaction re-encrypted: at most about `batch`
                 for r in rows:
+                    if taken >= batch:
+                        break
+                    last = r[0]
                     n, leased = r[-2], r[-1]
                     if r[sealed.ROW_KEY] == ring.current or leased:
                         continue
@@ -272,7 +275,8 @@ class SQLiteAdmin(SQLiteConnection, StoreAdmin):
                     else:
                         c.execute("UPDATE outbox SET value = ?, headers = ?, enc_key = ? WHERE id = ?",
                                   (*sealed.reseal_row(r, ring), ring.current, r[0]))
-                    done += n
+                    taken += n
+                done += taken
         left: int = self._read(
             "SELECT COALESCE(SUM(n), 0) FROM outbox WHERE enc_key IS NULL OR enc_key != ?", (ring.current,)
         )[0][0]

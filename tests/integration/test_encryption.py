@@ -1,5 +1,6 @@
-"""Encryption at rest with a real Kafka cluster: what an outage stores is unreadable on disk,
-and it reaches Kafka intact once the cluster (and the right key) is there."""
+"""Encryption at rest with a real Kafka cluster, over SQLite and PostgreSQL: what an outage
+stores is unreadable where it is stored (the file and its WAL; the table read raw), and it
+reaches Kafka intact once the cluster (and the right key) is there."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from outbox import Drainer, ResilientProducer, SQLiteOutbox
+from outbox import Drainer, ResilientProducer
 from outbox.encryption import Key, KeyRing
 from outbox.errors import DecryptionError
+from outbox.stores import Outbox, open_outbox
+from outbox.stores.urls import parse_url
 
 from ..waiting import wait_until
 
@@ -22,23 +25,49 @@ OLD = Key(bytes(range(32)))
 NEW = Key(bytes(range(50, 82)))
 
 
-def raw_bytes(path: Path) -> bytes:
-    wal = Path(f"{path}-wal")
-    return path.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'o.db'}"
+    return str(request.getfixturevalue("fresh_postgres_url"))
 
 
-def spill(path: Path, topic: str, n: int, ring: KeyRing) -> None:
+def raw_bytes(url: str) -> bytes:
+    """What the store holds, read past the library: the SQLite file and its WAL, or every row of
+    the PostgreSQL table as COPY gives it (bytea columns included)."""
+    parsed = parse_url(url)
+    if parsed.kind == "sqlite":
+        path = Path(parsed.path)
+        wal = Path(f"{path}-wal")
+        return path.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
+    import psycopg
+
+    out = b""
+    with psycopg.connect(**parsed.psycopg_kwargs()) as conn, conn.cursor().copy(
+        f'COPY (SELECT * FROM "{parsed.schema}"."{parsed.table}") TO STDOUT (FORMAT BINARY)'
+    ) as copy:
+        for chunk in copy:
+            out += bytes(chunk)
+    return out
+
+
+def opened(url: str, encryption: Key | KeyRing | None = None) -> Outbox:
+    store = open_outbox(url, create=False)
+    store.set_encryption(encryption if not isinstance(encryption, Key) else KeyRing([encryption]))
+    return store
+
+
+def spill(url: str, topic: str, n: int, ring: KeyRing) -> None:
     """`n` messages produced while no broker answers: every one is stored, encrypted."""
     with ResilientProducer(
         {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 1000},
-        outbox=f"sqlite:///{path}", drain_workers=0, encryption=ring, circuit_failure_threshold=1,
+        outbox=url, drain_workers=0, encryption=ring, circuit_failure_threshold=1,
         circuit_reset_timeout=3600,
     ) as p:
         for i in range(n):
             p.produce(topic, MARKER + b"-%d" % i, key=b"k%d" % (i % 7), headers=[("card", HEADER_MARKER)])
         wait_until(lambda: p.stats()["in_memory"] == 0 and p.stats()["unsaved"] == 0, 60, "all stored")
-    store = SQLiteOutbox(str(path), create=False)
-    store.set_encryption(ring)
+    store = opened(url, ring)
     try:
         assert store.stats(now=time.time()).pending == n
     finally:
@@ -56,15 +85,14 @@ def check_delivered(got: list[Any], n: int) -> None:
 
 
 def test_an_outage_is_stored_encrypted_and_delivered_intact(
-    kafka_bootstrap: str, topic: str, tmp_path: Path, consume_all: Callable[..., list[Any]]
+    kafka_bootstrap: str, topic: str, url: str, consume_all: Callable[..., list[Any]]
 ) -> None:
-    path = tmp_path / "o.db"
     n = 300
-    spill(path, topic, n, KeyRing([OLD]))
-    data = raw_bytes(path)
+    spill(url, topic, n, KeyRing([OLD]))
+    data = raw_bytes(url)
     assert MARKER not in data and HEADER_MARKER not in data
-    assert topic.encode() in data  # topics stay in clear (docs/encryption.md)
-    store = SQLiteOutbox(str(path), create=False)
+    assert topic.encode() in data  # topics stay in clear (docs/encryption.md): the read finds text
+    store = opened(url)
     try:
         result = Drainer(store, {"bootstrap.servers": kafka_bootstrap}, encryption=OLD).run(until_empty=True)
         assert result.delivered == n and result.dead == 0
@@ -74,13 +102,12 @@ def test_an_outage_is_stored_encrypted_and_delivered_intact(
 
 
 def test_a_missing_or_wrong_key_keeps_every_row_pending_until_the_right_key_sends_them(
-    kafka_bootstrap: str, topic: str, tmp_path: Path, consume_all: Callable[..., list[Any]]
+    kafka_bootstrap: str, topic: str, url: str, consume_all: Callable[..., list[Any]]
 ) -> None:
-    path = tmp_path / "o.db"
     n = 50
-    spill(path, topic, n, KeyRing([OLD]))
+    spill(url, topic, n, KeyRing([OLD]))
     for given in (None, NEW):
-        store = SQLiteOutbox(str(path), create=False)
+        store = opened(url)
         try:
             with pytest.raises(DecryptionError, match=f"key {OLD.id}") as info:
                 Drainer(store, {"bootstrap.servers": kafka_bootstrap}, encryption=given).run(until_empty=True)
@@ -91,7 +118,7 @@ def test_a_missing_or_wrong_key_keeps_every_row_pending_until_the_right_key_send
             store.close()
     # The right key, in a producer whose drain runs in a process of its own.
     with ResilientProducer(
-        {"bootstrap.servers": kafka_bootstrap}, outbox=f"sqlite:///{path}", drain_in="process",
+        {"bootstrap.servers": kafka_bootstrap}, outbox=url, drain_in="process",
         encryption=[NEW, OLD], drain_poll_interval=0.2,
     ) as p:
         wait_until(lambda: p.stats()["pending"] == 0, 60, "the outbox is drained")
@@ -100,20 +127,19 @@ def test_a_missing_or_wrong_key_keeps_every_row_pending_until_the_right_key_send
 
 
 def test_rotated_rows_deliver_with_the_new_key_alone(
-    kafka_bootstrap: str, topic: str, tmp_path: Path, consume_all: Callable[..., list[Any]]
+    kafka_bootstrap: str, topic: str, url: str, consume_all: Callable[..., list[Any]]
 ) -> None:
-    path = tmp_path / "o.db"
     n = 120
-    spill(path, topic, n, KeyRing([OLD]))
-    store = SQLiteOutbox(str(path), create=False)
-    store.set_encryption(KeyRing([NEW, OLD]))
+    spill(url, topic, n, KeyRing([OLD]))
+    store = opened(url, KeyRing([NEW, OLD]))
     try:
         rotation = store.rotate_keys(now=time.time(), batch=1)
         assert rotation.reencrypted == n and rotation.left == 0
+        assert store.encrypted_key_ids() == [NEW.id]
     finally:
         store.close()
-    assert MARKER not in raw_bytes(path)
-    store = SQLiteOutbox(str(path), create=False)
+    assert MARKER not in raw_bytes(url)
+    store = opened(url)
     try:
         result = Drainer(store, {"bootstrap.servers": kafka_bootstrap}, encryption=NEW).run(until_empty=True)
         assert result.delivered == n and result.dead == 0
