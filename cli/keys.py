@@ -47,9 +47,9 @@ def rotate(outbox_url: str, batch: int, as_json: bool) -> None:
     """Re-encrypt every stored message (pending or dead) with the newest key, the first given.
 
     Messages under an older key, or stored in clear, are encrypted again with the newest key,
-    about N messages per short transaction (a row of several messages whole), while producers and drains keep running. A message leased to a
-    sender meanwhile is left as it is and counted as left: run the rotation again later. Once
-    none is left, the older keys can be dropped.
+    about N messages per short transaction (a row of several messages whole), while producers
+    and drains keep running. A message leased to a sender meanwhile is left as it is and counted
+    as left: run the rotation again later. Once none is left, the older keys can be dropped.
     """
     ring = key_ring(click.get_current_context())
     if ring is None:
