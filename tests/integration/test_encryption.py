@@ -146,3 +146,32 @@ def test_rotated_rows_deliver_with_the_new_key_alone(
     finally:
         store.close()
     check_delivered(consume_all(topic, n), n)
+
+
+def test_the_console_reads_and_edits_an_encrypted_outbox_and_names_a_missing_key(url: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from outbox.records import NewMessage
+    from outbox.ui import create_app
+
+    store = open_outbox(url)
+    store.set_encryption(KeyRing([OLD]))
+    try:
+        [d] = store.add_dead([NewMessage("t", MARKER, key=b"k", headers=[("card", HEADER_MARKER)])],
+                             failed_at=time.time())
+        c = TestClient(create_app(store), base_url="http://localhost")
+        doc = c.get(f"/api/dead-letters/{d}").json()
+        assert doc["value"] == MARKER.decode()
+        r = c.post(f"/api/dead-letters/{d}/redrive", json={"value": MARKER.decode() + "-edited"})
+        assert r.status_code == 200 and r.json()["status"] == "pending"
+        assert store.get(d).value == MARKER + b"-edited"
+        assert MARKER not in raw_bytes(url)  # the edit is stored encrypted too
+    finally:
+        store.close()
+    keyless = open_outbox(url, create=False)
+    try:
+        r = TestClient(create_app(keyless), base_url="http://localhost").get(f"/api/dead-letters/{d}")
+        assert r.status_code == 503 and OLD.id in r.json()["error"]
+        assert keyless.stats(now=time.time()).pending == 1
+    finally:
+        keyless.close()

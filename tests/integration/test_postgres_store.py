@@ -391,6 +391,8 @@ def test_version_4_outbox_is_migrated_to_leases_no_index_covers(postgres_url: st
     now = time.time()
     try:
         with psycopg.connect(postgres_url, autocommit=True) as conn:  # back to version 4
+            conn.execute(f"ALTER TABLE {t} DROP COLUMN enc_key")
+            conn.execute(f'DELETE FROM "{schema}".outbox_schema_version WHERE version = 7')
             conn.execute(f'DROP INDEX "{schema}".outbox_group')
             conn.execute(f"ALTER TABLE {t} DROP COLUMN n, DROP COLUMN body, DROP COLUMN keys")
             conn.execute(f'DELETE FROM "{schema}".outbox_schema_version WHERE version = 6')
