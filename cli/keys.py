@@ -51,10 +51,12 @@ def rotate(outbox_url: str, batch: int, as_json: bool) -> None:
     and drains keep running. A message leased to a sender meanwhile is left as it is and counted
     as left: run the rotation again later. Once none is left, the older keys can be dropped.
     """
-    ring = key_ring(click.get_current_context())
-    if ring is None:
-        raise CliError("give the keys: --key-file NEW --key-file OLD ... (or $OUTBOX_ENCRYPTION_KEYS), newest first")
     with open_store(outbox_url) as (store, url):
+        ring = key_ring(click.get_current_context())
+        if ring is None:
+            raise CliError(
+                "give the keys: --key-file NEW --key-file OLD ... (or $OUTBOX_ENCRYPTION_KEYS), newest first"
+            )
         done: Rotation = store.rotate_keys(now=time.time(), batch=batch)
     if as_json:
         click.echo(fmt.dumps({
