@@ -303,3 +303,46 @@ def test_the_spark_job_refuses_an_outbox_with_encrypted_rows(path: Path, store: 
     store.enqueue(messages(2))
     with pytest.raises(ConfigError, match=rf"encrypted with key\(s\) {ring.current}.*outbox drain --key-file"):
         _bulk_read(options)
+
+
+def test_bytes_moved_to_another_row_or_column_do_not_decrypt(path: Path, store: SQLiteOutbox, ring: KeyRing) -> None:
+    a, b = store.add_dead(messages(2, tag="d"), failed_at=time.time())
+    raw = sqlite3.connect(path)
+    raw.execute("UPDATE outbox SET value = (SELECT value FROM outbox WHERE id = ?) WHERE id = ?", (a, b))
+    raw.commit()
+    with pytest.raises(DecryptionError, match=f"message {b} does not decrypt with key {ring.current}"):
+        store.get(b)
+    raw.execute("UPDATE outbox SET headers = value WHERE id = ?", (a,))  # a value's bytes as headers
+    raw.commit()
+    raw.close()
+    with pytest.raises(DecryptionError, match=f"message {a} does not decrypt"):
+        store.get(a)
+    assert store.stats(now=time.time()).dead == 2  # still there, nothing changed by reading
+
+
+def test_rows_in_clear_stay_readable_beside_encrypted_ones_until_a_rotation(path: Path) -> None:
+    plain = SQLiteOutbox(str(path))
+    try:
+        clear_ids = plain.enqueue(messages(3, tag="c") + messages(20, tag="cg"))
+    finally:
+        plain.close()
+    mixed = SQLiteOutbox(str(path))
+    mixed.set_encryption(KeyRing([Key(SECRET_A)]))
+    try:
+        sealed_ids = mixed.enqueue(messages(2, tag="e"))
+        got = mixed.claim("w", 100, 30, now=time.time())
+        assert [m.id for m in got] == clear_ids + sealed_ids
+        assert [m.value for m in got] == [m.value for m in messages(3, tag="c") + messages(20, tag="cg")
+                                          + messages(2, tag="e")]
+        mixed.apply(Settlement(released=[m.id for m in got]), now=time.time())
+        assert MARKER in raw_bytes(path)  # the rows written in clear
+        rotation = mixed.rotate_keys(now=time.time())
+        assert (rotation.reencrypted, rotation.left) == (23, 0)
+        assert [m.value for m in mixed.messages()] == [m.value for m in got]
+    finally:
+        mixed.close()
+    # Closed, the WAL is checkpointed away, and the clear bytes were zeroed (secure_delete).
+    assert MARKER not in raw_bytes(path) and HEADER_MARKER not in raw_bytes(path)
+    raw = sqlite3.connect(path)
+    assert raw.execute("SELECT COUNT(*) FROM outbox WHERE enc_key IS NULL").fetchone() == (0,)
+    raw.close()
