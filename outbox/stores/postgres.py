@@ -610,8 +610,8 @@ class PostgresOutbox(PostgresAdmin, Outbox):
                     rows = [self._opened(r) for r in rows]
             except DecryptionError:
                 # Decrypted after the claim's commit (no Python work between its read and its
-                # lease): a row whose key is missing or wrong is given back at once, due as it
-                # was, no attempt counted, and the claim fails naming the key.
+                # lease): the claim's rows are given back at once, due now, no attempt counted,
+                # and the claim fails naming the key of the row that did not decrypt.
                 if rows:
                     conn.execute(
                         f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s, ready_at = %s "

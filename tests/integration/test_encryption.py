@@ -175,3 +175,28 @@ def test_the_console_reads_and_edits_an_encrypted_outbox_and_names_a_missing_key
         assert keyless.stats(now=time.time()).pending == 1
     finally:
         keyless.close()
+
+
+def test_outbox_drain_names_a_missing_key_then_delivers_with_key_file(
+    kafka_bootstrap: str, topic: str, url: str, tmp_path: Path, consume_all: Callable[..., list[Any]]
+) -> None:
+    from click.testing import CliRunner
+    from outbox_cli.main import cli
+
+    n = 40
+    spill(url, topic, n, KeyRing([OLD]))
+    key_file = tmp_path / "old.key"
+    key_file.write_text(bytes(range(32)).hex())
+    env = {"OUTBOX_URL": "", "KAFKA_BOOTSTRAP_SERVERS": "", "OUTBOX_ENCRYPTION_KEYS": ""}
+    args = ["drain", "--outbox", url, "-b", kafka_bootstrap]
+    keyless = CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+    assert keyless.exit_code == 1 and OLD.id in keyless.stderr, keyless.output
+    store = opened(url)
+    try:
+        stats = store.stats(now=time.time())
+        assert (stats.pending, stats.dead, stats.leased) == (n, 0, 0)
+    finally:
+        store.close()
+    keyed = CliRunner().invoke(cli, [*args, "--key-file", str(key_file)], env=env, catch_exceptions=False)
+    assert keyed.exit_code == 0, keyed.output
+    check_delivered(consume_all(topic, n), n)
