@@ -33,7 +33,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from benchmarks.threadcpu import ThreadCPU, by_stage
 
 if TYPE_CHECKING:
-    from outbox.encryption import Key
+    from outbox.stores.encryption import Key
 
 ID_HEADER = "outbox-id"
 Params = dict[str, Any]
@@ -553,7 +553,7 @@ def sqlite_batch(p: Params) -> Result:
 
 def bench_key() -> Key:
     """The benchmarks' encryption key: fixed, so that a drain opens what a fill stored."""
-    from outbox.encryption import Key
+    from outbox.stores.encryption import Key
 
     return Key(hashlib.sha256(b"kafka-outbox benchmark key").digest())
 
@@ -565,8 +565,8 @@ def bench_key() -> Key:
 def fill(p: Params) -> Result:
     """Write the drain template: N pending rows via SQLiteOutbox.enqueue in 10k batches
     (`encryption`: true stores them encrypted with `bench_key`, for a drain given it too)."""
-    from outbox.encryption import KeyRing
     from outbox.records import NewMessage
+    from outbox.stores.encryption import KeyRing
     from outbox.stores.sqlite import SQLiteOutbox
 
     n, topic = int(p["n"]), p["topic"]

@@ -19,9 +19,9 @@ import click
 from confluent_kafka import KafkaError, KafkaException
 
 from outbox import exitcodes
-from outbox.encryption import KEYS_ENV, KeyRing
 from outbox.errors import ConfigError, KafkaUnavailableError, MissingDependencyError, OutboxError
 from outbox.stores import Outbox, open_outbox
+from outbox.stores.encryption import KEYS_ENV, KeyRing
 from outbox.stores.filters import parse_duration, parse_time
 from outbox.stores.urls import StoreURL, parse_url
 

@@ -3,7 +3,7 @@
 Everything goes through the `Outbox` store methods (`list_dead`, `get`, `purge_dead`,
 `replay_dead`), the same ones the SDK uses: the CLI holds no SQL of its own. A purge goes in
 bounded batches, each recorded in the store's audit log (`outbox.stores.audited`). What `list`
-and `show` print is masked as the console masks it (`outbox.masking`) unless `--reveal` is given,
+and `show` print is masked as the console masks it (`outbox.ui.masking`) unless `--reveal` is given,
 which the audit log records.
 """
 
@@ -18,12 +18,12 @@ from confluent_kafka import KafkaError
 
 from outbox.consumer.headers import ConsumerFailure, consumer_failure
 from outbox.consumer.redrive import redrive_topic
-from outbox.masking import MASK, NO_MASKS, Masker, MaskRules
 from outbox.message import topic_problem
 from outbox.records import DeadLetterFilter, OutboxMessage, Status
 from outbox.stores import Outbox
 from outbox.stores.audited import purge_in_batches
 from outbox.stores.filters import error_filter
+from outbox.ui.masking import MASK, NO_MASKS, Masker, MaskRules
 
 from . import format as fmt
 from .common import (

@@ -1,7 +1,7 @@
 """Masking on the command line: the options that set the rules (`outbox ui`, `outbox dlq list`,
 `outbox dlq show`), and the audited `--reveal` of the dlq commands.
 
-The rules are `outbox.masking`'s, the same as the console's: `--mask-config FILE` (or
+The rules are `outbox.ui.masking`'s, the same as the console's: `--mask-config FILE` (or
 $OUTBOX_MASK_CONFIG, so that the console and the CLI read one file) and the options given add up;
 `--no-default-masks` drops the default rules.
 """
@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 import click
 
-from outbox.masking import Masker, MaskRules
 from outbox.records import DeadLetterFilter
 from outbox.stores import Outbox
 from outbox.stores.filters import describe_json
+from outbox.ui.masking import Masker, MaskRules
 
 F = TypeVar("F", bound=Callable[..., Any])
 

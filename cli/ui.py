@@ -9,7 +9,7 @@ import socket
 import click
 
 from outbox.logs import redact_in_logs
-from outbox.masking import MaskRules
+from outbox.ui.masking import MaskRules
 
 from .common import (
     EXIT_USAGE,

@@ -46,12 +46,12 @@ from typing import Any, cast
 from outbox.drain.callbacks import CallbackErrors
 from outbox.drain.sendloop import check_resend_config
 from outbox.drain.workers import Drainer, DrainHandback, DrainHealth, DrainResult, hand_back_logged
-from outbox.encryption import KeyRing
 from outbox.errors import ConfigError, StoreError
 from outbox.events import Drained, Events, Listener, drained_fields
 from outbox.records import DeadLetter, OutboxMessage
 from outbox.retry import RetryPolicy
 from outbox.stores import open_outbox
+from outbox.stores.encryption import KeyRing
 from outbox.stores.urls import StoreURL
 
 log = logging.getLogger("outbox.drain.process")

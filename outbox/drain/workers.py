@@ -32,7 +32,6 @@ from confluent_kafka import KafkaException, Producer
 from outbox.drain.callbacks import CallbackErrors, guarded
 from outbox.drain.sendloop import RESEND_DEFAULTS, InFlight, SendLoop, check_resend_config
 from outbox.drain.settle import Verdict, add_to
-from outbox.encryption import Encryption, as_key_ring
 from outbox.errors import KafkaUnavailableError, StoreError
 from outbox.events import Drained, Events, drained, logged_and_counted
 from outbox.logs import LIBRDKAFKA_LOG
@@ -41,6 +40,7 @@ from outbox.records import DeadLetter, OutboxMessage
 from outbox.retry import RetryPolicy
 from outbox.stores.base import Outbox, Settlement
 from outbox.stores.claimed import ids_of
+from outbox.stores.encryption import Encryption, as_key_ring
 from outbox.stores.owners import new_owner
 
 log = logging.getLogger(__name__)

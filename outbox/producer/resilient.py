@@ -41,7 +41,6 @@ from confluent_kafka.admin._metadata import ClusterMetadata
 from outbox.budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from outbox.drain.process import DrainProcess
 from outbox.drain.workers import DEFAULT_BATCH_SIZE, Drainer
-from outbox.encryption import Encryption
 from outbox.errors import ConfigError, ProducerClosedError, StoreError
 from outbox.events import Committed, Drained, Events
 from outbox.headers import ID_HEADER, HookedHeaders, IdGenerator
@@ -74,6 +73,7 @@ from outbox.producer.writer import GroupCommitWriter
 from outbox.records import DeadLetter, Headers, OutboxMessage, StoreStats
 from outbox.retry import RetryPolicy
 from outbox.stores import Outbox, open_outbox
+from outbox.stores.encryption import Encryption
 from outbox.stores.owners import new_owner
 from outbox.transactions import enqueue_in_transaction
 
@@ -184,7 +184,7 @@ class ResilientProducer(PythonObject):
             dead letter of the outbox counts, whoever stored it (`outbox.producer.retention`).
             None (the default): dead letters are kept until purged.
         encryption: encrypt the value and headers of every message the outbox stores (pending
-            or dead) with AES-256-GCM: a `outbox.encryption.KeyRing`, a `Key`, or keys newest
+            or dead) with AES-256-GCM: a `outbox.stores.encryption.KeyRing`, a `Key`, or keys newest
             first (the newest encrypts, every one decrypts). Message keys, topics and times stay
             in clear. SQLite and PostgreSQL outboxes; needs the `encryption` extra. docs/encryption.md.
     """

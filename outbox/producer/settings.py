@@ -18,7 +18,6 @@ from typing import Any
 from outbox.drain import idempotence
 from outbox.drain.process import DrainSettings
 from outbox.drain.sendloop import check_resend_config
-from outbox.encryption import Encryption, KeyRing, as_key_ring
 from outbox.errors import ConfigError, StoreError
 from outbox.logs import LIBRDKAFKA_LOG
 from outbox.message import DeliveryCallback
@@ -27,6 +26,7 @@ from outbox.producer.serialization import Serializer, Serializers
 from outbox.producer.storedcallbacks import DeadLetterCallback
 from outbox.retry import RetryPolicy
 from outbox.stores import Outbox
+from outbox.stores.encryption import Encryption, KeyRing, as_key_ring
 
 __all__ = ["PRODUCER_DEFAULTS", "ProducerArguments", "ProducerSettings"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from outbox.encryption import KeyRing
 from outbox.stores.base import Capabilities, Failure, Outbox
+from outbox.stores.encryption import KeyRing
 from outbox.stores.memory import MemoryOutbox, open_memory
 from outbox.stores.sqlite import SQLiteOutbox
 from outbox.stores.urls import StoreURL, parse_url

@@ -17,12 +17,12 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox.encryption import KeyRing
 from outbox.errors import ConfigError
 from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from outbox.stores.backlog import Backlog
 from outbox.stores.bulk import BulkRead
 from outbox.stores.codec import decode_headers, encode_headers
+from outbox.stores.encryption import KeyRing
 from outbox.stores.owners import Liveness
 
 #: The row columns every backend selects, in the order `row_from_columns` reads them.
@@ -559,7 +559,7 @@ class Outbox(MessageStore, StoreAdmin):
     do is in its `capabilities`.
     """
 
-    #: The key ring that encrypts stored payloads (`outbox.encryption`); None: stored in clear.
+    #: The key ring that encrypts stored payloads (`outbox.stores.encryption`); None: stored in clear.
     encryption: KeyRing | None = None
 
     def set_encryption(self, ring: KeyRing | None) -> None:

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from outbox.encryption import KeyRing
 from outbox.records import NewMessage, Status
 from outbox.stores import grouped, sealed
 from outbox.stores.base import insert_values
+from outbox.stores.encryption import KeyRing
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,7 +62,6 @@ import time
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from outbox.encryption import KeyRing
 from outbox.errors import ConfigError, DecryptionError, StoreError
 from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
 from outbox.stores import grouped, sealed
@@ -75,6 +74,7 @@ from outbox.stores.base import (
     Settlement,
     insert_values,
 )
+from outbox.stores.encryption import KeyRing
 from outbox.stores.grouping import NewGroup, prepare, rows_of
 from outbox.stores.owners import Liveness, describe_owner, local_liveness, parse_owner
 from outbox.stores.postgres_claim import ClaimedRows, Row, message_of

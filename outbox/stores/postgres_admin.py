@@ -7,7 +7,6 @@ import abc
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from outbox.encryption import KeyRing
 from outbox.errors import ConfigError, UnknownMessageError
 from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from outbox.stores import grouped, sealed
@@ -22,6 +21,7 @@ from outbox.stores.base import (
     row_from_columns,
 )
 from outbox.stores.codec import encode_headers
+from outbox.stores.encryption import KeyRing
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
     import psycopg

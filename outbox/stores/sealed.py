@@ -1,4 +1,4 @@
-"""The row codec's encryption: where a stored row's payload is sealed and opened (`outbox.encryption`).
+"""The row codec's encryption: where a stored row's payload is sealed and opened (`outbox.stores.encryption`).
 
 One place for both: a one-message row's value and headers columns, each sealed on its own, and
 a group row's body (`outbox.stores.grouped`), sealed once whole, so that a group of 1,000
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from outbox.encryption import KeyRing, missing_key
+from outbox.stores.encryption import KeyRing, missing_key
 
 #: Where `insert_values` puts the msg_id, the value and the headers.
 _MSG_ID, _VALUE, _HEADERS = 0, 3, 4

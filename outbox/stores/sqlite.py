@@ -23,7 +23,6 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from outbox.encryption import KeyRing
 from outbox.errors import ConfigError
 from outbox.records import NewMessage, OutboxMessage, Status
 from outbox.stores import grouped, sealed
@@ -38,6 +37,7 @@ from outbox.stores.base import (
     row_from_columns,
 )
 from outbox.stores.bulk import BulkRead
+from outbox.stores.encryption import KeyRing
 from outbox.stores.grouping import NewGroup, Part, prepare
 from outbox.stores.owners import Liveness, describe_owner, local_liveness
 from outbox.stores.sqlite_admin import SQLiteAdmin

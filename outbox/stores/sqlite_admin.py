@@ -8,7 +8,6 @@ import sqlite3
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from outbox.encryption import KeyRing
 from outbox.errors import ConfigError, UnknownMessageError
 from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from outbox.stores import grouped, sealed
@@ -21,6 +20,7 @@ from outbox.stores.base import (
     insert_values,
 )
 from outbox.stores.codec import encode_headers
+from outbox.stores.encryption import KeyRing
 from outbox.stores.sqlite_conn import SQLiteConnection
 from outbox.stores.sqlite_schema import (
     GROUP,

@@ -2,7 +2,7 @@
 
 Writes take a JSON body (the middleware refuses any other content type: see
 `outbox.ui.security`); errors answer `{"error": "..."}` with their status (`outbox.ui.errors`).
-Messages are masked (`outbox.masking`); each write names the role it needs (`outbox.ui.roles`),
+Messages are masked (`outbox.ui.masking`); each write names the role it needs (`outbox.ui.roles`),
 and a request below it gets a 403 with `{"error", "needs"}`.
 """
 
@@ -17,7 +17,6 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from outbox.consumer.redrive import redrive_topic
-from outbox.masking import NO_MASKS
 from outbox.message import topic_problem
 from outbox.stores.audited import key_digest
 from outbox.ui import present
@@ -25,6 +24,7 @@ from outbox.ui.console import ConsoleDep, IdentityDep
 from outbox.ui.errors import ConsoleError
 from outbox.ui.filters import FilterError, describe, parse_filter
 from outbox.ui.inputs import body_ids, headers_of, int_param, json_body, key_of, rate_of, value_of
+from outbox.ui.masking import NO_MASKS
 from outbox.ui.operations import check_ids, dead_page, erase, overview, purge, redrive_edited, reveal
 from outbox.ui.roles import Role, need
 

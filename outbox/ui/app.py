@@ -4,7 +4,7 @@ Every operation goes through the store's own methods (`list_dead`, `count_dead`,
 `replay_dead`, `redrive_edited`, `trace`, `stats`, the audit log): the console holds no SQL.
 The pages are plain HTML forms rendered by Jinja2 with autoescaping, and no script at all, so a
 value holding `<script>` is text. See `outbox.ui.security` for the token, host and CSRF rules,
-`outbox.ui.roles` for the roles, and `outbox.masking` for what every page and answer masks.
+`outbox.ui.roles` for the roles, and `outbox.ui.masking` for what every page and answer masks.
 
 `create_app` only assembles the parts, each a module of its own:
 
@@ -25,13 +25,13 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from outbox.errors import ConfigError
-from outbox.masking import Masker, MaskRules
 from outbox.stores import Outbox
 from outbox.ui import api, errors, pages
 from outbox.ui.console import Console, templates
 from outbox.ui.guard import guard
 from outbox.ui.inputs import DEFAULT_RATE
 from outbox.ui.jobs import Jobs
+from outbox.ui.masking import Masker, MaskRules
 from outbox.ui.roles import Access, Role
 
 
@@ -58,7 +58,7 @@ def create_app(
         role_header: a request header that names the request's role (viewer, operator, admin),
             set by a reverse proxy after its own sign-in. Only safe when every request passes
             that proxy and it replaces the header a client sends. None: ignored.
-        masking: what the pages and the API mask (`outbox.masking`); None: the default rules.
+        masking: what the pages and the API mask (`outbox.ui.masking`); None: the default rules.
             An admin may reveal one message, which the audit log records.
         loopback: the server is bound to a loopback address: requests must name a loopback host.
         location: where the store lives, as shown on the pages (never with a password; default

@@ -16,10 +16,10 @@ from urllib.parse import urlencode
 from fastapi import Depends, Request
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from outbox.masking import Masker
 from outbox.stores import Outbox
 from outbox.ui import present
 from outbox.ui.jobs import Jobs
+from outbox.ui.masking import Masker
 from outbox.ui.roles import Access, Identity, identity_of
 
 
@@ -35,7 +35,7 @@ class Console:
     location: str
     default_rate: float
     kafka: Mapping[str, Any] | None
-    #: What the pages and the API mask of every message (`outbox.masking`).
+    #: What the pages and the API mask of every message (`outbox.ui.masking`).
     masker: Masker
     templates: Environment
     jobs: Jobs

@@ -14,7 +14,6 @@ from typing import Any
 
 from outbox.consumer.headers import consumer_failure
 from outbox.errors import KafkaUnavailableError
-from outbox.masking import MaskedEdit
 from outbox.records import DeadLetterFilter, Headers, OutboxMessage, Status
 from outbox.stores.audited import erase_key
 from outbox.stores.base import Erased
@@ -23,6 +22,7 @@ from outbox.ui.console import Console
 from outbox.ui.errors import ConsoleError
 from outbox.ui.filters import describe, describe_json
 from outbox.ui.lag import tier_lags
+from outbox.ui.masking import MaskedEdit
 from outbox.ui.roles import Identity, Role, forbidden
 
 
@@ -107,7 +107,7 @@ def erase(console: Console, key: bytes, topic: str | None, *, who: str, dry_run:
 def redrive_edited(console: Console, row_id: int, value: bytes | None, headers: Headers, me: Identity) -> int:
     """Store a dead letter's new value and headers and make it pending again, and record it.
 
-    The edit was made on the masked message (`outbox.masking`): masks that came back unchanged
+    The edit was made on the masked message (`outbox.ui.masking`): masks that came back unchanged
     are the stored bytes again, masked text changed but still holding the mask is refused (400),
     and changing or dropping a masked part needs the admin's role, who may see it revealed.
     """
@@ -129,7 +129,7 @@ def redrive_edited(console: Console, row_id: int, value: bytes | None, headers: 
 
 
 def reveal(console: Console, row_id: int, me: Identity) -> OutboxMessage:
-    """One stored message, to be shown unmasked (`outbox.masking.NO_MASKS`) to an admin; the
+    """One stored message, to be shown unmasked (`outbox.ui.masking.NO_MASKS`) to an admin; the
     audit log records who saw which first, so that no reveal goes unrecorded."""
     if not me.may(Role.ADMIN):
         raise forbidden(me, Role.ADMIN, "revealing a message unmasked")

@@ -15,13 +15,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.datastructures import FormData
 
-from outbox.masking import NO_MASKS, Masker
 from outbox.records import DeadLetterFilter, OutboxMessage
 from outbox.ui import present, security
 from outbox.ui.console import Console, ConsoleDep, IdentityDep
 from outbox.ui.errors import ConsoleError, refuse
 from outbox.ui.filters import FIELDS, FilterError, describe, parse_filter, query_of
 from outbox.ui.inputs import int_param, posted_form, rate_of
+from outbox.ui.masking import NO_MASKS, Masker
 from outbox.ui.operations import check_ids, dead_page, overview, purge, redrive_edited, reveal
 from outbox.ui.roles import Role, identity_of, need
 
@@ -88,7 +88,7 @@ async def reveal_form(request: Request, row_id: int, console: ConsoleDep, me: Id
 def _detail(request: Request, console: Console, row: OutboxMessage, masker: Masker, *, notice: str | None = None,
             revealed: bool = False) -> HTMLResponse:
     """The page of one message as `masker` shows it; its edit form holds what is shown (with
-    masks, which an edit keeps as stored: `outbox.masking.Masker.restore`)."""
+    masks, which an edit keeps as stored: `outbox.ui.masking.Masker.restore`)."""
     shown = masker.row(row).row
     edit_text, edit_encoding = present.edit_value(shown.value)
     return render(request, console, "detail.html", m=present.detail(row, masker), revealed=revealed,

@@ -5,7 +5,7 @@ text when they decode, hex otherwise; a JSON value is also pretty-printed, for r
 is shown for editing encodes every byte, so a form submitted unchanged stores the same bytes.
 The pages escape all of it (Jinja2 autoescape): nothing here produces HTML.
 
-Every message is shown through a `Masker` (`outbox.masking`): what it masks is never shown, and
+Every message is shown through a `Masker` (`outbox.ui.masking`): what it masks is never shown, and
 `masked` says that something was. Sizes are the stored bytes'.
 """
 
@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from outbox.consumer.headers import consumer_failure
-from outbox.masking import MaskedRow, Masker
 from outbox.records import AuditEntry, Headers, OutboxMessage
+from outbox.ui.masking import MaskedRow, Masker
 
 #: Values larger than this are cut in lists (the page of one message shows them whole).
 PREVIEW = 120

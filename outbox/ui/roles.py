@@ -1,6 +1,6 @@
 """Who is asking, and what they may do: the console's three roles.
 
-* **viewer**: reads everything, masked (`outbox.masking`); changes nothing.
+* **viewer**: reads everything, masked (`outbox.ui.masking`); changes nothing.
 * **operator**: also redrives (a filter, a selection, an edited message, a DLQ topic), purges
   and erases.
 * **admin**: also reveals a message unmasked; each reveal is written to the audit log.

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from outbox import Drainer, ResilientProducer
-from outbox.encryption import Key, KeyRing
 from outbox.errors import DecryptionError
 from outbox.stores import Outbox, open_outbox
+from outbox.stores.encryption import Key, KeyRing
 from outbox.stores.urls import parse_url
 
 from ..waiting import wait_until

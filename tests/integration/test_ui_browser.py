@@ -28,12 +28,12 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from outbox.drain.workers import Drainer
 from outbox.errors import UnknownMessageError
-from outbox.masking import MASK
 from outbox.records import DeadLetterFilter, NewMessage, Status
 from outbox.stores.sqlite import SQLiteOutbox
 from outbox.testing.consume import consume
 from outbox.testing.ports import free_port
 from outbox.ui import security
+from outbox.ui.masking import MASK
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

@@ -16,10 +16,10 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from outbox.masking import MASK, MaskRules
 from outbox.records import NewMessage, OutboxMessage, Status
 from outbox.stores.base import Outbox
 from outbox.ui import api, create_app, pages, security
+from outbox.ui.masking import MASK, MaskRules
 
 from .durable_stores import durable_store
 

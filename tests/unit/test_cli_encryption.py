@@ -10,9 +10,9 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 from outbox_cli.main import cli
 
-from outbox.encryption import Key, KeyRing
 from outbox.records import NewMessage
 from outbox.stores import SQLiteOutbox
+from outbox.stores.encryption import Key, KeyRing
 
 OLD = bytes(range(32))
 NEW = bytes(range(7, 39))

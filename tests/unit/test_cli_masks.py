@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner, Result
 from outbox_cli.main import cli
 
-from outbox.masking import MASK
 from outbox.records import NewMessage
 from outbox.stores import SQLiteOutbox
+from outbox.ui.masking import MASK
 
 CARD = "4111-1111-1111-1111"
 PASSWORD = "hunter2-Pa55"

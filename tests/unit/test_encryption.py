@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from outbox.encryption import Key, KeyRing, as_key_ring, key_id
 from outbox.errors import ConfigError, DecryptionError
 from outbox.records import NewMessage, Status
 from outbox.stores.base import Failure, Settlement
+from outbox.stores.encryption import Key, KeyRing, as_key_ring, key_id
 from outbox.stores.memory import MemoryOutbox
 from outbox.stores.sqlite import SQLiteOutbox
 

@@ -1,4 +1,4 @@
-"""`outbox.masking`: each kind of rule, the defaults, JSON kept valid, text, binary and header
+"""`outbox.ui.masking`: each kind of rule, the defaults, JSON kept valid, text, binary and header
 values, the rules' files, and the edit that must never store a mask."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from outbox.errors import ConfigError
-from outbox.masking import MASK, NO_MASKS, MaskedEdit, Masker, MaskRules, luhn_ok, parse_json_path
 from outbox.records import OutboxMessage, Status
+from outbox.ui.masking import MASK, NO_MASKS, MaskedEdit, Masker, MaskRules, luhn_ok, parse_json_path
 
 VISA = "4111111111111111"  # Luhn-valid test numbers
 MASTERCARD_GROUPED = "5500 0000 0000 0004"
