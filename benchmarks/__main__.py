@@ -58,6 +58,9 @@ MEMORY_SIZES = (200, 1024, 4096)
 MEMORY_PEAK_MB = 150
 MEMORY_GROWTH_MB = 60
 MEMORY_FLAT_MB = 20
+#: What encryption at rest may cost the outage spill and the drain: their rate encrypted, at least
+#: this share of their rate without it (200 B, `--drain-rows` messages, the same run).
+ENCRYPTED_VS_CLEAR = 0.90
 #: The soak's traffic: a producer and a consumer in one process (msgs/s of 1 KiB), through two
 #: whole-cluster outages of `--outage` seconds; what it measures is the memory given back.
 SOAK_RATE = 4000.0
@@ -73,7 +76,7 @@ DRAIN_PLACES = {
 LINE_STYLES = {"threads": "-", "process": "--", "sidecar": ":"}
 ALL = (
     "raw", "fallback", "burst", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark",
-    "consumer", "dedup", "loop-lag", "soak", "fleet",
+    "consumer", "dedup", "loop-lag", "soak", "encryption", "fleet",
 )
 #: The loop-lag scenario's traffic (msgs/s over 100 keys, four producing tasks): a service, not a
 #: throughput run; what is measured is how late its event loop wakes.
@@ -817,6 +820,27 @@ def main(argv: list[str] | None = None) -> int:
                     break
             config["drain_reps"] = len(runs.get("drain", []))
 
+        # -- encryption at rest: the spill and the drain, encrypted against in clear -------
+        if "encryption" in sel:
+            down, hold = closed_port()
+            templates = {}
+            for enc in (False, True):
+                path = os.path.join(workdir, f"drain-template{'-encrypted' if enc else '-clear'}.db")
+                fp = {**common, "n": drain_rows, "size": base, "path": path, "encryption": enc}
+                log(f"encryption: filling a drain template of {drain_rows:,} rows{' (encrypted)' if enc else ''}")
+                runner.run("fill", fp)
+                templates[enc] = path
+            for rep in range(reps):
+                log(f"encryption, repetition {rep + 1}/{reps}: spill and drain, in clear and encrypted")
+                for enc in (False, True):
+                    sfx = "encrypted" if enc else "clear"
+                    sp = {**common, "bootstrap": down, "n": drain_rows, "size": base, "distinct": True,
+                          "circuit_reset_timeout": 3600, "encryption": enc}
+                    record(f"encryption/spill/{sfx}", runner.run("spill", sp, timeout=3600))
+                    dp = {**common, "n": drain_rows, "size": base, "template": templates[enc], "encryption": enc}
+                    record(f"encryption/drain/{sfx}", runner.run("drain", dp, timeout=3600))
+            hold.close()
+
         # -- the fleet: PostgreSQL against SQLite, and four processes against one -----------
         if "fleet" in sel:
             from outbox.testing.postgres import create_database, drop_database
@@ -1128,6 +1152,14 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
             met=check(r, 0.80),
             notes=f"{rem} rows left" if rem else "",
         )
+    for what in ("spill", "drain"):
+        clear, sealed_ = f"encryption/{what}/clear", f"encryption/{what}/encrypted"
+        if clear in summary and sealed_ in summary:
+            label = "outage spill to flush()==0" if what == "spill" else "drain, the Drainer's defaults"
+            table.add(f"{label}, {drain_rows:,} x {base} B, in clear", summary[clear], ratio=1.0, target="baseline")
+            r = ratio(sealed_, clear)
+            table.add("same, encrypted at rest (AES-256-GCM)", summary[sealed_], ratio=r,
+                      target=f">= {ENCRYPTED_VS_CLEAR:.2f} x in clear", met=check(r, ENCRYPTED_VS_CLEAR))
     for size in MEMORY_SIZES:
         key = f"memory/{size}"
         if key not in runs and size == MEMORY_SIZES[0] and "memory" in runs:
