@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException
 from outbox import exitcodes
 from outbox.errors import ConfigError, KafkaUnavailableError, MissingDependencyError, OutboxError
 from outbox.stores import Outbox, open_outbox
-from outbox.stores.encryption import KEYS_ENV, KeyRing
+from outbox.stores.encryption import KEYS_ENV, KeyRing, given_keys
 from outbox.stores.filters import parse_duration, parse_time
 from outbox.stores.urls import StoreURL, parse_url
 
@@ -242,7 +242,7 @@ def key_ring(ctx: click.Context) -> KeyRing | None:
         return None
     try:
         files = ctx.meta[_KEY_FILES]
-        return KeyRing.from_files(files) if files else KeyRing.from_env(KEYS_ENV)
+        return given_keys(files)
     except ConfigError as exc:  # a MissingDependencyError too: the extra to install
         raise CliError(str(exc), EXIT_ERROR if isinstance(exc, MissingDependencyError) else EXIT_USAGE) from None
 

@@ -10,6 +10,13 @@ Columns of a message batch (`MESSAGES`), as `outbox.stores.bulk.BulkRead.rows` r
 one-message row: headers stay encoded (`outbox.stores.codec`) until the sender decodes them. Messages of
 a grouped store also say which row they were read from (`GROUPED_MESSAGES`: `grp`, the row's id,
 and `grp_n`, its messages), so that a group is settled whole (`spark_drain.send`).
+
+An encrypted outbox (`outbox.stores.sealed`): a message batch ends with `enc_key`, the key a
+one-message row's value and headers are sealed with (NULL: in clear). A group's body is opened
+where the group is exploded (its messages leave that stage in clear, `enc_key` NULL); a
+one-message row's payload crosses the shuffle sealed and is opened by its send task
+(`MessageChunk.of`). Both call `outbox.stores.sealed`, the store's own functions, with the key
+ring the job pickled into the stage's function (`spark_drain.send.SendConfig.keys`).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from outbox.headers import ID_HEADER, resent_once
-from outbox.stores import grouped
+from outbox.stores import grouped, sealed
 from outbox.stores.bulk import BulkMessage
 from outbox.stores.claimed import LazyClaim, Resend
 from outbox.stores.codec import decode_headers
@@ -28,6 +35,8 @@ from outbox.stores.keyrule import waits
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
+
+    from outbox.stores.encryption import KeyRing
 
 #: A message row, in `BulkMessage` order (Spark DDL). `headers` is `outbox.stores.codec`-encoded, and
 #: empty (never null) for the common message's `outbox-id` header alone, its value the msg_id:
@@ -39,8 +48,11 @@ MESSAGES = (
 _ID_ALONE = grouped.ID_ALONE_HEADERS  # `headers` of a message whose only header is `outbox-id`, its value the msg_id
 #: Names of `MESSAGES`' columns.
 MESSAGE_NAMES = tuple(c.split()[0] for c in MESSAGES.split(", "))
-#: A message of a grouped store: `MESSAGES`, and the row it was read from and that row's messages.
-GROUPED_MESSAGES = MESSAGES + ", grp LONG, grp_n LONG"
+#: What a message batch carries after its `MESSAGES`: the key its payload is sealed with.
+SEALED = ", enc_key STRING"
+#: A message of a grouped store: `MESSAGES`, the row it was read from and that row's messages,
+#: and its key (`SEALED`).
+GROUPED_MESSAGES = MESSAGES + ", grp LONG, grp_n LONG" + SEALED
 #: What the job returns, per topic (`spark_drain.send.COUNTERS`).
 COUNTS = "topic STRING, read LONG, delivered LONG, failed LONG, dead LONG, left LONG"
 #: Names of `COUNTS`' columns.
@@ -50,9 +62,14 @@ COUNT_NAMES = tuple(c.split()[0] for c in COUNTS.split(", "))
 SENT = COUNTS + ", grp LONG, grp_n LONG, done ARRAY<LONG>"
 
 
-def explode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def explode_batches(ring: KeyRing | None, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """`mapInArrow` body over `BulkRead.rows` of a grouped store (`GROUPED_MESSAGES`): one-message
-    rows pass as they are (column selection only); each group row becomes its messages."""
+    rows pass as they are (column selection only, still sealed); each group row becomes its
+    messages (its body opened with `ring` when it is sealed).
+
+    Raises:
+        DecryptionError: a group is sealed with a key `ring` does not hold.
+    """
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -65,10 +82,11 @@ def explode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatc
             # The reader's column types vary by driver (sqlite-jdbc reads an INTEGER as DECIMAL).
             cols = [singles.column(f.name).cast(f.type) for f in list(schema)[: len(MESSAGE_NAMES)]]
             cols += [cols[0], pa.array(np.ones(singles.num_rows, np.int64))]  # each its own row
+            cols.append(singles.column("enc_key").cast(pa.string()))
             yield pa.RecordBatch.from_arrays(cols, schema=schema)
         groups = batch.filter(pc.is_valid(body))
         if groups.num_rows:
-            yield _group_messages(groups)
+            yield _group_messages(groups, ring)
 
 
 def _schema() -> pa.Schema:
@@ -76,21 +94,22 @@ def _schema() -> pa.Schema:
     import pyarrow as pa
 
     types = (pa.int64(), pa.string(), pa.string(), pa.binary(), pa.binary(), pa.binary(), pa.int32(), pa.int32(),
-             pa.float64(), pa.string(), pa.int64(), pa.int64(), pa.int64())
-    return pa.schema(list(zip((*MESSAGE_NAMES, "grp", "grp_n"), types, strict=True)))
+             pa.float64(), pa.string(), pa.int64(), pa.int64(), pa.int64(), pa.string())
+    return pa.schema(list(zip((*MESSAGE_NAMES, "grp", "grp_n", "enc_key"), types, strict=True)))
 
 
-def _group_messages(groups: pa.RecordBatch) -> pa.RecordBatch:
-    """The messages of group rows as one message batch (`grouped.columns_of`: the common
-    message's headers are not encoded again)."""
+def _group_messages(groups: pa.RecordBatch, ring: KeyRing | None) -> pa.RecordBatch:
+    """The messages of group rows as one message batch, in clear (`grouped.columns_of`: the
+    common message's headers are not encoded again)."""
     import pyarrow as pa
 
-    cols: list[list[Any]] = [[] for _ in range(len(MESSAGE_NAMES) + 2)]
-    ids, msg_ids, topics, keys, values, headers, parts, attempts, firsts, errors, stamps, gids, sizes = cols
-    for gid, topic, body in zip(
+    cols: list[list[Any]] = [[] for _ in range(len(MESSAGE_NAMES) + 3)]
+    ids, msg_ids, topics, keys, values, headers, parts, attempts, firsts, errors, stamps, gids, sizes, kids = cols
+    for gid, topic, body, kid in zip(
         groups.column("id").to_pylist(), groups.column("topic").to_pylist(), groups.column("body").to_pylist(),
-        strict=True,
+        groups.column("enc_key").to_pylist(), strict=True,
     ):
+        body = sealed.open_body(body, kid, topic, ring, gid)
         i, m, k, v, h, p, a, f, e, t = grouped.columns_of(body, gid)
         n = len(i)
         ids += i
@@ -106,6 +125,7 @@ def _group_messages(groups: pa.RecordBatch) -> pa.RecordBatch:
         stamps += t
         gids += [gid] * n
         sizes += [n] * n
+        kids += [None] * n
     schema = _schema()
     arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -130,14 +150,27 @@ class MessageChunk(LazyClaim[BulkMessage]):
         self.sizes = sizes
 
     @classmethod
-    def of(cls, batch: pa.RecordBatch) -> MessageChunk:
-        """The messages of one batch of `MESSAGES` or `GROUPED_MESSAGES`."""
+    def of(cls, batch: pa.RecordBatch, ring: KeyRing | None = None) -> MessageChunk:
+        """The messages of one batch of `MESSAGES` or `GROUPED_MESSAGES`, sealed payloads opened
+        with `ring` (a batch's `enc_key` column, `SEALED`).
+
+        Raises:
+            DecryptionError: a message is sealed with a key `ring` does not hold.
+        """
         import numpy as np
 
         ids = batch.column("id").to_numpy()
         grouped_ = "grp" in batch.schema.names
+        cols = [batch.column(i).to_pylist() for i in range(len(MESSAGE_NAMES))]
+        if "enc_key" in batch.schema.names and batch.column("enc_key").null_count < batch.num_rows:
+            id_list, msg_ids, values, headers = cols[0], cols[1], cols[4], cols[5]
+            for i, kid in enumerate(batch.column("enc_key").to_pylist()):
+                if kid is not None:
+                    values[i], headers[i] = sealed.open_payload(
+                        kid, id_list[i], msg_ids[i], values[i], headers[i], ring
+                    )
         return cls(
-            [batch.column(i).to_pylist() for i in range(len(MESSAGE_NAMES))], ids,
+            cols, ids,
             batch.column("grp").to_numpy() if grouped_ else ids,
             batch.column("grp_n").to_numpy() if grouped_ else np.ones(len(ids), np.int64),
         )
@@ -186,12 +219,13 @@ class MessageChunk(LazyClaim[BulkMessage]):
 
 
 def chunks(
-    batches: Iterator[pa.RecordBatch], size: int, blockers: Mapping[tuple[str, bytes], int] | None = None
+    batches: Iterator[pa.RecordBatch], size: int, blockers: Mapping[tuple[str, bytes], int] | None = None,
+    ring: KeyRing | None = None,
 ) -> Iterator[MessageChunk]:
-    """The messages of message batches, in order, in chunks of at most `size`; those an earlier
-    message of their key holds back elsewhere (`outbox.stores.keyrule`) are left out."""
+    """The messages of message batches, in order, in chunks of at most `size`, opened with `ring`;
+    those an earlier message of their key holds back elsewhere (`outbox.stores.keyrule`) are left out."""
     for b in batches:
-        chunk = MessageChunk.of(b)
+        chunk = MessageChunk.of(b, ring)
         if blockers:
             ids, topics, keys = chunk.cols[0], chunk.cols[2], chunk.cols[3]
             chunk = chunk.only([not waits(t, k, i, blockers) for i, t, k in zip(ids, topics, keys, strict=True)])

@@ -32,6 +32,7 @@ from outbox.logs import with_librdkafka_log  # noqa: E402
 from outbox.records import DeadLetterFilter  # noqa: E402
 from outbox.stores import open_outbox  # noqa: E402
 from outbox.stores.bulk import BulkRead  # noqa: E402
+from outbox.stores.encryption import KEYS_ENV  # noqa: E402
 from spark_drain.options import JobOptions, parse_args  # noqa: E402
 from spark_drain.report import JobReport  # noqa: E402
 
@@ -104,7 +105,7 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     from pyspark.sql import functions as F
 
     from outbox.stores.bulk import BulkSelection
-    from spark_drain.batches import COUNT_NAMES, COUNTS, GROUPED_MESSAGES, MESSAGES, SENT, explode_batches
+    from spark_drain.batches import COUNT_NAMES, COUNTS, GROUPED_MESSAGES, MESSAGES, SEALED, SENT, explode_batches
     from spark_drain.read import Reader, only_ids
     from spark_drain.send import SendConfig, send_batches, settle_split
 
@@ -157,9 +158,10 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
 
     # Rows become messages on the executors (a group row: its messages), as Arrow batches; the
     # driver never holds a message's bytes.
-    messages = rows.mapInArrow(explode_batches, GROUPED_MESSAGES) if bulk.grouped else rows.select(
-        *(F.col(c).cast(t) for c, t in (col.split() for col in MESSAGES.split(", ")))
-    )
+    # An encrypted outbox's key ring travels inside the stages' functions, pickled into their
+    # tasks (docs/encryption.md, "Spark"): never in the Spark conf, the arguments or a log.
+    messages = rows.mapInArrow(functools.partial(explode_batches, options.keys), GROUPED_MESSAGES) if bulk.grouped \
+        else rows.select(*(F.col(c).cast(t) for c, t in (col.split() for col in (MESSAGES + SEALED).split(", "))))
     cfg = SendConfig(
         outbox_url=options.outbox,
         producer_config=options.producer_config(),
@@ -167,6 +169,7 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
         max_attempts=options.max_attempts,
         retry_delay=options.retry_delay,
         backoff=options.backoff,
+        keys=options.keys,
     )
     # One task per (topic, key) hash, messages in id order: each key leaves from one producer in
     # its original order. The shuffle and the sort run in the JVM; messages without a key are
@@ -200,17 +203,20 @@ def _bulk_read(options: JobOptions) -> BulkRead:
     """How the store describes its table to a bulk reader (`Outbox.bulk_read`).
 
     Raises:
-        ConfigError: the store has no table a JDBC reader can read.
+        ConfigError: the store has no table a JDBC reader can read, or it holds rows encrypted
+            with a key the job was not given (checked before anything is sent).
     """
     store = open_outbox(options.store_url(), create=False)
     try:
         if not store.capabilities.bulk_read:
             raise ConfigError(f"outbox {store.location} cannot be read by Spark (no database table)")
-        encrypted = store.encrypted_key_ids()
-        if encrypted:
+        given = options.keys.ids if options.keys is not None else ()
+        missing = sorted(set(store.encrypted_key_ids()) - set(given))
+        if missing:
             raise ConfigError(
-                f"outbox {store.location} holds messages encrypted with key(s) {', '.join(sorted(encrypted))}, "
-                "which the Spark job cannot decrypt: drain it with `outbox drain --key-file PATH` instead"
+                f"outbox {store.location} holds messages encrypted with key(s) {', '.join(missing)}, "
+                f"which {'are not among the given keys' if given else 'no key was given for'}: pass each "
+                f"with --key-file PATH (or list them in ${KEYS_ENV}); nothing was sent"
             )
         return store.bulk_read()
     finally:
@@ -227,7 +233,7 @@ def _replay(options: JobOptions, ids: Sequence[int]) -> int:
         return 0
     n = 0
     now = time.time()
-    store = open_outbox(options.store_url(), create=False)
+    store = open_outbox(options.store_url(), create=False, encryption=options.keys)
     try:
         for i in range(0, len(ids), _REPLAY_CHUNK):
             n += store.replay_dead(DeadLetterFilter(ids=tuple(ids[i : i + _REPLAY_CHUNK])), now=now)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from outbox.errors import ConfigError
+from outbox.stores.encryption import KEYS_ENV, KeyRing, given_keys
 from outbox.stores.urls import StoreURL, parse_url
 from spark_drain.jars import JDBC
 
@@ -48,6 +49,8 @@ class JobOptions:
         master: Spark master when the job builds its own session (`python -m spark_drain`).
         jars: JDBC driver jar(s) when the job builds its own session; default: the URL's pinned
             driver (`spark_drain.jars.cached_jdbc_jar`: the Maven-fetched copy, else Debian's).
+        keys: the keys of an encrypted outbox (`--key-file`, else `$OUTBOX_ENCRYPTION_KEYS`), newest
+            first; None: none given. Never printed (its repr names key ids only).
     """
 
     outbox: str
@@ -69,6 +72,7 @@ class JobOptions:
     check_timeout: float = 10.0
     master: str | None = None
     jars: str | None = None
+    keys: KeyRing | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
@@ -159,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"JDBC driver jar(s), comma-separated (default: the URL's driver in {JDBC.libs}, fetched by "
         "`python -m outbox.testing fetch`, else Debian's in /usr/share/java)",
     )
+    p.add_argument(
+        "--key-file", dest="key_files", action="append", default=[], metavar="PATH",
+        help="a key of an encrypted outbox (32 bytes, or hex or base64 text); repeatable, the newest first. "
+        f"Default: the keys in ${KEYS_ENV} (hex or base64, comma-separated, newest first)",
+    )
     return p
 
 
@@ -189,4 +198,5 @@ def parse_args(argv: Sequence[str] | None = None) -> JobOptions:
         check_timeout=ns.check_timeout,
         master=ns.master,
         jars=ns.jars,
+        keys=given_keys(ns.key_files),
     )

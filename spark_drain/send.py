@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
+    from outbox.stores.encryption import KeyRing
+
 log = logging.getLogger(__name__)
 
 #: Per-topic counter names, in report order.
@@ -58,7 +60,9 @@ COUNTERS = ("read", "delivered", "failed", "dead", "left")
 class SendConfig:
     """What an executor needs to send and acknowledge (pickled into every task).
 
-    The outbox URL may carry a password; it is only used to connect and never logged.
+    The outbox URL may carry a password; it is only used to connect and never logged. `keys`,
+    the key ring of an encrypted outbox, open the rows read (`spark_drain.batches`) and seal again
+    the rows a settlement rewrites (a group settled in part, as the stores do); neither is in the repr.
     """
 
     outbox_url: str = field(repr=False)
@@ -67,6 +71,7 @@ class SendConfig:
     max_attempts: int = 3
     retry_delay: float = 3.0
     backoff: str = "fixed"
+    keys: KeyRing | None = field(default=None, repr=False)
 
     def policy(self) -> RetryPolicy:
         """The SDK's retry policy with this job's settings."""
@@ -97,7 +102,7 @@ class PartitionSender:
     @property
     def store(self) -> Outbox:
         if self._store is None:
-            self._store = open_outbox(self.cfg.outbox_url, create=False)
+            self._store = open_outbox(self.cfg.outbox_url, create=False, encryption=self.cfg.keys)
         return self._store
 
     def _hold(self, settlement: Settlement, group: int, size: int, ids: np.ndarray) -> None:
@@ -203,7 +208,7 @@ def send_batches(
     import pyarrow as pa
 
     sender = PartitionSender(cfg)
-    counts = sender.run(chunks(batches, cfg.mark_batch, blockers))
+    counts = sender.run(chunks(batches, cfg.mark_batch, blockers, cfg.keys))
     cols: list[pa.Array] = [
         pa.array(list(c), type=pa.string() if i == 0 else pa.int64())
         for i, c in enumerate(zip(*counts, strict=True) if counts else [()] * len(COUNT_NAMES))
@@ -244,7 +249,7 @@ def settle_split(cfg: SendConfig, batches: Iterator[pa.RecordBatch]) -> Iterator
             held.setdefault(gid, []).extend(done)
     if not held:
         return
-    with open_outbox(cfg.outbox_url, create=False) as store:
+    with open_outbox(cfg.outbox_url, create=False, encryption=cfg.keys) as store:
         settlement = Settlement()
         for done in held.values():
             settlement.delivered.extend(done)  # a group's messages stay in one settlement

@@ -143,7 +143,8 @@ class BulkRead:
         return Selected(where=" AND ".join(conds), blocked_where=blocked)
 
     def rows(self, where: str, lo: int, hi: int) -> str:
-        """The selected rows with ids in [lo, hi], each row's columns as `explode` reads them."""
+        """The selected rows with ids in [lo, hi], each row's columns as `explode` reads them, and
+        `enc_key` last (`explode` reads rows in clear only)."""
         columns = ", ".join(MESSAGE_COLUMNS)
         if self.grouped and self.body_table is None:
             columns += ", n, body"  # NULL in a one-message row
@@ -153,6 +154,7 @@ class BulkRead:
                 f", n, CASE WHEN n > 1 THEN (SELECT b.body FROM {self.body_table} AS b WHERE b.id = {self.table}.id) "
                 "END AS body"
             )
+        columns += ", enc_key"  # the key a row's payload is sealed with (`outbox.stores.sealed`); NULL: in clear
         return f"SELECT {columns} FROM {self.table} WHERE {where} AND id BETWEEN {lo} AND {hi}"
 
     def bounds(self, where: str) -> str:

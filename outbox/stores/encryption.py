@@ -231,6 +231,12 @@ def as_key_ring(encryption: Encryption | None) -> KeyRing | None:
     return KeyRing(encryption)
 
 
+def given_keys(paths: Sequence[str | os.PathLike[str]]) -> KeyRing | None:
+    """The keys a command line gives: its key files, newest first, else the keys `$OUTBOX_ENCRYPTION_KEYS`
+    lists (None: neither). The `outbox` commands' `--key-file` and the Spark job's."""
+    return KeyRing.from_files(paths) if paths else KeyRing.from_env(KEYS_ENV)
+
+
 def missing_key(kid: str, what: str = "a stored row") -> DecryptionError:
     """The error for an encrypted row read without any key."""
     return DecryptionError(kid, f"{what} is encrypted with key {kid}, but no encryption key was given")

@@ -47,18 +47,26 @@ def open_row(r: Sequence[Any], ring: KeyRing | None) -> Sequence[Any]:
     kid = r[ROW_KEY]
     if kid is None:
         return r
-    what = f"message {r[0]}"
+    value, headers = open_payload(kid, r[0], r[ROW_MSG_ID], r[ROW_VALUE], r[ROW_HEADERS], ring)
+    return (*r[:ROW_VALUE], value, headers, *r[ROW_HEADERS + 1 : ROW_KEY], None, *r[ROW_KEY + 1 :])
+
+
+def open_payload(
+    kid: str, id_: int, msg_id: str, value: bytes | None, headers: bytes | None, ring: KeyRing | None
+) -> tuple[bytes | None, bytes | None]:
+    """A one-message row's (value, headers), sealed with the key `kid`, opened (for a reader
+    that holds the columns apart: the Spark job, `spark_drain.batches`).
+
+    Raises:
+        DecryptionError: sealed with a key `ring` does not hold, or without any ring.
+    """
+    what = f"message {id_}"
     if ring is None:
         raise missing_key(kid, what)
-    bound = r[ROW_MSG_ID].encode()
-    value, headers = r[ROW_VALUE], r[ROW_HEADERS]
+    bound = msg_id.encode()
     return (
-        *r[:ROW_VALUE],
         None if value is None else ring.open(kid, bytes(value), b"value\0" + bound, what=what),
         None if headers is None else ring.open(kid, bytes(headers), b"headers\0" + bound, what=what),
-        *r[ROW_HEADERS + 1 : ROW_KEY],
-        None,
-        *r[ROW_KEY + 1 :],
     )
 
 

@@ -5,6 +5,8 @@ No Spark session is started: every case here ends in the pre-flight checks or be
 
 from __future__ import annotations
 
+import base64
+import os
 import socket
 import subprocess
 import sys
@@ -14,10 +16,11 @@ import pytest
 
 from outbox import exitcodes
 from outbox.stores import SQLiteOutbox
+from outbox.stores.encryption import KEYS_ENV, Key
 from outbox.stores.urls import parse_url
 from spark_drain import main
 from spark_drain.jars import JDBC, cached_jdbc_jar
-from spark_drain.options import build_parser
+from spark_drain.options import build_parser, parse_args
 
 
 @pytest.fixture
@@ -86,3 +89,49 @@ def test_help_names_the_default_jar_the_job_really_uses(outbox: str) -> None:
     assert default_jars(parse_url(outbox)) == found
     if JDBC.is_cached():
         assert found.startswith(str(JDBC.libs))
+
+
+def _key_file(tmp_path: Path, name: str) -> tuple[Path, bytes]:
+    secret = os.urandom(32)
+    path = tmp_path / name
+    path.write_text(secret.hex())
+    return path, secret
+
+
+def test_key_files_make_a_ring_newest_first(
+    outbox: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    new, new_secret = _key_file(tmp_path, "new.key")
+    old, old_secret = _key_file(tmp_path, "old.key")
+    monkeypatch.setenv(KEYS_ENV, os.urandom(32).hex())  # --key-file wins over the environment
+    options = parse_args(["--outbox", outbox, "-b", "k:9092", "--key-file", str(new), "--key-file", str(old)])
+    assert options.keys is not None
+    assert options.keys.ids == (Key(new_secret).id, Key(old_secret).id)
+    assert options.keys.current == Key(new_secret).id
+    for secret in (new_secret, old_secret):
+        for spelled in (secret.hex(), base64.b64encode(secret).decode()):
+            assert spelled not in repr(options) and spelled not in repr(options.keys)
+
+
+def test_keys_come_from_the_environment_without_a_key_file(
+    outbox: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = os.urandom(32), os.urandom(32)
+    monkeypatch.setenv(KEYS_ENV, f"{a.hex()}, {base64.b64encode(b).decode()}")
+    options = parse_args(["--outbox", outbox, "-b", "k:9092"])
+    assert options.keys is not None and options.keys.ids == (Key(a).id, Key(b).id)
+    monkeypatch.delenv(KEYS_ENV)
+    assert parse_args(["--outbox", outbox, "-b", "k:9092"]).keys is None
+
+
+def test_a_bad_key_file_is_a_usage_error_that_does_not_print_it(
+    outbox: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.key"
+    bad.write_text("not-a-key-but-a-secret")
+    assert main(["--outbox", outbox, "-b", "k:9092", "--key-file", str(bad)]) == exitcodes.USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("spark_drain: error: ") and str(bad) in err and "not-a-key-but-a-secret" not in err
+    missing = tmp_path / "missing.key"
+    assert main(["--outbox", outbox, "-b", "k:9092", "--key-file", str(missing)]) == exitcodes.USAGE
+    assert str(missing) in capsys.readouterr().err
