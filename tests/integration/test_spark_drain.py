@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import sqlite3
 import subprocess
@@ -17,11 +18,12 @@ from urllib.parse import urlsplit
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, TopicPartition
 
-from outbox.errors import KafkaUnavailableError, StoreNotFoundError
+from outbox.errors import ConfigError, KafkaUnavailableError, StoreNotFoundError
 from outbox.records import DeadLetterFilter, NewMessage
 from outbox.stores import open_outbox
 from outbox.stores.base import Outbox
 from outbox.stores.codec import decode_headers
+from outbox.stores.encryption import KEYS_ENV, Key, KeyRing
 from outbox.testing import KafkaCluster
 from outbox.testing.maven import jdbc_jar
 from spark_drain import JobOptions, JobReport, preflight, run_job
@@ -473,3 +475,177 @@ def test_standalone_cluster_drains_a_postgresql_outbox(
     messages = consume_all(topic, N_ROWS, timeout=120)
     assert len(messages) == N_ROWS
     check_consumed(messages, ids)
+
+
+# An encrypted outbox (docs/encryption.md, "Spark"): the job opens what it reads with the keys it
+# is given, seals what it writes back with the newest, and never lets a key's bytes out.
+
+
+def new_key(tmp_path: Path, name: str) -> tuple[Key, Path, list[str]]:
+    """A key, its file (hex text), and the spellings of its bytes that must never be printed."""
+    secret = os.urandom(32)
+    path = tmp_path / name
+    path.write_text(secret.hex())
+    return Key(secret), path, [secret.hex(), secret.hex().upper(), base64.b64encode(secret).decode()]
+
+
+def enc_keys(path: Path) -> set[str | None]:
+    with sqlite3.connect(path) as c:
+        return {k for (k,) in c.execute("SELECT DISTINCT enc_key FROM outbox")}
+
+
+def test_an_encrypted_outbox_drains_in_key_order_once_and_no_key_byte_leaks(
+    tmp_path: Path, kafka_bootstrap: str, topic: str, consume_all: Callable[..., list[Any]]
+) -> None:
+    """`spark-submit spark_drain/job.py --key-file` on local[2], the event log on: everything
+    delivered in key order, once; the key's bytes are in no output and no event log."""
+    path = tmp_path / "outbox.db"
+    url = f"sqlite:///{path}"
+    key, key_file, spelled = new_key(tmp_path, "outbox.key")
+    n = 10_000
+    with open_outbox(url, encryption=KeyRing([key])) as store:
+        ids = fill(store, topic, n)
+    assert enc_keys(path) == {key.id}
+    events = tmp_path / "events"
+    events.mkdir()
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    env.pop(KEYS_ENV, None)
+
+    def submit() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(spark_submit), "--master", "local[2]", "--jars", jdbc_jar("sqlite"),
+             "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1",
+             "--conf", "spark.eventLog.enabled=true", "--conf", f"spark.eventLog.dir=file://{events}",
+             str(ROOT / "spark_drain" / "job.py"), "--outbox", url, "--bootstrap-servers", kafka_bootstrap,
+             "--partitions", "2", "--key-file", str(key_file)],
+            capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path,
+        )
+
+    out = submit()
+    assert out.returncode == 0, out.stderr[-3000:]
+    total = next(line.split() for line in out.stdout.splitlines() if line.startswith("TOTAL"))
+    assert total[1:] == [str(n), str(n), "0", "0", "0"]
+    assert pending(url) == 0
+    messages = consume_all(topic, n, timeout=60)
+    assert len(messages) == n
+    check_consumed(messages, ids)
+
+    again = submit()  # nothing left: a re-run sends nothing
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(consume_all(topic, n + 1, timeout=5)) == n
+
+    logs = [p.read_text(errors="replace") for p in events.rglob("*") if p.is_file()]
+    assert logs, "no Spark event log was written"
+    for text in [out.stdout, out.stderr, again.stdout, again.stderr, *logs]:
+        for s in spelled:
+            assert s not in text
+
+
+def test_an_encrypted_dead_letter_replay_and_a_split_group_are_sealed_with_the_newest_key(
+    spark: Any, tmp_path: Path, kafka_bootstrap: str, make_topic: Callable[..., str],
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """Rows sealed with an old key, the job given [new, old]: a group split by a refused message
+    is rewritten on an executor, its dead letter sealed with the new key; a replay of the dead
+    letters (sealed with either key) delivers the others and dead-letters the refused one again."""
+    path = tmp_path / "outbox.db"
+    url = f"sqlite:///{path}"
+    old, _, _ = new_key(tmp_path, "old.key")
+    new, _, _ = new_key(tmp_path, "new.key")
+    small = make_topic(partitions=2, config={"max.message.bytes": "4096"})
+    keys = 20
+    stored = [
+        NewMessage(small, b"x" * 20000 if i == 25 else f"k{i % keys}:{i // keys + 1}".encode(),
+                   f"k{i % keys}".encode(), msg_id=f"s-{i}")
+        for i in range(200)
+    ]
+    with open_outbox(url, encryption=KeyRing([old])) as store:
+        store.enqueue(stored)
+    with sqlite3.connect(path) as c:
+        assert c.execute("SELECT COUNT(*), MAX(n) FROM outbox").fetchone() == (1, 200)  # one group
+    assert enc_keys(path) == {old.id}
+    ring = KeyRing([new, old])
+
+    report = run_job(spark, opts(url, kafka_bootstrap, max_attempts=5, retry_delay=0, keys=ring))
+
+    assert (report.total.read, report.total.delivered, report.total.dead, report.total.left) == (200, 199, 1, 0)
+    assert enc_keys(path) == {new.id}  # the dead letter, written back by an executor
+    with sqlite3.connect(path) as c:
+        (value,) = c.execute("SELECT value FROM outbox").fetchone()
+    assert b"xxxx" not in value
+    with open_outbox(url, create=False, encryption=ring) as store:
+        dead = store.list_dead()
+        assert [d.msg_id for d in dead] == ["s-25"] and dead[0].value == b"x" * 20000
+    with open_outbox(url, create=False, encryption=KeyRing([old])) as store:
+        store.add_dead([NewMessage(small, f"d:{i}".encode(), b"d", msg_id=f"d-{i}", attempts=3,
+                                   last_error="_MSG_TIMED_OUT (-192): Local: Message timed out")
+                        for i in range(1, 51)], failed_at=time.time() - 30)
+    assert enc_keys(path) == {new.id, old.id}
+    got = consume_all(small, 199, timeout=60)
+    assert sorted(header(m, "outbox-id") or b"" for m in got) == sorted(
+        f"s-{i}".encode() for i in range(200) if i != 25
+    )
+
+    replay = run_job(spark, opts(url, kafka_bootstrap, dead_letters=True, max_attempts=5, keys=ring))
+
+    assert replay.replayed == 51
+    assert (replay.total.delivered, replay.total.dead, replay.total.left) == (50, 1, 0)
+    with open_outbox(url, create=False, encryption=ring) as store:
+        assert [d.msg_id for d in store.list_dead()] == ["s-25"]
+        assert store.stats(now=time.time() + 3600).pending == 0
+    got = consume_all(small, 250, timeout=30)
+    assert len(got) == 249
+    assert [m.value() for m in got if m.key() == b"d"] == [f"d:{i}".encode() for i in range(1, 51)]
+
+
+def test_an_outbox_encrypted_with_a_key_not_given_is_refused_before_anything_is_sent(
+    spark: Any, tmp_path: Path, kafka_bootstrap: str, topic: str,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    key, _, _ = new_key(tmp_path, "outbox.key")
+    other, _, _ = new_key(tmp_path, "other.key")
+    with open_outbox(url, encryption=KeyRing([key])) as store:
+        fill(store, topic, 100)
+
+    for given in (None, KeyRing([other])):
+        with pytest.raises(ConfigError) as exc:
+            run_job(spark, opts(url, kafka_bootstrap, keys=given))
+        assert key.id in str(exc.value) and "--key-file" in str(exc.value)
+        assert other.id not in str(exc.value)
+
+    assert pending(url) == 100  # every row still pending: none sent, none dead-lettered
+    with open_outbox(url, create=False) as store:
+        assert store.list_dead() == []
+    assert in_topic(kafka_bootstrap, topic) == 0
+
+
+def test_standalone_cluster_drains_an_encrypted_postgresql_outbox(
+    spark_standalone: Any, fresh_postgres_url: str, kafka_bootstrap: str, topic: str,
+    consume_all: Callable[..., list[Any]], tmp_path: Path,
+) -> None:
+    """`python -m spark_drain --master spark://…` with the keys in $OUTBOX_ENCRYPTION_KEYS: the
+    executors in the workers' JVMs open the rows with the ring their tasks carry."""
+    key, _, spelled = new_key(tmp_path, "outbox.key")
+    open_outbox(fresh_postgres_url).close()
+    with open_outbox(fresh_postgres_url, create=False, encryption=KeyRing([key])) as store:
+        ids = fill(store, topic, N_ROWS)
+        assert store.encrypted_key_ids() == [key.id]
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               SPARK_LOCAL_IP="127.0.0.1")
+    env[KEYS_ENV] = spelled[2]  # base64
+    out = subprocess.run(
+        [sys.executable, "-m", "spark_drain", "--master", spark_standalone.master_url,
+         "--jars", jdbc_jar("postgresql"), "--outbox", fresh_postgres_url,
+         "--bootstrap-servers", kafka_bootstrap, "--partitions", "2"],
+        capture_output=True, text=True, env=env, timeout=900, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    total = next(line.split() for line in out.stdout.splitlines() if line.startswith("TOTAL"))
+    assert total[1:] == [str(N_ROWS), str(N_ROWS), "0", "0", "0"]
+    assert pending(fresh_postgres_url) == 0
+    messages = consume_all(topic, N_ROWS, timeout=120)
+    assert len(messages) == N_ROWS
+    check_consumed(messages, ids)
+    for s in spelled:
+        assert s not in out.stdout and s not in out.stderr
