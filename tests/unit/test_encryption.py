@@ -294,15 +294,23 @@ def test_a_rotation_needs_keys(store: SQLiteOutbox) -> None:
         store.rotate_keys(now=time.time())
 
 
-def test_the_spark_job_refuses_an_outbox_with_encrypted_rows(path: Path, store: SQLiteOutbox, ring: KeyRing) -> None:
+def test_the_spark_job_refuses_an_outbox_with_rows_encrypted_with_a_key_not_given(
+    path: Path, store: SQLiteOutbox, ring: KeyRing
+) -> None:
     from spark_drain.job import _bulk_read
     from spark_drain.options import JobOptions
 
     options = JobOptions(outbox=f"sqlite:///{path}", bootstrap_servers="127.0.0.1:1")
     assert _bulk_read(options).grouped  # in clear (empty): read as before
     store.enqueue(messages(2))
-    with pytest.raises(ConfigError, match=rf"encrypted with key\(s\) {ring.current}.*outbox drain --key-file"):
+    with pytest.raises(ConfigError, match=rf"encrypted with key\(s\) {ring.current}, which no key was given for: "
+                                          r"pass each with --key-file PATH"):
         _bulk_read(options)
+    other = KeyRing([Key(SECRET_B)])
+    with pytest.raises(ConfigError, match=rf"key\(s\) {ring.current}, which are not among the given keys"):
+        _bulk_read(JobOptions(outbox=options.outbox, bootstrap_servers="127.0.0.1:1", keys=other))
+    assert _bulk_read(JobOptions(outbox=options.outbox, bootstrap_servers="127.0.0.1:1",
+                                 keys=KeyRing([Key(SECRET_B), Key(SECRET_A)]))).grouped
 
 
 def test_bytes_moved_to_another_row_or_column_do_not_decrypt(path: Path, store: SQLiteOutbox, ring: KeyRing) -> None:

@@ -3,14 +3,18 @@ on a real SQLite outbox's rows, read as Spark's JDBC reader hands them to `explo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from outbox.drain.sendloop import resend
+from outbox.errors import DecryptionError
 from outbox.records import NewMessage
 from outbox.stores import open_outbox
 from outbox.stores.claimed import Resend
+from outbox.stores.encryption import Key, KeyRing
 from outbox.stores.sqlite import SQLiteOutbox
 from spark_drain.batches import MessageChunk, chunks, explode_batches
 
@@ -20,13 +24,13 @@ NOW = 1_000_000.0
 STAMP = 1_795_634_888_790
 #: `BulkRead.rows`' columns, as the job's JDBC read names them.
 COLUMNS = ("id", "msg_id", "topic", "key", "value", "headers", "part", "attempts", "first_failed_at", "last_error",
-           "timestamp", "n", "body")
+           "timestamp", "n", "body", "enc_key")
 
 
-def stored(path: Path) -> tuple[list[pa.RecordBatch], list[Resend]]:
+def stored(path: Path, ring: KeyRing | None = None) -> tuple[list[pa.RecordBatch], list[Resend]]:
     """A group of common messages (the `outbox-id` header alone; some with a "not sent" error
-    text), single rows off the common path, and a group of such messages; (the rows as the job
-    reads them, the SDK's re-sends)."""
+    text), single rows off the common path, and a group of such messages, encrypted with `ring`
+    when given; (the rows as the job reads them, the SDK's re-sends)."""
     common = [
         NewMessage("t", b"c-%d" % i, b"k%d" % (i % 3) if i % 4 else None,
                    [("outbox-id", b"c-%d" % i)] if i != 6 else [("app", b"x"), ("outbox-id", b"c-6")], i % 3 - 1,
@@ -36,7 +40,7 @@ def stored(path: Path) -> tuple[list[pa.RecordBatch], list[Resend]]:
     # Off the common path; five of them, so that the chunk sizes below come out as 45 messages.
     odd = odd_messages(NOW, STAMP)[:5]
     url = f"sqlite:///{path}"
-    with open_outbox(url) as store:
+    with open_outbox(url, encryption=ring) as store:
         assert isinstance(store, SQLiteOutbox)
         store.enqueue(common)  # one group row
         store.enqueue(odd)  # too few for a group: one row each
@@ -57,7 +61,7 @@ def in_id_order(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
 
 def test_a_send_tasks_resends_are_the_sdks_re_sends_of_the_same_rows(tmp_path: Path) -> None:
     read, expected = stored(tmp_path / "outbox.db")
-    messages = in_id_order(list(explode_batches(iter(read))))
+    messages = in_id_order(list(explode_batches(None, iter(read))))
     got = [r for chunk in chunks(iter(messages), 7) for r in chunk.resends(resend)]
     assert got == expected
     assert got[0] == ("t", b"c-0", None, -1, STAMP, [("outbox-id", b"c-0"), ("outbox-attempt", b"1")])
@@ -69,7 +73,7 @@ def test_a_send_tasks_resends_are_the_sdks_re_sends_of_the_same_rows(tmp_path: P
 
 def test_a_chunks_messages_read_one_by_one_are_re_sent_the_same(tmp_path: Path) -> None:
     read, expected = stored(tmp_path / "outbox.db")
-    parts = list(chunks(iter(in_id_order(list(explode_batches(iter(read))))), 10))
+    parts = list(chunks(iter(in_id_order(list(explode_batches(None, iter(read))))), 10))
     assert [len(p) for p in parts] == [10, 10, 10, 10, 5]
     assert [resend(m) for p in parts for m in p] == expected
     first = parts[0]
@@ -82,7 +86,7 @@ def test_a_chunks_messages_read_one_by_one_are_re_sent_the_same(tmp_path: Path) 
 
 def test_messages_left_out_of_a_chunk_keep_the_others_in_order(tmp_path: Path) -> None:
     read, expected = stored(tmp_path / "outbox.db")
-    chunk = MessageChunk.of(in_id_order(list(explode_batches(iter(read))))[0])
+    chunk = MessageChunk.of(in_id_order(list(explode_batches(None, iter(read))))[0])
     kept = chunk.only([i % 2 == 0 for i in range(len(chunk))])
     assert list(kept.resends(resend)) == expected[::2]
     assert kept.ids() == chunk.ids()[::2] and kept.id_array.tolist() == kept.ids()
@@ -91,9 +95,28 @@ def test_messages_left_out_of_a_chunk_keep_the_others_in_order(tmp_path: Path) -
 
 def test_a_message_held_back_by_an_earlier_one_of_its_key_elsewhere_is_left_out(tmp_path: Path) -> None:
     read, expected = stored(tmp_path / "outbox.db")
-    messages = in_id_order(list(explode_batches(iter(read))))
+    messages = in_id_order(list(explode_batches(None, iter(read))))
     first_k1 = next(m for m in MessageChunk.of(messages[0]) if m.key == b"k1")
     blockers = {("t", b"k1"): first_k1.id - 1}  # an earlier k1 message, not selected
     got = [m for chunk in chunks(iter(messages), 100, blockers) for m in chunk]
     assert [m.key for m in got].count(b"k1") == 0
     assert len(got) == len(expected) - sum(1 for r in expected if r[2] == b"k1")
+
+
+def test_an_encrypted_outbox_s_rows_are_opened_on_the_executors_and_re_sent_as_the_sdk_does(tmp_path: Path) -> None:
+    """Groups opened where they are exploded, one-message rows (still sealed through the shuffle)
+    opened by the send task: the same re-sends as the SDK's claim from the encrypted store."""
+    old, new = Key(os.urandom(32)), Key(os.urandom(32))
+    read, expected = stored(tmp_path / "outbox.db", KeyRing([old]))
+    assert set(read[0].column("enc_key").to_pylist()) == {old.id}
+    ring = KeyRing([new, old])
+    messages = in_id_order(list(explode_batches(ring, iter(read))))
+    kids = pa.Table.from_batches(messages).column("enc_key").to_pylist()
+    assert kids.count(old.id) == 5 and kids.count(None) == len(expected) - 5  # the singles cross the shuffle sealed
+    got = [r for chunk in chunks(iter(messages), 7, ring=ring) for r in chunk.resends(resend)]
+    assert got == expected
+
+    with pytest.raises(DecryptionError, match=f"group row .* key {old.id}"):
+        list(explode_batches(KeyRing([new]), iter(read)))
+    with pytest.raises(DecryptionError, match=f"message .* key {old.id}, but no encryption key"):
+        list(chunks(iter(messages), 7))
