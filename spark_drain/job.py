@@ -27,7 +27,7 @@ from confluent_kafka import KafkaException  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from outbox import exitcodes  # noqa: E402
-from outbox.errors import ConfigError, KafkaUnavailableError, OutboxError  # noqa: E402
+from outbox.errors import ConfigError, KafkaUnavailableError, MissingDependencyError, OutboxError  # noqa: E402
 from outbox.logs import with_librdkafka_log  # noqa: E402
 from outbox.records import DeadLetterFilter  # noqa: E402
 from outbox.stores import open_outbox  # noqa: E402
@@ -322,8 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         options = parse_args(argv)
-    except ConfigError as exc:
-        return _fail(exc, exitcodes.USAGE)
+    except ConfigError as exc:  # a MissingDependencyError too (--key-file without `cryptography`): exit 1
+        return _fail(exc, exitcodes.ERROR if isinstance(exc, MissingDependencyError) else exitcodes.USAGE)
     try:
         preflight(options)
         spark = build_session(options)

@@ -577,7 +577,8 @@ class Outbox(MessageStore, StoreAdmin):
 
     def encrypted_key_ids(self) -> list[str]:
         """The ids of the keys some stored row is encrypted with (none for a store that does not
-        encrypt): for a reader that cannot decrypt, to refuse such a store."""
+        encrypt): for a bulk reader (the Spark job) to check, before it reads, that it was given
+        each of them."""
         return []
 
     def rotate_keys(self, *, now: float, batch: int = 1000) -> Rotation:
