@@ -551,11 +551,116 @@ def sqlite_batch(p: Params) -> Result:
     return result(p, n, seconds)
 
 
-def bench_key() -> Key:
+def bench_secret(generation: int = 0) -> bytes:
+    """The bytes of a benchmark key: fixed; `generation` 1 is the key a rotation moves to."""
+    return hashlib.sha256(b"kafka-outbox benchmark key" + (b" %d" % generation if generation else b"")).digest()
+
+
+def bench_key(generation: int = 0) -> Key:
     """The benchmarks' encryption key: fixed, so that a drain opens what a fill stored."""
     from outbox.stores.encryption import Key
 
-    return Key(hashlib.sha256(b"kafka-outbox benchmark key").digest())
+    return Key(bench_secret(generation))
+
+
+# -- key rotation under traffic ---------------------------------------------------------------
+
+
+def _paced(produce: Callable[[], Any], rate: float, until: Callable[[], bool]) -> list[int]:
+    """Call `produce` at `rate` calls/s until `until()` is true; every call's time (ns)."""
+    lat: list[int] = []
+    pc = time.perf_counter_ns
+    start = pc()
+    step = 1e9 / rate
+    i = 0
+    while not until():
+        ahead = start + i * step - pc()
+        if ahead > 0:
+            time.sleep(ahead / 1e9)
+        s = pc()
+        produce()
+        lat.append(pc() - s)
+        i += 1
+    return lat
+
+
+def _latency_ms(lat: list[int]) -> dict[str, Any]:
+    p999 = percentile(lat, 0.999)
+    return {"calls": len(lat), "max_ms": max(lat) / 1e6 if lat else None,
+            "p999_ms": p999 / 1000 if p999 is not None else None}
+
+
+@scenario("rotate_latency")
+def rotate_latency(p: Params) -> Result:
+    """produce() while `outbox keys rotate` re-encrypts the same SQLite outbox in another process.
+
+    N pending rows (`n`, default 1,000,000 x `size` 200 B) are stored under an old key
+    (`bench_key()`); a ResilientProducer given `[new, old]` with its circuit tripped (brokers at a
+    closed port) spills every message to that outbox, at `rate` msgs/s (default 5,000), each
+    produce() timed. First `baseline_s` seconds (default 5) with no rotation running, then
+    for as long as the rotation (`batch` messages a transaction, default 1,000) runs.
+    """
+    from outbox import ResilientProducer
+    from outbox.stores.encryption import KeyRing
+    from outbox.stores.sqlite import SQLiteOutbox
+
+    n, topic, size = int(p.get("n", 1_000_000)), p["topic"], int(p.get("size", 200))
+    rate, baseline_s = float(p.get("rate", 5000)), float(p.get("baseline_s", 5))
+    path = os.path.join(p["workdir"], f"rotate-{os.getpid()}.db")
+    key_files = []
+    for generation in (1, 0):  # newest first
+        kf = os.path.join(p["workdir"], f"rotate-{os.getpid()}-{generation}.key")
+        with open(os.open(kf, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w") as f:
+            f.write(bench_secret(generation).hex())
+        key_files.append(kf)
+    store = SQLiteOutbox(path, synchronous="NORMAL")
+    store.set_encryption(KeyRing([bench_key()]))
+    _enqueue(store, n, topic, os.urandom(size))
+    store.close()
+
+    rp = ResilientProducer(kafka_config(p), outbox=f"sqlite:///{path}", mode="fallback",
+                           encryption=[bench_key(1), bench_key()], circuit_reset_timeout=3600)
+    rp.circuit.trip("benchmark: brokers are down")
+    value = os.urandom(size)
+
+    def send() -> None:
+        rp.produce(topic, value)
+
+    t_base = time.monotonic()
+    baseline = _paced(send, rate, lambda: time.monotonic() - t_base >= baseline_s)
+    cli = os.path.join(os.path.dirname(sys.executable), "outbox")
+    t0 = start_clock()
+    rotation = subprocess.Popen(
+        [cli, "keys", "rotate", "--outbox", path, "--key-file", key_files[0], "--key-file", key_files[1],
+         "--batch", str(int(p.get("batch", 1000))), "--json"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    during = _paced(send, rate, lambda: rotation.poll() is not None)
+    rotation_s = time.perf_counter() - t0
+    out, _ = rotation.communicate()
+    done = json.loads(out) if rotation.returncode == 0 else {}
+    left = rp.flush(600)
+    st = rp.stats()
+    if not p.get("keep"):
+        for x in ("", "-wal", "-shm"):
+            if os.path.exists(path + x):
+                os.unlink(path + x)
+        for kf in key_files:
+            os.unlink(kf)
+    return result(
+        p, len(during), rotation_s, during,
+        rows=n,
+        rate=rate,
+        rotation_s=rotation_s,
+        rotation_exit=rotation.returncode,
+        reencrypted=done.get("reencrypted"),
+        rotation_left=done.get("left"),
+        baseline=_latency_ms(baseline),
+        during=_latency_ms(during),
+        flush_left=left,
+        pending=st["pending"],
+        circuit=st["circuit"],
+    )
 
 
 # -- 6. drain --------------------------------------------------------------------------------
@@ -565,7 +670,6 @@ def bench_key() -> Key:
 def fill(p: Params) -> Result:
     """Write the drain template: N pending rows via SQLiteOutbox.enqueue in 10k batches
     (`encryption`: true stores them encrypted with `bench_key`, for a drain given it too)."""
-    from outbox.records import NewMessage
     from outbox.stores.encryption import KeyRing
     from outbox.stores.sqlite import SQLiteOutbox
 
@@ -574,8 +678,17 @@ def fill(p: Params) -> Result:
     store = SQLiteOutbox(p["path"], synchronous="NORMAL")
     if p.get("encryption"):
         store.set_encryption(KeyRing([bench_key()]))
-    now = time.time()
     t0 = start_clock()
+    _enqueue(store, n, topic, value)
+    store.close()
+    return result(p, n, time.perf_counter() - t0)
+
+
+def _enqueue(store: Any, n: int, topic: str, value: bytes) -> None:
+    """N pending messages of `value`, with ids as a producer's, 10,000 per `enqueue`."""
+    from outbox.records import NewMessage
+
+    now = time.time()
     all_ids = ids(os.urandom(8).hex(), n)
     for k in range(0, n, 10_000):
         store.enqueue(
@@ -584,8 +697,6 @@ def fill(p: Params) -> Result:
                 for m in all_ids[k : k + 10_000]
             ]
         )
-    store.close()
-    return result(p, n, time.perf_counter() - t0)
 
 
 @scenario("drain")
