@@ -61,6 +61,11 @@ MEMORY_FLAT_MB = 20
 #: What encryption at rest may cost the outage spill and the drain: their rate encrypted, at least
 #: this share of their rate without it (200 B, `--drain-rows` messages, the same run).
 ENCRYPTED_VS_CLEAR = 0.90
+#: The rotate scenario: produce() of 200 B at this rate (msgs/s), to an open circuit's outbox
+#: while `outbox keys rotate` re-encrypts `--drain-rows` rows of it in another process; and the
+#: longest produce() it may take meanwhile (milliseconds).
+ROTATE_RATE = 5000.0
+ROTATE_TARGET_MS = 20.0
 #: The soak's traffic: a producer and a consumer in one process (msgs/s of 1 KiB), through two
 #: whole-cluster outages of `--outage` seconds; what it measures is the memory given back.
 SOAK_RATE = 4000.0
@@ -76,7 +81,7 @@ DRAIN_PLACES = {
 LINE_STYLES = {"threads": "-", "process": "--", "sidecar": ":"}
 ALL = (
     "raw", "fallback", "burst", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark",
-    "consumer", "dedup", "loop-lag", "soak", "encryption", "fleet",
+    "consumer", "dedup", "loop-lag", "soak", "encryption", "rotate", "fleet",
 )
 #: The loop-lag scenario's traffic (msgs/s over 100 keys, four producing tasks): a service, not a
 #: throughput run; what is measured is how late its event loop wakes.
@@ -393,6 +398,25 @@ def spark_runs(bootstrap: str, rows: int, workdir: str) -> dict[str, Result]:
         name: {"n": rows, "msgs_per_s": rows / statistics.median(w), "seconds": statistics.median(w),
                "cpu_us_per_msg": statistics.median(data["cpus"][name]) / rows * 1e6}
         for name, w in data["walls"].items()
+    }
+
+
+def _rotate_row(runs: list[Result], rows: int) -> tuple[str, Result, dict[str, Any]]:
+    """The table row of the rotate runs: the longest produce() while `outbox keys rotate` ran
+    (median over the repetitions), against the longest in the seconds before it started."""
+    worst = statistics.median(r["during"]["max_ms"] for r in runs)
+    before = statistics.median(r["baseline"]["max_ms"] for r in runs)
+    p999 = statistics.median(r["during"]["p999_ms"] for r in runs)
+    took = statistics.median(r["rotation_s"] for r in runs)
+    done = "/".join(str(r["reencrypted"]) for r in runs)
+    failed = [r["rotation_exit"] for r in runs if r["rotation_exit"] != 0]
+    return f"key rotation of {rows:,} rows in another process, produce() at {ROTATE_RATE:,.0f}/s", summarize(runs), {
+        "ratio": worst / before if before else None,
+        "target": f"max produce() < {ROTATE_TARGET_MS:.0f} ms during rotation",
+        "met": worst < ROTATE_TARGET_MS and not failed,
+        "notes": f"max {worst:.1f} ms, p99.9 {p999:.2f} ms during; max {before:.1f} ms before it started; "
+        f"rotation {took:.1f} s (with its process start), re-encrypted {done}"
+        + (f"; rotation exit codes {failed}" if failed else ""),
     }
 
 
@@ -841,6 +865,15 @@ def main(argv: list[str] | None = None) -> int:
                     record(f"encryption/drain/{sfx}", runner.run("drain", dp, timeout=3600))
             hold.close()
 
+        # -- key rotation under traffic: produce() while `outbox keys rotate` runs -----------
+        if "rotate" in sel:
+            down, hold = closed_port()
+            for rep in range(reps):
+                log(f"rotate, repetition {rep + 1}/{reps}: {drain_rows:,} rows re-encrypted while producing")
+                rp = {**common, "bootstrap": down, "n": drain_rows, "size": base, "rate": ROTATE_RATE}
+                record("rotate", runner.run("rotate_latency", rp, timeout=3600))
+            hold.close()
+
         # -- the fleet: PostgreSQL against SQLite, and four processes against one -----------
         if "fleet" in sel:
             from outbox.testing.postgres import create_database, drop_database
@@ -1160,6 +1193,9 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
             r = ratio(sealed_, clear)
             table.add("same, encrypted at rest (AES-256-GCM)", summary[sealed_], ratio=r,
                       target=f">= {ENCRYPTED_VS_CLEAR:.2f} x in clear", met=check(r, ENCRYPTED_VS_CLEAR))
+    if "rotate" in runs:
+        label, row, how = _rotate_row(runs["rotate"], drain_rows)
+        table.add(label, row, **how)
     for size in MEMORY_SIZES:
         key = f"memory/{size}"
         if key not in runs and size == MEMORY_SIZES[0] and "memory" in runs:
