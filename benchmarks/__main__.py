@@ -174,6 +174,18 @@ class Runner:
         raise BenchError(f"scenario {name} failed (exit {code}); stderr tail:\n{tail}")
 
 
+def whole_outage(c: Child, cluster: Any, seconds: float, *, say_stop: bool = True) -> None:
+    """Stop every broker for `seconds`, then start them, telling the child each step: STOP before
+    (`say_stop`), DOWN once they are stopped, UP once they are started."""
+    if say_stop:
+        c.send("STOP")
+    cluster.stop_all()
+    c.send("DOWN")
+    time.sleep(seconds)
+    cluster.start_all()
+    c.send("UP")
+
+
 class Child:
     """An interactive scenario child (READY / GO / UP on its stdin and stdout)."""
 
@@ -914,11 +926,7 @@ def main(argv: list[str] | None = None) -> int:
                         {**common, "size": base, "rate": rate, "keys": 1000, "max_wait": wait, "drain": drain},
                     )
                     c.expect("READY", 120)
-                    cluster.stop_all()
-                    c.send("DOWN")
-                    time.sleep(outage)
-                    cluster.start_all()
-                    c.send("UP")
+                    whole_outage(c, cluster, outage, say_stop=False)
                     record(f"recovery/{round(frac * 100)}{suffix}", c.result(wait + 300))
 
         # -- phase 4b: an asyncio service's event loop through a full outage ----------------
@@ -931,12 +939,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"all brokers down {outage:.0f}s")
                 c = runner.start("loop_lag", {**common, "rate": LOOP_LAG_RATE, "keys": 100, "max_wait": 120})
                 c.expect("READY", 120)
-                c.send("STOP")
-                cluster.stop_all()
-                c.send("DOWN")
-                time.sleep(outage)
-                cluster.start_all()
-                c.send("UP")
+                whole_outage(c, cluster, outage)
                 record("loop-lag", c.result(300))
 
         # -- phase 4c: a producer and a consumer in one process, through two outages ---------
@@ -949,12 +952,7 @@ def main(argv: list[str] | None = None) -> int:
             c = runner.start("soak", {**common, "rate": SOAK_RATE, "size": 1024, "rf": rf, "outages": 2})
             c.expect("READY", 120)
             for _ in range(2):
-                c.send("STOP")
-                cluster.stop_all()
-                c.send("DOWN")
-                time.sleep(outage)
-                cluster.start_all()
-                c.send("UP")
+                whole_outage(c, cluster, outage)
                 c.expect("CAUGHT_UP", 600)
             record("soak", c.result(300))
 
