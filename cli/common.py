@@ -303,45 +303,43 @@ def open_store(url: str) -> Iterator[tuple[Outbox, StoreURL]]:
 
 # -- TIME ------------------------------------------------------------------------------------
 
-class TimeParam(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
-    """Click type for TIME; a bad value is one line and exit code 2."""
+class _ParsedParam(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
+    """A click type read by `parse`; a bad value is one line naming the option, exit code 2."""
 
-    name = "TIME"
+    what = ""  # "time", "duration": how the error names the value
+    hint = ""  # what a good value looks like
+
+    @staticmethod
+    def parse(text: str) -> float:
+        raise NotImplementedError
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, float):
             return value
         try:
-            return parse_time(str(value))
+            return self.parse(str(value))
         except ValueError:
-            opt = param.opts[0] if param is not None and param.opts else "TIME"
-            raise CliError(
-                f"{opt}: cannot read the time {value!r}: use ISO-8601 (2024-05-01T12:00, UTC when no "
-                "zone is given) or an age such as 30m, 2h, 1d",
-                EXIT_USAGE,
-            ) from None
+            opt = param.opts[0] if param is not None and param.opts else self.name
+            raise CliError(f"{opt}: cannot read the {self.what} {value!r}: {self.hint}", EXIT_USAGE) from None
+
+
+class TimeParam(_ParsedParam):
+    """Click type for TIME."""
+
+    name, what = "TIME", "time"
+    hint = "use ISO-8601 (2024-05-01T12:00, UTC when no zone is given) or an age such as 30m, 2h, 1d"
+    parse = staticmethod(parse_time)
 
 
 TIME = TimeParam()
 
 
-class DurationParam(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
-    """Click type for DURATION (seconds); a bad value is one line and exit code 2."""
+class DurationParam(_ParsedParam):
+    """Click type for DURATION (seconds)."""
 
-    name = "DURATION"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, float):
-            return value
-        try:
-            return parse_duration(str(value))
-        except ValueError:
-            opt = param.opts[0] if param is not None and param.opts else "DURATION"
-            raise CliError(
-                f"{opt}: cannot read the duration {value!r}: use a number above 0 and a unit, s, m, h, d or w "
-                "(90s, 30m, 12h, 7d, 2w)",
-                EXIT_USAGE,
-            ) from None
+    name, what = "DURATION", "duration"
+    hint = "use a number above 0 and a unit, s, m, h, d or w (90s, 30m, 12h, 7d, 2w)"
+    parse = staticmethod(parse_duration)
 
 
 DURATION = DurationParam()
