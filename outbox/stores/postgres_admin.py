@@ -4,17 +4,16 @@ and redrive, trace, the audit log, stats and the backlog (`outbox.stores.base.St
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from outbox.errors import ConfigError, UnknownMessageError
+from outbox.errors import UnknownMessageError
 from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from outbox.stores import grouped, sealed
 from outbox.stores.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.stores.base import (
     COLUMNS,
     Erased,
-    Rotation,
     StoreAdmin,
     dead_letter_where,
     insert_values,
@@ -27,6 +26,7 @@ if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily a
     import psycopg
 from outbox.stores.postgres_conn import PostgresConnection
 from outbox.stores.postgres_schema import NEXT_DUE_SQL
+from outbox.stores.rotation import Resealed, RotatingStore, StoredPayload
 
 _ALL = DeadLetterFilter()  # the empty filter: every dead letter
 #: A row's columns as `row_from_columns` reads them, then the id of its encryption key.
@@ -60,7 +60,7 @@ def _erased(rows: list[tuple[Any, ...]]) -> Erased:
     return out
 
 
-class PostgresAdmin(PostgresConnection, StoreAdmin):
+class PostgresAdmin(PostgresConnection, RotatingStore, StoreAdmin):
     """The administration half of `PostgresOutbox` (one class of the store, kept in its own module)."""
 
     encryption: KeyRing | None = None
@@ -271,49 +271,42 @@ class PostgresAdmin(PostgresConnection, StoreAdmin):
     def encrypted_key_ids(self) -> list[str]:
         return [r[0] for r in self._read(f"SELECT DISTINCT enc_key FROM {self._t} WHERE enc_key IS NOT NULL", [])]
 
-    def rotate_keys(self, *, now: float, batch: int = 1000) -> Rotation:
-        ring = self.encryption
-        if ring is None:
-            raise ConfigError("no encryption keys given: a rotation needs the new key first, then the old ones")
-        done = 0
-        last = 0
-        while True:
-            # One short transaction per `batch` messages in id order (on the primary key). A row
-            # leased to a sender is skipped (the next rotation, or its delivery, takes care of
-            # it); SKIP LOCKED passes rows a writer holds at that moment too.
-            with self._tx() as conn:
-                rows = conn.cursor(binary=True).execute(
-                    f"SELECT {ROW}, n, {_LEASED} FROM {self._t} WHERE id > %s ORDER BY id LIMIT %s "
-                    "FOR UPDATE SKIP LOCKED",
-                    [now, last, batch],
-                ).fetchall()
-                if not rows:
-                    break
-                taken = 0  # messages this transaction re-encrypted: at most about `batch`
-                for r in rows:
-                    if taken >= batch:
-                        break
-                    last = r[0]
-                    n, leased = r[18], r[19]
-                    if r[sealed.ROW_KEY] == ring.current or leased:
-                        continue
-                    if n > 1:
-                        got = conn.cursor(binary=True).execute(
-                            f"SELECT body FROM {self._t} WHERE id = %s", [r[0]]
-                        ).fetchone()
-                        assert got is not None  # locked above
-                        plain = self._body(r[0], r[2], got[0], r[sealed.ROW_KEY])
-                        conn.execute(f"UPDATE {self._t} SET body = %s, enc_key = %s WHERE id = %s",
-                                     [sealed.seal_body(plain, r[2], ring), ring.current, r[0]])
-                    else:
-                        conn.execute(f"UPDATE {self._t} SET value = %s, headers = %s, enc_key = %s WHERE id = %s",
-                                     [*sealed.reseal_row(r, ring), ring.current, r[0]])
-                    taken += n
-                done += taken
-        left = self._read(
-            f"SELECT COALESCE(sum(n), 0) FROM {self._t} WHERE enc_key IS NULL OR enc_key <> %s", [ring.current]
-        )[0][0]
-        return Rotation(done, int(left))
+    def _rotation_page(self, after: int, current: str, limit: int, now: float) -> list[StoredPayload]:
+        rows = self._read(
+            f"SELECT id, msg_id, topic, n, enc_key, value, headers, NULL FROM {self._t} "
+            f"WHERE id > %s AND (enc_key IS NULL OR enc_key <> %s) AND NOT {_LEASED} ORDER BY id LIMIT %s",
+            [after, current, now, limit],
+        )
+        return [StoredPayload(*r) for r in rows]
+
+    def _bodies(self, ids: Sequence[int]) -> dict[int, bytes]:
+        if not ids:
+            return {}
+        return dict(self._read(f"SELECT id, body FROM {self._t} WHERE id = ANY(%s)", [list(ids)]))
+
+    def _write_resealed(self, rows: Sequence[Resealed], current: str) -> int:
+        # One statement: the rows still holding the bytes read (a group row's are its body).
+        with self._tx() as conn:
+            changed = conn.execute(
+                f"UPDATE {self._t} t SET value = u.nv, headers = u.nh, body = u.nb, enc_key = %s "
+                "FROM unnest(%s::bigint[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[], "
+                "%s::bytea[], %s::bytea[], %s::bytea[]) AS u(id, kid, ov, oh, ob, nv, nh, nb) "
+                "WHERE t.id = u.id AND t.enc_key IS NOT DISTINCT FROM u.kid "
+                "AND t.value IS NOT DISTINCT FROM u.ov AND t.headers IS NOT DISTINCT FROM u.oh "
+                "AND t.body IS NOT DISTINCT FROM u.ob RETURNING t.n",
+                [
+                    current,
+                    [r.old.id for r in rows], [r.old.kid for r in rows],
+                    [r.old.value for r in rows], [r.old.headers for r in rows], [r.old.body for r in rows],
+                    [r.value for r in rows], [r.headers for r in rows], [r.body for r in rows],
+                ],
+            ).fetchall()
+        return sum(n for (n,) in changed)
+
+    def _left_to_rotate(self, current: str) -> int:
+        return int(self._read(
+            f"SELECT COALESCE(sum(n), 0) FROM {self._t} WHERE enc_key IS NULL OR enc_key <> %s", [current]
+        )[0][0])
 
     def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:
         with self._conn() as conn:

@@ -83,15 +83,3 @@ def open_body(body: bytes, kid: str | None, topic: str, ring: KeyRing | None, gi
     if ring is None:
         raise missing_key(kid, what)
     return ring.open(kid, bytes(body), b"body\0" + topic.encode(), what=what)
-
-
-def reseal_row(r: Sequence[Any], ring: KeyRing) -> tuple[bytes | None, bytes | None]:
-    """A row's (value, headers) sealed with the newest key (read with `enc_key` last; in clear or
-    under an older key)."""
-    opened = open_row(r, ring)
-    bound = r[ROW_MSG_ID].encode()
-    value, headers = opened[ROW_VALUE], opened[ROW_HEADERS]
-    return (
-        None if value is None else ring.seal(bytes(value), b"value\0" + bound),
-        None if headers is None else ring.seal(bytes(headers), b"headers\0" + bound),
-    )

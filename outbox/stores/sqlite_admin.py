@@ -8,19 +8,19 @@ import sqlite3
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from outbox.errors import ConfigError, UnknownMessageError
+from outbox.errors import UnknownMessageError
 from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from outbox.stores import grouped, sealed
 from outbox.stores.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.stores.base import (
     Erased,
-    Rotation,
     StoreAdmin,
     dead_letter_where,
     insert_values,
 )
 from outbox.stores.codec import encode_headers
 from outbox.stores.encryption import KeyRing
+from outbox.stores.rotation import Resealed, RotatingStore, StoredPayload
 from outbox.stores.sqlite_conn import SQLiteConnection
 from outbox.stores.sqlite_schema import (
     GROUP,
@@ -67,7 +67,7 @@ def _leased(prefix: str = "") -> str:
     return f"({prefix}lease_owner IS NOT NULL AND {prefix}next_attempt_at > ?)"
 
 
-class SQLiteAdmin(SQLiteConnection, StoreAdmin):
+class SQLiteAdmin(SQLiteConnection, RotatingStore, StoreAdmin):
     """The administration half of `SQLiteOutbox` (one class of the store, kept in its own module)."""
 
     encryption: KeyRing | None = None
@@ -241,46 +241,42 @@ class SQLiteAdmin(SQLiteConnection, StoreAdmin):
     def encrypted_key_ids(self) -> list[str]:
         return [k for (k,) in self._read("SELECT DISTINCT enc_key FROM outbox WHERE enc_key IS NOT NULL")]
 
-    def rotate_keys(self, *, now: float, batch: int = 1000) -> Rotation:
-        ring = self.encryption
-        if ring is None:
-            raise ConfigError("no encryption keys given: a rotation needs the new key first, then the old ones")
+    def _rotation_page(self, after: int, current: str, limit: int, now: float) -> list[StoredPayload]:
+        rows = self._read(
+            "SELECT id, msg_id, topic, n, enc_key, value, headers, NULL FROM outbox "
+            f"WHERE id > ? AND (enc_key IS NULL OR enc_key != ?) AND NOT {_leased()} ORDER BY id LIMIT ?",
+            (after, current, now, limit),
+        )
+        return [StoredPayload(*r) for r in rows]
+
+    def _bodies(self, ids: Sequence[int]) -> dict[int, bytes]:
+        if not ids:
+            return {}
+        return dict(self._read(f"SELECT id, body FROM outbox_body WHERE id IN ({', '.join('?' * len(ids))})", ids))
+
+    def _write_resealed(self, rows: Sequence[Resealed], current: str) -> int:
         done = 0
-        last = 0
-        while True:
-            # One short transaction per `batch` messages in id order (the primary key: no scan of the
-            # rest), so producers and drains wait for at most one batch. A leased row is being
-            # sent: it is skipped, and the next rotation (or its delivery) takes care of it.
-            with self._write() as c:
-                rows = c.execute(
-                    f"SELECT {ROW}, n, {_leased()} FROM outbox WHERE id > ? ORDER BY id LIMIT ?", (now, last, batch)
-                ).fetchall()
-                if not rows:
-                    break
-                taken = 0  # messages this transaction re-encrypted: at most about `batch`
-                for r in rows:
-                    if taken >= batch:
-                        break
-                    last = r[0]
-                    n, leased = r[-2], r[-1]
-                    if r[sealed.ROW_KEY] == ring.current or leased:
-                        continue
-                    if n > 1:
-                        topic = r[2]
-                        (body,) = c.execute("SELECT body FROM outbox_body WHERE id = ?", (r[0],)).fetchone()
-                        plain = sealed.open_body(body, r[sealed.ROW_KEY], topic, ring, r[0])
-                        c.execute("UPDATE outbox_body SET body = ? WHERE id = ?",
-                                  (sealed.seal_body(plain, topic, ring), r[0]))
-                        c.execute("UPDATE outbox SET enc_key = ? WHERE id = ?", (ring.current, r[0]))
-                    else:
-                        c.execute("UPDATE outbox SET value = ?, headers = ?, enc_key = ? WHERE id = ?",
-                                  (*sealed.reseal_row(r, ring), ring.current, r[0]))
-                    taken += n
-                done += taken
-        left: int = self._read(
-            "SELECT COALESCE(SUM(n), 0) FROM outbox WHERE enc_key IS NULL OR enc_key != ?", (ring.current,)
-        )[0][0]
-        return Rotation(done, left)
+        with self._write() as c:
+            for r in rows:
+                old = r.old
+                if old.body is None:
+                    cur = c.execute(
+                        "UPDATE outbox SET value = ?, headers = ?, enc_key = ? "
+                        "WHERE id = ? AND enc_key IS ? AND value IS ? AND headers IS ?",
+                        (r.value, r.headers, current, old.id, old.kid, old.value, old.headers),
+                    )
+                else:
+                    cur = c.execute("UPDATE outbox_body SET body = ? WHERE id = ? AND body IS ?",
+                                    (r.body, old.id, old.body))
+                    if cur.rowcount:
+                        c.execute("UPDATE outbox SET enc_key = ? WHERE id = ?", (current, old.id))
+                done += old.n if cur.rowcount else 0
+        return done
+
+    def _left_to_rotate(self, current: str) -> int:
+        return int(self._read(
+            "SELECT COALESCE(SUM(n), 0) FROM outbox WHERE enc_key IS NULL OR enc_key != ?", (current,)
+        )[0][0])
 
     def add_audit(self, *, who: str, action: str, filter: str, count: int, at: float) -> int:
         with self._write() as c:

@@ -149,6 +149,47 @@ def test_rotated_rows_deliver_with_the_new_key_alone(
     check_delivered(consume_all(topic, n), n)
 
 
+def test_a_dead_letter_edited_while_a_rotation_seals_it_keeps_the_edit(
+    topic: str, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rotation seals a page between its read and its write: an edit that lands in between is
+    kept (not overwritten with the old value sealed again), and the rest is rotated."""
+    from outbox.records import NewMessage
+
+    n = 50
+    spill(url, topic, n, KeyRing([OLD]))
+    store = opened(url, OLD)
+    try:
+        (dead,) = store.add_dead([NewMessage(topic, MARKER, b"k", [("card", HEADER_MARKER)], msg_id="d-1")],
+                                 failed_at=time.time())
+    finally:
+        store.close()
+    rotating = opened(url, KeyRing([NEW, OLD]))
+    read_page = rotating._rotation_page  # type: ignore[attr-defined]
+
+    def page_then_edit(*args: Any) -> Any:
+        page = read_page(*args)
+        if any(row.id == dead for row in page):  # an operator edits the dead letter now
+            assert rotating.redrive_edited(dead, value=b"edited", headers=[], now=time.time())
+        return page
+
+    monkeypatch.setattr(rotating, "_rotation_page", page_then_edit)
+    try:
+        rotation = rotating.rotate_keys(now=time.time())
+        assert (rotation.reencrypted, rotation.left) == (n, 0)  # the edit sealed the dead letter itself
+        assert rotating.encrypted_key_ids() == [NEW.id]
+    finally:
+        rotating.close()
+    only_new = opened(url, NEW)
+    try:
+        got = {m.id: m.value for m in only_new.messages()}
+        assert got.pop(dead) == b"edited"
+        assert sorted(got.values()) == sorted(MARKER + b"-%d" % i for i in range(n))
+    finally:
+        only_new.close()
+    assert MARKER not in raw_bytes(url)
+
+
 def test_the_console_reads_and_edits_an_encrypted_outbox_and_names_a_missing_key(url: str) -> None:
     from fastapi.testclient import TestClient
 
