@@ -11,6 +11,9 @@ one-message row: headers stay encoded (`outbox.stores.codec`) until the sender d
 a grouped store also say which row they were read from (`GROUPED_MESSAGES`: `grp`, the row's id,
 and `grp_n`, its messages), so that a group is settled whole (`spark_drain.send`).
 
+Messages changed before they are sent (`spark_drain.transform.PREPARED`) also carry `origin`,
+their topic in the outbox (`topic` is where they go), and `keep`: false for a message not to send.
+
 An encrypted outbox (`outbox.stores.sealed`): a message batch ends with `enc_key`, the key a
 one-message row's value and headers are sealed with (NULL: in clear). A group's body is opened
 where the group is exploded (its messages leave that stage in clear, `enc_key` NULL); a
@@ -30,7 +33,7 @@ from outbox.stores import grouped, sealed
 from outbox.stores.bulk import BulkMessage
 from outbox.stores.claimed import LazyClaim, Resend
 from outbox.stores.codec import decode_headers
-from outbox.stores.keyrule import waits
+from outbox.stores.keyrule import first_blockers, waits
 
 if TYPE_CHECKING:
     import numpy as np
@@ -133,7 +136,9 @@ def _group_messages(groups: pa.RecordBatch, ring: KeyRing | None) -> pa.RecordBa
 
 class MessageChunk(LazyClaim[BulkMessage]):
     """Messages of one send task, as a batch's columns in Python lists (`MESSAGES` order), with
-    each message's group row and its size as arrays (`grp`, `grp_n`; a one-message row is its own).
+    each message's group row and its size as arrays (`grp`, `grp_n`; a one-message row is its own),
+    and its topic in the outbox (`origin`: the `topic` column unless the message goes elsewhere),
+    which its key's order is kept by.
 
     Why: a send task re-sends every message once and settles a healthy chunk by id alone, so it
     needs no `BulkMessage` for most: `resends()` gives the common message's re-send straight from
@@ -141,13 +146,17 @@ class MessageChunk(LazyClaim[BulkMessage]):
     read (a chunk with failures, `outbox.drain.sendloop.SendLoop.decide`).
     """
 
-    __slots__ = ("cols", "id_array", "groups", "sizes")
+    __slots__ = ("cols", "id_array", "groups", "sizes", "origin")
 
-    def __init__(self, cols: Sequence[list[Any]], id_array: np.ndarray, groups: np.ndarray, sizes: np.ndarray) -> None:
+    def __init__(
+        self, cols: Sequence[list[Any]], id_array: np.ndarray, groups: np.ndarray, sizes: np.ndarray,
+        origin: list[str] | None = None,
+    ) -> None:
         self.cols = cols
         self.id_array = id_array
         self.groups = groups
         self.sizes = sizes
+        self.origin: list[str] = cols[2] if origin is None else origin
 
     @classmethod
     def of(cls, batch: pa.RecordBatch, ring: KeyRing | None = None) -> MessageChunk:
@@ -173,6 +182,7 @@ class MessageChunk(LazyClaim[BulkMessage]):
             cols, ids,
             batch.column("grp").to_numpy() if grouped_ else ids,
             batch.column("grp_n").to_numpy() if grouped_ else np.ones(len(ids), np.int64),
+            batch.column("origin").to_pylist() if "origin" in batch.schema.names else None,
         )
 
     def __len__(self) -> int:
@@ -204,7 +214,7 @@ class MessageChunk(LazyClaim[BulkMessage]):
         """Messages [start, stop)."""
         return MessageChunk(
             [c[start:stop] for c in self.cols], self.id_array[start:stop], self.groups[start:stop],
-            self.sizes[start:stop],
+            self.sizes[start:stop], None if self.origin is self.cols[2] else self.origin[start:stop],
         )
 
     def only(self, keep: Sequence[bool]) -> MessageChunk:
@@ -214,7 +224,7 @@ class MessageChunk(LazyClaim[BulkMessage]):
         mask = np.asarray(keep, dtype=bool)
         return MessageChunk(
             [list(itertools.compress(c, keep)) for c in self.cols], self.id_array[mask], self.groups[mask],
-            self.sizes[mask],
+            self.sizes[mask], None if self.origin is self.cols[2] else list(itertools.compress(self.origin, keep)),
         )
 
 
@@ -223,11 +233,25 @@ def chunks(
     ring: KeyRing | None = None,
 ) -> Iterator[MessageChunk]:
     """The messages of message batches, in order, in chunks of at most `size`, opened with `ring`;
-    those an earlier message of their key holds back elsewhere (`outbox.stores.keyrule`) are left out."""
+    those an earlier message of their key holds back elsewhere (`outbox.stores.keyrule`) are left out.
+
+    A message not to send (`keep` false) is left out too, and holds back the later messages of its
+    key (of its topic in the outbox) as a blocker would: it stays in the outbox before them.
+    """
+    held = dict(blockers or {})
     for b in batches:
         chunk = MessageChunk.of(b, ring)
-        if blockers:
-            ids, topics, keys = chunk.cols[0], chunk.cols[2], chunk.cols[3]
-            chunk = chunk.only([not waits(t, k, i, blockers) for i, t, k in zip(ids, topics, keys, strict=True)])
+        if "keep" in b.schema.names and b.column("keep").false_count:
+            keep = b.column("keep").to_pylist()
+            skipped = (
+                (t, k, i) for i, t, k, kept in zip(chunk.cols[0], chunk.origin, chunk.cols[3], keep, strict=True)
+                if not kept
+            )
+            for key, first in first_blockers(skipped).items():
+                held[key] = min(first, held.get(key, first))
+            chunk = chunk.only(keep)
+        if held:
+            ids, topics, keys = chunk.cols[0], chunk.origin, chunk.cols[3]
+            chunk = chunk.only([not waits(t, k, i, held) for i, t, k in zip(ids, topics, keys, strict=True)])
         for start in range(0, len(chunk), size):
             yield chunk.part(start, start + size)

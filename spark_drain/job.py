@@ -37,7 +37,10 @@ from spark_drain.options import JobOptions, parse_args  # noqa: E402
 from spark_drain.report import JobReport  # noqa: E402
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
+
+    from outbox.stores.bulk import Selected
+    from spark_drain.read import Reader
 
 log = logging.getLogger("spark_drain")
 
@@ -102,15 +105,16 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
         OutboxError: the outbox or the cluster is unreachable, or an option is invalid.
     """
     _require_pyspark()
-    from pyspark.sql import functions as F
-
     from outbox.stores.bulk import BulkSelection
-    from spark_drain.batches import COUNT_NAMES, COUNTS, GROUPED_MESSAGES, MESSAGES, SEALED, SENT, explode_batches
     from spark_drain.read import Reader, only_ids
-    from spark_drain.send import SendConfig, send_batches, settle_split
 
     if check:
         preflight(options)
+    if options.changes:
+        from spark_drain.transform import DECODED, apply_sql
+
+        # Their SQL checked on no rows: a bad expression stops the job before anything is read.
+        apply_sql(spark.createDataFrame([], DECODED), options.where, options.sets, options.to_topic)
     started = time.time()
     url = options.store_url()
     report = JobReport(
@@ -129,6 +133,8 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
         now=started,
     )
     blockers: dict[tuple[str, bytes], int] = {}
+    if options.changes:
+        return _run_changed(spark, options, report, bulk, reader, sel, started)
     try:
         if options.dry_run:
             for topic, n in reader.counts_by_topic(sel.where).items():
@@ -156,12 +162,40 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     except Exception as exc:
         raise _jdbc_error(exc, options) from exc
 
+    _send(options, report, bulk, _messages(rows, options, bulk), blockers)
+    report.held_back = max(0, selected - report.total.read) if not options.dead_letters else 0
+    report.elapsed_seconds = time.time() - started
+    return report
+
+
+def _messages(rows: DataFrame, options: JobOptions, bulk: BulkRead) -> DataFrame:
+    """The rows read as messages (`spark_drain.batches.MESSAGES`, sealed payloads still sealed)."""
+    from pyspark.sql import functions as F
+
+    from spark_drain.batches import GROUPED_MESSAGES, MESSAGES, SEALED, explode_batches
+
     # Rows become messages on the executors (a group row: its messages), as Arrow batches; the
     # driver never holds a message's bytes.
     # An encrypted outbox's key ring travels inside the stages' functions, pickled into their
     # tasks (docs/encryption.md, "Spark"): never in the Spark conf, the arguments or a log.
-    messages = rows.mapInArrow(functools.partial(explode_batches, options.keys), GROUPED_MESSAGES) if bulk.grouped \
+    return rows.mapInArrow(functools.partial(explode_batches, options.keys), GROUPED_MESSAGES) if bulk.grouped \
         else rows.select(*(F.col(c).cast(t) for c, t in (col.split() for col in (MESSAGES + SEALED).split(", "))))
+
+
+def _send(
+    options: JobOptions, report: JobReport, bulk: BulkRead, messages: DataFrame,
+    blockers: dict[tuple[str, bytes], int],
+) -> None:
+    """The send stage (and a grouped store's settle stage); its counts go into `report`.
+
+    Raises:
+        OutboxError: the stage failed (what Kafka acknowledged before is settled).
+    """
+    from pyspark.sql import functions as F
+
+    from spark_drain.batches import COUNT_NAMES, COUNTS, SENT
+    from spark_drain.send import SendConfig, send_batches, settle_split
+
     cfg = SendConfig(
         outbox_url=options.outbox,
         producer_config=options.producer_config(),
@@ -173,8 +207,9 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     )
     # One task per (topic, key) hash, messages in id order: each key leaves from one producer in
     # its original order. The shuffle and the sort run in the JVM; messages without a key are
-    # spread by id.
-    route = F.when(F.col("key").isNull(), F.col("id")).otherwise(F.xxhash64("topic", "key"))
+    # spread by id. A key is its topic's in the outbox (`origin`), wherever a message is sent.
+    topic = "origin" if "origin" in messages.columns else "topic"
+    route = F.when(F.col("key").isNull(), F.col("id")).otherwise(F.xxhash64(topic, "key"))
     ordered = messages.repartition(options.partitions, route).sortWithinPartitions("id")
     # Blockers (keys held back by an unselected earlier message) are usually none; each task gets them.
     sender = functools.partial(send_batches, cfg, blockers or None)
@@ -194,7 +229,55 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
         ) from exc
     report.send_seconds = time.time() - send_started
     report.add_rows(results)
-    report.held_back = max(0, selected - report.total.read) if not options.dead_letters else 0
+
+
+def _run_changed(
+    spark: SparkSession, options: JobOptions, report: JobReport, bulk: BulkRead, reader: Reader,
+    sel: Selected, started: float,
+) -> JobReport:
+    """`run_job` when messages are selected or changed on the executors (`spark_drain.transform`).
+
+    The changed messages are computed and kept on the executors (memory, then local disk) before
+    anything else happens: a failing expression or transform stops the job with nothing sent and
+    no row changed (dead letters are put back to pending only after it). A dead letter not
+    selected stays dead; a pending row not selected stays pending and holds back its key's later
+    messages.
+    """
+    from pyspark import StorageLevel
+
+    from spark_drain.transform import prepare
+
+    try:
+        lo, hi, selected, blocking = reader.bounds(sel.where, sel.blocked_where)
+        if selected == 0:
+            report.elapsed_seconds = time.time() - started
+            return report
+        rows = reader.rows(sel.where, lo, hi, options.partitions)
+        blockers = reader.blockers(sel.blocked_where) if blocking and sel.blocked_where is not None else {}
+    except Exception as exc:
+        raise _jdbc_error(exc, options) from exc
+    prepared = prepare(
+        _messages(rows, options, bulk), options.keys, options.where, options.sets, options.to_topic,
+        options.transform, replay=options.dead_letters,
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        try:
+            counts = [tuple(r) for r in prepared.groupBy("topic", "keep").count().collect()]
+        except Exception as exc:
+            raise OutboxError(f"changing the messages failed, nothing was sent: {_cause(exc, options)}") from exc
+        report.skipped = sum(int(n) for _, keep, n in counts if not keep)
+        if options.dry_run:
+            report.add_rows([(t, int(n), 0, 0, 0, 0) for t, keep, n in counts if keep])
+        elif options.dead_letters:
+            ids = [int(r[0]) for r in prepared.where("keep").select("id").collect()]
+            report.replayed = _replay(options, ids)
+            if ids:
+                _send(options, report, bulk, prepared.where("keep"), {})
+        else:
+            _send(options, report, bulk, prepared, blockers)
+            report.held_back = max(0, selected - report.skipped - report.total.read)
+    finally:
+        prepared.unpersist()
     report.elapsed_seconds = time.time() - started
     return report
 
@@ -246,7 +329,7 @@ def _cause(exc: Exception, options: JobOptions) -> str:
     """The most telling line of a Spark/Py4J error: the innermost Python or Java exception."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     picked = next(
-        (line for line in reversed(lines) if line.startswith(("outbox.errors.", "confluent_kafka."))),
+        (line for line in reversed(lines) if line.startswith(("outbox.errors.", "confluent_kafka.", "spark_drain."))),
         None,
     ) or next((line for line in lines if "Exception:" in line or "Error:" in line), lines[0] if lines else "")
     password = options.store_url().password

@@ -51,6 +51,13 @@ class JobOptions:
             driver (`spark_drain.jars.cached_jdbc_jar`: the Maven-fetched copy, else Debian's).
         keys: the keys of an encrypted outbox (`--key-file`, else `$OUTBOX_ENCRYPTION_KEYS`), newest
             first; None: none given. Never printed (its repr names key ids only).
+        where: Spark SQL condition over `spark_drain.transform.VIEW` (and `header`): only the
+            messages it holds for are sent; the others are left in the outbox untouched.
+        sets: (column, Spark SQL expression) pairs, applied in order to the messages selected:
+            `value` (a string result is sent as its UTF-8 bytes) or `topic`.
+        to_topic: send every selected message to this topic.
+        transform: `package.module:function`, an Arrow batch function run on the executors over
+            the selected messages (`spark_drain.transform`).
     """
 
     outbox: str
@@ -73,6 +80,10 @@ class JobOptions:
     master: str | None = None
     jars: str | None = None
     keys: KeyRing | None = field(default=None, repr=False, compare=False)
+    where: str | None = None
+    sets: tuple[tuple[str, str], ...] = ()
+    to_topic: str | None = None
+    transform: str | None = None
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
@@ -86,6 +97,32 @@ class JobOptions:
         if self.error is not None and not self.dead_letters:
             raise ConfigError("--error filters dead letters: use it with --dead-letters")
         self.store_url()  # validates the URL now, with the parser's own message
+        self._check_changes()
+
+    def _check_changes(self) -> None:
+        """What can be checked of `where`, `sets`, `to_topic` and `transform` before Spark starts
+        (their SQL is checked by Spark, before any row is read)."""
+        from spark_drain.transform import SETTABLE, load_transform
+
+        if self.where is not None and not self.where.strip():
+            raise ConfigError("--where is empty")
+        for name, expr in self.sets:
+            if name not in SETTABLE:
+                raise ConfigError(f"--set {name}={expr}: cannot set column {name!r}; only "
+                                  f"{' and '.join(SETTABLE)} can be set")
+            if not expr.strip():
+                raise ConfigError(f"--set {name}= has no expression")
+        if [n for n, _ in self.sets].count("topic") and self.to_topic is not None:
+            raise ConfigError("--to-topic and --set topic=... both set the topic: use one")
+        if self.to_topic is not None and not self.to_topic.strip():
+            raise ConfigError("--to-topic is empty")
+        if self.transform is not None:
+            load_transform(self.transform)  # importable on the driver, or a clear error now
+
+    @property
+    def changes(self) -> bool:
+        """Messages are selected or changed on the executors (`spark_drain.transform`)."""
+        return bool(self.where is not None or self.sets or self.to_topic is not None or self.transform)
 
     def store_url(self) -> StoreURL:
         """The parsed outbox URL."""
@@ -168,7 +205,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="a key of an encrypted outbox (32 bytes, or hex or base64 text); repeatable, the newest first. "
         f"Default: the keys in ${KEYS_ENV} (hex or base64, comma-separated, newest first)",
     )
+    p.add_argument(
+        "--where", metavar="SQL",
+        help="send only the messages this Spark SQL condition holds for (columns topic, key, value, headers, "
+        "timestamp, id, attempts, and header['NAME'], a header's value as text); the others stay untouched",
+    )
+    p.add_argument(
+        "--set", dest="sets", action="append", default=[], type=_set, metavar="COLUMN=SQL",
+        help="rewrite value or topic of each selected message with a Spark SQL expression, before sending "
+        "(repeatable, in order; a string value is sent as UTF-8)",
+    )
+    p.add_argument("--to-topic", metavar="TOPIC", help="send every selected message to this topic")
+    p.add_argument(
+        "--transform", metavar="MODULE:FUNCTION",
+        help="a function over the selected messages as Arrow record batches (Iterator[pyarrow.RecordBatch] -> "
+        "Iterator[pyarrow.RecordBatch], as mapInArrow), run on the executors before sending",
+    )
     return p
+
+
+def _set(text: str) -> tuple[str, str]:
+    from spark_drain.transform import parse_set
+
+    try:
+        return parse_set(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> JobOptions:
@@ -199,4 +261,8 @@ def parse_args(argv: Sequence[str] | None = None) -> JobOptions:
         master=ns.master,
         jars=ns.jars,
         keys=given_keys(ns.key_files),
+        where=ns.where,
+        sets=tuple(ns.sets),
+        to_topic=ns.to_topic,
+        transform=ns.transform,
     )

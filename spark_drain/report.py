@@ -46,7 +46,9 @@ class JobReport:
         outbox: where the outbox is (never with credentials).
         partitions: the `--partitions` used.
         replayed: dead letters put back to pending before sending (dead-letter mode).
-        held_back: pending rows selected but held back behind an earlier, not-due row of their key.
+        held_back: pending rows selected but held back behind an earlier, not-due row of their key
+            (or one `--where` or the transform left out).
+        skipped: messages left out by `--where` or the transform, untouched.
         topics: counts per topic.
         elapsed_seconds: wall time of the job (without starting Spark).
         send_seconds: wall time of the send stage.
@@ -58,6 +60,7 @@ class JobReport:
     partitions: int
     replayed: int = 0
     held_back: int = 0
+    skipped: int = 0
     topics: dict[str, TopicCounts] = field(default_factory=dict)
     elapsed_seconds: float = 0.0
     send_seconds: float = 0.0
@@ -128,8 +131,10 @@ class JobReport:
         extra = ""
         if self.mode == "dead-letters" and not self.dry_run:
             extra = f", {self.replayed} dead letters replayed"
+        if self.skipped:
+            extra += f", {self.skipped} not selected (--where or the transform), left as they were"
         if self.held_back:
-            extra += f", {self.held_back} held back behind a not-due row of their key"
+            extra += f", {self.held_back} held back behind a not-due or not-selected row of their key"
         out.append(
             f"{self.mode} from {self.outbox}: {self.elapsed_seconds:.1f} s, {what}, "
             f"partitions={self.partitions}{extra}"

@@ -152,6 +152,7 @@ class PartitionSender:
         decided = loop.decide(batch, time.time)
         now = time.time()
         group_of = dict(zip(chunk.ids(), zip(chunk.groups.tolist(), chunk.sizes.tolist(), strict=True), strict=True))
+        origin = dict(zip(chunk.ids(), chunk.origin, strict=True))
         for row, d in decided:
             if d.verdict is Verdict.DELIVERED:
                 group, size = group_of[row.id]
@@ -162,8 +163,9 @@ class PartitionSender:
                 continue
             add_to(settlement, row.id, d, now)
             if d.verdict is Verdict.RESCHEDULE and row.key is not None:
-                # This row will be sent again later: its key's later rows must wait for it.
-                self.failed_keys.add((row.topic, row.key))
+                # This row will be sent again later: its key's later rows must wait for it (its key
+                # in the outbox: a message sent to another topic is ordered by its own).
+                self.failed_keys.add((origin[row.id], row.key))
         dead = {r.id for r in self.store.apply(settlement, now=now).dead} if settlement else set()
         failed = [(row, d) for row, d in decided if d.verdict not in (Verdict.DELIVERED, Verdict.RELEASE)]
         self._count((row.topic for row, d in decided if d.verdict is Verdict.DELIVERED), 1)
@@ -183,7 +185,7 @@ class PartitionSender:
                 if self.failed_keys:  # its key must wait for the failed row: stays pending, untouched
                     failed = self.failed_keys
                     chunk = chunk.only([k is None or (t, k) not in failed
-                                        for t, k in zip(chunk.cols[2], chunk.cols[3], strict=True)])
+                                        for t, k in zip(chunk.origin, chunk.cols[3], strict=True)])
                 self._send(loop, chunk)
         finally:
             loop.close(10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import sqlite3
 import subprocess
@@ -18,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, TopicPartition
 
-from outbox.errors import ConfigError, KafkaUnavailableError, StoreNotFoundError
+from outbox.errors import ConfigError, KafkaUnavailableError, OutboxError, StoreNotFoundError
 from outbox.records import DeadLetterFilter, NewMessage
 from outbox.stores import open_outbox
 from outbox.stores.base import Outbox
@@ -649,3 +650,271 @@ def test_standalone_cluster_drains_an_encrypted_postgresql_outbox(
     check_consumed(messages, ids)
     for s in spelled:
         assert s not in out.stdout and s not in out.stderr
+
+
+# Selecting and changing messages before they are sent (docs/spark.md, "Fix and redirect before
+# sending"): --where, --set, --to-topic and --transform, on the executors, before the send stage.
+
+TRANSFORMS = "tests.integration.spark_transforms"
+TIMED_OUT = "_MSG_TIMED_OUT (-192): Local: Message timed out"
+#: The incident's fix: "amount" was stored as text ("12.50"); consumers want whole cents (1250).
+CENTS = (
+    "value=to_json(named_struct('order', cast(get_json_object(cast(value as string), '$.order') as int), "
+    "'amount', cast(cast(get_json_object(cast(value as string), '$.amount') as decimal(10,2)) * 100 as int)))"
+)
+ACME = "header['tenant'] = 'acme'"
+
+
+def orders(topic: str, n: int, now: float) -> list[NewMessage]:
+    """n dead letters of `topic` with a bad "amount", over 5 keys, tenants acme (2 of 3) and globex."""
+    return [
+        NewMessage(topic=topic, value=json.dumps({"order": i, "amount": f"{i}.50"}).encode(), key=f"c{i % 5}".encode(),
+                   headers=[("tenant", b"globex" if i % 3 == 0 else b"acme"), ("outbox-id", f"o-{i}".encode())],
+                   msg_id=f"o-{i}", attempts=3, first_failed_at=now - 60, last_error=TIMED_OUT, error_code=-192,
+                   error_name="_MSG_TIMED_OUT", timestamp=STAMP + i)
+        for i in range(1, n + 1)
+    ]
+
+
+def check_orders(messages: list[Any], numbers: list[int]) -> None:
+    """The fixed orders `numbers` arrived, each with its outbox-id, tenant and timestamp, each key's in order."""
+    got = {int(json.loads(m.value())["order"]): m for m in messages}
+    assert sorted(got) == numbers and len(messages) == len(numbers)
+    for i, m in got.items():
+        assert json.loads(m.value()) == {"order": i, "amount": i * 100 + 50}
+        assert header(m, "outbox-id") == f"o-{i}".encode()
+        assert header(m, "tenant") == (b"globex" if i % 3 == 0 else b"acme")
+        assert header(m, "outbox-attempt") == b"1"  # a replay resets attempts
+        assert m.timestamp() == (TIMESTAMP_CREATE_TIME, STAMP + i)
+        assert m.key() == f"c{i % 5}".encode()
+    for k in range(5):
+        seq = [int(json.loads(m.value())["order"]) for m in messages if m.key() == f"c{k}".encode()]
+        assert seq == sorted(seq), f"key c{k} out of order: {seq}"
+
+
+def test_dead_letters_of_a_topic_are_fixed_with_set_value_and_replayed(
+    spark: Any, outbox_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """The incident: `orders` dead-lettered with a bad amount. `--dead-letters --topic orders --set
+    value=...` replays them fixed; another topic's dead letter and the pending rows stay as they were."""
+    topic, other = make_topic(), make_topic()
+    now = time.time()
+    with open_outbox(outbox_url, create=False) as store:
+        keep = fill(store, topic, 10)
+        store.add_dead(orders(topic, 120, now) + [
+            NewMessage(topic=other, value=b"{}", key=b"c1", msg_id="other", attempts=3, last_error=TIMED_OUT,
+                       error_code=-192, error_name="_MSG_TIMED_OUT")], failed_at=now - 30)
+
+    report = run_job(spark, opts(outbox_url, kafka_bootstrap, dead_letters=True, topics=(topic,),
+                                 sets=(("value", CENTS.partition("=")[2]),)))
+
+    assert report.replayed == 120 and report.ok
+    assert (report.total.read, report.total.delivered, report.skipped) == (120, 120, 0)
+    check_orders(consume_all(topic, 121, timeout=30), list(range(1, 121)))
+    with open_outbox(outbox_url, create=False) as store:
+        assert [d.msg_id for d in store.list_dead()] == ["other"]
+        assert store.stats(now=time.time() + 10**6).pending == len(keep)
+
+
+def test_one_tenants_dead_letters_are_replayed_to_another_topic(
+    spark: Any, outbox_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """`--where "header['tenant'] = 'acme'" --to-topic T --transform`: acme's dead letters go to T, fixed, with
+    `outbox-original-topic`; the other tenant's stay dead as they were, nothing reaches the old topic."""
+    topic = make_topic()
+    target = make_topic()
+    now = time.time()
+    with open_outbox(outbox_url, create=False) as store:
+        store.add_dead(orders(topic, 90, now), failed_at=now - 30)
+    acme = [i for i in range(1, 91) if i % 3]
+    # The fix by a Python transform this time (pandas), after --where and --to-topic.
+    options = {"dead_letters": True, "where": ACME, "to_topic": target, "transform": f"{TRANSFORMS}:amounts_in_cents"}
+
+    dry = run_job(spark, opts(outbox_url, kafka_bootstrap, dry_run=True, **options))
+    assert dry.dry_run and {t: c.read for t, c in dry.topics.items()} == {target: len(acme)}
+    assert dry.skipped == 90 - len(acme)
+
+    report = run_job(spark, opts(outbox_url, kafka_bootstrap, **options))
+
+    assert report.replayed == len(acme) and report.skipped == 90 - len(acme) and report.ok
+    assert report.topics[target].delivered == len(acme)
+    got = consume_all(target, len(acme) + 1, timeout=30)
+    check_orders(got, acme)
+    assert {header(m, "outbox-original-topic") for m in got} == {topic.encode()}
+    assert in_topic(kafka_bootstrap, topic) == 0
+    with open_outbox(outbox_url, create=False) as store:
+        dead = store.list_dead()
+        assert sorted(d.msg_id for d in dead) == sorted(f"o-{i}" for i in range(1, 91) if i % 3 == 0)
+        assert {(d.topic, d.attempts) for d in dead} == {(topic, 3)}
+        assert all(b'"amount": "' in (d.value or b"") for d in dead)  # untouched
+        assert store.stats(now=time.time() + 10**6).pending == 0
+
+
+def test_a_transform_routes_changes_and_drops_pending_messages_in_key_order(
+    spark: Any, outbox_url: str, kafka_bootstrap: str, topic: str, make_topic: Callable[..., str],
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """`--transform`: odd keys to another topic, values changed, k0's fifth message dropped. The
+    dropped message stays pending untouched and holds back k0's later ones, which a later drain
+    sends in order; every other key arrives whole, in order, with its outbox-id."""
+    odd = make_topic(name=f"{topic}-odd")
+    n = 2000
+    with open_outbox(outbox_url, create=False) as store:
+        ids = fill(store, topic, n)
+    k0 = [i for i in range(n) if i % N_KEYS == 0]  # k0's messages, seq 1.. in order
+
+    report = run_job(spark, opts(outbox_url, kafka_bootstrap, transform=f"{TRANSFORMS}:route_odd_keys"))
+
+    held = len(k0) - 5  # k0:6 and after, behind the dropped k0:5
+    assert (report.skipped, report.held_back) == (1, held)
+    assert report.total.delivered == report.total.read == n - held - 1 and report.ok
+    assert report.topics[odd].delivered == n // 2
+    with open_outbox(outbox_url, create=False) as store:
+        assert store.pending_keys() == {(topic, b"k0")}
+        assert store.stats(now=time.time() + 10**6).pending == held + 1
+    to_odd = consume_all(odd, n // 2, timeout=60)
+    assert len(to_odd) == n // 2
+    assert {header(m, "outbox-original-topic") for m in to_odd} == {topic.encode()}
+    sent = consume_all(topic, n // 2 - held - 1, timeout=60)
+    assert len(sent) == n // 2 - held - 1
+    assert all(header(m, "outbox-original-topic") is None for m in sent)
+    assert {m.value()[-1:] for m in sent + to_odd} == {b"!"}
+    check_consumed([Unmarked(m) for m in sent + to_odd], [ids[i] for i in range(n) if i not in k0[4:]])
+
+    again = run_job(spark, opts(outbox_url, kafka_bootstrap))  # no transform: k0's rest, as stored
+
+    assert again.total.delivered == held + 1 and pending(outbox_url) == 0
+    k0_got = [m.value() for m in consume_all(topic, n // 2, timeout=60) if m.key() == b"k0"]
+    assert k0_got == [b"k0:%d!" % s for s in range(1, 5)] + [b"k0:%d" % s for s in range(5, len(k0) + 1)]
+
+
+class Unmarked:
+    """A consumed message with the transform's trailing "!" taken off its value."""
+
+    def __init__(self, m: Any) -> None:
+        self.m = m
+
+    def value(self) -> bytes:
+        return self.m.value().rstrip(b"!")  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.m, name)
+
+
+@pytest.mark.parametrize("dead_letters", [False, True], ids=["pending", "dead-letters"])
+def test_a_failing_transform_sends_nothing_and_changes_no_row(
+    spark: Any, tmp_path: Path, kafka_bootstrap: str, topic: str, dead_letters: bool,
+) -> None:
+    """A transform that raises, or returns other ids or keys, stops the job before the send stage:
+    the error names the message and the cause; nothing is in Kafka; every row is as it was."""
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    now = time.time()
+    msgs = [NewMessage(topic=topic, value=b"poison" if i == 150 else b"k%d:%d" % (i % 4, i), key=b"k%d" % (i % 4),
+                       msg_id=f"p-{i}", attempts=3 if dead_letters else 0,
+                       last_error=TIMED_OUT if dead_letters else None)
+            for i in range(300)]
+    with open_outbox(url) as store:
+        if dead_letters:
+            store.add_dead(msgs, failed_at=now - 30)
+            poisoned = next(d.id for d in store.list_dead() if d.msg_id == "p-150")
+        else:
+            store.enqueue(msgs[:100])
+            store.enqueue(msgs[100:])
+            poisoned = None
+
+    def state() -> tuple[int, list[tuple[str, int]]]:
+        with open_outbox(url, create=False) as store:
+            return (store.stats(now=time.time() + 10**6).pending,
+                    sorted((d.msg_id, d.attempts) for d in store.list_dead()))
+
+    before = state()
+    with pytest.raises(OutboxError) as exc:
+        run_job(spark, opts(url, kafka_bootstrap, dead_letters=dead_letters, transform=f"{TRANSFORMS}:poison"))
+    text = str(exc.value)
+    assert "nothing was sent" in text and "ValueError: cannot read 'poison'" in text
+    if poisoned is not None:
+        assert f"message id {poisoned}:" in text
+    else:
+        assert "message id " in text
+    for name, why in (("new_ids", "which it was not given"), ("new_keys", "changed the key")):
+        with pytest.raises(OutboxError, match=why):
+            run_job(spark, opts(url, kafka_bootstrap, dead_letters=dead_letters, transform=f"{TRANSFORMS}:{name}"))
+    assert in_topic(kafka_bootstrap, topic) == 0
+    assert state() == before
+
+
+def test_a_changed_message_kafka_refuses_is_dead_lettered_and_the_row_keeps_its_bytes(
+    spark: Any, tmp_path: Path, kafka_bootstrap: str, make_topic: Callable[..., str],
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """`--set value=` makes one message too large for the topic: the retry policy dead-letters it
+    at once (the row as stored, not as changed); the others are delivered, in order, and deleted."""
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    small = make_topic(partitions=1, config={"max.message.bytes": "4096"})
+    with open_outbox(url) as store:
+        for v in (b"a:1", b"a:2", b"a:3", b"b:1"):
+            store.enqueue([NewMessage(topic=small, value=v, key=v[:1], msg_id=v.decode())])
+    grow = "CASE WHEN value = cast('a:2' as binary) THEN repeat('x', 20000) ELSE concat(cast(value as string), '!') END"
+
+    report = run_job(spark, opts(url, kafka_bootstrap, max_attempts=5, retry_delay=0, sets=(("value", grow),)))
+
+    assert (report.total.read, report.total.delivered, report.total.dead) == (4, 3, 1)
+    with open_outbox(url, create=False) as store:
+        dead = store.list_dead()
+        assert [(d.msg_id, d.value, d.attempts) for d in dead] == [("a:2", b"a:2", 1)]
+        assert store.stats(now=time.time() + 3600).pending == 0
+    got = [m.value() for m in consume_all(small, 4, timeout=15)]
+    assert sorted(got) == [b"a:1!", b"a:3!", b"b:1!"]
+    assert [v for v in got if v.startswith(b"a")] == [b"a:1!", b"a:3!"]  # key a in order
+
+
+def test_changes_are_checked_before_anything_is_read(spark: Any, tmp_path: Path, kafka_bootstrap: str) -> None:
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    open_outbox(url).close()
+    with pytest.raises(ConfigError, match="cannot import module no_such_module"):
+        opts(url, kafka_bootstrap, transform="no_such_module:f")
+    with pytest.raises(ConfigError, match=f"module {TRANSFORMS} has no missing"):
+        opts(url, kafka_bootstrap, transform=f"{TRANSFORMS}:missing")
+    with pytest.raises(ConfigError, match="cannot set column 'key'"):
+        opts(url, kafka_bootstrap, sets=(("key", "value"),))
+    with pytest.raises(ConfigError, match="both set the topic"):
+        opts(url, kafka_bootstrap, sets=(("topic", "'x'"),), to_topic="y")
+    for kw, named in (
+        ({"where": "no_such_column = 1"}, "--where 'no_such_column = 1'.*no_such_column"),
+        ({"where": "value"}, "not a condition"),
+        ({"sets": (("value", "1 +"),)}, r"--set value='1 \+'"),
+        ({"sets": (("value", "42"),)}, "is int, not a string or binary"),
+    ):
+        with pytest.raises(ConfigError, match=named):
+            run_job(spark, opts(url, kafka_bootstrap, **kw))
+
+
+def test_cli_dry_run_counts_after_where_and_refuses_bad_changes_in_one_line(
+    tmp_path: Path, kafka_bootstrap: str, topic: str,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    now = time.time()
+    with open_outbox(url) as store:
+        store.add_dead(orders(topic, 30, now), failed_at=now - 30)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    base = [sys.executable, "-m", "spark_drain", "--outbox", url, "--bootstrap-servers", kafka_bootstrap]
+
+    for bad, named in ((["--set", "key=x"], "cannot set column 'key'"),
+                       (["--transform", "no_such_module:f"], "cannot import module no_such_module")):
+        out = subprocess.run(base + bad, capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+        assert out.returncode == 2 and named in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+
+    out = subprocess.run(
+        base + ["--master", "local[2]", "--jars", jdbc_jar("sqlite"), "--dead-letters", "--dry-run",
+                "--where", ACME, "--set", CENTS, "--to-topic", "orders-acme"],
+        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert next(line.split() for line in out.stdout.splitlines() if line.startswith("orders-acme")) == [
+        "orders-acme", "20"]
+    assert "10 not selected" in out.stdout
+    with open_outbox(url, create=False) as store:
+        assert len(store.list_dead()) == 30

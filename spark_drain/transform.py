@@ -1,0 +1,379 @@
+"""Changing the selected messages before they are sent: `--where`, `--set`, `--to-topic`, `--transform`.
+
+The messages pass three steps on the executors, after group rows are exploded and before the
+shuffle that puts each key in one send task:
+
+1. `decode_batches` (Arrow, Python): sealed payloads opened, headers decoded into `headers`
+   (`VIEW`) and `header`, a map of each header's last value as text for SQL.
+2. `apply_sql` (Spark SQL, in the JVM): `--where` marks rows not to send (`keep` false),
+   `--set value=` / `--set topic=` and `--to-topic` rewrite the rows kept.
+3. `finish_batches` (Arrow, Python): the `--transform` function, its output checked, and each
+   message back in the send stage's columns (`PREPARED`): headers encoded again, and a message
+   whose topic changed given `outbox-original-topic` and no fixed partition.
+
+The job materialises the result before it sends anything (`spark_drain.job`), so a failing
+expression or transform stops it with nothing sent and no row changed.
+
+Rows not kept (not matched by `--where`, or dropped by the transform) travel on to the send
+stage without their payload: they are not sent and not settled, and each holds back the later
+messages of its key in this run (`spark_drain.batches.chunks`), so the outbox's per-key order
+holds. `topic` is where a message goes; `origin` is its topic in the outbox, which routes,
+orders and holds back keys.
+
+Why Arrow for the transform and not a DataFrame function: it runs in the Python worker of the
+task that already holds the batch, adds no Spark stage or shuffle, and any Python runs in it
+(pandas through `RecordBatch.to_pandas`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from outbox.consumer.headers import ORIGINAL_TOPIC
+from outbox.errors import ConfigError, OutboxError
+from outbox.headers import ID_HEADER
+from outbox.stores import grouped, sealed
+from outbox.stores.codec import decode_headers, encode_headers
+from spark_drain.batches import GROUPED_MESSAGES, MESSAGE_NAMES
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+    from outbox.stores.encryption import KeyRing
+
+#: What `--where`, `--set` and a transform see of a message (Spark DDL); a transform gets exactly
+#: these columns. `headers` in stored order, a header without a value has a null one; `timestamp`
+#: in ms (null: none stored); `attempts`: failed sends so far (a dead letter's, before its replay
+#: resets them).
+VIEW = (
+    "topic STRING, key BINARY, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, "
+    "timestamp LONG, id LONG, attempts INT"
+)
+VIEW_NAMES = ("topic", "key", "value", "headers", "timestamp", "id", "attempts")
+#: What a transform must return unchanged: `id` settles the row, `key` orders it, `timestamp` and
+#: `attempts` are the stored message's.
+READ_ONLY = ("id", "key", "timestamp", "attempts")
+#: What `--set` may rewrite.
+SETTABLE = ("value", "topic")
+#: What SQL sees (`decode_batches`): the message's columns, the view's `headers`, `header` (name ->
+#: last value as UTF-8 text), `origin` (its topic in the outbox) and `keep`.
+DECODED = (
+    "id LONG, msg_id STRING, topic STRING, key BINARY, value BINARY, "
+    "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, part INT, attempts INT, first_failed_at DOUBLE, "
+    "last_error STRING, timestamp LONG, grp LONG, grp_n LONG, origin STRING, header MAP<STRING, STRING>, "
+    "keep BOOLEAN"
+)
+DECODED_NAMES = (
+    "id", "msg_id", "topic", "key", "value", "headers", "part", "attempts", "first_failed_at", "last_error",
+    "timestamp", "grp", "grp_n", "origin", "header", "keep",
+)
+#: What the send stage reads (`spark_drain.batches.MessageChunk`): a grouped store's message columns
+#: (payloads in clear, `enc_key` NULL), the message's topic in the outbox, and whether to send it.
+PREPARED = GROUPED_MESSAGES + ", origin STRING, keep BOOLEAN"
+
+
+class TransformError(OutboxError):
+    """A `--transform` function failed or returned what it may not."""
+
+
+def load_transform(spec: str) -> Callable[[Iterator[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
+    """The function `package.module:function` names.
+
+    Raises:
+        ConfigError: not of that form, the module cannot be imported, or it has no such function.
+    """
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ConfigError(f"--transform {spec!r}: expected package.module:function")
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - whatever the import raised, named in one line
+        raise ConfigError(f"--transform {spec}: cannot import module {module}: {type(exc).__name__}: {exc}") from exc
+    fn: Any = mod
+    for part in name.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise ConfigError(f"--transform {spec}: module {module} has no {name}")
+    if not callable(fn):
+        raise ConfigError(f"--transform {spec}: {name} is not a function")
+    return fn  # type: ignore[no-any-return]
+
+
+def parse_set(text: str) -> tuple[str, str]:
+    """`COLUMN=EXPRESSION` of `--set`.
+
+    Raises:
+        ConfigError: no `=`, an empty expression, or a column other than `SETTABLE`'s.
+    """
+    name, sep, expr = text.partition("=")
+    name = name.strip()
+    if not sep or not expr.strip():
+        raise ConfigError(f"--set {text!r}: expected COLUMN=EXPRESSION (COLUMN: {' or '.join(SETTABLE)})")
+    if name not in SETTABLE:
+        raise ConfigError(f"--set {text!r}: cannot set column {name!r}; only {' and '.join(SETTABLE)} can be set")
+    return name, expr
+
+
+# -- step 1: decode ---------------------------------------------------------------------------
+
+
+def _header_type() -> pa.DataType:
+    import pyarrow as pa
+
+    return pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def decode_batches(ring: KeyRing | None, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`mapInArrow` body: message batches (`MESSAGES` + `SEALED`, or `GROUPED_MESSAGES`) as `DECODED`.
+
+    Raises:
+        DecryptionError: a message is sealed with a key `ring` does not hold.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    for b in batches:
+        names = b.schema.names
+        ids = b.column("id").to_pylist()
+        msg_ids = b.column("msg_id").to_pylist()
+        values = b.column("value").to_pylist()
+        stored = b.column("headers").to_pylist()
+        if "enc_key" in names and b.column("enc_key").null_count < b.num_rows:
+            for i, kid in enumerate(b.column("enc_key").to_pylist()):
+                if kid is not None:
+                    values[i], stored[i] = sealed.open_payload(kid, ids[i], msg_ids[i], values[i], stored[i], ring)
+        headers = [
+            [(ID_HEADER, m.encode())] if h == grouped.ID_ALONE_HEADERS else decode_headers(h)
+            for h, m in zip(stored, msg_ids, strict=True)
+        ]
+        by_name = [
+            list({k: None if v is None else v.decode("utf-8", "replace") for k, v in hs}.items()) for hs in headers
+        ]
+        ones = pa.array(np.ones(b.num_rows, np.int64))
+        yield pa.RecordBatch.from_arrays(
+            [
+                b.column("id"), b.column("msg_id"), b.column("topic"), b.column("key"),
+                pa.array(values, pa.binary()),
+                pa.array([[{"key": k, "value": v} for k, v in hs] for hs in headers], _header_type()),
+                b.column("part"), b.column("attempts"), b.column("first_failed_at"), b.column("last_error"),
+                b.column("timestamp"),
+                b.column("grp") if "grp" in names else b.column("id"),
+                b.column("grp_n") if "grp_n" in names else ones,
+                b.column("topic"),
+                pa.array(by_name, pa.map_(pa.string(), pa.string())),
+                pa.array(np.ones(b.num_rows, bool)),
+            ],
+            names=list(DECODED_NAMES),
+        )
+
+
+# -- step 2: SQL ------------------------------------------------------------------------------
+
+
+def _sql_error(exc: Exception) -> str:
+    """The first line of a Spark parse or analysis error."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:400]
+
+
+def apply_sql(df: DataFrame, where: str | None, sets: Sequence[tuple[str, str]], to_topic: str | None) -> DataFrame:
+    """`--where`, then each `--set` in order, then `--to-topic`, over a `DECODED` DataFrame.
+
+    A string `value` becomes its UTF-8 bytes. Rows `--where` does not match (or matches as null)
+    are not kept; `--set` and `--to-topic` change only rows kept, so an expression never fails
+    on a row that is not sent.
+
+    Raises:
+        ConfigError: an expression does not parse or resolve, or has the wrong type.
+    """
+    from pyspark.errors import PySparkException
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, BooleanType, NullType, StringType
+
+    keep = F.col("keep")
+    if where is not None:
+        try:
+            cond = F.expr(where)
+            kind = df.select(cond).schema[0].dataType
+        except PySparkException as exc:
+            raise ConfigError(f"--where {where!r}: {_sql_error(exc)}") from None
+        if not isinstance(kind, BooleanType | NullType):
+            raise ConfigError(f"--where {where!r}: the expression is {kind.simpleString()}, not a condition")
+        df = df.withColumn("keep", keep & F.coalesce(cond, F.lit(False)))
+    for name, text in sets:
+        try:
+            expr = F.expr(text)
+            kind = df.select(expr).schema[0].dataType
+        except PySparkException as exc:
+            raise ConfigError(f"--set {name}={text!r}: {_sql_error(exc)}") from None
+        wanted = (StringType, BinaryType, NullType) if name == "value" else (StringType, NullType)
+        if not isinstance(kind, wanted):
+            raise ConfigError(
+                f"--set {name}={text!r}: the expression is {kind.simpleString()}, not "
+                + ("a string or binary" if name == "value" else "a string")
+            )
+        expr = expr.cast("binary" if name == "value" else "string")
+        df = df.withColumn(name, F.when(keep, expr).otherwise(F.col(name)))
+    if to_topic is not None:
+        df = df.withColumn("topic", F.when(keep, F.lit(to_topic)).otherwise(F.col("topic")))
+    return df
+
+
+# -- step 3: the transform, and back to the send stage's columns ------------------------------
+
+
+def _call(fn: Callable[[Iterator[pa.RecordBatch]], Iterable[pa.RecordBatch]], spec: str,
+          view: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """The transform's output for one batch. When it raises, it is called on each message alone
+    to name the first one it fails on (a transform is a function of its input: Spark may run it
+    again for a retried task anyway)."""
+    import pyarrow as pa
+
+    try:
+        out = list(fn(iter([view])))
+    except Exception as exc:  # noqa: BLE001 - named with the message it fails on
+        for i in range(view.num_rows):
+            try:
+                list(fn(iter([view.slice(i, 1)])))
+            except Exception as one:  # noqa: BLE001
+                msg_id = view.column("id")[i].as_py()
+                raise TransformError(
+                    f"--transform {spec} failed on message id {msg_id}: {type(one).__name__}: {one}"
+                ) from one
+        ids = view.column("id").to_pylist()
+        raise TransformError(
+            f"--transform {spec} failed on the messages with ids {min(ids)}..{max(ids)}: {type(exc).__name__}: {exc}"
+        ) from exc
+    for b in out:
+        if not isinstance(b, pa.RecordBatch):
+            raise TransformError(f"--transform {spec} returned a {type(b).__name__}, not a pyarrow.RecordBatch")
+        unknown = [n for n in b.schema.names if n not in VIEW_NAMES]
+        if unknown or "id" not in b.schema.names:
+            raise TransformError(
+                f"--transform {spec} returned columns {b.schema.names}: they must include id and be among "
+                f"{', '.join(VIEW_NAMES)}"
+            )
+    return out
+
+
+def _ids_header(headers: Sequence[tuple[str, Any]]) -> list[Any]:
+    return [v for k, v in headers if k == ID_HEADER]
+
+
+def finish_batches(spec: str | None, replay: bool, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`mapInArrow` body: `DECODED` batches through the transform `spec` names (if any), as `PREPARED`.
+
+    `replay`: the messages are dead letters that the job puts back to pending before it sends
+    them, which resets their attempts.
+
+    Raises:
+        TransformError: the transform raised, or returned a message it was not given, one twice,
+            a changed `READ_ONLY` column or `outbox-id` header, or a null topic.
+    """
+    import pyarrow as pa
+
+    fn = load_transform(spec) if spec else None
+    for b in batches:
+        n = b.num_rows
+        ids = b.column("id").to_pylist()
+        keep = b.column("keep").to_pylist()
+        topics = b.column("topic").to_pylist()
+        values = b.column("value").to_pylist()
+        headers = [[(h["key"], h["value"]) for h in hs] for hs in b.column("headers").to_pylist()]
+        if fn is not None and any(keep):
+            kept = [i for i in range(n) if keep[i]]
+            view = b.take(pa.array(kept)).select(list(VIEW_NAMES))
+            at = {ids[i]: p for p, i in enumerate(kept)}  # id -> its row in `view`
+            given = {name: view.column(name).to_pylist() for name in READ_ONLY}
+            seen: set[int] = set()
+            for out in _call(fn, spec or "", view):
+                cols = {name: out.column(name).to_pylist() for name in out.schema.names}
+                for j, id_ in enumerate(cols["id"]):
+                    if id_ not in at or id_ in seen:
+                        why = "which it was not given" if id_ not in at else "twice"
+                        raise TransformError(f"--transform {spec} returned message id {id_}, {why}")
+                    seen.add(id_)
+                    p = at[id_]
+                    i = kept[p]
+                    for name in READ_ONLY[1:]:
+                        if name in cols and cols[name][j] != given[name][p]:
+                            raise TransformError(
+                                f"--transform {spec} changed the {name} of message id {id_}: "
+                                f"{', '.join(READ_ONLY)} cannot be changed"
+                            )
+                    if "topic" in cols:
+                        topics[i] = cols["topic"][j]
+                    if "value" in cols:
+                        values[i] = cols["value"][j]
+                    if "headers" in cols:
+                        new = [(h["key"], h["value"]) for h in cols["headers"][j] or []]
+                        if _ids_header(new) != _ids_header(headers[i]):
+                            raise TransformError(
+                                f"--transform {spec} changed the {ID_HEADER} header of message id {id_}"
+                            )
+                        headers[i] = new
+            for i in kept:
+                keep[i] = ids[i] in seen  # a message the transform dropped is not sent
+        yield _prepared(b, ids, keep, topics, values, headers, replay, spec)
+
+
+def _prepared(
+    b: pa.RecordBatch, ids: list[int], keep: list[bool], topics: list[str | None], values: list[bytes | None],
+    headers: list[list[tuple[str, bytes | None]]], replay: bool, spec: str | None,
+) -> pa.RecordBatch:
+    """One `PREPARED` batch: headers encoded as the stores encode them, and a message sent to
+    another topic than its own given `outbox-original-topic` (replacing any) and no partition
+    (its stored one is a partition of the other topic)."""
+    import numpy as np
+    import pyarrow as pa
+
+    origin = b.column("origin").to_pylist()
+    msg_ids = b.column("msg_id").to_pylist()
+    parts = b.column("part").to_pylist()
+    encoded: list[bytes | None] = []
+    for i in range(len(ids)):
+        if not keep[i]:  # never sent: it only holds its key back
+            topics[i], values[i] = origin[i], None
+            encoded.append(None)
+            continue
+        if topics[i] is None:
+            raise TransformError(f"{'--transform ' + spec if spec else '--set topic'} gave message id {ids[i]} "
+                                 "no topic")
+        hs = headers[i]
+        if topics[i] != origin[i]:
+            hs = [h for h in hs if h[0] != ORIGINAL_TOPIC] + [(ORIGINAL_TOPIC, origin[i].encode())]
+            parts[i] = None
+        if len(hs) == 1 and hs[0] == (ID_HEADER, msg_ids[i].encode()):
+            encoded.append(grouped.ID_ALONE_HEADERS)  # the common message, as the stores carry it
+        else:
+            encoded.append(encode_headers(hs))
+    attempts = pa.array(np.zeros(len(ids), np.int32)) if replay else b.column("attempts")
+    return pa.RecordBatch.from_arrays(
+        [
+            b.column("id"), b.column("msg_id"), pa.array(topics, pa.string()), b.column("key"),
+            pa.array(values, pa.binary()), pa.array(encoded, pa.binary()), pa.array(parts, pa.int32()),
+            attempts, b.column("first_failed_at"), b.column("last_error"), b.column("timestamp"),
+            b.column("grp"), b.column("grp_n"), pa.nulls(len(ids), pa.string()), b.column("origin"),
+            pa.array(keep, pa.bool_()),
+        ],
+        names=[*MESSAGE_NAMES, "grp", "grp_n", "enc_key", "origin", "keep"],
+    )
+
+
+def prepare(messages: DataFrame, ring: KeyRing | None, where: str | None, sets: Sequence[tuple[str, str]],
+            to_topic: str | None, transform: str | None, replay: bool) -> DataFrame:
+    """Message batches (`MESSAGES` + `SEALED`, or `GROUPED_MESSAGES`) through the three steps, as `PREPARED`.
+
+    Raises:
+        ConfigError: an expression does not parse or resolve (checked here, before any row is read).
+    """
+    import functools
+
+    decoded = messages.mapInArrow(functools.partial(decode_batches, ring), DECODED)
+    shaped = apply_sql(decoded, where, sets, to_topic)
+    return shaped.select(*DECODED_NAMES).mapInArrow(
+        functools.partial(finish_batches, transform, replay), PREPARED
+    )
