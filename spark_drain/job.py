@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from spark_drain.read import Reader
 
 log = logging.getLogger("spark_drain")
+#: Spark's encryption of its local files (shuffle, spills, cached blocks).
+IO_ENCRYPTION = "spark.io.encryption.enabled"
 
 _REPLAY_CHUNK = 500  # ids per replay statement: well under SQLite's bound-variable limit
 
@@ -110,6 +112,9 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
 
     if check:
         preflight(options)
+    if options.keys is not None and spark.conf.get(IO_ENCRYPTION, "false") != "true":
+        log.warning("%s is off: the decrypted messages Spark shuffles or caches are written to the executors' "
+                    "local disks in clear; set it to true", IO_ENCRYPTION)
     if options.changes:
         from spark_drain.transform import DECODED, apply_sql
 
@@ -392,6 +397,10 @@ def build_session(options: JobOptions) -> SparkSession:
     if options.master:
         builder = builder.master(options.master)
     builder = builder.config("spark.jars", jars).config("spark.ui.showConsoleProgress", "false")
+    if options.keys is not None:
+        # An encrypted outbox's messages cross the shuffle (and the changes' cache) in clear:
+        # Spark encrypts those local files, so nothing decrypted lands on an executor's disk.
+        builder = builder.config(IO_ENCRYPTION, "true")
     return builder.getOrCreate()
 
 

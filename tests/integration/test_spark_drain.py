@@ -518,6 +518,7 @@ def test_an_encrypted_outbox_drains_in_key_order_once_and_no_key_byte_leaks(
             [str(spark_submit), "--master", "local[2]", "--jars", jdbc_jar("sqlite"),
              "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1",
              "--conf", "spark.eventLog.enabled=true", "--conf", f"spark.eventLog.dir=file://{events}",
+             "--conf", "spark.eventLog.compress=false",  # read as text below
              str(ROOT / "spark_drain" / "job.py"), "--outbox", url, "--bootstrap-servers", kafka_bootstrap,
              "--partitions", "2", "--key-file", str(key_file)],
             capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path,
@@ -538,6 +539,9 @@ def test_an_encrypted_outbox_drains_in_key_order_once_and_no_key_byte_leaks(
 
     logs = [p.read_text(errors="replace") for p in events.rglob("*") if p.is_file()]
     assert logs, "no Spark event log was written"
+    # Given keys, the job has Spark encrypt its local files (the shuffle holds decrypted messages).
+    assert any('"spark.io.encryption.enabled":"true"' in text for text in logs)
+    assert "spark.io.encryption.enabled is off" not in out.stderr
     for text in [out.stdout, out.stderr, again.stdout, again.stderr, *logs]:
         for s in spelled:
             assert s not in text
