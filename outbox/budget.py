@@ -19,7 +19,9 @@ leave the difference (`reserve`) for those messages.
 
 from __future__ import annotations
 
+import ctypes
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 #: The default budget: 16 MiB. A spill with the brokers down peaked about a sixth higher in memory
@@ -83,3 +85,25 @@ class MemoryBudget:
         """The most held so far, including now."""
         self.sample()
         return self.peak
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to call
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def return_freed_memory() -> None:
+    """Hand the heap's free pages back to the operating system: glibc's `malloc_trim(0)`, which
+    walks every arena (librdkafka's threads allocate in their own), outside the interpreter lock.
+
+    After an outage's recovery, what its traffic freed otherwise stays with the process: a soak
+    (a producer and a consumer in one process through two outages) kept 55 MB, and 31 MB with a
+    trim once each recovery was over. Elsewhere than glibc, nothing.
+    """
+    if _TRIM is not None:
+        _TRIM(0)

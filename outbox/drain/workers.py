@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaException, Producer
 
+from outbox.budget import return_freed_memory
 from outbox.drain.callbacks import CallbackErrors, guarded
 from outbox.drain.sendloop import RESEND_DEFAULTS, InFlight, SendLoop, check_resend_config
 from outbox.drain.settle import Verdict, add_to
@@ -80,6 +81,9 @@ _RESTART_MAX = 30.0
 #: A probe batch (claimed before the cluster took one of the worker's) is this fraction of a batch: enough rows
 #: to measure, few to hold if the cluster is down. A group is still claimed whole.
 _PROBE_SHARE = 10
+#: Rows a worker settles between two idle moments that make a backlog worth a heap trim once it
+#: is gone (`outbox.budget.return_freed_memory`): a recovery, not the odd retried message.
+_TRIM_AFTER = 10_000
 
 
 @dataclass
@@ -417,6 +421,7 @@ class Drainer:
         claims = ThreadPoolExecutor(1, thread_name_prefix="outbox-claim")
         holding = False
         proven = False  # a batch was settled since the worker last found no broker
+        since_idle = 0  # rows this worker settled since it last found nothing to send
         try:
             while not self._stop.is_set():
                 holding = self._mark_holding(current is not None or bool(queued) or claiming is not None, holding)
@@ -432,6 +437,7 @@ class Drainer:
                     claiming = _submit(claims, self._claim, limit, background, in_flight, proven)
                 if current is not None:
                     delivered_all = self._settle(loop, current, background)
+                    since_idle += len(current.rows)
                     proven, current = not loop.cluster_down, None
                     if progress is not None:
                         progress(self.result)
@@ -459,6 +465,9 @@ class Drainer:
                         return
                     self._wait_for_progress()
                     continue
+                if since_idle >= _TRIM_AFTER:  # a backlog is gone: give back what it took
+                    return_freed_memory()
+                since_idle = 0
                 self._sleep_until_due(time.time())
         except Exception:
             log.exception(
