@@ -251,8 +251,15 @@ def export(
         raise _jdbc_error(exc, options) from exc
     messages = rows.mapInArrow(functools.partial(archive_batches, options.keys), ARCHIVE)
     if options.where is not None:
+        from pyspark.errors import PySparkException
+
+        from spark_drain.transform import _sql_error
+
         view = messages.mapInArrow(functools.partial(where_batches, options.keys), _WHERE_VIEW)
-        kept = view.where(F.coalesce(F.expr(options.where), F.lit(False)))
+        try:
+            kept = view.where(F.coalesce(F.expr(options.where), F.lit(False)))
+        except PySparkException as exc:  # a column an export's messages do not have
+            raise ConfigError(f"--where {options.where!r}: {_sql_error(exc)}") from None
         messages = kept.select(*(F.col("s_" + n).alias(n) if n in ("value", "headers") else F.col(n)
                                  for n in ARCHIVE_NAMES))
     # Each (topic, day) from one task, in id order: one file per directory, rows in outbox order.
