@@ -160,7 +160,7 @@ class AuditEntry:
         at: epoch seconds.
         who: the console's "local", "token:<first 8 hex of its SHA-256>" (never the token
             itself) or "proxy:<role>" (a reverse proxy's role header), the command line's
-            "cli:<user>", or a producer's "retention".
+            "cli:<user>", the Spark job's "spark_drain:<user>", or a producer's "retention".
         action: "redrive", "purge" (one entry per batch of a bounded purge), "edit-redrive",
             "erase", "reveal" (a message shown unmasked), ...
         filter: what was named (a JSON object as text: filter fields or ids; an erasure's key as

@@ -15,6 +15,8 @@ Usage::
         --outbox 'jdbc:postgresql://db/app?user=outbox' --bootstrap-servers k1:9092 --partitions 16
     python -m spark_drain ... --dead-letters --topic orders --error MSG_TIMED_OUT
     python -m spark_drain ... --dry-run            # count per topic, send nothing
+    python -m spark_drain --outbox ... --dead-letters --export /archive/x --purge-after-export   # to Parquet
+    python -m spark_drain --bootstrap-servers k1:9092 --from-parquet /archive/x           # replay an archive
 
     from spark_drain import JobOptions, run_job
     report = run_job(spark, JobOptions(outbox=url, bootstrap_servers=bs, partitions=8))

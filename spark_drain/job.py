@@ -85,9 +85,11 @@ def check_cluster(options: JobOptions) -> None:
 
 
 def preflight(options: JobOptions) -> None:
-    """The checks before any Spark stage: outbox reachable, and (unless a dry run) cluster up."""
-    check_outbox(options)
-    if not options.dry_run:
+    """The checks before any Spark stage: outbox reachable (unless the messages come from an
+    archive), and cluster up (unless a dry run or an export: nothing is sent)."""
+    if options.from_parquet is None:
+        check_outbox(options)
+    if not options.dry_run and options.export is None:
         check_cluster(options)
 
 
@@ -121,9 +123,18 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
         # Their SQL checked on no rows: a bad expression stops the job before anything is read.
         apply_sql(spark.createDataFrame([], DECODED), options.where, options.sets, options.to_topic)
     started = time.time()
+    selection = "dead-letters" if options.dead_letters else "pending"
+    if options.from_parquet is not None:
+        from spark_drain.archive import replay
+
+        report = JobReport(mode="archive", dry_run=options.dry_run, outbox=options.from_parquet,
+                           partitions=options.partitions)
+        replay(spark, options, report)
+        report.elapsed_seconds = time.time() - started
+        return report
     url = options.store_url()
     report = JobReport(
-        mode="dead-letters" if options.dead_letters else "pending",
+        mode="export" if options.export is not None else selection,
         dry_run=options.dry_run,
         outbox=url.redacted(),
         partitions=options.partitions,
@@ -133,10 +144,19 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     sel = bulk.selection(
         BulkSelection(
             dead_letters=options.dead_letters, topics=tuple(options.topics), error=options.error,
-            since=options.since, until=options.until, include_not_due=options.include_not_due,
+            since=options.since, until=options.until,
+            # An export archives every pending row, due or not: nothing is sent.
+            include_not_due=options.include_not_due or options.export is not None,
         ),
         now=started,
     )
+    if options.export is not None:
+        from spark_drain.archive import export
+
+        report.exported_from = selection
+        export(spark, options, report, reader, bulk, sel)
+        report.elapsed_seconds = time.time() - started
+        return report
     blockers: dict[tuple[str, bytes], int] = {}
     if options.changes:
         return _run_changed(spark, options, report, bulk, reader, sel, started)
@@ -167,7 +187,7 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     except Exception as exc:
         raise _jdbc_error(exc, options) from exc
 
-    _send(options, report, bulk, _messages(rows, options, bulk), blockers)
+    _send(options, report, bulk.grouped, _messages(rows, options, bulk), blockers)
     report.held_back = max(0, selected - report.total.read) if not options.dead_letters else 0
     report.elapsed_seconds = time.time() - started
     return report
@@ -188,10 +208,11 @@ def _messages(rows: DataFrame, options: JobOptions, bulk: BulkRead) -> DataFrame
 
 
 def _send(
-    options: JobOptions, report: JobReport, bulk: BulkRead, messages: DataFrame,
+    options: JobOptions, report: JobReport, grouped: bool, messages: DataFrame,
     blockers: dict[tuple[str, bytes], int],
 ) -> None:
     """The send stage (and a grouped store's settle stage); its counts go into `report`.
+    Messages of an archive (`--from-parquet`) are sent and settled nowhere.
 
     Raises:
         OutboxError: the stage failed (what Kafka acknowledged before is settled).
@@ -202,7 +223,7 @@ def _send(
     from spark_drain.send import SendConfig, send_batches, settle_split
 
     cfg = SendConfig(
-        outbox_url=options.outbox,
+        outbox_url=options.outbox if options.from_parquet is None else None,
         producer_config=options.producer_config(),
         mark_batch=options.mark_batch,
         max_attempts=options.max_attempts,
@@ -222,12 +243,17 @@ def _send(
     # A group's delivered messages, from every send task, settled together (`spark_drain.send`).
     counted = (
         sent.repartition(options.partitions, "grp").mapInArrow(functools.partial(settle_split, cfg), COUNTS)
-        if bulk.grouped else sent.select(*COUNT_NAMES)
+        if grouped else sent.select(*COUNT_NAMES)
     )
     send_started = time.time()
     try:
         results = [tuple(r) for r in counted.collect()]
     except Exception as exc:
+        if options.from_parquet is not None:
+            raise OutboxError(
+                f"the send stage failed: {_cause(exc, options)}. Messages of the archive may have been sent "
+                "before it failed: run the replay again (consumers dedup on outbox-id)"
+            ) from exc
         raise OutboxError(
             f"the send stage failed: {_cause(exc, options)}. Rows Kafka acknowledged before are marked; "
             "everything else is still pending: run the job again"
@@ -277,9 +303,9 @@ def _run_changed(
             ids = [int(r[0]) for r in prepared.where("keep").select("id").collect()]
             report.replayed = _replay(options, ids)
             if ids:
-                _send(options, report, bulk, prepared.where("keep"), {})
+                _send(options, report, bulk.grouped, prepared.where("keep"), {})
         else:
-            _send(options, report, bulk, prepared, blockers)
+            _send(options, report, bulk.grouped, prepared, blockers)
             report.held_back = max(0, selected - report.skipped - report.total.read)
     finally:
         prepared.unpersist()
@@ -337,7 +363,7 @@ def _cause(exc: Exception, options: JobOptions) -> str:
         (line for line in reversed(lines) if line.startswith(("outbox.errors.", "confluent_kafka.", "spark_drain."))),
         None,
     ) or next((line for line in lines if "Exception:" in line or "Error:" in line), lines[0] if lines else "")
-    password = options.store_url().password
+    password = options.store_url().password if options.outbox else None
     if password:
         picked = picked.replace(password, "***")
     return picked[:400] or type(exc).__name__
@@ -384,9 +410,9 @@ def build_session(options: JobOptions) -> SparkSession:
 
     from spark_drain.read import default_jars, jar_exists
 
-    url = options.store_url()
-    jars = options.jars or default_jars(url)
-    if not jar_exists(jars):
+    # An archive's replay reads Parquet only: no JDBC driver unless given.
+    jars = options.jars or ("" if options.from_parquet is not None else default_jars(options.store_url()))
+    if jars and not jar_exists(jars):
         raise ConfigError(f"JDBC driver jar not found: {jars} (run `python -m outbox.testing fetch` or pass --jars)")
     master = options.master or os.environ.get("MASTER")
     if master is None or master.startswith("local"):
@@ -396,7 +422,9 @@ def build_session(options: JobOptions) -> SparkSession:
     builder = SparkSession.builder.appName("kafka-outbox spark_drain")
     if options.master:
         builder = builder.master(options.master)
-    builder = builder.config("spark.jars", jars).config("spark.ui.showConsoleProgress", "false")
+    if jars:
+        builder = builder.config("spark.jars", jars)
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
     if options.keys is not None:
         # An encrypted outbox's messages cross the shuffle (and the changes' cache) in clear:
         # Spark encrypts those local files, so nothing decrypted lands on an executor's disk.
@@ -432,6 +460,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.format_table())
     if options.report_path:
         report.write_json(options.report_path)
+    if options.from_parquet is not None and not report.ok:
+        # Nothing keeps an archive's message that was not delivered: say so, and fail.
+        t = report.total
+        print(f"spark_drain: error: {t.failed + t.left} of {t.read} messages of the archive were not delivered "
+              f"({t.failed} failed, {t.left} not sent after a failure of their key): run the replay again "
+              "(consumers dedup on outbox-id)", file=sys.stderr)
+        return exitcodes.ERROR
     return exitcodes.OK if report.ok else exitcodes.PENDING
 
 

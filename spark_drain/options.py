@@ -58,6 +58,11 @@ class JobOptions:
         to_topic: send every selected message to this topic.
         transform: `package.module:function`, an Arrow batch function run on the executors over
             the selected messages (`spark_drain.transform`).
+        export: write the selected rows to Parquet at this path (`spark_drain.archive`) instead of
+            sending them; nothing in the outbox changes unless `purge_after_export`.
+        purge_after_export: delete the exported dead letters once the files are committed.
+        from_parquet: send the messages of an archive `export` wrote (no outbox is read: `outbox`
+            is empty) instead of an outbox's rows.
     """
 
     outbox: str
@@ -84,20 +89,33 @@ class JobOptions:
     sets: tuple[tuple[str, str], ...] = ()
     to_topic: str | None = None
     transform: str | None = None
+    export: str | None = None
+    purge_after_export: bool = False
+    from_parquet: str | None = None
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
             raise ConfigError(f"--partitions must be at least 1, got {self.partitions}")
         if self.mark_batch < 1:
             raise ConfigError(f"--mark-batch must be at least 1, got {self.mark_batch}")
-        if not self.bootstrap_servers.strip():
-            raise ConfigError("--bootstrap-servers is empty")
+        if not self.bootstrap_servers.strip() and self.export is None:
+            raise ConfigError("--bootstrap-servers is required (it is empty)")
         if self.since is not None and self.until is not None and self.since >= self.until:
             raise ConfigError("--since must be earlier than --until")
         if self.error is not None and not self.dead_letters:
             raise ConfigError("--error filters dead letters: use it with --dead-letters")
-        self.store_url()  # validates the URL now, with the parser's own message
         self._check_changes()
+        self._check_archive()
+        if self.from_parquet is None:
+            if not self.outbox.strip():
+                raise ConfigError("--outbox is required")
+            self.store_url()  # validates the URL now, with the parser's own message
+
+    def _check_archive(self) -> None:
+        """The option combinations of `export` and `from_parquet` (`spark_drain.archive`)."""
+        from spark_drain.archive import check_options
+
+        check_options(self)
 
     def _check_changes(self) -> None:
         """What can be checked of `where`, `sets`, `to_topic` and `transform` before Spark starts
@@ -169,9 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Drain a kafka-outbox (or replay its dead letters) into Kafka with Spark.",
     )
     p.add_argument(
-        "--outbox", required=True, help="outbox URL (sqlite:///x.db, jdbc:postgresql://host/db, ...)"
+        "--outbox", default="", help="outbox URL (sqlite:///x.db, jdbc:postgresql://host/db, ...); required unless "
+        "--from-parquet"
     )
-    p.add_argument("--bootstrap-servers", "-b", required=True, help="Kafka bootstrap servers")
+    p.add_argument("--bootstrap-servers", "-b", default="", help="Kafka bootstrap servers (not for --export)")
     p.add_argument("--partitions", type=int, default=4, help="read slices and send tasks (default 4)")
     p.add_argument(
         "--dead-letters", action="store_true", help="replay dead letters instead of pending rows"
@@ -221,6 +240,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="a function over the selected messages as Arrow record batches (Iterator[pyarrow.RecordBatch] -> "
         "Iterator[pyarrow.RecordBatch], as mapInArrow), run on the executors before sending",
     )
+    p.add_argument(
+        "--export", metavar="PATH",
+        help="write the selected rows (pending, or dead letters with --dead-letters) to Parquet at PATH, a new "
+        "directory, partitioned by topic and day, values as stored; send nothing, change nothing",
+    )
+    p.add_argument(
+        "--purge-after-export", action="store_true",
+        help="with --export --dead-letters: delete the exported dead letters once the files are written "
+        "(audited)",
+    )
+    p.add_argument(
+        "--from-parquet", metavar="PATH",
+        help="send the messages of an archive written by --export (no --outbox); sealed ones opened with --key-file",
+    )
     return p
 
 
@@ -265,4 +298,7 @@ def parse_args(argv: Sequence[str] | None = None) -> JobOptions:
         sets=tuple(ns.sets),
         to_topic=ns.to_topic,
         transform=ns.transform,
+        export=ns.export,
+        purge_after_export=ns.purge_after_export,
+        from_parquet=ns.from_parquet,
     )

@@ -84,18 +84,22 @@ class Reader:
             return 0, 0, 0, blocked
         return int(row["lo"]), int(row["hi"]), int(row["n"]), blocked
 
-    def rows(self, where: str, lo: int, hi: int, partitions: int) -> DataFrame:
+    def rows(
+        self, where: str, lo: int, hi: int, partitions: int, extra: dict[str, str] | None = None
+    ) -> DataFrame:
         """The selected rows, read in `partitions` slices of the id range [lo, hi] (a group
-        is one row with its body: `outbox.stores.bulk.explode` turns it into messages)."""
+        is one row with its body: `outbox.stores.bulk.explode` turns it into messages), and the
+        table's `extra` columns (name -> Spark type)."""
         n = max(1, min(partitions, hi - lo + 1))
+        schema = ", ".join([self.bulk.schema, *(f"{c} {t}" for c, t in (extra or {}).items())])
         return self.spark.read.jdbc(
             self._jdbc_url(),
-            f"({self.bulk.rows(where, lo, hi)}) AS q",
+            f"({self.bulk.rows(where, lo, hi, tuple(extra or ()))}) AS q",
             column="id",
             lowerBound=lo,
             upperBound=hi + 1,
             numPartitions=n,
-            properties={**self._props, "customSchema": self.bulk.schema},
+            properties={**self._props, "customSchema": schema},
         )
 
     def blockers(self, blocked_where: str) -> dict[tuple[str, bytes], int]:

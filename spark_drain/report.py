@@ -41,7 +41,9 @@ class JobReport:
     """The result of one run.
 
     Attributes:
-        mode: "pending" or "dead-letters".
+        mode: "pending" or "dead-letters"; "export" (`--export`: `topics` counts the messages
+            written, in `read`); "archive" (`--from-parquet`: `outbox` is the archive's path, and
+            `failed` counts every message not delivered).
         dry_run: nothing was sent or changed.
         outbox: where the outbox is (never with credentials).
         partitions: the `--partitions` used.
@@ -52,6 +54,9 @@ class JobReport:
         topics: counts per topic.
         elapsed_seconds: wall time of the job (without starting Spark).
         send_seconds: wall time of the send stage.
+        exported_from: an export's selection: "pending" or "dead-letters".
+        archive: where an export wrote its files.
+        purged: dead letters an export deleted after writing them (`--purge-after-export`).
     """
 
     mode: str
@@ -64,6 +69,9 @@ class JobReport:
     topics: dict[str, TopicCounts] = field(default_factory=dict)
     elapsed_seconds: float = 0.0
     send_seconds: float = 0.0
+    exported_from: str | None = None
+    archive: str | None = None
+    purged: int = 0
 
     @property
     def total(self) -> TopicCounts:
@@ -76,14 +84,14 @@ class JobReport:
     @property
     def rows_per_second(self) -> float:
         """Delivered rows per second of the whole job (rows counted per second in a dry run)."""
-        n = self.total.read if self.dry_run else self.total.delivered
+        n = self.total.read if self.dry_run or self.mode == "export" else self.total.delivered
         return n / self.elapsed_seconds if self.elapsed_seconds > 0 else 0.0
 
     @property
     def ok(self) -> bool:
         """True when no selected row is left pending (dead letters are a final outcome, not a failure)."""
         t = self.total
-        return self.dry_run or (t.failed == 0 and t.left == 0)
+        return self.dry_run or self.mode == "export" or (t.failed == 0 and t.left == 0)
 
     def add_rows(self, rows: Iterable[tuple[str, int, int, int, int, int]]) -> None:
         """Merge the executors' per-partition (topic, read, delivered, failed, dead, left) tuples."""
@@ -108,15 +116,16 @@ class JobReport:
     def format_table(self) -> str:
         """The summary as a plain-text table."""
         heads: tuple[str, ...] = ("topic", "read", "delivered", "failed", "dead", "left")
-        if self.dry_run:
-            heads = ("topic", "would send")
+        counts_only = self.dry_run or self.mode == "export"
+        if counts_only:
+            heads = ("topic", "exported" if self.mode == "export" else "would send")
         rows: list[tuple[str, ...]] = []
         for topic in sorted(self.topics):
             c = self.topics[topic]
-            rows.append((topic, str(c.read)) if self.dry_run else
+            rows.append((topic, str(c.read)) if counts_only else
                         (topic, str(c.read), str(c.delivered), str(c.failed), str(c.dead), str(c.left)))
         t = self.total
-        rows.append(("TOTAL", str(t.read)) if self.dry_run else
+        rows.append(("TOTAL", str(t.read)) if counts_only else
                     ("TOTAL", str(t.read), str(t.delivered), str(t.failed), str(t.dead), str(t.left)))
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
 
@@ -128,6 +137,12 @@ class JobReport:
         out += [line(r) for r in rows[:-1]]
         out += ["  ".join("-" * w for w in widths), line(rows[-1])]
         what = "dry run (nothing sent)" if self.dry_run else f"{self.rows_per_second:,.0f} rows/s"
+        if self.mode == "export":
+            out.append(
+                f"export of {self.exported_from} from {self.outbox} to {self.archive}: {self.elapsed_seconds:.1f} s, "
+                f"nothing sent, {self.purged} dead letters purged after the export"
+            )
+            return "\n".join(out)
         extra = ""
         if self.mode == "dead-letters" and not self.dry_run:
             extra = f", {self.replayed} dead letters replayed"
@@ -136,7 +151,8 @@ class JobReport:
         if self.held_back:
             extra += f", {self.held_back} held back behind a not-due or not-selected row of their key"
         out.append(
-            f"{self.mode} from {self.outbox}: {self.elapsed_seconds:.1f} s, {what}, "
+            f"{'replay of the archive' if self.mode == 'archive' else self.mode + ' from'} {self.outbox}: "
+            f"{self.elapsed_seconds:.1f} s, {what}, "
             f"partitions={self.partitions}{extra}"
         )
         return "\n".join(out)

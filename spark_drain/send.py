@@ -63,9 +63,11 @@ class SendConfig:
     The outbox URL may carry a password; it is only used to connect and never logged. `keys`,
     the key ring of an encrypted outbox, open the rows read (`spark_drain.batches`) and seal again
     the rows a settlement rewrites (a group settled in part, as the stores do); neither is in the repr.
+    No outbox URL (None): the messages come from an archive (`spark_drain.archive`), nothing is
+    settled, and every message not delivered is counted as failed (none is dead-lettered).
     """
 
-    outbox_url: str = field(repr=False)
+    outbox_url: str | None = field(repr=False)
     producer_config: dict[str, str]
     mark_batch: int = 5000
     max_attempts: int = 3
@@ -101,6 +103,7 @@ class PartitionSender:
 
     @property
     def store(self) -> Outbox:
+        assert self.cfg.outbox_url is not None, "no outbox to settle in"
         if self._store is None:
             self._store = open_outbox(self.cfg.outbox_url, create=False, encryption=self.cfg.keys)
         return self._store
@@ -145,7 +148,7 @@ class PartitionSender:
         settlement = Settlement()
         if loop.wait(batch):
             self._all_delivered(settlement, chunk)
-            if settlement:
+            if settlement and self.cfg.outbox_url is not None:
                 self.store.apply(settlement, now=time.time())
             self._count(chunk.cols[2], 1)
             return
@@ -166,7 +169,8 @@ class PartitionSender:
                 # This row will be sent again later: its key's later rows must wait for it (its key
                 # in the outbox: a message sent to another topic is ordered by its own).
                 self.failed_keys.add((origin[row.id], row.key))
-        dead = {r.id for r in self.store.apply(settlement, now=now).dead} if settlement else set()
+        settles = settlement and self.cfg.outbox_url is not None
+        dead = {r.id for r in self.store.apply(settlement, now=now).dead} if settles else set()
         failed = [(row, d) for row, d in decided if d.verdict not in (Verdict.DELIVERED, Verdict.RELEASE)]
         self._count((row.topic for row, d in decided if d.verdict is Verdict.DELIVERED), 1)
         self._count((row.topic for row, _ in failed if row.id in dead), 3)
@@ -251,6 +255,7 @@ def settle_split(cfg: SendConfig, batches: Iterator[pa.RecordBatch]) -> Iterator
             held.setdefault(gid, []).extend(done)
     if not held:
         return
+    assert cfg.outbox_url is not None, "groups come from an outbox"
     with open_outbox(cfg.outbox_url, create=False, encryption=cfg.keys) as store:
         settlement = Settlement()
         for done in held.values():

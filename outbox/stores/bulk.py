@@ -142,9 +142,9 @@ class BulkRead:
             blocked = f"status = {int(Status.PENDING)} AND ({' OR '.join(outside)})"
         return Selected(where=" AND ".join(conds), blocked_where=blocked)
 
-    def rows(self, where: str, lo: int, hi: int) -> str:
+    def rows(self, where: str, lo: int, hi: int, extra: Sequence[str] = ()) -> str:
         """The selected rows with ids in [lo, hi], each row's columns as `explode` reads them, and
-        `enc_key` last (`explode` reads rows in clear only)."""
+        `enc_key` (`explode` reads rows in clear only), then the `extra` columns of the table."""
         columns = ", ".join(MESSAGE_COLUMNS)
         if self.grouped and self.body_table is None:
             columns += ", n, body"  # NULL in a one-message row
@@ -155,6 +155,7 @@ class BulkRead:
                 "END AS body"
             )
         columns += ", enc_key"  # the key a row's payload is sealed with (`outbox.stores.sealed`); NULL: in clear
+        columns += "".join(f", {c}" for c in extra)
         return f"SELECT {columns} FROM {self.table} WHERE {where} AND id BETWEEN {lo} AND {hi}"
 
     def bounds(self, where: str) -> str:

@@ -70,6 +70,19 @@ def open_payload(
     )
 
 
+def seal_payload(
+    ring: KeyRing, msg_id: str, value: bytes | None, headers: bytes | None
+) -> tuple[bytes | None, bytes | None]:
+    """A one-message row's (value, headers) sealed with the newest key of `ring`, as `seal_values`
+    seals them (`open_payload` opens them): for a writer that holds the columns apart (the Spark
+    job's archive, `spark_drain.archive`)."""
+    bound = msg_id.encode()
+    return (
+        None if value is None else ring.seal(value, b"value\0" + bound),
+        None if headers is None else ring.seal(headers, b"headers\0" + bound),
+    )
+
+
 def seal_body(body: bytes, topic: str, ring: KeyRing) -> bytes:
     """A group's body sealed whole with the newest key."""
     return ring.seal(body, b"body\0" + topic.encode())

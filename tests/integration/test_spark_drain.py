@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import os
 import sqlite3
@@ -20,11 +21,12 @@ import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, TopicPartition
 
 from outbox.errors import ConfigError, KafkaUnavailableError, OutboxError, StoreNotFoundError
-from outbox.records import DeadLetterFilter, NewMessage
+from outbox.records import DeadLetterFilter, NewMessage, Status
 from outbox.stores import open_outbox
 from outbox.stores.base import Outbox
 from outbox.stores.codec import decode_headers
 from outbox.stores.encryption import KEYS_ENV, Key, KeyRing
+from outbox.stores.urls import parse_url
 from outbox.testing import KafkaCluster
 from outbox.testing.maven import jdbc_jar
 from spark_drain import JobOptions, JobReport, preflight, run_job
@@ -47,8 +49,9 @@ def header(msg: Any, name: str) -> bytes | None:
     return None
 
 
-def fill(store: Outbox, topic: str, n: int, *, prefix: str = "m") -> list[str]:
-    """n pending rows over N_KEYS keys; value = b"key:seq" with seq counting up per key.
+def fill(store: Outbox, topic: str, n: int, *, prefix: str = "m", stamped: bool = False) -> list[str]:
+    """n pending rows over N_KEYS keys; value = b"key:seq" with seq counting up per key; with
+    `stamped`, the i-th row's record timestamp is STAMP + i.
 
     Every other row carries the outbox-id header already (as the SDK stores them); the others
     rely on the job to add it from msg_id.
@@ -67,7 +70,7 @@ def fill(store: Outbox, topic: str, n: int, *, prefix: str = "m") -> list[str]:
             batch.append(
                 NewMessage(
                     topic=topic, value=f"k{k}:{seq[k]}".encode(), key=f"k{k}".encode(), headers=headers,
-                    msg_id=msg_id,
+                    msg_id=msg_id, timestamp=STAMP + i if stamped else 0,
                 )
             )
             ids.append(msg_id)
@@ -922,3 +925,241 @@ def test_cli_dry_run_counts_after_where_and_refuses_bad_changes_in_one_line(
     assert "10 not selected" in out.stdout
     with open_outbox(url, create=False) as store:
         assert len(store.list_dead()) == 30
+
+
+# Archives (docs/spark.md, "Archive"): --export to Parquet, --purge-after-export, --from-parquet.
+
+#: The table's columns an archive keeps, in the archive's names ("partition" is quoted in SQL).
+ARCHIVED = ("id", "msg_id", "topic", "key", "value", "headers", "partition", "status", "attempts", "created_at",
+            "first_failed_at", "last_failed_at", "last_error", "error_code", "error_name", "timestamp", "enc_key")
+
+
+def stored_rows(url: str) -> list[dict[str, Any]]:
+    """Every row of the outbox table as the database holds it (sealed bytes stay sealed), in id order."""
+    parsed = parse_url(url)
+    with open_outbox(url, create=False) as store:
+        table = store.bulk_read().table
+    sql = f"SELECT {', '.join(chr(34) + c + chr(34) for c in ARCHIVED)} FROM {table} ORDER BY id"
+    if parsed.kind == "sqlite":
+        with sqlite3.connect(parsed.path) as c:
+            rows = c.execute(sql).fetchall()
+    else:
+        import psycopg
+
+        with psycopg.connect(**parsed.psycopg_kwargs()) as pg:  # type: ignore[arg-type]
+            rows = pg.execute(sql).fetchall()
+    return [{k: bytes(v) if isinstance(v, memoryview) else v for k, v in zip(ARCHIVED, r, strict=True)} for r in rows]
+
+
+def audit(url: str) -> list[Any]:
+    with open_outbox(url, create=False) as store:
+        return store.audit_log(limit=1000)
+
+
+def read_archive(path: Path) -> list[dict[str, Any]]:
+    """An archive's rows read back with pyarrow (topic and day from the Hive-style directories), in id order."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    parts = ds.partitioning(pa.schema([("topic", pa.string()), ("day", pa.string())]), flavor="hive")
+    table = ds.dataset(str(path), format="parquet", partitioning=parts).to_table()
+    return sorted(table.to_pylist(), key=lambda r: r["id"])
+
+
+def utc_day(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d")
+
+
+def letters(topic: str, n: int, now: float, *, start: int = 1) -> list[NewMessage]:
+    """Dead letters of `topic`, tenants acme (2 of 3) and globex; some without a key, some with outbox-id stored."""
+    def headers(i: int) -> list[tuple[str, bytes | None]]:
+        tenant: list[tuple[str, bytes | None]] = [("tenant", b"globex" if i % 3 == 0 else b"acme")]
+        return tenant + ([("outbox-id", f"{topic}-{i}".encode())] if i % 2 else [])
+
+    return [
+        NewMessage(topic=topic, value=f"{topic}:{i}".encode(), key=None if i % 7 == 0 else f"c{i % 5}".encode(),
+                   headers=headers(i),
+                   msg_id=f"{topic}-{i}", attempts=3, first_failed_at=now - 6 * 86400, last_error=TIMED_OUT,
+                   error_code=-192, error_name="_MSG_TIMED_OUT", timestamp=STAMP + i, partition=i % 2 if i % 4 else -1)
+        for i in range(start, start + n)
+    ]
+
+
+def test_dead_letters_are_archived_by_topic_and_day_as_stored_and_purged_only_when_asked(
+    spark: Any, outbox_url: str, tmp_path: Path,
+) -> None:
+    """`--export` of dead letters: one Parquet row per dead letter, under topic=/day= of its last
+    failure, every column as the table holds it; the outbox is left exactly as it was. Then
+    `--purge-after-export` of one topic's acme letters deletes exactly those, with an audit entry."""
+    now = time.time()
+    day_a, day_b = now - 3 * 86400, now - 86400
+    with open_outbox(outbox_url, create=False) as store:
+        fill(store, "orders", 30)  # pending: not part of a dead-letter export
+        store.add_dead(letters("orders", 20, now), failed_at=day_a)
+        store.add_dead(letters("orders", 20, now, start=21) + letters("payments", 10, now), failed_at=day_b)
+    before, logged = stored_rows(outbox_url), audit(outbox_url)
+    dead = [r for r in before if r["status"] == Status.DEAD]
+    assert len(dead) == 50
+    archive = tmp_path / "archive"
+
+    report = run_job(spark, opts(outbox_url, "", dead_letters=True, export=str(archive)))
+
+    assert report.mode == "export" and report.ok and report.purged == 0
+    assert {t: c.read for t, c in report.topics.items()} == {"orders": 40, "payments": 10}
+    assert stored_rows(outbox_url) == before and audit(outbox_url) == logged  # nothing changed
+    assert {(p.parent.name, p.name) for p in archive.glob("topic=*/day=*")} == {
+        ("topic=orders", f"day={utc_day(day_a)}"), ("topic=orders", f"day={utc_day(day_b)}"),
+        ("topic=payments", f"day={utc_day(day_b)}"),
+    }
+    got = read_archive(archive)
+    assert [{k: g[k] for k in (*ARCHIVED, "day")} for g in got] == [
+        r | {"status": "dead", "day": utc_day(r["last_failed_at"])} for r in dead
+    ]
+    assert {g["enc_key"] for g in got} == {None}
+
+    acme = [r for r in dead if r["topic"] == "orders" and int(r["msg_id"].split("-")[1]) % 3]
+    purged_to = tmp_path / "acme"
+
+    report = run_job(spark, opts(outbox_url, "", dead_letters=True, topics=("orders",), where=ACME,
+                                 export=str(purged_to), purge_after_export=True))
+
+    assert report.purged == report.total.read == len(acme)
+    assert [g["id"] for g in read_archive(purged_to)] == [r["id"] for r in acme]
+    gone = {r["id"] for r in acme}
+    assert stored_rows(outbox_url) == [r for r in before if r["id"] not in gone]
+    entries = [e for e in audit(outbox_url) if e not in logged]
+    assert entries and {(e.action, e.who.split(":")[0]) for e in entries} == {("purge", "spark_drain")}
+    assert sum(e.count for e in entries) == len(acme)
+    named = json.loads(entries[0].filter)
+    assert named["export"] == str(purged_to) and named["where"] == ACME and named["topics"] == ["orders"]
+
+
+def test_an_archive_is_replayed_once_in_key_order_with_its_ids_and_timestamps(
+    spark: Any, outbox_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
+    consume_all: Callable[..., list[Any]], tmp_path: Path,
+) -> None:
+    """`--export` of pending rows (group rows exploded), then `--from-parquet`: every message
+    once, each key in order, with its outbox-id and record timestamp; the outbox is not touched.
+    `--where` and `--to-topic` work on an archive too."""
+    topic, other = make_topic(), make_topic()
+    n = 2000
+    with open_outbox(outbox_url, create=False) as store:
+        ids = fill(store, topic, n, stamped=True)
+    archive = tmp_path / "archive"
+    exported = run_job(spark, opts(outbox_url, "", export=str(archive)))
+    assert exported.total.read == n and pending(outbox_url) == n
+    assert [r["msg_id"] for r in read_archive(archive)] == ids
+
+    report = run_job(spark, opts("", kafka_bootstrap, from_parquet=str(archive)))
+
+    assert report.mode == "archive" and report.ok
+    assert (report.total.read, report.total.delivered, report.total.failed, report.total.left) == (n, n, 0, 0)
+    messages = consume_all(topic, n, timeout=120)
+    assert len(messages) == n and in_topic(kafka_bootstrap, topic) == n  # once
+    check_consumed(messages, ids)
+    stamps = {header(m, "outbox-id"): m.timestamp() for m in messages}
+    assert stamps == {m.encode(): (TIMESTAMP_CREATE_TIME, STAMP + i) for i, m in enumerate(ids)}
+    assert {header(m, "outbox-attempt") for m in messages} == {b"1"}
+    assert pending(outbox_url) == n  # an archive's replay settles nothing
+
+    k1 = [i for i in range(n) if i % N_KEYS == 1]
+    again = run_job(spark, opts("", kafka_bootstrap, from_parquet=str(archive), where="key = cast('k1' as binary)",
+                                to_topic=other))
+
+    assert again.ok and again.skipped == n - len(k1) and again.topics[other].delivered == len(k1)
+    got = consume_all(other, len(k1), timeout=60)
+    assert [m.value() for m in got] == [f"k1:{s}".encode() for s in range(1, len(k1) + 1)]
+    assert [header(m, "outbox-id") for m in got] == [ids[i].encode() for i in k1]
+    assert {header(m, "outbox-original-topic") for m in got} == {topic.encode()}
+
+
+def test_an_encrypted_outbox_is_archived_sealed_and_replayed_only_with_its_key(
+    spark: Any, tmp_path: Path, kafka_bootstrap: str, make_topic: Callable[..., str],
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """An encrypted outbox's pending group and dead letters exported: no file holds a byte of
+    plaintext, every row names its key; the replay needs the key, and with it delivers all in order."""
+    path = tmp_path / "outbox.db"
+    url = f"sqlite:///{path}"
+    key, _, _ = new_key(tmp_path, "outbox.key")
+    ring = KeyRing([key])
+    marker = b"PLAINTEXT-MARKER-7f3a"
+    topic = make_topic()
+    now = time.time()
+
+    def msg(k: int, seq: int, **kw: Any) -> NewMessage:
+        secret: list[tuple[str, bytes | None]] = [("secret", marker)]
+        return NewMessage(topic=topic, value=b"k%d:%d:" % (k, seq) + marker, key=b"k%d" % k,
+                          headers=secret, msg_id=f"e-{k}-{seq}", **kw)
+
+    with open_outbox(url, encryption=ring) as store:
+        store.add_dead([msg(k, s, attempts=3, last_error=TIMED_OUT) for s in range(1, 6) for k in range(4)],
+                       failed_at=now - 30)
+        store.enqueue([msg(k, s) for s in range(6, 56) for k in range(4)])  # one group of 200
+    assert enc_keys(path) == {key.id}
+    pending_to, dead_to = tmp_path / "pending", tmp_path / "dead"
+
+    assert run_job(spark, opts(url, "", export=str(pending_to), keys=ring)).total.read == 200
+    purged = run_job(spark, opts(url, "", dead_letters=True, export=str(dead_to), purge_after_export=True, keys=ring))
+    assert purged.purged == 20
+
+    files = [p for p in [*pending_to.rglob("*"), *dead_to.rglob("*")] if p.is_file()]
+    assert len([p for p in files if p.suffix == ".parquet"]) >= 2
+    for p in files:
+        assert marker not in p.read_bytes(), p
+    assert {r["enc_key"] for r in read_archive(pending_to) + read_archive(dead_to)} == {key.id}
+    with open_outbox(url, create=False, encryption=ring) as store:
+        assert store.list_dead() == [] and store.stats(now=time.time() + 10**6).pending == 200
+
+    with pytest.raises(ConfigError, match=f"encrypted with key\\(s\\) {key.id}"):
+        run_job(spark, opts("", kafka_bootstrap, from_parquet=str(dead_to)))
+    assert in_topic(kafka_bootstrap, topic) == 0
+
+    for archive in (dead_to, pending_to):
+        report = run_job(spark, opts("", kafka_bootstrap, from_parquet=str(archive), keys=ring))
+        assert report.ok
+    got = consume_all(topic, 220, timeout=60)
+    assert len(got) == 220
+    assert {header(m, "secret") for m in got} == {marker}
+    for k in range(4):
+        assert [m.value() for m in got if m.key() == b"k%d" % k] == [b"k%d:%d:" % (k, s) + marker for s in range(1, 56)]
+
+
+def test_cli_archives_and_purges_dead_letters_and_a_replay_says_how_many_were_not_delivered(
+    tmp_path: Path, kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]],
+) -> None:
+    """`python -m spark_drain --export --dead-letters --purge-after-export`, then `--from-parquet`
+    into a topic that refuses one message for good: exit 1, one line saying how many were not
+    delivered, the others delivered in order."""
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    small = make_topic(partitions=1, config={"max.message.bytes": "4096"})
+    with open_outbox(url) as store:
+        store.add_dead([NewMessage(topic=small, value=v, key=k, msg_id=f"x-{i}", attempts=3, last_error=TIMED_OUT)
+                        for i, (k, v) in enumerate([(b"a", b"a:1"), (b"big", b"x" * 20000), (b"a", b"a:2"),
+                                                    (b"b", b"b:1")])], failed_at=time.time() - 30)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    base = [sys.executable, "-m", "spark_drain", "--master", "local[2]", "--partitions", "2"]
+    archive = tmp_path / "archive"
+
+    out = subprocess.run(
+        base + ["--outbox", url, "--jars", jdbc_jar("sqlite"), "--dead-letters", "--export", str(archive),
+                "--purge-after-export"],
+        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert next(line.split() for line in out.stdout.splitlines() if line.startswith("TOTAL")) == ["TOTAL", "4"]
+    assert "4 dead letters purged" in out.stdout
+    with open_outbox(url, create=False) as store:
+        assert store.list_dead() == [] and [e.action for e in store.audit_log()] == ["purge"]
+
+    out = subprocess.run(
+        base + ["--from-parquet", str(archive), "-b", kafka_bootstrap, "--report", str(tmp_path / "r.json")],
+        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT,
+    )
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "spark_drain: error: 1 of 4 messages of the archive were not delivered (1 failed" in out.stderr
+    total = json.loads((tmp_path / "r.json").read_text())["total"]
+    assert (total["read"], total["delivered"], total["failed"]) == (4, 3, 1)
+    got = [m.value() for m in consume_all(small, 3, timeout=15)]
+    assert sorted(got) == [b"a:1", b"a:2", b"b:1"]
+    assert [v for v in got if v.startswith(b"a")] == [b"a:1", b"a:2"]  # key a in order

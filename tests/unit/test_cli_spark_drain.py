@@ -135,3 +135,45 @@ def test_a_bad_key_file_is_a_usage_error_that_does_not_print_it(
     missing = tmp_path / "missing.key"
     assert main(["--outbox", outbox, "-b", "k:9092", "--key-file", str(missing)]) == exitcodes.USAGE
     assert str(missing) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--export", "{new}", "--to-topic", "t"], "--export writes rows as stored and sends nothing: --to-topic"),
+        (["--export", "{new}", "--set", "value='x'"], "--set cannot be used with it"),
+        (["--export", "{new}", "--transform", "tests.integration.spark_transforms:poison"], "--transform cannot"),
+        (["--export", "{new}", "--dry-run"], "--dry-run cannot be used with it"),
+        (["--export", "{new}", "--purge-after-export"], "--purge-after-export deletes dead letters only"),
+        (["--purge-after-export", "--dead-letters"], "--purge-after-export deletes what --export wrote"),
+        (["--export", "{old}"], "already exists; each export writes a new directory"),
+        (["--export", "{new}", "--from-parquet", "{old}"], "--export and --from-parquet: use one"),
+        (["--from-parquet", "{old}"], "--from-parquet reads no outbox: --outbox cannot be used with it"),
+        (["--from-parquet", "{old}", "--dead-letters", "-"], "--dead-letters cannot be used with it"),
+        (["--from-parquet", "{old}", "--since", "2026-01-01", "-"], "--since cannot be used with it"),
+        (["--from-parquet", "{new}", "-"], "no such directory"),
+        (["--bootstrap-servers", ""], "--bootstrap-servers is required"),
+    ],
+)
+def test_archive_options_that_make_no_sense_are_refused_before_spark_starts(
+    outbox: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], named: str,
+) -> None:
+    """`--export`, `--purge-after-export` and `--from-parquet`: each bad combination is one usage line."""
+    (tmp_path / "old").mkdir()
+    args = [a.format(new=tmp_path / "new", old=tmp_path / "old") for a in args]
+    # A trailing "-": no --outbox (an archive's replay reads none).
+    argv = ["-b", "k:9092", *args[:-1]] if args[-1] == "-" else ["--outbox", outbox, "-b", "k:9092", *args]
+    assert main(argv) == exitcodes.USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("spark_drain: error: ") and named in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_export_needs_no_cluster_and_a_replay_no_outbox(outbox: str, tmp_path: Path) -> None:
+    export = parse_args(["--outbox", outbox, "--export", str(tmp_path / "a"), "--dead-letters", "--purge-after-export"])
+    assert export.export == str(tmp_path / "a") and export.purge_after_export and not export.bootstrap_servers
+    (tmp_path / "a").mkdir()
+    replay = parse_args(["-b", "k:9092", "--from-parquet", str(tmp_path / "a"), "--where", "id > 3"])
+    assert replay.from_parquet == str(tmp_path / "a") and replay.outbox == ""
+    with pytest.raises(Exception, match="--outbox is required"):
+        parse_args(["-b", "k:9092"])

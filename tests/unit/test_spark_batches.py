@@ -120,3 +120,42 @@ def test_an_encrypted_outbox_s_rows_are_opened_on_the_executors_and_re_sent_as_t
         list(explode_batches(KeyRing([new]), iter(read)))
     with pytest.raises(DecryptionError, match=f"message .* key {old.id}, but no encryption key"):
         list(chunks(iter(messages), 7))
+
+
+def test_an_export_holds_each_message_as_stored_and_a_sealed_groups_messages_sealed_again(tmp_path: Path) -> None:
+    """`spark_drain.archive.archive_batches` over an encrypted outbox's rows: one-message rows
+    exactly as stored (sealed with their old key), a group's messages sealed each with the newest
+    key; opened, every message is what the store itself reads, headers in full."""
+    from outbox.stores import sealed
+    from outbox.stores.codec import decode_headers
+    from spark_drain.archive import EXTRA, archive_batches
+
+    old, new = Key(os.urandom(32)), Key(os.urandom(32))
+    odd = odd_messages(NOW, STAMP)[:5]
+    common = [NewMessage("t", b"c-%d" % i, b"k", [("outbox-id", b"c-%d" % i)], msg_id=f"c-{i}") for i in range(20)]
+    with open_outbox(f"sqlite:///{tmp_path / 'outbox.db'}", encryption=KeyRing([old])) as store:
+        assert isinstance(store, SQLiteOutbox)
+        store.enqueue(common)  # one group row
+        store.enqueue(odd)  # one row each
+        sql = store.bulk_read().rows("status = 0", 0, 10**9, tuple(EXTRA))
+        with store._snapshot() as c:
+            cur = c.execute(sql)
+            names = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+        claimed = store.claim("w", 100, 60.0, now=NOW + 10)
+    raw = {r[0]: r for r in rows}
+    batch = pa.RecordBatch.from_pydict(dict(zip(names, map(list, zip(*rows, strict=True)), strict=True)))
+
+    got = pa.Table.from_batches(list(archive_batches(KeyRing([new, old]), iter([batch])))).sort_by("id").to_pylist()
+
+    assert [g["id"] for g in got] == [m.id for m in claimed]
+    for g, m in zip(got, claimed, strict=True):
+        assert (g["status"], g["topic"], g["key"], g["timestamp"]) == ("pending", m.topic, m.key, m.timestamp)
+        if m.id in raw and raw[m.id][names.index("n")] == 1:  # a one-message row: as stored
+            assert g["enc_key"] == old.id
+            assert (g["value"], g["headers"]) == (raw[m.id][4], raw[m.id][5])
+        else:
+            assert g["enc_key"] == new.id and m.value not in (g["value"] or b"")
+        value, headers = sealed.open_payload(g["enc_key"], g["id"], g["msg_id"], g["value"], g["headers"],
+                                             KeyRing([new, old]))
+        assert (value, decode_headers(headers)) == (m.value, list(m.headers))
