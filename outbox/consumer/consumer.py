@@ -41,6 +41,7 @@ from outbox.producer.resilient import ResilientProducer
 from outbox.records import DeadLetter
 from outbox.retry import RetryPolicy
 from outbox.stores import Outbox, open_outbox
+from outbox.stores.encryption import Encryption, as_key_ring
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,9 @@ class ResilientConsumer:
             marks kept in the outbox's store). A handler ``handler(msg, tx)`` then runs in the
             transaction that marks the message, on the store's connection `tx`.
         dedup_window: seconds a mark is kept (default 7 days): a copy later than that is handled again.
+        encryption: encrypt the value and headers of every message the consumer's outbox stores
+            (hops it could not publish yet, dead letters with dead_letters="store" or "both"), as
+            `ResilientProducer`'s `encryption`: a `KeyRing`, a `Key`, or keys newest first.
     """
 
     def __init__(
@@ -138,6 +142,7 @@ class ResilientConsumer:
         poll_timeout: float = 0.1,
         dedup: bool = False,
         dedup_window: float = DEFAULT_WINDOW,
+        encryption: Encryption | None = None,
     ) -> None:
         group = _check_arguments(config, topics, handler, deserializer, on_dead_letter)
         self.strategy = check_strategy(RetryTopics(delays=[1, 10, 60]) if strategy is None else strategy)
@@ -171,7 +176,7 @@ class ResilientConsumer:
         self.counts = dict.fromkeys(COUNTERS, 0)
 
         self._owns_store = not isinstance(outbox, Outbox)
-        self.store: Outbox = open_outbox(outbox)
+        self.store: Outbox = open_outbox(outbox, encryption=as_key_ring(encryption))
         try:
             self._producer = _hop_producer(admin_conf, producer_config, self.store, on_dead_letter)
         except BaseException:

@@ -649,6 +649,38 @@ def test_deserialization_failure_goes_straight_to_the_dead_letters(
     assert committed(kafka_bootstrap, group, topic, 1) == [3]
 
 
+def test_dead_letters_the_consumer_stores_are_encrypted_at_rest(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    from outbox.stores.encryption import Key, KeyRing
+
+    marker = b"IBAN-DE89370400440532013000"
+    key = Key(bytes(range(32)))
+    topic = make_topic(partitions=1)
+    produce(kafka_bootstrap, topic, [b"ok-1", marker + b"-poison", b"ok-2"], partition=0)
+    handled: list[bytes | None] = []
+    dead: list[DeadLetter] = []
+
+    def handler(msg: Message) -> None:
+        if marker in (msg.value() or b""):
+            raise ValueError("poison")
+        handled.append(msg.value())
+
+    path = tmp_path / "c.db"
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group_name(), **GROUP_TIMING},
+        topics=[topic], handler=handler, strategy=RetryTopics(delays=[0.1]), dead_letters="store",
+        on_dead_letter=dead.append, outbox=f"sqlite:///{path}", encryption=key,
+    )
+    with running(consumer):
+        wait_until(lambda: len(handled) == 2 and len(dead) == 1, 60, "two handled, one dead")
+    raw = path.read_bytes() + (Path(f"{path}-wal").read_bytes() if Path(f"{path}-wal").exists() else b"")
+    assert marker not in raw
+    with open_outbox(f"sqlite:///{path}", create=False, encryption=KeyRing([key])) as store:
+        (row,) = [m for m in store.messages() if m.status.name == "DEAD"]
+        assert row.value == marker + b"-poison"
+
+
 def test_close_from_another_thread_waits_for_the_loop_and_a_handler_still_running_keeps_it_open(
     kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
