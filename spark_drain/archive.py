@@ -317,10 +317,9 @@ def replay(spark: SparkSession, options: JobOptions, report: JobReport) -> None:
         OutboxError: reading the archive, or a change, failed (nothing was sent); or the send
             stage failed.
     """
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from spark_drain.job import _cause, _send
+    from spark_drain.job import _cause, _send, changed_messages
 
     assert options.from_parquet is not None
     archive = _read_back(spark, options.from_parquet)
@@ -344,19 +343,6 @@ def replay(spark: SparkSession, options: JobOptions, report: JobReport) -> None:
         else:
             _send(options, report, False, messages, {})
         return
-    from spark_drain.transform import prepare
-
-    prepared = prepare(messages, options.keys, options.where, options.sets, options.to_topic, options.transform,
-                       replay=True).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        try:
-            counts = [tuple(r) for r in prepared.groupBy("topic", "keep").count().collect()]
-        except Exception as exc:
-            raise OutboxError(f"changing the messages failed, nothing was sent: {_cause(exc, options)}") from exc
-        report.skipped = sum(int(n) for _, keep, n in counts if not keep)
-        if options.dry_run:
-            report.add_rows([(t, int(n), 0, 0, 0, 0) for t, keep, n in counts if keep])
-        elif any(keep for _, keep, _ in counts):
+    with changed_messages(messages, options, report, replay=True) as (prepared, kept):
+        if kept and not options.dry_run:
             _send(options, report, False, prepared.where("keep"), {})
-    finally:
-        prepared.unpersist()

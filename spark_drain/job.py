@@ -17,10 +17,11 @@ if __package__ in (None, ""):
     except ImportError:
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import contextlib  # noqa: E402
 import functools  # noqa: E402
 import logging  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
+from collections.abc import Iterator, Sequence  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 from confluent_kafka import KafkaException  # noqa: E402
@@ -177,13 +178,11 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
             rows = only_ids(spark, reader.rows("status = 0", lo, hi, options.partitions), ids)
             selected = len(ids)
         else:
-            lo, hi, selected, blocking = reader.bounds(sel.where, sel.blocked_where)
-            if selected == 0:
+            pending = _read_pending(reader, sel, options)
+            if pending is None:
                 report.elapsed_seconds = time.time() - started
                 return report
-            rows = reader.rows(sel.where, lo, hi, options.partitions)
-            if blocking and sel.blocked_where is not None:
-                blockers = reader.blockers(sel.blocked_where)  # usually none: nothing backs off
+            rows, selected, blockers = pending
     except Exception as exc:
         raise _jdbc_error(exc, options) from exc
 
@@ -274,31 +273,18 @@ def _run_changed(
     selected stays dead; a pending row not selected stays pending and holds back its key's later
     messages.
     """
-    from pyspark import StorageLevel
-
-    from spark_drain.transform import prepare
-
     try:
-        lo, hi, selected, blocking = reader.bounds(sel.where, sel.blocked_where)
-        if selected == 0:
-            report.elapsed_seconds = time.time() - started
-            return report
-        rows = reader.rows(sel.where, lo, hi, options.partitions)
-        blockers = reader.blockers(sel.blocked_where) if blocking and sel.blocked_where is not None else {}
+        pending = _read_pending(reader, sel, options)
     except Exception as exc:
         raise _jdbc_error(exc, options) from exc
-    prepared = prepare(
-        _messages(rows, options, bulk), options.keys, options.where, options.sets, options.to_topic,
-        options.transform, replay=options.dead_letters,
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        try:
-            counts = [tuple(r) for r in prepared.groupBy("topic", "keep").count().collect()]
-        except Exception as exc:
-            raise OutboxError(f"changing the messages failed, nothing was sent: {_cause(exc, options)}") from exc
-        report.skipped = sum(int(n) for _, keep, n in counts if not keep)
+    if pending is None:
+        report.elapsed_seconds = time.time() - started
+        return report
+    rows, selected, blockers = pending
+    messages = _messages(rows, options, bulk)
+    with changed_messages(messages, options, report, replay=options.dead_letters) as (prepared, _):
         if options.dry_run:
-            report.add_rows([(t, int(n), 0, 0, 0, 0) for t, keep, n in counts if keep])
+            pass  # changed_messages counted what would be sent
         elif options.dead_letters:
             ids = [int(r[0]) for r in prepared.where("keep").select("id").collect()]
             report.replayed = _replay(options, ids)
@@ -307,10 +293,54 @@ def _run_changed(
         else:
             _send(options, report, bulk.grouped, prepared, blockers)
             report.held_back = max(0, selected - report.skipped - report.total.read)
-    finally:
-        prepared.unpersist()
     report.elapsed_seconds = time.time() - started
     return report
+
+
+def _read_pending(
+    reader: Reader, sel: Selected, options: JobOptions
+) -> tuple[DataFrame, int, dict[tuple[str, bytes], int]] | None:
+    """The selected pending rows, how many, and the keys an unselected earlier message holds
+    back (`Reader.blockers`, usually none: nothing backs off); None when nothing is selected."""
+    lo, hi, selected, blocking = reader.bounds(sel.where, sel.blocked_where)
+    if selected == 0:
+        return None
+    rows = reader.rows(sel.where, lo, hi, options.partitions)
+    blockers = reader.blockers(sel.blocked_where) if blocking and sel.blocked_where is not None else {}
+    return rows, selected, blockers
+
+
+@contextlib.contextmanager
+def changed_messages(
+    messages: DataFrame, options: JobOptions, report: JobReport, *, replay: bool
+) -> Iterator[tuple[DataFrame, int]]:
+    """`messages` through `--where`/`--set`/`--to-topic`/`--transform` (`spark_drain.transform.prepare`),
+    computed and kept on the executors (memory, then local disk) before the caller sends any:
+    a failing expression or transform raises here, with nothing sent. Counts the messages not
+    selected in `report.skipped`, and on a dry run the selected ones per topic; yields the
+    prepared messages (`keep` marks those to send) and how many are kept, until the caller is
+    done with them.
+
+    Raises:
+        OutboxError: a change failed (nothing was sent).
+    """
+    from pyspark import StorageLevel
+
+    from spark_drain.transform import prepare
+
+    prepared = prepare(messages, options.keys, options.where, options.sets, options.to_topic, options.transform,
+                       replay=replay).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        try:
+            counts = [tuple(r) for r in prepared.groupBy("topic", "keep").count().collect()]
+        except Exception as exc:
+            raise OutboxError(f"changing the messages failed, nothing was sent: {_cause(exc, options)}") from exc
+        report.skipped = sum(int(n) for _, keep, n in counts if not keep)
+        if options.dry_run:
+            report.add_rows([(t, int(n), 0, 0, 0, 0) for t, keep, n in counts if keep])
+        yield prepared, sum(int(n) for _, keep, n in counts if keep)
+    finally:
+        prepared.unpersist()
 
 
 def _bulk_read(options: JobOptions) -> BulkRead:
