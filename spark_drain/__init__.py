@@ -32,8 +32,10 @@ Running on a cluster:
       see it at the same path, so SQLite is for `local[*]` and single-host runs.
     * Python on executors: executors import `outbox` (stores, codec, retry policy) and
       `confluent_kafka`; `PYSPARK_PYTHON` must name an interpreter with kafka-outbox installed
-      (`pip install kafka-outbox[spark,postgres]`), on every node. For local masters the
-      command-line entry points set it to the current interpreter when it is unset.
+      (`pip install kafka-outbox[spark,postgres]`), on every node, or with its dependencies only
+      when the job is shipped with `--py-files` (`python -m spark_drain.bundle DIR` packs it).
+      For local masters the command-line entry points set it to the current interpreter when it
+      is unset.
     * The outbox URL (password included) is shipped to the executors so they can mark rows;
       it is never logged or printed (`outbox.stores.urls.StoreURL.redacted`).
 

@@ -42,10 +42,16 @@ class ArtifactSet:
 
 JDBC = ArtifactSet("jdbc", "1", "jdbc-pom.xml", "postgresql-*.jar")
 
-#: The driver jar of each outbox kind inside the ``jdbc`` set (versions pinned in ``jdbc-pom.xml``).
+#: The Maven coordinates of each outbox kind's JDBC driver (the same as pinned in ``jdbc-pom.xml``):
+#: what `spark-submit --packages` takes on a cluster.
+JDBC_DRIVER_PACKAGES: dict[str, str] = {
+    "postgresql": "org.postgresql:postgresql:42.7.14",
+    "sqlite": "org.xerial:sqlite-jdbc:3.54.1.0",
+}
+
+#: The driver jar of each outbox kind inside the ``jdbc`` set (Maven's ``artifact-version.jar``).
 JDBC_DRIVER_JARS: dict[str, str] = {
-    "postgresql": "postgresql-42.7.14.jar",
-    "sqlite": "sqlite-jdbc-3.54.1.0.jar",
+    kind: "{1}-{2}.jar".format(*coordinates.split(":")) for kind, coordinates in JDBC_DRIVER_PACKAGES.items()
 }
 
 #: Debian's copies (libpostgresql-jdbc-java, libxerial-sqlite-jdbc-java), used when present.

@@ -34,6 +34,7 @@ from outbox.records import DeadLetterFilter  # noqa: E402
 from outbox.stores import open_outbox  # noqa: E402
 from outbox.stores.bulk import BulkRead  # noqa: E402
 from outbox.stores.encryption import KEYS_ENV  # noqa: E402
+from spark_drain.jars import JDBC_DRIVER_PACKAGES  # noqa: E402
 from spark_drain.options import JobOptions, parse_args  # noqa: E402
 from spark_drain.report import JobReport  # noqa: E402
 
@@ -407,11 +408,15 @@ def _jdbc_error(exc: Exception, options: JobOptions) -> Exception:
     url = options.store_url()
     if "ClassNotFoundException" in text or "No suitable driver" in text:
         return ConfigError(
-            f"the JDBC driver for {url.kind} is not on Spark's classpath: pass its jar with --jars to "
-            "spark-submit (or set spark.jars); `python -m outbox.testing fetch` downloads the pinned drivers"
+            f"the JDBC driver for {url.kind} is not on Spark's classpath: give spark-submit "
+            f"--packages {JDBC_DRIVER_PACKAGES[url.kind]} (or its jar with --jars, or set spark.jars); "
+            "`python -m outbox.testing fetch` downloads the pinned drivers"
         )
     return OutboxError(f"reading outbox {url.where()} with Spark JDBC failed: {_cause(exc, options)}")
 
+
+#: Set by spark-submit for the Python driver it starts (PySpark joins that JVM through it).
+SUBMIT_GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"
 
 #: What to do when PySpark is missing (it is an optional dependency of kafka-outbox).
 PYSPARK_HINT = "PySpark is not installed: pip install 'kafka-outbox[spark]'"
@@ -440,8 +445,12 @@ def build_session(options: JobOptions) -> SparkSession:
 
     from spark_drain.read import default_jars, jar_exists
 
-    # An archive's replay reads Parquet only: no JDBC driver unless given.
-    jars = options.jars or ("" if options.from_parquet is not None else default_jars(options.store_url()))
+    # An archive's replay reads Parquet only: no JDBC driver unless given. Under spark-submit the
+    # driver is spark-submit's business (--jars, --packages, spark.jars): a default here would
+    # replace what it put on the classpath.
+    submitted = SUBMIT_GATEWAY_ENV in os.environ
+    needs_driver = options.from_parquet is None and not submitted
+    jars = options.jars or (default_jars(options.store_url()) if needs_driver else "")
     if jars and not jar_exists(jars):
         raise ConfigError(f"JDBC driver jar not found: {jars} (run `python -m outbox.testing fetch` or pass --jars)")
     master = options.master or os.environ.get("MASTER")

@@ -481,6 +481,70 @@ def test_standalone_cluster_drains_a_postgresql_outbox(
     check_consumed(messages, ids)
 
 
+def python_without_kafka_outbox(tmp_path: Path) -> Path:
+    """An interpreter with every dependency of this venv but not kafka-outbox itself, as a
+    cluster node's Python is: `-S` skips the site module, so the editable install's `.pth` hook
+    never runs, and site-packages comes back through PYTHONPATH (which runs no `.pth`)."""
+    import sysconfig
+
+    wrapper = tmp_path / "node-python"
+    site_packages = sysconfig.get_paths()["purelib"]
+    wrapper.write_text(
+        f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site_packages}" exec {sys.executable} -S "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_spark_submit_ships_the_bundle_and_the_jdbc_driver_to_a_standalone_cluster(
+    spark_standalone: Any, fresh_postgres_url: str, kafka_bootstrap: str, topic: str,
+    consume_all: Callable[..., list[Any]], tmp_path: Path,
+) -> None:
+    """`python -m spark_drain.bundle`, then `spark-submit --py-files <zip> --packages <JDBC driver>`
+    on the standalone cluster, with driver and executors on a Python that has the dependencies but
+    not kafka-outbox: every row is delivered in key order, and the outbox is empty."""
+    from spark_drain.jars import JDBC_DRIVER_PACKAGES
+
+    python = python_without_kafka_outbox(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # spark-submit finds Spark's home with a Python of its own unless told, as on a cluster node.
+    import pyspark
+
+    env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)
+    # No JDBC driver on the driver's machine but what --packages brings (Ivy's cache is Spark's).
+    env["XDG_CACHE_HOME"] = str(tmp_path / "empty-cache")
+    # The node's Python really lacks kafka-outbox (else this test would prove nothing).
+    bare = subprocess.run([str(python), "-c", "import confluent_kafka, pyarrow, psycopg; import outbox"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert "No module named 'outbox'" in bare.stderr, bare.stderr
+
+    bundle = subprocess.run([sys.executable, "-m", "spark_drain.bundle", str(tmp_path / "bundle")],
+                            capture_output=True, text=True, check=True)
+    assert "spark-submit" in bundle.stdout
+    (archive,) = (tmp_path / "bundle").glob("kafka_outbox-*.zip")
+    open_outbox(fresh_postgres_url).close()
+    with open_outbox(fresh_postgres_url, create=False) as store:
+        ids = fill(store, topic, 5000)
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    out = subprocess.run(
+        [str(spark_submit), "--master", spark_standalone.master_url,
+         "--py-files", str(archive), "--packages", JDBC_DRIVER_PACKAGES["postgresql"],
+         "--conf", f"spark.pyspark.python={python}", "--conf", f"spark.pyspark.driver.python={python}",
+         "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1",
+         str(tmp_path / "bundle" / "spark_drain_job.py"), "--outbox", fresh_postgres_url,
+         "--bootstrap-servers", kafka_bootstrap, "--partitions", "2"],
+        capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path,
+    )
+    # Spark's own log (Ivy's report above all) is long: the job's one-line error says why. Under
+    # spark-submit the driver's stderr goes to stdout.
+    assert out.returncode == 0, [line for line in (out.stdout + out.stderr).splitlines() if "rror" in line][-10:]
+    total = next(line.split() for line in out.stdout.splitlines() if line.startswith("TOTAL"))
+    assert total[1:] == ["5000", "5000", "0", "0", "0"]
+    assert pending(fresh_postgres_url) == 0
+    check_consumed(consume_all(topic, 5000, timeout=60), ids)
+
+
 # An encrypted outbox (docs/encryption.md, "Spark"): the job opens what it reads with the keys it
 # is given, seals what it writes back with the newest, and never lets a key's bytes out.
 
