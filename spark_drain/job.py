@@ -20,6 +20,7 @@ if __package__ in (None, ""):
 import contextlib  # noqa: E402
 import functools  # noqa: E402
 import logging  # noqa: E402
+import subprocess  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator, Sequence  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
@@ -34,6 +35,7 @@ from outbox.records import DeadLetterFilter  # noqa: E402
 from outbox.stores import open_outbox  # noqa: E402
 from outbox.stores.bulk import BulkRead  # noqa: E402
 from outbox.stores.encryption import KEYS_ENV  # noqa: E402
+from spark_drain.classcache import DRIVER_JAVA_OPTIONS, ClassCache, class_cache, driver_options_given  # noqa: E402
 from spark_drain.jars import JDBC_DRIVER_PACKAGES  # noqa: E402
 from spark_drain.options import JobOptions, parse_args  # noqa: E402
 from spark_drain.report import JobReport  # noqa: E402
@@ -434,8 +436,9 @@ def _require_pyspark() -> None:
         raise OutboxError(PYSPARK_HINT) from None
 
 
-def build_session(options: JobOptions) -> SparkSession:
-    """A SparkSession for the command-line entry points, with the JDBC driver jar configured.
+def build_session(options: JobOptions) -> tuple[SparkSession, ClassCache | None]:
+    """A SparkSession for the command-line entry points, with the JDBC driver jar configured, and
+    the driver JVM's class archive when this launch starts that JVM (`spark_drain.classcache`).
 
     Under spark-submit the master and jars come from spark-submit; `python -m spark_drain` runs
     `local[*]` unless `--master` says otherwise.
@@ -468,7 +471,33 @@ def build_session(options: JobOptions) -> SparkSession:
         # An encrypted outbox's messages cross the shuffle (and the changes' cache) in clear:
         # Spark encrypts those local files, so nothing decrypted lands on an executor's disk.
         builder = builder.config(IO_ENCRYPTION, "true")
-    return builder.getOrCreate()
+    cache = None
+    if options.class_cache and not submitted and not _driver_options_given():
+        cache = class_cache()
+        if cache is not None:
+            builder = builder.config(DRIVER_JAVA_OPTIONS, cache.java_options)
+    return builder.getOrCreate(), cache
+
+
+def _driver_options_given() -> bool:
+    """Whether the Spark configuration this launch reads already sets the driver's Java options."""
+    from pathlib import Path
+
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if "SPARK_HOME" in os.environ else None
+    )
+    if conf_dir is None:
+        import pyspark
+
+        conf_dir = os.path.join(os.path.dirname(pyspark.__file__), "conf")
+    return driver_options_given(os.environ.get("PYSPARK_SUBMIT_ARGS"), Path(conf_dir))
+
+
+def _driver_jvm() -> subprocess.Popen[bytes] | None:
+    """The driver JVM this process launched (PySpark keeps its Popen on the gateway)."""
+    from pyspark import SparkContext
+
+    return getattr(SparkContext._gateway, "proc", None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -485,18 +514,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(exc, exitcodes.ERROR if isinstance(exc, MissingDependencyError) else exitcodes.USAGE)
     try:
         preflight(options)
-        spark = build_session(options)
+        spark, cache = build_session(options)
     except KafkaUnavailableError as exc:
         return _fail(exc, exitcodes.PENDING)  # nothing was sent: every selected row is still pending
     except OutboxError as exc:
         return _fail(exc, exitcodes.ERROR)
+    try:
+        return _run_and_report(spark, options)
+    finally:
+        if cache is not None:
+            cache.keep(_driver_jvm())  # after the report: the first run's JVM writes its archive as it exits
+
+
+def _run_and_report(spark: SparkSession, options: JobOptions) -> int:
+    """`main`'s job on its session: run, stop the session, print the report; the exit status."""
     try:
         report = run_job(spark, options, check=False)
     except OutboxError as exc:
         return _fail(exc, exitcodes.ERROR)
     finally:
         spark.stop()
-    print(report.format_table())
+    print(report.format_table(), flush=True)
     if options.report_path:
         report.write_json(options.report_path)
     if options.from_parquet is not None and not report.ok:
@@ -504,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         t = report.total
         print(f"spark_drain: error: {t.failed + t.left} of {t.read} messages of the archive were not delivered "
               f"({t.failed} failed, {t.left} not sent after a failure of their key): run the replay again "
-              "(consumers dedup on outbox-id)", file=sys.stderr)
+              "(consumers dedup on outbox-id)", file=sys.stderr, flush=True)
         return exitcodes.ERROR
     return exitcodes.OK if report.ok else exitcodes.PENDING
 

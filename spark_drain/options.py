@@ -49,6 +49,8 @@ class JobOptions:
         master: Spark master when the job builds its own session (`python -m spark_drain`).
         jars: JDBC driver jar(s) when the job builds its own session; default: the URL's pinned
             driver (`spark_drain.jars.cached_jdbc_jar`: the Maven-fetched copy, else Debian's).
+        class_cache: when the job launches its own driver JVM, map (or first write) an archive of
+            its classes so that it starts faster (`spark_drain.classcache`).
         keys: the keys of an encrypted outbox (`--key-file`, else `$OUTBOX_ENCRYPTION_KEYS`), newest
             first; None: none given. Never printed (its repr names key ids only).
         where: Spark SQL condition over `spark_drain.transform.VIEW` (and `header`): only the
@@ -84,6 +86,7 @@ class JobOptions:
     check_timeout: float = 10.0
     master: str | None = None
     jars: str | None = None
+    class_cache: bool = True
     keys: KeyRing | None = field(default=None, repr=False, compare=False)
     where: str | None = None
     sets: tuple[tuple[str, str], ...] = ()
@@ -215,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-timeout", type=float, default=10.0, help="pre-flight check timeout, seconds")
     p.add_argument("--master", help="Spark master when not run by spark-submit (default local[*])")
     p.add_argument(
+        "--no-class-cache", dest="class_cache", action="store_false",
+        help="start the driver JVM without the archive of Spark's classes (spark_drain.classcache) "
+        "that makes later launches faster",
+    )
+    p.add_argument(
         "--jars",
         help=f"JDBC driver jar(s), comma-separated (default: the URL's driver in {JDBC.libs}, fetched by "
         "`python -m outbox.testing fetch`, else Debian's in /usr/share/java)",
@@ -293,6 +301,7 @@ def parse_args(argv: Sequence[str] | None = None) -> JobOptions:
         check_timeout=ns.check_timeout,
         master=ns.master,
         jars=ns.jars,
+        class_cache=ns.class_cache,
         keys=given_keys(ns.key_files),
         where=ns.where,
         sets=tuple(ns.sets),

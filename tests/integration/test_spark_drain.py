@@ -27,7 +27,7 @@ from outbox.stores.base import Outbox
 from outbox.stores.codec import decode_headers
 from outbox.stores.encryption import KEYS_ENV, Key, KeyRing
 from outbox.stores.urls import parse_url
-from outbox.testing import KafkaCluster
+from outbox.testing import KafkaCluster, create_topic
 from outbox.testing.maven import jdbc_jar
 from spark_drain import JobOptions, JobReport, preflight, run_job
 
@@ -347,6 +347,36 @@ def test_spark_submit_script_and_report(
     assert data["total"]["delivered"] == 1000 and data["mode"] == "pending"
     assert pending(url) == 0
     check_consumed(consume_all(topic, 1000, timeout=30), ids)
+
+
+def test_the_first_launch_keeps_the_driver_jvms_classes_and_the_next_maps_them(
+    tmp_path: Path, kafka_bootstrap: str, topic: str, consume_all: Callable[..., list[Any]]
+) -> None:
+    """`python -m spark_drain` with a new cache: the first run's JVM writes its class archive as it
+    exits and the run puts it in place; the second maps it. Both deliver, and neither prints the
+    JVM's CDS warnings."""
+    cache = tmp_path / "cache"
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", XDG_CACHE_HOME=str(cache))
+    archives = cache / "kafka-outbox" / "spark-cds"
+    stamps = []
+    for run, run_topic in enumerate([topic, create_topic(kafka_bootstrap, f"{topic}-again", partitions=3)]):
+        url = f"sqlite:///{tmp_path / f'outbox{run}.db'}"
+        with open_outbox(url) as store:
+            ids = fill(store, run_topic, 500)
+        out = subprocess.run(
+            [sys.executable, "-m", "spark_drain", "--master", "local[2]", "--jars", jdbc_jar("sqlite"),
+             "--outbox", url, "--bootstrap-servers", kafka_bootstrap, "--partitions", "2"],
+            capture_output=True, text=True, env=env, timeout=600, cwd=ROOT,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "TOTAL" in out.stdout and "[warning][cds]" not in out.stdout + out.stderr
+        assert ("keeping Spark's classes" in out.stderr) == (run == 0)
+        (archive,) = archives.iterdir()  # the archive, and no half-written file beside it
+        assert archive.suffix == ".jsa" and archive.stat().st_size > 1_000_000
+        stamps.append(archive.stat().st_mtime_ns)
+        assert pending(url) == 0
+        check_consumed(consume_all(run_topic, 500, timeout=30), ids)
+    assert stamps[0] == stamps[1]  # the second run mapped it and wrote nothing
 
 
 def test_cli_errors_are_one_line(tmp_path: Path) -> None:
