@@ -186,13 +186,16 @@ class TreeCpu:
             self.cpu[key] = st[0]
         return driver
 
+    def running(self) -> int:
+        """How many processes followed, other than the root, have not exited."""
+        return sum(
+            1 for pid, start in self.cpu
+            if pid != self.root and (st := _stat(pid)) is not None and st[1] == start
+            and _status(pid, "State")[:1] != "Z"
+        )
+
     def alive(self) -> bool:
-        """Whether a process followed, other than the root, has not exited (or is not yet reaped)."""
-        for pid, start in self.cpu:
-            st = _stat(pid)
-            if pid != self.root and st is not None and st[1] == start and _status(pid, "State")[:1] != "Z":
-                return True
-        return False
+        return self.running() > 0
 
     def by_kind(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -213,6 +216,8 @@ class Run:
     launched: float  # time.time() just before the launch
     peak_rss: int = 0
     peak_heap: int = 0
+    outlived: float = 0.0  # seconds its other processes (a JVM, executors) ran on after it exited
+    cut_off: int = 0  # processes still running 10 s after it exited: their CPU since is not counted
     first_message_s: float | None = None  # launch to the broker's timestamp of the run's first message
 
 
@@ -259,16 +264,20 @@ def timed(
     acc.sample()
     _, status, _ = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    deadline = time.monotonic() + 10  # a JVM and executors stop after the driver: their shutdown is the job's too
+    ended = time.monotonic()
+    deadline = ended + 10  # a JVM and executors stop after the driver: their shutdown is the job's too
     while acc.alive() and time.monotonic() < deadline:
         time.sleep(SAMPLE_EVERY)
         acc.sample()
+    outlived = time.monotonic() - ended
+    cut_off = acc.running()
     for r in readers:
         r.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} failed ({proc.returncode}): {output.get('err', '')[-2000:]}")
     kinds = acc.by_kind()
-    return Run(wall, sum(kinds.values()), kinds, len(acc.cpu), output.get("out", ""), launched, peak[0], peak[1])
+    return Run(wall, sum(kinds.values()), kinds, len(acc.cpu), output.get("out", ""), launched, peak[0], peak[1],
+               outlived, cut_off)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -470,8 +479,11 @@ def main() -> None:
     print("CPU us per row by process:")
     for name, by_kind in kinds.items():
         procs = statistics.median(r.processes for r in runs[name])
+        after = max(r.outlived for r in runs[name])
+        cut = max(r.cut_off for r in runs[name])
         print(f"  {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]))
-              + f" ({procs:.0f} processes)")
+              + f" ({procs:.0f} processes; the last exited {after:.1f} s after the launched one"
+              + (f"; {cut} still running 10 s after it, not counted since" if cut else "") + ")")
 
     def verdict(ok: bool) -> str:
         return "met" if ok else "NOT met"
@@ -511,6 +523,8 @@ def main() -> None:
             {"args": vars(args), "walls": walls, "cpus": {name: [r.cpu for r in rs] for name, rs in runs.items()},
              "cpu_by_kind": {name: [r.cpu_by_kind for r in rs] for name, rs in runs.items()},
              "processes": {name: [r.processes for r in rs] for name, rs in runs.items()},
+             "outlived_s": {name: [r.outlived for r in rs] for name, rs in runs.items()},
+             "cut_off": {name: [r.cut_off for r in rs] for name, rs in runs.items()},
              "first_message_s": {name: [r.first_message_s for r in rs] for name, rs in runs.items()},
              "cpu_us_per_row": us_per_row, "cpu_us_per_row_by_kind": kinds, "targets": targets,
              "not_counted": NOT_COUNTED, "driver_memory_bytes": driver_memory}, indent=2
