@@ -169,17 +169,21 @@ class TreeCpu:
         self.root, self.executors_under = root, executors_under
         self.cpu: dict[tuple[int, int], float] = {}
         self.kind: dict[tuple[int, int], str] = {}
+        self.reaped = False  # then the root's pid may be another process's: only the known are followed
 
     def sample(self) -> list[int]:
         """Takes one sample; returns the pids of the driver's tree now."""
-        driver = tree(self.root)
+        driver = [] if self.reaped else tree(self.root)
         under = [p for w in self.executors_under for p in tree(w)[1:]]  # not the worker JVMs themselves
         followed = {pid for pid, _ in self.cpu}
-        for pid in {*driver, *under, *followed}:
+        now = {*driver, *under}
+        for pid in now | followed:
             st = _stat(pid)
             if st is None:
                 continue
             key = (pid, st[1])
+            if pid not in now and key not in self.cpu:
+                continue  # a followed process's pid, now another process's
             # Again every time: spark-submit's shell scripts exec the JVM under the same pid.
             kind = _kind(pid, self.root, pid in under or self.kind.get(key, "").startswith("executor "))
             self.kind[key] = kind or self.kind.get(key, "other")
@@ -263,6 +267,7 @@ def timed(
     sampler.join()
     acc.sample()
     _, status, _ = os.wait4(proc.pid, 0)
+    acc.reaped = True
     proc.returncode = os.waitstatus_to_exitcode(status)
     ended = time.monotonic()
     deadline = ended + 10  # a JVM and executors stop after the driver: their shutdown is the job's too
