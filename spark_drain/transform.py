@@ -4,12 +4,14 @@ The messages pass three steps on the executors, after group rows are exploded an
 shuffle that puts each key in one send task:
 
 1. `decode_batches` (Arrow, Python): sealed payloads opened, headers decoded into `headers`
-   (`VIEW`) and `header`, a map of each header's last value as text for SQL.
+   (`VIEW`) and `header`, a map of each header's last value as text for SQL, when a step reads
+   them (a transform, or an expression naming them; `uses_headers`).
 2. `apply_sql` (Spark SQL, in the JVM): `--where` marks rows not to send (`keep` false),
    `--set value=` / `--set topic=` and `--to-topic` rewrite the rows kept.
 3. `finish_batches` (Arrow, Python): the `--transform` function, its output checked, and each
-   message back in the send stage's columns (`PREPARED`): headers encoded again, and a message
-   whose topic changed given `outbox-original-topic` and no fixed partition.
+   message back in the send stage's columns (`PREPARED`): headers encoded again (or, when no step
+   read them, passed through as stored, column by column), and a message whose topic changed
+   given `outbox-original-topic` and no fixed partition.
 
 The job materialises the result before it sends anything (`spark_drain.job`), so a failing
 expression or transform stops it with nothing sent and no row changed.
@@ -64,11 +66,11 @@ DECODED = (
     "id LONG, msg_id STRING, topic STRING, key BINARY, value BINARY, "
     "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, part INT, attempts INT, first_failed_at DOUBLE, "
     "last_error STRING, timestamp LONG, grp LONG, grp_n LONG, origin STRING, header MAP<STRING, STRING>, "
-    "keep BOOLEAN"
+    "keep BOOLEAN, stored_headers BINARY"
 )
 DECODED_NAMES = (
     "id", "msg_id", "topic", "key", "value", "headers", "part", "attempts", "first_failed_at", "last_error",
-    "timestamp", "grp", "grp_n", "origin", "header", "keep",
+    "timestamp", "grp", "grp_n", "origin", "header", "keep", "stored_headers",
 )
 #: What the send stage reads (`spark_drain.batches.MessageChunk`): a grouped store's message columns
 #: (payloads in clear, `enc_key` NULL), the message's topic in the outbox, and whether to send it.
@@ -126,8 +128,26 @@ def _header_type() -> pa.DataType:
     return pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
-def decode_batches(ring: KeyRing | None, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def uses_headers(where: str | None, sets: Sequence[tuple[str, str]], transform: str | None) -> bool:
+    """Whether a step reads the messages' headers: a transform sees them, and an expression that
+    names `headers` or `header`. A word match, so at worst headers are decoded for nothing."""
+    texts = [where or "", *(text for _, text in sets)]
+    return transform is not None or any("header" in text.lower() for text in texts)
+
+
+def _headers_of(stored: bytes | None, msg_id: str) -> list[tuple[str, bytes | None]]:
+    """A message's headers from their stored form (the stores' shorthand for the id alone included)."""
+    return [(ID_HEADER, msg_id.encode())] if stored == grouped.ID_ALONE_HEADERS else decode_headers(stored)
+
+
+def decode_batches(
+    ring: KeyRing | None, with_headers: bool, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
     """`mapInArrow` body: message batches (`MESSAGES` + `SEALED`, or `GROUPED_MESSAGES`) as `DECODED`.
+
+    `stored_headers` carries the headers as stored (opened, when sealed). Only `with_headers` are
+    they decoded into `headers` and `header` (else null): most changes touch values and topics
+    only, and then no message is taken apart in Python.
 
     Raises:
         DecryptionError: a message is sealed with a key `ring` does not hold.
@@ -137,34 +157,38 @@ def decode_batches(ring: KeyRing | None, batches: Iterator[pa.RecordBatch]) -> I
 
     for b in batches:
         names = b.schema.names
-        ids = b.column("id").to_pylist()
-        msg_ids = b.column("msg_id").to_pylist()
-        values = b.column("value").to_pylist()
-        stored = b.column("headers").to_pylist()
-        if "enc_key" in names and b.column("enc_key").null_count < b.num_rows:
+        n = b.num_rows
+        value, stored_headers = b.column("value"), b.column("headers")
+        msg_ids: list[str] = []
+        stored: list[bytes | None] = []
+        if "enc_key" in names and b.column("enc_key").null_count < n:
+            ids = b.column("id").to_pylist()
+            msg_ids, values, stored = (b.column(c).to_pylist() for c in ("msg_id", "value", "headers"))
             for i, kid in enumerate(b.column("enc_key").to_pylist()):
                 if kid is not None:
                     values[i], stored[i] = sealed.open_payload(kid, ids[i], msg_ids[i], values[i], stored[i], ring)
-        headers = [
-            [(ID_HEADER, m.encode())] if h == grouped.ID_ALONE_HEADERS else decode_headers(h)
-            for h, m in zip(stored, msg_ids, strict=True)
-        ]
-        by_name = [
-            list({k: None if v is None else v.decode("utf-8", "replace") for k, v in hs}.items()) for hs in headers
-        ]
-        ones = pa.array(np.ones(b.num_rows, np.int64))
+            value, stored_headers = pa.array(values, pa.binary()), pa.array(stored, pa.binary())
+        if with_headers:
+            msg_ids = msg_ids or b.column("msg_id").to_pylist()
+            stored = stored or b.column("headers").to_pylist()
+            headers = [_headers_of(h, m) for h, m in zip(stored, msg_ids, strict=True)]
+            by_name = [
+                list({k: None if v is None else v.decode("utf-8", "replace") for k, v in hs}.items())
+                for hs in headers
+            ]
+            header_list = pa.array([[{"key": k, "value": v} for k, v in hs] for hs in headers], _header_type())
+            header_map = pa.array(by_name, pa.map_(pa.string(), pa.string()))
+        else:
+            header_list = pa.nulls(n, _header_type())
+            header_map = pa.nulls(n, pa.map_(pa.string(), pa.string()))
         yield pa.RecordBatch.from_arrays(
             [
-                b.column("id"), b.column("msg_id"), b.column("topic"), b.column("key"),
-                pa.array(values, pa.binary()),
-                pa.array([[{"key": k, "value": v} for k, v in hs] for hs in headers], _header_type()),
+                b.column("id"), b.column("msg_id"), b.column("topic"), b.column("key"), value, header_list,
                 b.column("part"), b.column("attempts"), b.column("first_failed_at"), b.column("last_error"),
                 b.column("timestamp"),
                 b.column("grp") if "grp" in names else b.column("id"),
-                b.column("grp_n") if "grp_n" in names else ones,
-                b.column("topic"),
-                pa.array(by_name, pa.map_(pa.string(), pa.string())),
-                pa.array(np.ones(b.num_rows, bool)),
+                b.column("grp_n") if "grp_n" in names else pa.array(np.ones(n, np.int64)),
+                b.column("topic"), header_map, pa.array(np.ones(n, bool)), stored_headers,
             ],
             names=list(DECODED_NAMES),
         )
@@ -263,11 +287,14 @@ def _ids_header(headers: Sequence[tuple[str, Any]]) -> list[Any]:
     return [v for k, v in headers if k == ID_HEADER]
 
 
-def finish_batches(spec: str | None, replay: bool, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def finish_batches(
+    spec: str | None, replay: bool, with_headers: bool, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
     """`mapInArrow` body: `DECODED` batches through the transform `spec` names (if any), as `PREPARED`.
 
     `replay`: the messages are dead letters that the job puts back to pending before it sends
-    them, which resets their attempts.
+    them, which resets their attempts. Without `with_headers` (no transform, and no expression
+    reads them) the stored headers pass through as they are (`_passed_through`).
 
     Raises:
         TransformError: the transform raised, or returned a message it was not given, one twice,
@@ -277,6 +304,9 @@ def finish_batches(spec: str | None, replay: bool, batches: Iterator[pa.RecordBa
 
     fn = load_transform(spec) if spec else None
     for b in batches:
+        if not with_headers:
+            yield _passed_through(b, replay)
+            continue
         n = b.num_rows
         ids = b.column("id").to_pylist()
         keep = b.column("keep").to_pylist()
@@ -363,6 +393,45 @@ def _prepared(
     )
 
 
+def _passed_through(b: pa.RecordBatch, replay: bool) -> pa.RecordBatch:
+    """`_prepared` for messages whose headers no step read, column by column: the stored headers
+    are kept as they are; only a message sent to another topic is taken apart, for its
+    `outbox-original-topic` header.
+
+    Raises:
+        TransformError: `--set topic` gave a message kept no topic.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keep, topic, origin = b.column("keep"), b.column("topic"), b.column("origin")
+    no_topic = pc.and_(keep, pc.is_null(topic))
+    if pc.any(no_topic).as_py():
+        raise TransformError(f"--set topic gave message id {b.column('id').filter(no_topic)[0].as_py()} no topic")
+    moved = pc.fill_null(pc.and_(keep, pc.not_equal(topic, origin)), False)
+    encoded = pc.if_else(keep, b.column("stored_headers"), pa.scalar(None, pa.binary()))
+    parts = b.column("part")
+    if pc.any(moved).as_py():
+        headers, part_list = encoded.to_pylist(), parts.to_pylist()
+        msg_ids, origins = b.column("msg_id").to_pylist(), origin.to_pylist()
+        for i in np.flatnonzero(moved.to_numpy(zero_copy_only=False)).tolist():
+            hs = [h for h in _headers_of(headers[i], msg_ids[i]) if h[0] != ORIGINAL_TOPIC]
+            headers[i] = encode_headers([*hs, (ORIGINAL_TOPIC, origins[i].encode())])
+            part_list[i] = None  # the stored partition is one of the other topic's
+        encoded, parts = pa.array(headers, pa.binary()), pa.array(part_list, pa.int32())
+    attempts = pa.array(np.zeros(b.num_rows, np.int32)) if replay else b.column("attempts")
+    return pa.RecordBatch.from_arrays(
+        [
+            b.column("id"), b.column("msg_id"), pc.if_else(keep, topic, origin), b.column("key"),
+            pc.if_else(keep, b.column("value"), pa.scalar(None, pa.binary())), encoded, parts, attempts,
+            b.column("first_failed_at"), b.column("last_error"), b.column("timestamp"), b.column("grp"),
+            b.column("grp_n"), pa.nulls(b.num_rows, pa.string()), origin, keep,
+        ],
+        names=[*MESSAGE_NAMES, "grp", "grp_n", "enc_key", "origin", "keep"],
+    )
+
+
 def prepare(messages: DataFrame, ring: KeyRing | None, where: str | None, sets: Sequence[tuple[str, str]],
             to_topic: str | None, transform: str | None, replay: bool) -> DataFrame:
     """Message batches (`MESSAGES` + `SEALED`, or `GROUPED_MESSAGES`) through the three steps, as `PREPARED`.
@@ -372,8 +441,9 @@ def prepare(messages: DataFrame, ring: KeyRing | None, where: str | None, sets: 
     """
     import functools
 
-    decoded = messages.mapInArrow(functools.partial(decode_batches, ring), DECODED)
+    with_headers = uses_headers(where, sets, transform)
+    decoded = messages.mapInArrow(functools.partial(decode_batches, ring, with_headers), DECODED)
     shaped = apply_sql(decoded, where, sets, to_topic)
     return shaped.select(*DECODED_NAMES).mapInArrow(
-        functools.partial(finish_batches, transform, replay), PREPARED
+        functools.partial(finish_batches, transform, replay, with_headers), PREPARED
     )

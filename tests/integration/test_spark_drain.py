@@ -818,6 +818,33 @@ def test_dead_letters_of_a_topic_are_fixed_with_set_value_and_replayed(
         assert store.stats(now=time.time() + 10**6).pending == len(keep)
 
 
+def test_changes_that_read_no_header_keep_every_stored_header_and_redirect_with_the_original_topic(
+    spark: Any, outbox_url: str, kafka_bootstrap: str, topic: str, make_topic: Callable[..., str],
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """`--where` on the key, `--set value=` and `--to-topic` (no step reads headers, so they pass
+    through as stored): the selected keys arrive at the other topic in order, changed, with their
+    own headers and `outbox-original-topic`; the other keys stay pending, untouched."""
+    target = make_topic()
+    with open_outbox(outbox_url, create=False) as store:
+        ids = fill(store, topic, 640)
+    chosen = {b"k1", b"k2"}
+    report = run_job(spark, opts(outbox_url, kafka_bootstrap, where="cast(key AS STRING) IN ('k1', 'k2')",
+                                 sets=(("value", "concat(value, X'21')"),), to_topic=target))
+    assert report.topics[target].delivered == 20 and report.skipped == 620
+    got = consume_all(target, 21, timeout=30)
+    assert len(got) == 20 and {m.key() for m in got} == chosen
+    for m in got:
+        assert m.value().endswith(b"!") and header(m, "app") == b"x"
+        assert header(m, "outbox-original-topic") == topic.encode()
+        assert header(m, "outbox-id") in {i.encode() for i in ids}
+    for k in chosen:
+        seqs = [int(m.value()[:-1].split(b":")[1]) for m in got if m.key() == k]
+        assert seqs == list(range(1, 11))
+    assert in_topic(kafka_bootstrap, topic) == 0
+    assert pending(outbox_url) == 620
+
+
 def test_one_tenants_dead_letters_are_replayed_to_another_topic(
     spark: Any, outbox_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
     consume_all: Callable[..., list[Any]],
