@@ -9,7 +9,7 @@ first action about 2 s.
 The command-line entry points (`python -m spark_drain`) do this for the driver JVM they launch:
 
 * the first run writes the archive when its JVM exits, under a name of its own, and renames it
-  into place once the JVM is gone, so that a concurrent run never maps a half-written file;
+  into place once the JVM has exited cleanly, so that no run maps a half-written file;
 * later runs map it. The archive's name is a digest of the JDK and PySpark it was made with; a
   JVM that finds the archive does not match its class path ignores it (`-Xshare:auto`, Java's
   default), so the worst case is the ordinary start-up.
@@ -64,10 +64,13 @@ class ClassCache:
         except subprocess.TimeoutExpired:
             log.warning("the driver JVM did not exit in %.0f s: its class archive is not kept", timeout)
             return
-        if self.writing.is_file() and self.writing.stat().st_size > 0:
+        # A JVM stopped by a signal may have left its archive half-written: the JVM would ignore
+        # such a file, and no later launch would write a whole one.
+        if jvm.returncode == 0 and self.writing.is_file() and self.writing.stat().st_size > 0:
             os.replace(self.writing, self.archive)
         else:
-            log.info("the driver JVM wrote no class archive")
+            log.info("the driver JVM wrote no class archive (exit status %s)", jvm.returncode)
+            self.writing.unlink(missing_ok=True)
 
 
 def cache_dir() -> Path:

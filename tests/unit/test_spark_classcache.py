@@ -40,6 +40,16 @@ def test_keep_waits_for_the_jvm_to_write_then_puts_the_archive_in_place(tmp_path
     assert cache.archive.read_text() == "classes" and not cache.writing.exists()
 
 
+def test_the_archive_of_a_jvm_that_did_not_exit_cleanly_is_thrown_away(tmp_path: Path) -> None:
+    cache = class_cache(tmp_path)
+    assert cache is not None and cache.writing is not None
+    interrupted = WRITE_AT_END + "; sys.exit(130)"
+    jvm = subprocess.Popen([sys.executable, "-c", interrupted, str(cache.writing)], stdin=subprocess.PIPE)
+    cache.keep(jvm)
+    assert jvm.returncode == 130
+    assert not cache.archive.exists() and not cache.writing.exists()
+
+
 def test_nothing_is_kept_when_the_jvm_wrote_nothing_or_the_launch_mapped_an_archive(tmp_path: Path) -> None:
     cache = class_cache(tmp_path)
     assert cache is not None and cache.writing is not None
