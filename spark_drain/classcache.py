@@ -30,6 +30,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from spark_drain.jars import cache_root
+
 log = logging.getLogger(__name__)
 
 #: The driver JVM's options that Spark prepends to `spark.driver.extraJavaOptions`: the user's
@@ -75,8 +77,7 @@ class ClassCache:
 
 def cache_dir() -> Path:
     """Where the archives are kept (beside the fetched jars)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kafka-outbox" / "spark-cds"
+    return cache_root() / "spark-cds"
 
 
 def _digest() -> str:

@@ -17,6 +17,12 @@ from pathlib import Path
 MARKER = ".complete"
 
 
+def cache_root() -> Path:
+    """kafka-outbox's cache on this machine: ``${XDG_CACHE_HOME:-~/.cache}/kafka-outbox``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kafka-outbox"
+
+
 @dataclass(frozen=True)
 class ArtifactSet:
     """A pinned set of jars: the pom that names them and where they are cached."""
@@ -29,8 +35,7 @@ class ArtifactSet:
 
     @property
     def root(self) -> Path:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        return Path(base) / "kafka-outbox" / f"{self.name}-{self.version}"
+        return cache_root() / f"{self.name}-{self.version}"
 
     @property
     def libs(self) -> Path:
