@@ -24,6 +24,15 @@ class HookedHeaders(list[tuple[str, Any]]):
     __slots__ = ()
 
 
+class CheckedHeaders(list[tuple[str, bytes | None]]):
+    """Headers the library built itself, already as produce() keeps them: (str, bytes | None)
+    pairs. produce() takes such a list as it is, without checking each pair again (a consumer's
+    hop copies a consumed message's headers, which librdkafka gave as such pairs), and may append
+    to it."""
+
+    __slots__ = ()
+
+
 class IdGenerator:
     """Unique message ids: a random 64-bit prefix per generator plus a counter, 32 hex digits.
 

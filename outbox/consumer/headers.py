@@ -7,11 +7,18 @@ new one, so headers do not grow over the ladder; the error message is capped for
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
-from outbox.headers import ATTEMPT_HEADER, FIRST_FAILED_HEADER, ID_HEADER, LAST_ERROR_HEADER, IdGenerator
+from outbox.headers import (
+    ATTEMPT_HEADER,
+    FIRST_FAILED_HEADER,
+    ID_HEADER,
+    LAST_ERROR_HEADER,
+    CheckedHeaders,
+    IdGenerator,
+)
 from outbox.records import Headers
 
 ORIGINAL_TOPIC = "outbox-original-topic"
@@ -66,9 +73,10 @@ def cap_utf8(text: str, limit: int = ERROR_MESSAGE_MAX) -> bytes:
     return raw[:limit].decode("utf-8", "ignore").encode("utf-8")
 
 
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """Where a message first entered the consumer: the main topic's coordinates."""
+class Origin(NamedTuple):
+    """Where a message first entered the consumer: the main topic's coordinates.
+
+    A named tuple, not a frozen dataclass: each failure builds one, and a tuple is built in C."""
 
     topic: str
     partition: int
@@ -149,7 +157,7 @@ def failure_headers(
     due_at_s: float | None,
     ids: IdGenerator,
     parked_behind: int | None = None,
-) -> tuple[Headers, str, Origin]:
+) -> tuple[CheckedHeaders, str, Origin]:
     """Headers for a hop to a retry tier or to the dead letters, the message id they carry, its origin.
 
     One pass over the message's headers: the application's are kept in order, the previous hop's
@@ -165,7 +173,9 @@ def failure_headers(
         ids: where a new `outbox-id` comes from when the message has none.
         parked_behind: main-topic offset of the earlier message of its key it is parked behind.
     """
-    kept: Headers = []
+    # librdkafka gives a consumed message's headers as (str, bytes | None) pairs, and the ones
+    # added here are such pairs too: produce() takes the list without checking it again.
+    kept = CheckedHeaders()
     found: dict[str, bytes | None] = {}
     msg_id: str | None = None
     for h, v in headers_of(msg):

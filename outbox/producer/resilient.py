@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin._metadata import ClusterMetadata
@@ -43,7 +43,7 @@ from outbox.drain.process import DrainProcess
 from outbox.drain.workers import DEFAULT_BATCH_SIZE, Drainer
 from outbox.errors import ConfigError, ProducerClosedError, StoreError
 from outbox.events import Committed, Drained, Events
-from outbox.headers import ID_HEADER, HookedHeaders, IdGenerator
+from outbox.headers import ID_HEADER, CheckedHeaders, HookedHeaders, IdGenerator
 from outbox.message import (
     BYTES_LIKE,
     KNOWN_TOPICS,
@@ -473,7 +473,8 @@ class ResilientProducer(PythonObject):
             msg_id = self._next_id()
             hdrs: Headers = [(id_header, msg_id.encode())] if id_header is not None else []
         else:
-            hdrs = normalize_headers(headers)  # before the id: bad headers take no id ("produced")
+            # Before the id: bad headers take no id ("produced").
+            hdrs = cast(Headers, headers) if headers.__class__ is CheckedHeaders else normalize_headers(headers)
             msg_id = self._next_id()
             if id_header is not None:
                 hdrs.append((id_header, msg_id.encode()))
