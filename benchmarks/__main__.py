@@ -10,7 +10,8 @@ Phases: (1) brokers up: raw baselines, fallback, a burst into a small local queu
 naive durable, drain;
 (2) brokers down: spill vs raw SQLite, memory during a long outage, then one shared outage
 window for the recovery and simple-retry scenarios, ended by restarting the brokers;
-then recovery, Spark, and the consumer side (ResilientConsumer against a raw consumer loop).
+then recovery, recovery headroom (a bisection over the steady rate), Spark, and the consumer side
+(ResilientConsumer against a raw consumer loop).
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ ENCRYPTED_VS_CLEAR = 0.90
 #: longest produce() it may take meanwhile (milliseconds).
 ROTATE_RATE = 5000.0
 ROTATE_TARGET_MS = 20.0
+#: Recovery headroom: the highest steady rate, as a share of R0, at which the backlog of a
+#: `--outage` s whole-cluster outage empties within HEADROOM_EMPTY_S of the restart (default
+#: settings). Found by bisection over (0, HEADROOM_CEILING] in HEADROOM_PROBES runs, the first at
+#: the target share; each run is a recovery run through its own outage.
+HEADROOM_TARGET = 0.25
+HEADROOM_EMPTY_S = 60.0
+HEADROOM_CEILING = 0.5
+HEADROOM_PROBES = 5
+HEADROOM_PROBES_QUICK = 2
 #: The soak's traffic: a producer and a consumer in one process (msgs/s of 1 KiB), through two
 #: whole-cluster outages of `--outage` seconds; what it measures is the memory given back.
 SOAK_RATE = 4000.0
@@ -81,8 +91,8 @@ DRAIN_PLACES = {
 }
 LINE_STYLES = {"threads": "-", "process": "--", "sidecar": ":"}
 ALL = (
-    "raw", "fallback", "burst", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "retry", "spark",
-    "consumer", "dedup", "loop-lag", "soak", "encryption", "rotate", "fleet",
+    "raw", "fallback", "burst", "write-ahead", "naive", "spill", "memory", "drain", "recovery", "headroom", "retry",
+    "spark", "consumer", "dedup", "loop-lag", "soak", "encryption", "rotate", "fleet",
 )
 #: The loop-lag scenario's traffic (msgs/s over 100 keys, four producing tasks): a service, not a
 #: throughput run; what is measured is how late its event loop wakes.
@@ -225,6 +235,41 @@ class Child:
 
 
 # -- statistics and the table ----------------------------------------------------------------
+
+
+def emptied_in_time(run: Result) -> bool:
+    """Did a recovery run's outbox empty within HEADROOM_EMPTY_S of the restart?"""
+    after = run.get("empty_after_up_s")
+    return after is not None and after <= HEADROOM_EMPTY_S
+
+
+def headroom_row(table: Table, probes: list[Result], outage: float, r0: float | None, where: str) -> None:
+    """The headroom row: the highest share of R0 whose backlog emptied in time, and every probe."""
+    emptied = [p["share_of_r0"] for p in probes if emptied_in_time(p)]
+    best = max(emptied, default=None)
+    bound = min(
+        (p["share_of_r0"] for p in probes if not emptied_in_time(p) and (best is None or p["share_of_r0"] > best)),
+        default=None,
+    )
+
+    def probe_note(p: Result) -> str:
+        after = p.get("empty_after_up_s")
+        state = f"empty after {after:.1f}s" if after is not None else f"NOT empty, {p.get('pending_left') or 0:,} left"
+        return f"{p['share_of_r0']:.1%} ({p['rate_achieved']:,.0f}/s offered): {state}"
+
+    if best is None:
+        answer = f"below {bound:.1%} of R0 (no probe emptied)"
+    else:
+        answer = f"{best:.1%} of R0" + (f", below {bound:.1%}" if bound is not None else "")
+    table.add(
+        f"recovery headroom: highest steady rate whose {outage:.0f}s outage empties within "
+        f"{HEADROOM_EMPTY_S:.0f}s, {where}",
+        {"msgs_per_s": None if best is None or r0 is None else best * r0},
+        ratio=best,
+        target=f">= {HEADROOM_TARGET:.0%} of R0",
+        met=best is not None and best >= HEADROOM_TARGET,
+        notes=f"{answer}; bisection, probes in order: " + "; ".join(probe_note(p) for p in probes),
+    )
 
 
 def med(results: list[Result], field: str) -> float | None:
@@ -611,7 +656,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--recovery-drain",
         type=str,
         default="threads,process",
-        help="where the recovery runs drain, comma-separated: threads (the producer's drain workers), "
+        help="where the recovery and headroom runs drain, comma-separated: threads (the producer's drain workers), "
         "process (drain_in='process': those workers in a child process), sidecar (drain_workers=0 and "
         "`outbox drain --follow` beside it); default threads,process",
     )
@@ -702,6 +747,19 @@ def main(argv: list[str] | None = None) -> int:
         extra = f" ({r['msgs_per_s']:,.0f} msgs/s)" if r.get("msgs_per_s") else ""
         log(f"  {key}{extra}")
         return r
+
+    def recovery_r0() -> float:
+        """R0 for the recovery and headroom runs: this run's raw rate, measured now if not yet."""
+        r0 = med(runs.get(f"raw/{base}", []), "msgs_per_s")
+        if r0 is None:
+            log("recovery: measuring R0 first (after a warm-up run)")
+            runner.run("raw", {**common, "n": n, "size": base, "header": True})
+            r0 = record(f"raw/{base}", runner.run("raw", {**common, "n": n, "size": base, "header": False}))[
+                "msgs_per_s"
+            ]
+        assert r0 is not None
+        config["recovery_r0"] = r0
+        return float(r0)
 
     def fallback_run(name: str, size: int, params: Result) -> None:
         """A fallback run, then the same one with the compiled build (`--compiled`): `<name>_c`."""
@@ -912,15 +970,7 @@ def main(argv: list[str] | None = None) -> int:
         if "recovery" in sel and cluster is None:
             log("recovery needs a local cluster to stop and restart: skipped")
         elif "recovery" in sel:
-            r0 = med(runs.get(f"raw/{base}", []), "msgs_per_s")
-            if r0 is None:
-                log("recovery: measuring R0 first (after a warm-up run)")
-                runner.run("raw", {**common, "n": n, "size": base, "header": True})
-                r0 = record(f"raw/{base}", runner.run("raw", {**common, "n": n, "size": base, "header": False}))[
-                    "msgs_per_s"
-                ]
-            assert r0 is not None and cluster is not None
-            config["recovery_r0"] = r0
+            r0 = recovery_r0()
             if args.recovery_rate:
                 config["recovery_rate"] = args.recovery_rate
             for frac, wait in recovery_steps:
@@ -936,6 +986,32 @@ def main(argv: list[str] | None = None) -> int:
                     c.expect("READY", 120)
                     whole_outage(c, cluster, outage, say_stop=False)
                     record(f"recovery/{round(frac * 100)}{suffix}", c.result(wait + 300))
+
+        # -- phase 4a: recovery headroom, by bisection over the share of R0 -----------------
+        if "headroom" in sel and cluster is None:
+            log("headroom needs a local cluster to stop and restart: skipped")
+        elif "headroom" in sel:
+            r0 = recovery_r0()
+            assert cluster is not None
+            for drain in recovery_drains:
+                lo, hi, frac = 0.0, HEADROOM_CEILING, HEADROOM_TARGET
+                for _ in range(HEADROOM_PROBES_QUICK if quick else HEADROOM_PROBES):
+                    rate = r0 * frac
+                    log(f"headroom, drain in {drain}: {frac:.1%} of R0 ({rate:,.0f} msgs/s, 1,000 keys), "
+                        f"outage {outage:.0f}s, empty within {HEADROOM_EMPTY_S:.0f}s?")
+                    c = runner.start(
+                        "recovery",
+                        {**common, "size": base, "rate": rate, "keys": 1000, "max_wait": HEADROOM_EMPTY_S,
+                         "drain": drain},
+                    )
+                    c.expect("READY", 120)
+                    whole_outage(c, cluster, outage, say_stop=False)
+                    probe = record(f"headroom/{drain}", {**c.result(HEADROOM_EMPTY_S + 300), "share_of_r0": frac})
+                    if emptied_in_time(probe):
+                        lo = frac
+                    else:
+                        hi = frac
+                    frac = (lo + hi) / 2
 
         # -- phase 4b: an asyncio service's event loop through a full outage ----------------
         if "loop-lag" in sel and cluster is None:
@@ -1264,6 +1340,10 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
             f"offered {run['rate_achieved']:,.0f}/s; {run['not_delivered_after_up']:,} post-restart msgs undelivered"
             + _cpu_split(run),
         )
+    for place in DRAIN_PLACES:
+        probes = runs.get(f"headroom/{place}")
+        if probes:
+            headroom_row(table, probes, outage, config.get("recovery_r0"), DRAIN_PLACES[place])
     spark_cpu = summary.get("spark/spark local[2]", {}).get("cpu_us_per_msg")
     cli_cpu = summary.get("spark/outbox drain", {}).get("cpu_us_per_msg")
     for name in ("outbox drain", *VARIANTS, "standalone, 1 executor(s)", "standalone, 2 executor(s)"):
