@@ -761,6 +761,16 @@ def main(argv: list[str] | None = None) -> int:
         config["recovery_r0"] = r0
         return float(r0)
 
+    def recovery_run(rate: float, drain: str, wait: float) -> Result:
+        """One recovery run: 200 B over 1,000 keys at `rate` msgs/s, draining in `drain`, through
+        a whole-cluster outage of its own; it waits up to `wait` s after the restart for empty."""
+        c = runner.start(
+            "recovery", {**common, "size": base, "rate": rate, "keys": 1000, "max_wait": wait, "drain": drain}
+        )
+        c.expect("READY", 120)
+        whole_outage(c, cluster, outage, say_stop=False)
+        return c.result(wait + 300)
+
     def fallback_run(name: str, size: int, params: Result) -> None:
         """A fallback run, then the same one with the compiled build (`--compiled`): `<name>_c`."""
         record(f"{name}/{size}", runner.run("resilient", params))
@@ -979,34 +989,22 @@ def main(argv: list[str] | None = None) -> int:
                     suffix = "" if drain == "threads" else f"/{drain}"
                     log(f"recovery at {frac:.0%} of R0 ({rate:,.0f} msgs/s, 1,000 keys), drain in {drain}: "
                         f"outage {outage:.0f}s")
-                    c = runner.start(
-                        "recovery",
-                        {**common, "size": base, "rate": rate, "keys": 1000, "max_wait": wait, "drain": drain},
-                    )
-                    c.expect("READY", 120)
-                    whole_outage(c, cluster, outage, say_stop=False)
-                    record(f"recovery/{round(frac * 100)}{suffix}", c.result(wait + 300))
+                    record(f"recovery/{round(frac * 100)}{suffix}", recovery_run(rate, drain, wait))
 
         # -- phase 4a: recovery headroom, by bisection over the share of R0 -----------------
         if "headroom" in sel and cluster is None:
             log("headroom needs a local cluster to stop and restart: skipped")
         elif "headroom" in sel:
             r0 = recovery_r0()
-            assert cluster is not None
             for drain in recovery_drains:
                 lo, hi, frac = 0.0, HEADROOM_CEILING, HEADROOM_TARGET
                 for _ in range(HEADROOM_PROBES_QUICK if quick else HEADROOM_PROBES):
                     rate = r0 * frac
                     log(f"headroom, drain in {drain}: {frac:.1%} of R0 ({rate:,.0f} msgs/s, 1,000 keys), "
                         f"outage {outage:.0f}s, empty within {HEADROOM_EMPTY_S:.0f}s?")
-                    c = runner.start(
-                        "recovery",
-                        {**common, "size": base, "rate": rate, "keys": 1000, "max_wait": HEADROOM_EMPTY_S,
-                         "drain": drain},
+                    probe = record(
+                        f"headroom/{drain}", {**recovery_run(rate, drain, HEADROOM_EMPTY_S), "share_of_r0": frac}
                     )
-                    c.expect("READY", 120)
-                    whole_outage(c, cluster, outage, say_stop=False)
-                    probe = record(f"headroom/{drain}", {**c.result(HEADROOM_EMPTY_S + 300), "share_of_r0": frac})
                     if emptied_in_time(probe):
                         lo = frac
                     else:
