@@ -124,6 +124,11 @@ class KafkaLink:
         #: more, or the next purge of the outbox's own. Not just while the purge runs: librdkafka
         #: may report a purged message after purge() returned.
         self.app_purging = False
+        # The delivery thread's polls, begun and ended, and whether the latest began while
+        # librdkafka held something (`poll_serving`). Written by that thread alone.
+        self._polls_begun = 0
+        self._polls_ended = 0
+        self._poll_began_holding = False
         self._stop = False
         self._tick: Callable[[], None] = lambda: None
         self._thread = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
@@ -268,13 +273,30 @@ class KafkaLink:
         """Poll librdkafka: serve reports and callbacks, keep what they raised, publish how
         many of the application's callbacks ran. A callback that raises ends librdkafka's poll;
         the rest are served by the next one. Returns how many events librdkafka served."""
+        self._poll_began_holding = len(self.kafka) > 0  # before the count: see poll_serving
+        self._polls_begun += 1
         try:
             served: int = self.kafka.poll(timeout)
         except Exception as exc:  # a callback raised: the application hears it in poll()/flush()
             self.poll_report.failed(exc)
             served = 1
+        finally:
+            self._polls_ended = self._polls_begun
         self.poll_report.publish()
         return served
+
+    def poll_serving(self) -> int:
+        """The delivery thread's poll that may still be running callbacks for events librdkafka
+        no longer counts (0: none). librdkafka takes a batch of events off its queue (log lines,
+        errors, stats) before it calls the first one, so `len()` is 0 while they are still to
+        run. They belong to a poll that began while librdkafka held something, and such a poll
+        returns as soon as they have run; a poll that began with nothing held only waits."""
+        begun = self._polls_begun
+        return begun if self._polls_ended != begun and self._poll_began_holding else 0
+
+    def poll_ended(self, poll: int) -> bool:
+        """Has the delivery thread's poll number `poll` (`poll_serving`) returned?"""
+        return self._polls_ended >= poll
 
     def flush_reports(self, timeout: float) -> int:
         """close(): serve librdkafka's remaining reports in this thread for up to `timeout` s.

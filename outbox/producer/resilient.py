@@ -104,6 +104,12 @@ DEFAULT_EXIT_TIMEOUT = 10.0
 #: The share of a bounded close() spent waiting for deliveries; the rest is kept for moving what
 #: is still undelivered to the outbox (committing it is what must not be cut short).
 _DELIVERY_SHARE = 0.5
+#: flush()'s step (seconds) while only the delivery thread's last callbacks are left to run.
+CALLBACKS_STEP = 0.0002
+#: flush()'s first step (seconds) between two looks at what is left, doubled up to the last: a
+#: produce-then-flush waits about a broker's round trip, and a long flush wakes 100 times a second.
+FLUSH_STEP_FIRST = 0.0005
+FLUSH_STEP_MAX = 0.01
 
 
 class ResilientProducer(PythonObject):
@@ -590,12 +596,21 @@ class ResilientProducer(PythonObject):
 
     def _flush(self, timeout: float | None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
+        step = FLUSH_STEP_FIRST
         while True:
             self._poll_report.raise_pending()
             in_memory = len(self._link)
             held = self._spill.held()
             queued = self.writer.pending() + held
             if in_memory == 0 and queued == 0:
+                # As confluent_kafka's flush(): every callback librdkafka had queued has run.
+                # Only the delivery thread's current poll is waited for: events queued later
+                # are the next flush()'s. Its callbacks are running: the wait is short, its step too.
+                serving = self._link.poll_serving()
+                while serving and not self._link.poll_ended(serving):
+                    if deadline is not None and time.monotonic() >= deadline:
+                        break
+                    time.sleep(CALLBACKS_STEP)
                 return 0
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -605,7 +620,8 @@ class ResilientProducer(PythonObject):
                 # Committing may hand write-ahead rows to librdkafka: look again afterwards.
                 self.writer.flush(left)
                 continue
-            time.sleep(0.01 if left is None else min(0.01, left))
+            time.sleep(step if left is None else min(step, left))
+            step = min(step * 2, FLUSH_STEP_MAX)
 
     def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
         """Drop the messages librdkafka holds, as confluent_kafka's purge() does.
