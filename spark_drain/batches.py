@@ -230,10 +230,11 @@ class MessageChunk(LazyClaim[BulkMessage]):
 
 def chunks(
     batches: Iterator[pa.RecordBatch], size: int, blockers: Mapping[tuple[str, bytes], int] | None = None,
-    ring: KeyRing | None = None,
+    ring: KeyRing | None = None, held_back: Callable[[MessageChunk], None] | None = None,
 ) -> Iterator[MessageChunk]:
     """The messages of message batches, in order, in chunks of at most `size`, opened with `ring`;
-    those an earlier message of their key holds back elsewhere (`outbox.stores.keyrule`) are left out.
+    those an earlier message of their key holds back elsewhere (`outbox.stores.keyrule`) are left
+    out, and given to `held_back`.
 
     A message not to send (`keep` false) is left out too, and holds back the later messages of its
     key (of its topic in the outbox) as a blocker would: it stays in the outbox before them.
@@ -252,6 +253,9 @@ def chunks(
             chunk = chunk.only(keep)
         if held:
             ids, topics, keys = chunk.cols[0], chunk.origin, chunk.cols[3]
-            chunk = chunk.only([not waits(t, k, i, held) for i, t, k in zip(ids, topics, keys, strict=True)])
+            waiting = [waits(t, k, i, held) for i, t, k in zip(ids, topics, keys, strict=True)]
+            if held_back is not None and any(waiting):
+                held_back(chunk.only(waiting))
+            chunk = chunk.only([not w for w in waiting])
         for start in range(0, len(chunk), size):
             yield chunk.part(start, start + size)

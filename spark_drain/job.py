@@ -223,6 +223,7 @@ def _send(
 
     from spark_drain.batches import COUNT_NAMES, COUNTS, SENT
     from spark_drain.send import SendConfig, send_batches, settle_split
+    from spark_drain.transform import change_mark
 
     cfg = SendConfig(
         outbox_url=options.outbox if options.from_parquet is None else None,
@@ -232,6 +233,9 @@ def _send(
         retry_delay=options.retry_delay,
         backoff=options.backoff,
         keys=options.keys,
+        # What it changed and does not deliver is stored changed; an archive's messages, nowhere.
+        changed=change_mark(options.sets, options.to_topic, options.transform, options.where)
+        if options.from_parquet is None else None,
     )
     # One task per (topic, key) hash, messages in id order: each key leaves from one producer in
     # its original order. The shuffle and the sort run in the JVM; messages without a key are

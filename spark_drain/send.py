@@ -11,7 +11,11 @@ Safety rules:
     * a failed send counts one attempt and follows the retry policy (`record_failures`), so a row
       Kafka rejects for good is dead-lettered instead of being retried forever;
     * after a retriable failure of a key, that key's later rows in this partition are not sent
-      (they stay pending, untouched), so a later drain still sends the key in order;
+      (they stay pending), so a later drain still sends the key in order;
+    * a message the job changed (`spark_drain.transform`) and does not deliver, for any of these
+      reasons or because its key was held back, is stored as changed (`Settlement.rewritten`), in
+      the transaction that settles it, with the `CHANGED_HEADER` of the changes: a later drain
+      sends the changed message, and a re-run of the same changes sends it as it is;
     * anything not acknowledged by the end stays pending. A retried Spark task may re-send rows
       that were delivered but not yet marked: duplicates are possible, losses are not.
 
@@ -41,8 +45,10 @@ from outbox.drain.sendloop import SendLoop
 from outbox.drain.settle import Verdict, add_to
 from outbox.retry import RetryPolicy
 from outbox.stores import open_outbox
-from outbox.stores.base import Outbox, Settlement
+from outbox.stores.base import Outbox, Rewrite, Settlement
+from outbox.stores.bulk import BulkMessage
 from spark_drain.batches import COUNT_NAMES, MessageChunk, chunks
+from spark_drain.transform import CHANGED_HEADER
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,6 +80,9 @@ class SendConfig:
     retry_delay: float = 3.0
     backoff: str = "fixed"
     keys: KeyRing | None = field(default=None, repr=False)
+    #: The `spark_drain.transform.change_mark` of the job's changes (None: nothing changed): every
+    #: message it changed and does not deliver is stored changed, carrying it (`PartitionSender`).
+    changed: str | None = None
 
     def policy(self) -> RetryPolicy:
         """The SDK's retry policy with this job's settings."""
@@ -92,6 +101,8 @@ class PartitionSender:
         self.failed_keys: set[tuple[str, bytes]] = set()
         #: Delivered messages of groups this task has not seen whole yet: group id -> (size, ids).
         self.split: dict[int, tuple[int, list[np.ndarray]]] = {}
+        #: Changed messages not delivered, to store as changed with the next settlement.
+        self.unsent: list[Rewrite] = []
         self._store: Outbox | None = None
 
     def _count(self, topics: Iterable[str], what: int) -> None:
@@ -107,6 +118,30 @@ class PartitionSender:
         if self._store is None:
             self._store = open_outbox(self.cfg.outbox_url, create=False, encryption=self.cfg.keys)
         return self._store
+
+    def keep_changed(self, messages: Iterable[BulkMessage]) -> None:
+        """Store these messages, changed and not delivered (failed, dead-lettered, given back,
+        unacknowledged, or held back behind their key), as changed, with the next settlement:
+        else a later drain would send them as they were before the change. Each carries the
+        `CHANGED_HEADER` of these changes, so that a re-run sends it as it is; one that already
+        does is stored so already."""
+        mark = self.cfg.changed
+        if mark is None or self.cfg.outbox_url is None:
+            return
+        header = (CHANGED_HEADER, mark.encode())
+        for m in messages:
+            if header not in m.headers:
+                hs = [h for h in m.headers if h[0] != CHANGED_HEADER]
+                self.unsent.append(Rewrite(m.id, m.msg_id, m.topic, m.value, [*hs, header], m.partition))
+
+    def _settle(self, settlement: Settlement, now: float) -> list[int]:
+        """Apply `settlement`, with the changed messages not delivered so far, in one transaction;
+        the ids of the rows dead-lettered now."""
+        if self.cfg.outbox_url is None:
+            return []
+        settlement.rewritten += self.unsent
+        self.unsent = []
+        return [r.id for r in self.store.apply(settlement, now=now).dead] if settlement else []
 
     def _hold(self, settlement: Settlement, group: int, size: int, ids: np.ndarray) -> None:
         """Delivered messages of a group: settled now once this task has all of the group (it is
@@ -148,8 +183,7 @@ class PartitionSender:
         settlement = Settlement()
         if loop.wait(batch):
             self._all_delivered(settlement, chunk)
-            if settlement and self.cfg.outbox_url is not None:
-                self.store.apply(settlement, now=time.time())
+            self._settle(settlement, time.time())
             self._count(chunk.cols[2], 1)
             return
         decided = loop.decide(batch, time.time)
@@ -169,8 +203,9 @@ class PartitionSender:
                 # This row will be sent again later: its key's later rows must wait for it (its key
                 # in the outbox: a message sent to another topic is ordered by its own).
                 self.failed_keys.add((origin[row.id], row.key))
-        settles = settlement and self.cfg.outbox_url is not None
-        dead = {r.id for r in self.store.apply(settlement, now=now).dead} if settles else set()
+        delivered = {row.id for row, d in decided if d.verdict is Verdict.DELIVERED}
+        self.keep_changed(m for m in chunk if m.id not in delivered)
+        dead = set(self._settle(settlement, now))
         failed = [(row, d) for row, d in decided if d.verdict not in (Verdict.DELIVERED, Verdict.RELEASE)]
         self._count((row.topic for row, d in decided if d.verdict is Verdict.DELIVERED), 1)
         self._count((row.topic for row, _ in failed if row.id in dead), 3)
@@ -186,11 +221,16 @@ class PartitionSender:
         try:
             for chunk in chunks:
                 self._count(chunk.cols[2], 0)
-                if self.failed_keys:  # its key must wait for the failed row: stays pending, untouched
+                if self.failed_keys:  # its key must wait for the failed row: stays pending (changed)
                     failed = self.failed_keys
-                    chunk = chunk.only([k is None or (t, k) not in failed
-                                        for t, k in zip(chunk.origin, chunk.cols[3], strict=True)])
+                    waiting = [k is not None and (t, k) in failed
+                               for t, k in zip(chunk.origin, chunk.cols[3], strict=True)]
+                    if any(waiting):
+                        self.keep_changed(chunk.only(waiting))
+                        chunk = chunk.only([not w for w in waiting])
                 self._send(loop, chunk)
+            if self.unsent:
+                self._settle(Settlement(), time.time())
         finally:
             loop.close(10)
             if self._store is not None:
@@ -214,7 +254,7 @@ def send_batches(
     import pyarrow as pa
 
     sender = PartitionSender(cfg)
-    counts = sender.run(chunks(batches, cfg.mark_batch, blockers, cfg.keys))
+    counts = sender.run(chunks(batches, cfg.mark_batch, blockers, cfg.keys, sender.keep_changed))
     cols: list[pa.Array] = [
         pa.array(list(c), type=pa.string() if i == 0 else pa.int64())
         for i, c in enumerate(zip(*counts, strict=True) if counts else [()] * len(COUNT_NAMES))

@@ -17,10 +17,16 @@ The job materialises the result before it sends anything (`spark_drain.job`), so
 expression or transform stops it with nothing sent and no row changed.
 
 Rows not kept (not matched by `--where`, or dropped by the transform) travel on to the send
-stage without their payload: they are not sent and not settled, and each holds back the later
-messages of its key in this run (`spark_drain.batches.chunks`), so the outbox's per-key order
-holds. `topic` is where a message goes; `origin` is its topic in the outbox, which routes,
-orders and holds back keys.
+stage without their payload: they are not sent, not settled and never rewritten, and each holds
+back the later messages of its key in this run (`spark_drain.batches.chunks`), so the outbox's
+per-key order holds. `topic` is where a message goes; `origin` is its topic in the outbox, which
+routes, orders and holds back keys.
+
+A changed message the send stage does not deliver is stored changed, with the header
+`CHANGED_HEADER: change_mark(...)` (`spark_drain.send`). A re-run: a message that carries the
+mark of this job's changes (`changed`) is kept whatever `--where` says, and passes every step
+unchanged: the same job run again sends what the first run left as that run changed it, never
+changing it twice. Other changes change it as any message.
 
 Why Arrow for the transform and not a DataFrame function: it runs in the Python worker of the
 task that already holds the batch, adds no Spark stage or shuffle, and any Python runs in it
@@ -29,7 +35,9 @@ task that already holds the batch, adds no Spark stage or shuffle, and any Pytho
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -66,12 +74,15 @@ DECODED = (
     "id LONG, msg_id STRING, topic STRING, key BINARY, value BINARY, "
     "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, part INT, attempts INT, first_failed_at DOUBLE, "
     "last_error STRING, timestamp LONG, grp LONG, grp_n LONG, origin STRING, header MAP<STRING, STRING>, "
-    "keep BOOLEAN, stored_headers BINARY"
+    "keep BOOLEAN, stored_headers BINARY, changed BOOLEAN"
 )
 DECODED_NAMES = (
     "id", "msg_id", "topic", "key", "value", "headers", "part", "attempts", "first_failed_at", "last_error",
-    "timestamp", "grp", "grp_n", "origin", "header", "keep", "stored_headers",
+    "timestamp", "grp", "grp_n", "origin", "header", "keep", "stored_headers", "changed",
 )
+#: The header a changed message the job did not deliver is stored with (`spark_drain.send`): the
+#: `change_mark` of the changes it holds.
+CHANGED_HEADER = "outbox-changed"
 #: What the send stage reads (`spark_drain.batches.MessageChunk`): a grouped store's message columns
 #: (payloads in clear, `enc_key` NULL), the message's topic in the outbox, and whether to send it.
 PREPARED = GROUPED_MESSAGES + ", origin STRING, keep BOOLEAN"
@@ -102,6 +113,23 @@ def load_transform(spec: str) -> Callable[[Iterator[pa.RecordBatch]], Iterable[p
     if not callable(fn):
         raise ConfigError(f"--transform {spec}: {name} is not a function")
     return fn  # type: ignore[no-any-return]
+
+
+def change_mark(sets: Sequence[tuple[str, str]], to_topic: str | None, transform: str | None,
+                where: str | None) -> str | None:
+    """The `CHANGED_HEADER` value of these changes: a digest of the options as given (the same
+    options, the same mark). None: nothing is changed (`--where` alone only selects)."""
+    if not (sets or to_topic is not None or transform):
+        return None
+    text = json.dumps([where, [list(s) for s in sets], to_topic, transform])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def marked_by(mark: str) -> bytes:
+    """The bytes of the header `CHANGED_HEADER: mark` inside a message's encoded headers."""
+    encoded = encode_headers([(CHANGED_HEADER, mark.encode())])
+    assert encoded is not None
+    return encoded
 
 
 def parse_set(text: str) -> tuple[str, str]:
@@ -141,19 +169,22 @@ def _headers_of(stored: bytes | None, msg_id: str) -> list[tuple[str, bytes | No
 
 
 def decode_batches(
-    ring: KeyRing | None, with_headers: bool, batches: Iterator[pa.RecordBatch]
+    ring: KeyRing | None, with_headers: bool, mark: str | None, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """`mapInArrow` body: message batches (`MESSAGES` + `SEALED`, or `GROUPED_MESSAGES`) as `DECODED`.
 
     `stored_headers` carries the headers as stored (opened, when sealed). Only `with_headers` are
     they decoded into `headers` and `header` (else empty): most changes touch values and topics
-    only, and then no message is taken apart in Python.
+    only, and then no message is taken apart in Python. `changed`: the message carries the
+    `CHANGED_HEADER` of `mark`, these very changes (an earlier run stored it changed), found in
+    the stored bytes without decoding them.
 
     Raises:
         DecryptionError: a message is sealed with a key `ring` does not hold.
     """
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     for b in batches:
         names = b.schema.names
@@ -183,6 +214,10 @@ def decode_batches(
             no_offsets = pa.array(np.zeros(n + 1, np.int32))
             header_list = pa.ListArray.from_arrays(no_offsets, pa.array([], _header_type().value_type))
             header_map = pa.MapArray.from_arrays(no_offsets, pa.array([], pa.string()), pa.array([], pa.string()))
+        if mark is None:
+            changed = pa.array(np.zeros(n, bool))
+        else:  # the encoded header is ASCII: its length prefixes are small, its name and mark hex
+            changed = pc.fill_null(pc.match_substring(stored_headers, marked_by(mark).decode("ascii")), False)
         yield pa.RecordBatch.from_arrays(
             [
                 b.column("id"), b.column("msg_id"), b.column("topic"), b.column("key"), value, header_list,
@@ -190,7 +225,7 @@ def decode_batches(
                 b.column("timestamp"),
                 b.column("grp") if "grp" in names else b.column("id"),
                 b.column("grp_n") if "grp_n" in names else pa.array(np.ones(n, np.int64)),
-                b.column("topic"), header_map, pa.array(np.ones(n, bool)), stored_headers,
+                b.column("topic"), header_map, pa.array(np.ones(n, bool)), stored_headers, changed,
             ],
             names=list(DECODED_NAMES),
         )
@@ -210,7 +245,8 @@ def apply_sql(df: DataFrame, where: str | None, sets: Sequence[tuple[str, str]],
 
     A string `value` becomes its UTF-8 bytes. Rows `--where` does not match (or matches as null)
     are not kept; `--set` and `--to-topic` change only rows kept, so an expression never fails
-    on a row that is not sent.
+    on a row that is not sent. A row an earlier run of these changes stored changed (`changed`)
+    is kept and left as it is: it is sent as that run changed it, never changed twice.
 
     Raises:
         ConfigError: an expression does not parse or resolve, or has the wrong type.
@@ -220,6 +256,7 @@ def apply_sql(df: DataFrame, where: str | None, sets: Sequence[tuple[str, str]],
     from pyspark.sql.types import BinaryType, BooleanType, NullType, StringType
 
     keep = F.col("keep")
+    fresh = F.col("keep") & ~F.col("changed")  # kept, and not changed yet
     if where is not None:
         try:
             cond = F.expr(where)
@@ -228,7 +265,7 @@ def apply_sql(df: DataFrame, where: str | None, sets: Sequence[tuple[str, str]],
             raise ConfigError(f"--where {where!r}: {_sql_error(exc)}") from None
         if not isinstance(kind, BooleanType | NullType):
             raise ConfigError(f"--where {where!r}: the expression is {kind.simpleString()}, not a condition")
-        df = df.withColumn("keep", keep & F.coalesce(cond, F.lit(False)))
+        df = df.withColumn("keep", keep & (F.col("changed") | F.coalesce(cond, F.lit(False))))
     for name, text in sets:
         try:
             expr = F.expr(text)
@@ -242,9 +279,9 @@ def apply_sql(df: DataFrame, where: str | None, sets: Sequence[tuple[str, str]],
                 + ("a string or binary" if name == "value" else "a string")
             )
         expr = expr.cast("binary" if name == "value" else "string")
-        df = df.withColumn(name, F.when(keep, expr).otherwise(F.col(name)))
+        df = df.withColumn(name, F.when(fresh, expr).otherwise(F.col(name)))
     if to_topic is not None:
-        df = df.withColumn("topic", F.when(keep, F.lit(to_topic)).otherwise(F.col("topic")))
+        df = df.withColumn("topic", F.when(fresh, F.lit(to_topic)).otherwise(F.col("topic")))
     return df
 
 
@@ -312,11 +349,12 @@ def finish_batches(
         n = b.num_rows
         ids = b.column("id").to_pylist()
         keep = b.column("keep").to_pylist()
+        changed = b.column("changed").to_pylist()
         topics = b.column("topic").to_pylist()
         values = b.column("value").to_pylist()
         headers = [[(h["key"], h["value"]) for h in hs] for hs in b.column("headers").to_pylist()]
-        if fn is not None and any(keep):
-            kept = [i for i in range(n) if keep[i]]
+        kept = [i for i in range(n) if keep[i] and not changed[i]]  # changed already: sent as it is
+        if fn is not None and kept:
             view = b.take(pa.array(kept)).select(list(VIEW_NAMES))
             at = {ids[i]: p for p, i in enumerate(kept)}  # id -> its row in `view`
             given = {name: view.column(name).to_pylist() for name in READ_ONLY}
@@ -436,7 +474,8 @@ def _passed_through(b: pa.RecordBatch, replay: bool) -> pa.RecordBatch:
 
 def prepare(messages: DataFrame, ring: KeyRing | None, where: str | None, sets: Sequence[tuple[str, str]],
             to_topic: str | None, transform: str | None, replay: bool) -> DataFrame:
-    """Message batches (`MESSAGES` + `SEALED`, or `GROUPED_MESSAGES`) through the three steps, as `PREPARED`.
+    """Message batches (`MESSAGES` + `SEALED`, or `GROUPED_MESSAGES`) through the three steps, as `PREPARED`;
+    messages that carry these changes' `change_mark` pass as they are.
 
     Raises:
         ConfigError: an expression does not parse or resolve (checked here, before any row is read).
@@ -444,7 +483,8 @@ def prepare(messages: DataFrame, ring: KeyRing | None, where: str | None, sets: 
     import functools
 
     with_headers = uses_headers(where, sets, transform)
-    decoded = messages.mapInArrow(functools.partial(decode_batches, ring, with_headers), DECODED)
+    mark = change_mark(sets, to_topic, transform, where)
+    decoded = messages.mapInArrow(functools.partial(decode_batches, ring, with_headers, mark), DECODED)
     shaped = apply_sql(decoded, where, sets, to_topic)
     return shaped.select(*DECODED_NAMES).mapInArrow(
         functools.partial(finish_batches, transform, replay, with_headers), PREPARED

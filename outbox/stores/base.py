@@ -19,6 +19,7 @@ from typing import Any
 
 from outbox.errors import ConfigError
 from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from outbox.stores import sealed
 from outbox.stores.backlog import Backlog
 from outbox.stores.bulk import BulkRead
 from outbox.stores.codec import decode_headers, encode_headers
@@ -170,6 +171,28 @@ class Failure:
     name: str
 
 
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """A pending row's message replaced by the one its sender changed it into and did not deliver
+    (the Spark job's `--set`, `--to-topic`, `--transform`): what the outbox keeps, and later sends,
+    is then the changed message. The row keeps its id, msg_id, key, timestamp and retry state.
+
+    Attributes:
+        id: row id.
+        msg_id: the row's msg_id: a row that does not hold it is left alone (an encrypted row's
+            payload is sealed bound to it).
+        topic, value, headers: the changed message.
+        partition: its fixed partition; -1: none (a message sent to another topic).
+    """
+
+    id: int
+    msg_id: str
+    topic: str
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    partition: int = -1
+
+
 @dataclass
 class Settlement:
     """The decisions about one batch of sent rows, applied by `Outbox.apply` in one transaction.
@@ -181,9 +204,21 @@ class Settlement:
     delivered: list[int] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     released: list[int] = field(default_factory=list)
+    rewritten: list[Rewrite] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.delivered or self.failures or self.released)
+        return bool(self.delivered or self.failures or self.released or self.rewritten)
+
+
+def stored_payload(
+    msg_id: str, value: bytes | None, headers: list[tuple[str, bytes | None]], ring: KeyRing | None
+) -> tuple[bytes | None, bytes | None, str | None]:
+    """A one-message row's value, headers and enc_key columns for this payload: sealed with the
+    newest key of `ring`, bound to `msg_id` (`outbox.stores.sealed`), or in clear without one."""
+    encoded = encode_headers(headers)
+    if ring is None:
+        return value, encoded, None
+    return (*sealed.seal_payload(ring, msg_id, value, encoded), ring.current)
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +380,10 @@ class MessageStore(abc.ABC):
         * `settlement.failures`: one failed attempt counted per row; rescheduled at `retry_at`,
           or dead-lettered (`retry_at` None). Rows already deleted or dead are ignored.
         * `settlement.released`: leased rows given back, due at `now`, no attempt counted.
+        * `settlement.rewritten`: pending rows' topic, value, headers and partition replaced
+          (`Rewrite`; sealed with the newest key when the store encrypts), before the failures
+          are counted. A group holding one is first exploded into one-message rows. Rows no
+          longer pending, or not holding the `Rewrite`'s msg_id, are left alone.
         * `new`: PENDING rows, born leased to `lease_owner` until `lease_until` if given
           (write-ahead mode: the producer sends them itself).
 

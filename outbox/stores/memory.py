@@ -212,6 +212,12 @@ class MemoryOutbox(Outbox):
                     del self._rows[i]
                     self._owners.pop(i, None)
                     deleted += 1
+            for r in settlement.rewritten:
+                m = self._rows.get(r.id)
+                if m is not None and m.status is _PENDING and m.msg_id == r.msg_id:
+                    self._rows[r.id] = m._replace(
+                        topic=r.topic, value=r.value, headers=_same_headers(r.headers), partition=r.partition
+                    )
             dead = [d for d in (self._fail(f) for f in settlement.failures) if d is not None]
             for i in settlement.released:
                 m = self._rows.get(i)

@@ -71,8 +71,10 @@ from outbox.stores.base import (
     Capabilities,
     Failure,
     Outbox,
+    Rewrite,
     Settlement,
     insert_values,
+    stored_payload,
 )
 from outbox.stores.encryption import KeyRing
 from outbox.stores.grouping import NewGroup, prepare, rows_of
@@ -410,7 +412,10 @@ class PostgresOutbox(PostgresAdmin, Outbox):
 
     def _groups_touched(self, conn: psycopg.Connection[Any], settlement: Settlement) -> list[tuple[int, int]]:
         """(id, n) of the group rows whose messages the settlement names (on the group index)."""
-        touched = [*settlement.delivered, *settlement.released, *(f.id for f in settlement.failures)]
+        touched = [
+            *settlement.delivered, *settlement.released, *(f.id for f in settlement.failures),
+            *(r.id for r in settlement.rewritten),
+        ]
         if not touched:
             return []
         return conn.execute(
@@ -430,7 +435,8 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         are not these groups' (one-message rows, for `_delete`): none, without a look at each
         id, when every delivered message was a whole group's (a healthy drain's settlement)."""
         released = set(settlement.released)
-        other = {f.id for f in settlement.failures} | released
+        rewritten = {r.id for r in settlement.rewritten}
+        other = {f.id for f in settlement.failures} | released | rewritten
         whole: list[range] = []  # the messages' ids of the groups deleted whole
         split: set[int] = set()  # delivered messages of the groups split
         gone = 0
@@ -438,7 +444,7 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             ids = range(gid + 1, gid + n + 1)
             if delivered.issuperset(ids):
                 whole.append(ids)
-            elif released.issuperset(ids):
+            elif released.issuperset(ids) and rewritten.isdisjoint(ids):
                 # Given back whole (a stop, the cluster gone, a drain's next batch not sent): the
                 # group stays one row, due now.
                 conn.execute(
@@ -461,6 +467,25 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             return gone, []
         of_groups = split.union(*whole)
         return gone, [i for i in settlement.delivered if i not in of_groups]
+
+    def _rewrite(self, conn: psycopg.Connection[Any], rewrites: Sequence[Rewrite]) -> None:
+        """Replace pending one-message rows' messages (`Outbox.apply`; their groups are exploded
+        already), in one statement."""
+        if not rewrites:
+            return
+        stored = [stored_payload(r.msg_id, r.value, r.headers, self.encryption) for r in rewrites]
+        conn.execute(
+            f'UPDATE {self._t} AS o SET topic = r.topic, value = r.value, headers = r.headers, enc_key = r.kid, '
+            '"partition" = r.part '
+            "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bytea[], %s::bytea[], %s::text[], %s::int[]) "
+            "AS r(id, msg_id, topic, value, headers, kid, part) "
+            "WHERE o.id = r.id AND o.msg_id = r.msg_id AND o.status = 0",
+            [
+                [r.id for r in rewrites], [r.msg_id for r in rewrites], [r.topic for r in rewrites],
+                [v for v, _, _ in stored], [h for _, h, _ in stored], [k for _, _, k in stored],
+                [r.partition for r in rewrites],
+            ],
+        )
 
     def _explode(self, conn: psycopg.Connection[Any], gid: int, *, skip: Collection[int] = ()) -> int:
         """Replace a group row with one row per message (their own ids; lease and created_at
@@ -512,7 +537,7 @@ class PostgresOutbox(PostgresAdmin, Outbox):
     ) -> Applied:
         if not settlement and not new:
             return Applied([], 0, [])
-        if not (new or settlement.failures or settlement.released):
+        if not (new or settlement.failures or settlement.released or settlement.rewritten):
             # The common settlement, a delivered batch: set-based DELETEs that commit on their
             # own (autocommit), without the BEGIN and COMMIT round trips of a transaction; each
             # deletes only what was delivered, so a crash between them loses nothing.
@@ -529,6 +554,7 @@ class PostgresOutbox(PostgresAdmin, Outbox):
             found = self._groups_touched(conn, settlement)
             deleted, rest = self._settle_groups(conn, settlement, now, found, set(settlement.delivered))
             deleted += self._delete(conn, rest)
+            self._rewrite(conn, settlement.rewritten)
             dead = self._fail(conn, settlement.failures)
             if settlement.released:
                 conn.execute(

@@ -8,7 +8,7 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from outbox.errors import UnknownMessageError
-from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from outbox.records import AuditEntry, DeadLetterFilter, OutboxMessage, Status, StoreStats
 from outbox.stores import grouped, sealed
 from outbox.stores.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.stores.base import (
@@ -16,10 +16,9 @@ from outbox.stores.base import (
     Erased,
     StoreAdmin,
     dead_letter_where,
-    insert_values,
     row_from_columns,
+    stored_payload,
 )
-from outbox.stores.codec import encode_headers
 from outbox.stores.encryption import KeyRing
 
 if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily at run time.
@@ -235,21 +234,15 @@ class PostgresAdmin(PostgresConnection, RotatingStore, StoreAdmin):
     def redrive_edited(
         self, id: int, *, value: bytes | None, headers: list[tuple[str, bytes | None]], now: float
     ) -> bool:
-        ring = self.encryption
         with self._tx() as conn:
-            kid: str | None = None
-            stored: tuple[Any, ...] = (value, encode_headers(headers))
-            if ring is not None:  # encrypted again with the newest key, bound to its msg_id
-                row = conn.execute(f"SELECT msg_id FROM {self._t} WHERE id = %s AND status = 2", [id]).fetchone()
-                if row is None:
-                    return False
-                v = sealed.seal_values(insert_values(NewMessage("", value, None, headers, msg_id=row[0]),
-                                                     Status.DEAD, None, None, now), ring)
-                stored, kid = (v[3], v[4]), ring.current
+            row = conn.execute(f"SELECT msg_id FROM {self._t} WHERE id = %s AND status = 2", [id]).fetchone()
+            if row is None:
+                return False
+            # Encrypted again with the newest key, bound to its msg_id, when the store encrypts.
             return conn.execute(
                 f"UPDATE {self._t} SET value = %s, headers = %s, enc_key = %s, status = 0, attempts = 0, "
                 "next_attempt_at = %s, ready_at = %s, lease_owner = NULL WHERE id = %s AND status = 2",
-                [*stored, kid, now, now, id],
+                [*stored_payload(row[0], value, headers, self.encryption), now, now, id],
             ).rowcount == 1
 
     def trace(self, msg_id: str) -> list[OutboxMessage]:

@@ -32,9 +32,11 @@ from outbox.stores.base import (
     Capabilities,
     Failure,
     Outbox,
+    Rewrite,
     Settlement,
     insert_values,
     row_from_columns,
+    stored_payload,
 )
 from outbox.stores.bulk import BulkRead
 from outbox.stores.encryption import KeyRing
@@ -275,7 +277,8 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         drain's settlement, whose ids are not looked at one by one)."""
         delivered = set(settlement.delivered)
         released = set(settlement.released)
-        other = {f.id for f in settlement.failures} | released
+        rewritten = {r.id for r in settlement.rewritten}
+        other = {f.id for f in settlement.failures} | released | rewritten
         touched = delivered | other if other else delivered
         lo, hi = min(touched), max(touched)
         found = c.execute(
@@ -290,7 +293,7 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
                 of_groups += n
                 if c.execute("DELETE FROM outbox WHERE id = ? AND status = 0", (gid,)).rowcount:
                     gone += n
-            elif released.issuperset(members):
+            elif released.issuperset(members) and rewritten.isdisjoint(members):
                 # Given back whole (a stop, the cluster gone, a drain's next batch not sent): the
                 # group stays one row, due now.
                 c.execute("UPDATE outbox SET lease_owner = NULL, next_attempt_at = ? WHERE id = ? AND status = 0",
@@ -302,6 +305,17 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
                     gone += len(done)
                     of_groups += len(done)
         return gone, of_groups == len(delivered)
+
+    def _rewrite(self, c: sqlite3.Connection, rewrites: Sequence[Rewrite]) -> None:
+        """Replace pending one-message rows' messages (`Outbox.apply`; their groups are exploded
+        already). The old bytes are zeroed (secure_delete)."""
+        if rewrites:
+            c.executemany(
+                'UPDATE outbox SET topic = ?, value = ?, headers = ?, enc_key = ?, "partition" = ? '
+                "WHERE id = ? AND msg_id = ? AND status = 0",
+                [(r.topic, *stored_payload(r.msg_id, r.value, r.headers, self.encryption), r.partition, r.id, r.msg_id)
+                 for r in rewrites],
+            )
 
     def _message(self, r: Sequence[Any]) -> OutboxMessage:
         """A row selected with `ROW` as a message, its payload decrypted (`sealed.open_row`)."""
@@ -358,13 +372,14 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         if not settlement and not new:
             return Applied([], 0, [])
         parts = prepare(new, Status.PENDING, lease_owner, lease_until, now, self.encryption)
-        # Failures must last (attempt counts decide dead letters); new rows must last.
-        with self._write(stores_messages=bool(new or settlement.failures)) as c:
+        # Failures must last (attempt counts decide dead letters); new and rewritten rows must last.
+        with self._write(stores_messages=bool(new or settlement.failures or settlement.rewritten)) as c:
             ids = self._insert(c, parts, now)
             with _zeroing_only_written_pages(c):
                 deleted, only_groups = self._settle_groups(c, settlement, now) if settlement else (0, True)
                 if not only_groups:
                     deleted += self._delete(c, settlement.delivered)
+            self._rewrite(c, settlement.rewritten)
             dead = self._fail(c, settlement.failures)
             if settlement.released:
                 c.executemany(

@@ -9,16 +9,15 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from outbox.errors import UnknownMessageError
-from outbox.records import AuditEntry, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
+from outbox.records import AuditEntry, DeadLetterFilter, OutboxMessage, Status, StoreStats
 from outbox.stores import grouped, sealed
 from outbox.stores.backlog import Backlog, backlog_from_rows, backlog_sql
 from outbox.stores.base import (
     Erased,
     StoreAdmin,
     dead_letter_where,
-    insert_values,
+    stored_payload,
 )
-from outbox.stores.codec import encode_headers
 from outbox.stores.encryption import KeyRing
 from outbox.stores.rotation import Resealed, RotatingStore, StoredPayload
 from outbox.stores.sqlite_conn import SQLiteConnection
@@ -205,21 +204,15 @@ class SQLiteAdmin(SQLiteConnection, RotatingStore, StoreAdmin):
     def redrive_edited(
         self, id: int, *, value: bytes | None, headers: list[tuple[str, bytes | None]], now: float
     ) -> bool:
-        ring = self.encryption
         with self._write() as c:
-            kid: str | None = None
-            stored: tuple[Any, ...] = (value, encode_headers(headers))
-            if ring is not None:  # encrypted again with the newest key, bound to its msg_id
-                row = c.execute("SELECT msg_id FROM outbox WHERE id = ? AND status = 2", (id,)).fetchone()
-                if row is None:
-                    return False
-                v = sealed.seal_values(insert_values(NewMessage("", value, None, headers, msg_id=row[0]),
-                                                     Status.DEAD, None, None, now), ring)
-                stored, kid = (v[3], v[4]), ring.current
+            row = c.execute("SELECT msg_id FROM outbox WHERE id = ? AND status = 2", (id,)).fetchone()
+            if row is None:
+                return False
+            # Encrypted again with the newest key, bound to its msg_id, when the store encrypts.
             return c.execute(
                 "UPDATE outbox SET value = ?, headers = ?, enc_key = ?, status = 0, attempts = 0, "
                 "next_attempt_at = ?, lease_owner = NULL WHERE id = ? AND status = 2",
-                (*stored, kid, now, id),
+                (*stored_payload(row[0], value, headers, self.encryption), now, id),
             ).rowcount == 1
 
     def trace(self, msg_id: str) -> list[OutboxMessage]:

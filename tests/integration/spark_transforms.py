@@ -58,3 +58,10 @@ def new_keys(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Gives every message the key b"other" (not allowed)."""
     for b in batches:
         yield b.set_column(b.schema.get_field_index("key"), "key", pa.array([b"other"] * b.num_rows, pa.binary()))
+
+
+def exclaim(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Each value with a "!" appended: applied twice, a value would end in "!!"."""
+    for b in batches:
+        values = [None if v is None else v + b"!" for v in b.column("value").to_pylist()]
+        yield pa.RecordBatch.from_arrays([b.column("id"), pa.array(values, pa.binary())], names=["id", "value"])

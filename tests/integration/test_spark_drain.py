@@ -915,7 +915,9 @@ def test_a_transform_routes_changes_and_drops_pending_messages_in_key_order(
 
     assert again.total.delivered == held + 1 and pending(outbox_url) == 0
     k0_got = [m.value() for m in consume_all(topic, n // 2, timeout=60) if m.key() == b"k0"]
-    assert k0_got == [b"k0:%d!" % s for s in range(1, 5)] + [b"k0:%d" % s for s in range(5, len(k0) + 1)]
+    # The dropped message as it was; the ones held back behind it as the transform changed them.
+    assert k0_got == [b"k0:%d!" % s for s in range(1, 5)] + [b"k0:5"] + [
+        b"k0:%d!" % s for s in range(6, len(k0) + 1)]
 
 
 class Unmarked:
@@ -973,12 +975,13 @@ def test_a_failing_transform_sends_nothing_and_changes_no_row(
     assert state() == before
 
 
-def test_a_changed_message_kafka_refuses_is_dead_lettered_and_the_row_keeps_its_bytes(
+def test_a_changed_message_kafka_refuses_is_dead_lettered_as_changed(
     spark: Any, tmp_path: Path, kafka_bootstrap: str, make_topic: Callable[..., str],
     consume_all: Callable[..., list[Any]],
 ) -> None:
     """`--set value=` makes one message too large for the topic: the retry policy dead-letters it
-    at once (the row as stored, not as changed); the others are delivered, in order, and deleted."""
+    at once, as changed (a replay sends what the job meant to send); the others are delivered, in
+    order, and deleted."""
     url = f"sqlite:///{tmp_path / 'outbox.db'}"
     small = make_topic(partitions=1, config={"max.message.bytes": "4096"})
     with open_outbox(url) as store:
@@ -991,11 +994,108 @@ def test_a_changed_message_kafka_refuses_is_dead_lettered_and_the_row_keeps_its_
     assert (report.total.read, report.total.delivered, report.total.dead) == (4, 3, 1)
     with open_outbox(url, create=False) as store:
         dead = store.list_dead()
-        assert [(d.msg_id, d.value, d.attempts) for d in dead] == [("a:2", b"a:2", 1)]
+        assert [(d.msg_id, d.value, d.attempts) for d in dead] == [("a:2", b"x" * 20000, 1)]
         assert store.stats(now=time.time() + 3600).pending == 0
     got = [m.value() for m in consume_all(small, 4, timeout=15)]
     assert sorted(got) == [b"a:1!", b"a:3!", b"b:1!"]
     assert [v for v in got if v.startswith(b"a")] == [b"a:1!", b"a:3!"]  # key a in order
+
+
+#: Sends to a topic that does not exist fail (retriably) within 3 s instead of creating it.
+NO_AUTO_CREATE = {"allow.auto.create.topics": "false", "message.timeout.ms": "3000"}
+
+
+def test_changed_messages_not_delivered_stay_in_the_outbox_changed_and_a_plain_drain_sends_them(
+    spark: Any, outbox_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """`--where`, `--set value=` and `--set topic=` to a topic that does not exist yet: the first
+    message of key a fails (retriably), the two after it are held back, b:1 grows too large and is
+    dead-lettered. Each is left in the outbox as changed (topic, value, `outbox-original-topic`);
+    the unselected row is untouched. Once the topic exists, `outbox drain` sends the changed
+    messages, key a in order."""
+    small = make_topic(partitions=1, config={"max.message.bytes": "4096"})
+    gone, later = f"{small}-gone", f"{small}-later"  # neither exists
+    with open_outbox(outbox_url, create=False) as store:
+        [unselected] = store.enqueue([NewMessage(small, b"u:1", b"u", headers=[("app", b"x")], msg_id="u:1")])
+        store.enqueue([NewMessage(small, v.encode(), v[:1].encode(), msg_id=v) for v in ("b:1", "b:2", "c:1")])
+        store.enqueue([NewMessage(gone, v.encode(), b"a", headers=[("app", b"x")], msg_id=v)
+                       for v in ("a:1", "a:2", "a:3")])
+    before = {r["id"]: r for r in stored_rows(outbox_url)}
+    grow = "CASE WHEN value = cast('b:1' as binary) THEN repeat('x', 20000) ELSE concat(cast(value as string), '!') END"
+    move = f"CASE WHEN topic = '{gone}' THEN '{later}' ELSE topic END"
+
+    report = run_job(spark, opts(
+        outbox_url, kafka_bootstrap, where="key <> cast('u' AS BINARY)", sets=(("value", grow), ("topic", move)),
+        mark_batch=1, max_attempts=5, retry_delay=0, kafka_config=NO_AUTO_CREATE,
+    ))
+
+    t = report.total
+    assert (t.delivered, t.failed, t.dead, t.left, report.skipped) == (2, 1, 1, 2, 1)
+    with open_outbox(outbox_url, create=False) as store:
+        [dead] = store.list_dead()
+        assert (dead.msg_id, dead.topic, dead.value) == ("b:1", small, b"x" * 20000)
+        left = sorted((m for m in store.messages() if m.status is Status.PENDING), key=lambda m: m.id)
+        assert [m.msg_id for m in left] == ["u:1", "a:1", "a:2", "a:3"]
+        assert left[0] == store.get(unselected) and left[0].value == b"u:1"
+        for m in left[1:]:
+            assert (m.topic, m.value, m.key, m.partition) == (later, m.msg_id.encode() + b"!", b"a", -1)
+            names = dict(m.headers)
+            assert names["app"] == b"x" and names["outbox-original-topic"] == gone.encode()
+            assert names["outbox-changed"]
+        assert [m.attempts for m in left[1:]] == [1, 0, 0]
+    assert stored_rows(outbox_url)[0] == before[unselected]  # byte for byte
+
+    make_topic(partitions=1, name=later)
+    plain = url_for_cli(outbox_url)
+    drain = subprocess.run([str(Path(sys.executable).parent / "outbox"), "drain", "--outbox", plain,
+                            "-b", kafka_bootstrap, "--until-empty"], capture_output=True, text=True, timeout=120)
+    assert drain.returncode == 0, drain.stderr[-2000:]
+    got = consume_all(later, 4, timeout=15)
+    assert [m.value() for m in got] == [b"a:1!", b"a:2!", b"a:3!"]
+    assert {header(m, "outbox-original-topic") for m in got} == {gone.encode()}
+    assert sorted(m.value() for m in consume_all(small, 4, timeout=15)) == [b"b:2!", b"c:1!", b"u:1"]
+    assert pending(outbox_url) == 0
+
+
+def url_for_cli(url: str) -> str:
+    """The outbox URL as the `outbox` command takes it (the JDBC form as postgresql://)."""
+    parsed = parse_url(url)
+    if parsed.kind == "sqlite":
+        return f"sqlite:///{parsed.path}"
+    kw = parsed.psycopg_kwargs()
+    return f"postgresql://{kw['user']}:{kw['password']}@{kw['host']}:{kw['port']}/{kw['dbname']}"
+
+
+def test_a_rerun_sends_what_an_encrypted_outbox_kept_changed_without_changing_it_again(
+    spark: Any, outbox_url: str, kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path,
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """A transform that appends "!", to a topic that does not exist yet: key a's first message
+    fails and the others are held back, all kept sealed with the key, changed. Run again once the
+    topic exists, the same job sends them as they were changed ("a:1!", never "a:1!!"), in order."""
+    topic = f"{make_topic()}-later"
+    key, _, _ = new_key(tmp_path, "outbox.key")
+    ring = KeyRing([key])
+    with open_outbox(outbox_url, create=False, encryption=ring) as store:
+        store.enqueue([NewMessage(topic, f"a:{i}".encode(), b"a", msg_id=f"a:{i}") for i in (1, 2, 3)])
+    options = {"transform": f"{TRANSFORMS}:exclaim", "keys": ring, "mark_batch": 1, "retry_delay": 0}
+
+    first = run_job(spark, opts(outbox_url, kafka_bootstrap, kafka_config=NO_AUTO_CREATE, **options))
+
+    assert (first.total.failed, first.total.left) == (1, 2)
+    assert {r["enc_key"] for r in stored_rows(outbox_url)} == {key.id}
+    assert all(b"a:" not in (r["value"] or b"") for r in stored_rows(outbox_url))  # sealed
+    with open_outbox(outbox_url, create=False, encryption=ring) as store:
+        assert [m.value for m in sorted(store.messages(), key=lambda m: m.id)] == [b"a:1!", b"a:2!", b"a:3!"]
+
+    make_topic(partitions=1, name=topic)
+    again = run_job(spark, opts(outbox_url, kafka_bootstrap, **options))
+
+    assert again.total.delivered == 3 and pending(outbox_url) == 0
+    got = consume_all(topic, 4, timeout=15)
+    assert [m.value() for m in got] == [b"a:1!", b"a:2!", b"a:3!"]
+    assert [header(m, "outbox-id") for m in got] == [b"a:1", b"a:2", b"a:3"]
 
 
 def test_changes_are_checked_before_anything_is_read(spark: Any, tmp_path: Path, kafka_bootstrap: str) -> None:

@@ -33,8 +33,9 @@ from hypothesis.stateful import (
 
 from outbox.errors import ConfigError, UnknownMessageError
 from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
-from outbox.stores.base import ERASE_BATCH, Erased, Failure, Outbox, Settlement
+from outbox.stores.base import ERASE_BATCH, Erased, Failure, Outbox, Rewrite, Settlement
 from outbox.stores.bulk import BulkSelection, explode, explode_keys
+from outbox.stores.encryption import Key, KeyRing
 from outbox.stores.keyrule import first_blockers, waits
 from outbox.stores.memory import MemoryOutbox
 from outbox.stores.sqlite import SQLiteOutbox
@@ -944,6 +945,74 @@ def test_apply_settles_a_whole_batch_in_one_call(store: Outbox) -> None:
     assert (rd.attempts, rd.next_attempt_at, rd.last_error) == (0, NOW + 1, None)  # released: no attempt
     assert store.get(done.new_ids[0]).next_attempt_at == NOW + 60
     assert ids(store.claim("w2", 10, 30, now=NOW + 1)) == [d]
+
+
+def test_apply_rewrites_pending_rows_with_their_settlement(store: Outbox) -> None:
+    """A rewrite replaces a pending row's topic, value, headers and partition in the settlement's
+    transaction; id, msg_id, key, timestamp and the failure it comes with are kept. A row of
+    another msg_id, a dead letter and rows not named are left as they were."""
+    [a, b, c, x] = store.enqueue([
+        msg("t", value=b"a", key=b"k", msg_id="a", partition=2, timestamp=7, headers=[("h", b"1")]),
+        msg("t", value=b"b", key=b"k", msg_id="b"), msg("t", value=b"c", msg_id="c"), msg("t", msg_id="x"),
+    ])
+    [d] = store.add_dead([msg("t", value=b"d", msg_id="d")], failed_at=NOW)
+    before = {i: store.get(i) for i in (c, x, d)}
+    done = store.apply(
+        Settlement(
+            failures=[fail(a, NOW + 9), fail(b, None)],
+            rewritten=[
+                Rewrite(a, "a", "u", b"a!", [("h", b"2"), ("outbox-original-topic", b"t")]),
+                Rewrite(b, "b", "t", None, [("h", None)], partition=1),
+                Rewrite(c, "not-c", "u", b"c!", []), Rewrite(d, "d", "u", b"d!", []),
+            ],
+        ),
+        now=NOW,
+    )
+    ra = store.get(a)
+    redirected = [("h", b"2"), ("outbox-original-topic", b"t")]
+    assert (ra.topic, ra.value, ra.headers, ra.partition) == ("u", b"a!", redirected, -1)
+    assert (ra.msg_id, ra.key, ra.timestamp, ra.status, ra.attempts, ra.next_attempt_at) == (
+        "a", b"k", 7, Status.PENDING, 1, NOW + 9)
+    [rb] = done.dead
+    assert (rb.id, rb.value, rb.headers, rb.partition, rb.status) == (b, None, [("h", None)], 1, Status.DEAD)
+    assert store.get(b) == rb
+    assert {i: store.get(i) for i in (c, x, d)} == before
+    assert store.has_pending("u", b"k") and not store.has_pending("t", b"k")
+    # A rewrite alone is a settlement too: a row held back, not sent, holds the changed message.
+    store.apply(Settlement(rewritten=[Rewrite(x, "x", "t", b"x!", [])]), now=NOW)
+    assert (store.get(x).value, store.get(x).attempts) == (b"x!", 0)
+
+
+def test_apply_explodes_a_group_holding_a_rewritten_message(store: Outbox) -> None:
+    """A group (SQLite, PostgreSQL) that one rewrite touches becomes one-message rows with their
+    own ids; only the rewritten one changes, even when the group is also given back whole."""
+    batch = _keyed(30)
+    ids_ = store.enqueue(batch)
+    assert _group_rows(store) == (1 if store.capabilities.grouped_rows else 0)
+    store.apply(
+        Settlement(released=ids_, rewritten=[Rewrite(ids_[4], "m-4", "t", b"m-4!", [("outbox-id", b"m-4")])]),
+        now=NOW,
+    )
+    assert _group_rows(store) == 0
+    left = sorted(store.messages(), key=lambda m: m.id)
+    assert [m.id for m in left] == ids_
+    assert [m.value for m in left] == [b"m-4!" if i == 4 else m.value for i, m in enumerate(batch)]
+    assert [m.key for m in left] == [m.key for m in batch]
+
+
+def test_a_rewritten_row_of_an_encrypted_store_is_sealed_with_the_newest_key(make_durable_store: Factory) -> None:
+    old, new = KeyRing([Key(b"o" * 32)]), KeyRing([Key(b"n" * 32), Key(b"o" * 32)])
+    store = make_durable_store()
+    store.set_encryption(old)
+    [a, b] = store.enqueue([msg("t", value=b"a", msg_id="a"), msg("t", value=b"b", msg_id="b")])
+    store.set_encryption(new)
+    store.apply(Settlement(rewritten=[Rewrite(a, "a", "t", b"a!", [("h", b"1")])]), now=NOW)
+    assert (store.get(a).value, store.get(a).headers, store.get(b).value) == (b"a!", [("h", b"1")], b"b")
+    table = getattr(store, "_t", "outbox")
+    stored = dict(_run_sql(store, f"SELECT id, enc_key FROM {table} ORDER BY id"))
+    assert stored == {a: new.current, b: old.current}
+    raw = _run_sql(store, f"SELECT value FROM {table} WHERE id = {a}")[0][0]
+    assert b"a!" not in bytes(raw)
 
 
 def test_dead_letter_error_filter_reads_the_code_and_name_columns(store: Outbox) -> None:
