@@ -219,15 +219,37 @@ class SendLoop:
         self.config = resend_config(config)
         self.policy = policy
         self.flush_timeout = flush_timeout
-        self.producer = Producer(self.config)
+        self._producer: Producer | None = None
+        self._making = threading.Lock()  # the producer's making against new SASL credentials
         self._reports = _Reports()
         #: No broker answered after the last finished batch failed for want of a cluster: its
         #: rows were released without counting an attempt. Senders wait for `cluster_up()`.
         self.cluster_down = False
 
+    @property
+    def producer(self) -> Producer:
+        """The re-sending producer, made at its first use: a drain that has had nothing to send
+        holds no client, no connection to the brokers and no librdkafka threads (a producer
+        whose outbox stays empty keeps one client, its own, instead of one more per worker)."""
+        producer = self._producer
+        if producer is None:
+            with self._making:
+                if self._producer is None:
+                    self._producer = Producer(self.config)
+                producer = self._producer
+        return producer
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """New SASL credentials: for the producer if it is made, else for the one made later."""
+        with self._making:
+            self.config["sasl.username"] = username
+            self.config["sasl.password"] = password
+            if self._producer is not None:
+                self._producer.set_sasl_credentials(username, password)
+
     def close(self, timeout: float = 5.0) -> int:
         """Wait up to `timeout` for messages in flight; return how many are left."""
-        return int(self.producer.flush(timeout))
+        return int(self._producer.flush(timeout)) if self._producer is not None else 0
 
     def send(
         self, rows: Sequence[R], now_fn: Any, *, stop: threading.Event | None = None
@@ -306,8 +328,10 @@ class SendLoop:
     def recreate(self) -> None:
         """A new producer after a fatal error (the old one's idempotence state is lost)."""
         log.warning("outbox: fatal producer error; recreating the producer")
-        old, self.producer = self.producer, Producer(self.config)
-        old.flush(self.flush_timeout)  # batches still in flight on it get their reports
+        with self._making:
+            old, self._producer = self._producer, Producer(self.config)
+        if old is not None:
+            old.flush(self.flush_timeout)  # batches still in flight on it get their reports
 
     # -- internals ---------------------------------------------------------------------------
 

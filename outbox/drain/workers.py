@@ -289,9 +289,7 @@ class Drainer:
         self._config["sasl.username"] = username
         self._config["sasl.password"] = password
         for loop in list(self._loops):
-            loop.config["sasl.username"] = username
-            loop.config["sasl.password"] = password
-            loop.producer.set_sasl_credentials(username, password)
+            loop.set_sasl_credentials(username, password)
 
     def subscribe(self, listener: object) -> None:
         """Tell `listener` (an `outbox.events.Listener`) the fates of the rows this drainer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -84,6 +85,26 @@ def test_happy_path_round_trips_bytes_headers_and_partition(kafka_bootstrap: str
     assert special.headers() == [("a", b"x"), (ID_HEADER, special_id.encode())]
     plain = [m for m in got.messages if m.value() == b"v3"][0]
     assert plain.headers()[:2] == [("h", b"1"), ("h", b"2")]
+
+
+def librdkafka_clients() -> int:
+    """librdkafka clients alive in this process: each has one thread named rdk:main."""
+    tasks = Path("/proc/self/task")
+    return sum(1 for t in tasks.iterdir() if (t / "comm").read_text().strip() == "rdk:main")
+
+
+def test_a_producer_whose_outbox_stays_empty_holds_one_client(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
+    """The drain workers make their producers when they first have something to send: a healthy
+    service keeps one set of connections to the brokers, not one more per worker."""
+    gc.collect()  # clients earlier tests dropped are destroyed now, not while this one counts
+    before = librdkafka_clients()
+    with make_producer(kafka_bootstrap, tmp_path / "o.db") as p:
+        for i in range(100):
+            p.produce(topic, b"v%d" % i, key=b"k%d" % (i % 7))
+        assert p.flush(30) == 0
+        assert p.stats()["outboxed"] == 0
+        assert librdkafka_clients() - before == 1
+    assert read_topic(kafka_bootstrap, topic, 100).unique == 100
 
 
 @pytest.mark.parametrize(

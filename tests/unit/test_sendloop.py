@@ -88,8 +88,9 @@ def test_a_linger_that_is_not_a_number_is_left_for_librdkafka_to_name() -> None:
     config = resend_config({"bootstrap.servers": "127.0.0.1:1", "linger.ms": "soon"})
     assert config["linger.ms"] == "soon"
     # librdkafka names the property behind the alias.
+    loop = SendLoop(config, RetryPolicy())  # its producer is made at its first use
     with pytest.raises(KafkaException, match="Invalid value for configuration property .queue.buffering.max.ms"):
-        SendLoop(config, RetryPolicy())
+        _ = loop.producer
 
 
 def test_produce_takes_positional_arguments_in_the_order_every_sender_passes_them() -> None:
