@@ -10,8 +10,9 @@ Safety rules:
     * a row is deleted only after Kafka acknowledged it (`mark_delivered`, idempotent, in batches);
     * a failed send counts one attempt and follows the retry policy (`record_failures`), so a row
       Kafka rejects for good is dead-lettered instead of being retried forever;
-    * after a retriable failure of a key, that key's later rows in this partition are not sent
-      (they stay pending), so a later drain still sends the key in order;
+    * once a row of a key stays pending (a retriable failure, given back while no broker
+      answered, or unacknowledged), that key's later rows in this partition are not sent (they
+      stay pending), so a later drain still sends the key in order;
     * a message the job changed (`spark_drain.transform`) and does not deliver, for any of these
       reasons or because its key was held back, is stored as changed (`Settlement.rewritten`), in
       the transaction that settles it, with the `CHANGED_HEADER` of the changes: a later drain
@@ -199,11 +200,15 @@ class PartitionSender:
                     settlement.delivered.append(row.id)
                 continue
             add_to(settlement, row.id, d, now)
-            if d.verdict is Verdict.RESCHEDULE and row.key is not None:
-                # This row will be sent again later: its key's later rows must wait for it (its key
-                # in the outbox: a message sent to another topic is ordered by its own).
-                self.failed_keys.add((origin[row.id], row.key))
         delivered = {row.id for row, d in decided if d.verdict is Verdict.DELIVERED}
+        dead_now = {row.id for row, d in decided if d.verdict is Verdict.DEAD_LETTER}
+        for m in chunk:
+            if m.key is not None and m.id not in delivered and m.id not in dead_now:
+                # It stays pending, to be sent again later (rescheduled, given back while no broker
+                # answered, or unacknowledged): its key's later rows must wait for it, else they
+                # overtake it once the cluster answers again (its key in the outbox: a message
+                # sent to another topic is ordered by its own).
+                self.failed_keys.add((origin[m.id], m.key))
         self.keep_changed(m for m in chunk if m.id not in delivered)
         dead = set(self._settle(settlement, now))
         failed = [(row, d) for row, d in decided if d.verdict not in (Verdict.DELIVERED, Verdict.RELEASE)]

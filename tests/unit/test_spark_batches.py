@@ -4,19 +4,22 @@ on a real SQLite outbox's rows, read as Spark's JDBC reader hands them to `explo
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from outbox.drain.sendloop import resend
+from outbox.drain.settle import DELIVERED, Decision, Verdict
 from outbox.errors import DecryptionError
 from outbox.records import NewMessage
 from outbox.stores import open_outbox
 from outbox.stores.claimed import Resend
 from outbox.stores.encryption import Key, KeyRing
 from outbox.stores.sqlite import SQLiteOutbox
-from spark_drain.batches import MessageChunk, chunks, explode_batches
+from spark_drain import send
+from spark_drain.batches import BulkMessage, MessageChunk, chunks, explode_batches
 
 from ..resend_cases import odd_messages
 
@@ -159,3 +162,57 @@ def test_an_export_holds_each_message_as_stored_and_a_sealed_groups_messages_sea
         value, headers = sealed.open_payload(g["enc_key"], g["id"], g["msg_id"], g["value"], g["headers"],
                                              KeyRing([new, old]))
         assert (value, decode_headers(headers)) == (m.value, list(m.headers))
+
+
+class ScriptedLoop:
+    """A send loop whose sends end as `fates` says (by value; delivered otherwise), recording what
+    it was given: the send task's rule for a key's later rows is pure logic over these fates."""
+
+    fates: dict[bytes, Decision] = {}
+    sent: list[bytes] = []
+
+    def __init__(self, config: object, policy: object) -> None:
+        pass
+
+    def start(self, chunk: MessageChunk) -> MessageChunk:
+        ScriptedLoop.sent += [m.value or b"" for m in chunk]
+        return chunk
+
+    def wait(self, batch: MessageChunk) -> bool:
+        return not any(m.value in self.fates for m in batch)
+
+    def decide(self, batch: MessageChunk, now_fn: object) -> list[tuple[BulkMessage, Decision]]:
+        return [(m, self.fates.get(m.value or b"", DELIVERED)) for m in batch]
+
+    def close(self, timeout: float) -> int:
+        return 0
+
+
+@pytest.mark.parametrize(
+    "fate",
+    [
+        Decision(Verdict.RELEASE, error="_TRANSPORT (-195): no broker answered"),
+        Decision(Verdict.RESCHEDULE, at=NOW + 60, code=-195, name="_TRANSPORT", error="_TRANSPORT (-195): down"),
+    ],
+    ids=["given-back", "rescheduled"],
+)
+def test_a_keys_later_messages_wait_behind_one_that_stays_pending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fate: Decision
+) -> None:
+    url = f"sqlite:///{tmp_path}/o.db"
+    with open_outbox(url) as store:
+        store.enqueue([NewMessage("t", v, k, [("outbox-id", v)], -1, v.decode(), 0, None, None, 0.0, None, None, STAMP)
+                       for k, v in [(b"k", b"k:1"), (b"j", b"j:1"), (b"k", b"k:2"), (b"j", b"j:2")]])
+        assert isinstance(store, SQLiteOutbox)
+        with store._snapshot() as c:
+            rows = c.execute(store.bulk_read().rows("status = 0", 0, 10**9)).fetchall()
+    batches = [pa.RecordBatch.from_pydict(dict(zip(COLUMNS, map(list, zip(*rows, strict=True)), strict=True)))]
+    monkeypatch.setattr(send, "SendLoop", ScriptedLoop)
+    monkeypatch.setattr(ScriptedLoop, "fates", {b"k:1": fate})
+    monkeypatch.setattr(ScriptedLoop, "sent", [])
+    sender = send.PartitionSender(send.SendConfig(url, {}))
+    sender.run(chunks(iter(in_id_order(list(explode_batches(None, iter(batches))))), 1))
+    # k:1 stays pending: k:2 is not sent after it (it would reach Kafka first once k:1 is re-sent).
+    assert ScriptedLoop.sent == [b"k:1", b"j:1", b"j:2"]
+    with open_outbox(url) as store:
+        assert sorted(m.value or b"" for m in store.claim("w", 10, 60.0, now=time.time() + 3600)) == [b"k:1", b"k:2"]
