@@ -42,6 +42,7 @@ from outbox.drain.idempotence import conflicts, is_set, number
 from outbox.drain.settle import DELIVERED, Decision, Verdict, settle
 from outbox.errors import ConfigError
 from outbox.headers import ID_HEADER, for_resend, resent_once
+from outbox.lazyproducer import LazyProducer
 from outbox.logs import with_librdkafka_log
 from outbox.records import Headers
 from outbox.retry import UNREACHABLE_CODES, RetryPolicy, a_broker_answers
@@ -216,11 +217,10 @@ class SendLoop:
     """
 
     def __init__(self, config: Mapping[str, Any], policy: RetryPolicy, *, flush_timeout: float = 30.0) -> None:
-        self.config = resend_config(config)
+        self._client = LazyProducer(resend_config(config))  # made at its first send
+        self.config = self._client.config
         self.policy = policy
         self.flush_timeout = flush_timeout
-        self._producer: Producer | None = None
-        self._making = threading.Lock()  # the producer's making against new SASL credentials
         self._reports = _Reports()
         #: No broker answered after the last finished batch failed for want of a cluster: its
         #: rows were released without counting an attempt. Senders wait for `cluster_up()`.
@@ -231,25 +231,16 @@ class SendLoop:
         """The re-sending producer, made at its first use: a drain that has had nothing to send
         holds no client, no connection to the brokers and no librdkafka threads (a producer
         whose outbox stays empty keeps one client, its own, instead of one more per worker)."""
-        producer = self._producer
-        if producer is None:
-            with self._making:
-                if self._producer is None:
-                    self._producer = Producer(self.config)
-                producer = self._producer
-        return producer
+        return self._client.get()
 
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """New SASL credentials: for the producer if it is made, else for the one made later."""
-        with self._making:
-            self.config["sasl.username"] = username
-            self.config["sasl.password"] = password
-            if self._producer is not None:
-                self._producer.set_sasl_credentials(username, password)
+        self._client.set_sasl_credentials(username, password)
 
     def close(self, timeout: float = 5.0) -> int:
         """Wait up to `timeout` for messages in flight; return how many are left."""
-        return int(self._producer.flush(timeout)) if self._producer is not None else 0
+        producer = self._client.made()
+        return int(producer.flush(timeout)) if producer is not None else 0
 
     def send(
         self, rows: Sequence[R], now_fn: Any, *, stop: threading.Event | None = None
@@ -328,8 +319,7 @@ class SendLoop:
     def recreate(self) -> None:
         """A new producer after a fatal error (the old one's idempotence state is lost)."""
         log.warning("outbox: fatal producer error; recreating the producer")
-        with self._making:
-            old, self._producer = self._producer, Producer(self.config)
+        old = self._client.replace()
         if old is not None:
             old.flush(self.flush_timeout)  # batches still in flight on it get their reports
 

@@ -14,12 +14,10 @@ unanswered, the circuit opened as if the whole cluster were down.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Producer
-
+from outbox.lazyproducer import LazyProducer
 from outbox.retry import a_broker_answers
 
 __all__ = ["ClusterProbe"]
@@ -41,27 +39,17 @@ class ClusterProbe:
         self._config = {k: v for k, v in config.items() if k not in _NOT_FOR_THE_PROBE}
         client_id = self._config.get("client.id")
         self._config["client.id"] = f"{client_id or 'outbox'}-probe"
-        self._client: Producer | None = None
-        self._lock = threading.Lock()
+        self._client = LazyProducer(self._config)
 
     def answers(self, timeout: float) -> bool:
         """Does any broker answer a metadata request within `timeout` seconds?"""
-        with self._lock:
-            if self._client is None:
-                self._client = Producer(self._config)
-            client = self._client
-        return a_broker_answers(client, timeout)
+        return a_broker_answers(self._client.get(), timeout)
 
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """New SASL credentials, for the client now and any made later."""
-        with self._lock:
-            self._config["sasl.username"] = username
-            self._config["sasl.password"] = password
-            if self._client is not None:
-                self._client.set_sasl_credentials(username, password)
+        self._client.set_sasl_credentials(username, password)
 
     def close(self) -> None:
-        with self._lock:
-            client, self._client = self._client, None
+        client = self._client.take()
         if client is not None:
             client.flush(0)  # it never produces: nothing to wait for
