@@ -24,7 +24,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
@@ -85,14 +84,14 @@ def main() -> None:
                 times[name] += t
                 cpu[name].append(c)
         base = statistics.median(times["confluent_kafka.Producer"])
-        show: Callable[[str], str] = lambda name: (  # noqa: E731
-            f"{name:26} median {statistics.median(times[name]):6.2f} ms  p90 {pct(times[name], 0.9):6.2f} ms  "
-            f"p99 {pct(times[name], 0.99):6.2f} ms  ratio {statistics.median(times[name]) / base:5.2f}  "
-            f"CPU {statistics.median(cpu[name]):6.0f} µs/round trip"
-        )
         print(f"produce() then flush(), {reps} × {n} round trips each, interleaved:")
         for name in producers:
-            print(show(name))
+            median = statistics.median(times[name])
+            print(
+                f"{name:26} median {median:6.2f} ms  p90 {pct(times[name], 0.9):6.2f} ms  "
+                f"p99 {pct(times[name], 0.99):6.2f} ms  ratio {median / base:5.2f}  "
+                f"CPU {statistics.median(cpu[name]):6.0f} µs/round trip"
+            )
 
 
 if __name__ == "__main__":
