@@ -12,7 +12,7 @@ Nothing in the outbox changes, unless `--purge-after-export`: once Spark committ
 the dead letters they hold (their ids read back from the files) are deleted `PURGE_IDS` at a
 time, each batch written to the store's audit log as `outbox dlq purge` writes its own.
 
-Replay: the archive's messages go through the job's send stage (`spark_drain.job`), in outbox
+Replay: the archive's messages go through the job's send stage (`spark_drain.stages`), in outbox
 id order per (topic, key), with their `outbox-id` and record timestamp, attempts reset (the
 first re-send is attempt 1, as a dead-letter replay). There is no row to settle: each message
 is sent once per run, and one not delivered is counted as failed; the run then fails (exit 1)
@@ -26,7 +26,6 @@ import datetime as dt
 import functools
 import getpass
 import json
-import os
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,7 @@ from outbox.headers import ID_HEADER
 from outbox.records import DeadLetterFilter, Status
 from outbox.stores import grouped, sealed
 from outbox.stores.codec import decode_headers, encode_headers
+from spark_drain.stages import cause_of, changed_messages, jdbc_error, send_stage
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -65,50 +65,6 @@ _WHERE_VIEW = (
     ARCHIVE.replace("value BINARY, headers BINARY", "s_value BINARY, s_headers BINARY")
     + ", value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, header MAP<STRING, STRING>"
 )
-
-
-def _local(path: str) -> str | None:
-    """The local file system path of `path` (None: another file system, e.g. s3a://, hdfs://)."""
-    if path.startswith("file://"):
-        return path[len("file://"):]
-    return None if "://" in path else path
-
-
-def check_options(o: JobOptions) -> None:
-    """What can be checked of `--export`, `--purge-after-export` and `--from-parquet` before Spark starts.
-
-    Raises:
-        ConfigError: a combination that makes no sense, or a local path that exists (export) or
-            does not (replay).
-    """
-    if o.export is not None and o.from_parquet is not None:
-        raise ConfigError("--export and --from-parquet: use one")
-    if o.purge_after_export and o.export is None:
-        raise ConfigError("--purge-after-export deletes what --export wrote: use it with --export")
-    if o.export is not None:
-        if not o.export.strip():
-            raise ConfigError("--export is empty")
-        for flag, given in (("--set", bool(o.sets)), ("--to-topic", o.to_topic is not None),
-                            ("--transform", o.transform is not None), ("--dry-run", o.dry_run)):
-            if given:
-                raise ConfigError(f"--export writes rows as stored and sends nothing: {flag} cannot be used with it "
-                                  "(--where chooses the rows)")
-        if o.purge_after_export and not o.dead_letters:
-            raise ConfigError("--purge-after-export deletes dead letters only: add --dead-letters (pending rows "
-                              "are still to be delivered)")
-        local = _local(o.export)
-        if local is not None and os.path.exists(local):
-            raise ConfigError(f"--export {o.export}: already exists; each export writes a new directory")
-    if o.from_parquet is not None:
-        for flag, given in (("--outbox", bool(o.outbox)), ("--dead-letters", o.dead_letters),
-                            ("--since", o.since is not None), ("--until", o.until is not None),
-                            ("--include-not-due", o.include_not_due)):
-            if given:
-                raise ConfigError(f"--from-parquet reads no outbox: {flag} cannot be used with it "
-                                  "(--topic and --where choose the messages)")
-        local = _local(o.from_parquet)
-        if local is not None and not os.path.isdir(local):
-            raise ConfigError(f"--from-parquet {o.from_parquet}: no such directory")
 
 
 # -- export -----------------------------------------------------------------------------------
@@ -238,7 +194,6 @@ def export(
     """
     from pyspark.sql import functions as F
 
-    from spark_drain.job import _cause, _jdbc_error
 
     assert options.export is not None
     report.archive = options.export
@@ -248,7 +203,7 @@ def export(
             return  # nothing to write: no directory is made
         rows = reader.rows(sel.where, lo, hi, options.partitions, EXTRA)
     except Exception as exc:
-        raise _jdbc_error(exc, options) from exc
+        raise jdbc_error(exc, options) from exc
     messages = rows.mapInArrow(functools.partial(archive_batches, options.keys), ARCHIVE)
     if options.where is not None:
         from pyspark.errors import PySparkException
@@ -268,7 +223,7 @@ def export(
         out.write.partitionBy("topic", "day").mode("errorifexists").parquet(options.export)
     except Exception as exc:
         raise OutboxError(f"writing the archive to {options.export} failed, nothing was purged: "
-                          f"{_cause(exc, options)}") from exc
+                          f"{cause_of(exc, options)}") from exc
     written = _read_back(spark, options.export)
     report.add_rows([(t, int(n), 0, 0, 0, 0) for t, n in written.groupBy("topic").count().collect()])
     if options.purge_after_export:
@@ -319,7 +274,6 @@ def replay(spark: SparkSession, options: JobOptions, report: JobReport) -> None:
     """
     from pyspark.sql import functions as F
 
-    from spark_drain.job import _cause, _send, changed_messages
 
     assert options.from_parquet is not None
     archive = _read_back(spark, options.from_parquet)
@@ -328,7 +282,7 @@ def replay(spark: SparkSession, options: JobOptions, report: JobReport) -> None:
     try:
         kids = {r[0] for r in archive.where(F.col("enc_key").isNotNull()).select("enc_key").distinct().collect()}
     except Exception as exc:
-        raise OutboxError(f"reading the archive {options.from_parquet} failed: {_cause(exc, options)}") from exc
+        raise OutboxError(f"reading the archive {options.from_parquet} failed: {cause_of(exc, options)}") from exc
     missing = sorted(kids - set(options.keys.ids if options.keys is not None else ()))
     if missing:
         raise ConfigError(f"the archive {options.from_parquet} holds messages encrypted with key(s) "
@@ -341,8 +295,8 @@ def replay(spark: SparkSession, options: JobOptions, report: JobReport) -> None:
         if options.dry_run:
             report.add_rows([(t, int(n), 0, 0, 0, 0) for t, n in messages.groupBy("topic").count().collect()])
         else:
-            _send(options, report, False, messages, {})
+            send_stage(options, report, False, messages, {})
         return
     with changed_messages(messages, options, report, replay=True) as (prepared, kept):
         if kept and not options.dry_run:
-            _send(options, report, False, prepared.where("keep"), {})
+            send_stage(options, report, False, prepared.where("keep"), {})

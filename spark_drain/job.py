@@ -17,12 +17,11 @@ if __package__ in (None, ""):
     except ImportError:
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import contextlib  # noqa: E402
 import functools  # noqa: E402
 import logging  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Iterator, Sequence  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 from confluent_kafka import KafkaException  # noqa: E402
@@ -36,9 +35,9 @@ from outbox.stores import open_outbox  # noqa: E402
 from outbox.stores.bulk import BulkRead  # noqa: E402
 from outbox.stores.encryption import KEYS_ENV  # noqa: E402
 from spark_drain.classcache import DRIVER_JAVA_OPTIONS, ClassCache, class_cache, driver_options_given  # noqa: E402
-from spark_drain.jars import JDBC_DRIVER_PACKAGES  # noqa: E402
 from spark_drain.options import JobOptions, parse_args  # noqa: E402
 from spark_drain.report import JobReport  # noqa: E402
+from spark_drain.stages import changed_messages, jdbc_error, send_stage  # noqa: E402
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -187,9 +186,9 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
                 return report
             rows, selected, blockers = pending
     except Exception as exc:
-        raise _jdbc_error(exc, options) from exc
+        raise jdbc_error(exc, options) from exc
 
-    _send(options, report, bulk.grouped, _messages(rows, options, bulk), blockers)
+    send_stage(options, report, bulk.grouped, _messages(rows, options, bulk), blockers)
     report.held_back = max(0, selected - report.total.read) if not options.dead_letters else 0
     report.elapsed_seconds = time.time() - started
     return report
@@ -209,65 +208,6 @@ def _messages(rows: DataFrame, options: JobOptions, bulk: BulkRead) -> DataFrame
         else rows.select(*(F.col(c).cast(t) for c, t in (col.split() for col in (MESSAGES + SEALED).split(", "))))
 
 
-def _send(
-    options: JobOptions, report: JobReport, grouped: bool, messages: DataFrame,
-    blockers: dict[tuple[str, bytes], int],
-) -> None:
-    """The send stage (and a grouped store's settle stage); its counts go into `report`.
-    Messages of an archive (`--from-parquet`) are sent and settled nowhere.
-
-    Raises:
-        OutboxError: the stage failed (what Kafka acknowledged before is settled).
-    """
-    from pyspark.sql import functions as F
-
-    from spark_drain.batches import COUNT_NAMES, COUNTS, SENT
-    from spark_drain.send import SendConfig, send_batches, settle_split
-    from spark_drain.transform import change_mark
-
-    cfg = SendConfig(
-        outbox_url=options.outbox if options.from_parquet is None else None,
-        producer_config=options.producer_config(),
-        mark_batch=options.mark_batch,
-        max_attempts=options.max_attempts,
-        retry_delay=options.retry_delay,
-        backoff=options.backoff,
-        keys=options.keys,
-        # What it changed and does not deliver is stored changed; an archive's messages, nowhere.
-        changed=change_mark(options.sets, options.to_topic, options.transform, options.where)
-        if options.from_parquet is None else None,
-    )
-    # One task per (topic, key) hash, messages in id order: each key leaves from one producer in
-    # its original order. The shuffle and the sort run in the JVM; messages without a key are
-    # spread by id. A key is its topic's in the outbox (`origin`), wherever a message is sent.
-    topic = "origin" if "origin" in messages.columns else "topic"
-    route = F.when(F.col("key").isNull(), F.col("id")).otherwise(F.xxhash64(topic, "key"))
-    ordered = messages.repartition(options.partitions, route).sortWithinPartitions("id")
-    # Blockers (keys held back by an unselected earlier message) are usually none; each task gets them.
-    sender = functools.partial(send_batches, cfg, blockers or None)
-    sent = ordered.mapInArrow(sender, SENT)
-    # A group's delivered messages, from every send task, settled together (`spark_drain.send`).
-    counted = (
-        sent.repartition(options.partitions, "grp").mapInArrow(functools.partial(settle_split, cfg), COUNTS)
-        if grouped else sent.select(*COUNT_NAMES)
-    )
-    send_started = time.time()
-    try:
-        results = [tuple(r) for r in counted.collect()]
-    except Exception as exc:
-        if options.from_parquet is not None:
-            raise OutboxError(
-                f"the send stage failed: {_cause(exc, options)}. Messages of the archive may have been sent "
-                "before it failed: run the replay again (consumers dedup on outbox-id)"
-            ) from exc
-        raise OutboxError(
-            f"the send stage failed: {_cause(exc, options)}. Rows Kafka acknowledged before are marked; "
-            "everything else is still pending: run the job again"
-        ) from exc
-    report.send_seconds = time.time() - send_started
-    report.add_rows(results)
-
-
 def _run_changed(
     spark: SparkSession, options: JobOptions, report: JobReport, bulk: BulkRead, reader: Reader,
     sel: Selected, started: float,
@@ -283,7 +223,7 @@ def _run_changed(
     try:
         pending = _read_pending(reader, sel, options)
     except Exception as exc:
-        raise _jdbc_error(exc, options) from exc
+        raise jdbc_error(exc, options) from exc
     if pending is None:
         report.elapsed_seconds = time.time() - started
         return report
@@ -296,9 +236,9 @@ def _run_changed(
             ids = [int(r[0]) for r in prepared.where("keep").select("id").collect()]
             report.replayed = _replay(options, ids)
             if ids:
-                _send(options, report, bulk.grouped, prepared.where("keep"), {})
+                send_stage(options, report, bulk.grouped, prepared.where("keep"), {})
         else:
-            _send(options, report, bulk.grouped, prepared, blockers)
+            send_stage(options, report, bulk.grouped, prepared, blockers)
             report.held_back = max(0, selected - report.skipped - report.total.read)
     report.elapsed_seconds = time.time() - started
     return report
@@ -315,39 +255,6 @@ def _read_pending(
     rows = reader.rows(sel.where, lo, hi, options.partitions)
     blockers = reader.blockers(sel.blocked_where) if blocking and sel.blocked_where is not None else {}
     return rows, selected, blockers
-
-
-@contextlib.contextmanager
-def changed_messages(
-    messages: DataFrame, options: JobOptions, report: JobReport, *, replay: bool
-) -> Iterator[tuple[DataFrame, int]]:
-    """`messages` through `--where`/`--set`/`--to-topic`/`--transform` (`spark_drain.transform.prepare`),
-    computed and kept on the executors (memory, then local disk) before the caller sends any:
-    a failing expression or transform raises here, with nothing sent. Counts the messages not
-    selected in `report.skipped`, and on a dry run the selected ones per topic; yields the
-    prepared messages (`keep` marks those to send) and how many are kept, until the caller is
-    done with them.
-
-    Raises:
-        OutboxError: a change failed (nothing was sent).
-    """
-    from pyspark import StorageLevel
-
-    from spark_drain.transform import prepare
-
-    prepared = prepare(messages, options.keys, options.where, options.sets, options.to_topic, options.transform,
-                       replay=replay).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        try:
-            counts = [tuple(r) for r in prepared.groupBy("topic", "keep").count().collect()]
-        except Exception as exc:
-            raise OutboxError(f"changing the messages failed, nothing was sent: {_cause(exc, options)}") from exc
-        report.skipped = sum(int(n) for _, keep, n in counts if not keep)
-        if options.dry_run:
-            report.add_rows([(t, int(n), 0, 0, 0, 0) for t, keep, n in counts if keep])
-        yield prepared, sum(int(n) for _, keep, n in counts if keep)
-    finally:
-        prepared.unpersist()
 
 
 def _bulk_read(options: JobOptions) -> BulkRead:
@@ -391,34 +298,6 @@ def _replay(options: JobOptions, ids: Sequence[int]) -> int:
     finally:
         store.close()
     return n
-
-
-def _cause(exc: Exception, options: JobOptions) -> str:
-    """The most telling line of a Spark/Py4J error: the innermost Python or Java exception."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    picked = next(
-        (line for line in reversed(lines) if line.startswith(("outbox.errors.", "confluent_kafka.", "spark_drain."))),
-        None,
-    ) or next((line for line in lines if "Exception:" in line or "Error:" in line), lines[0] if lines else "")
-    password = options.store_url().password if options.outbox else None
-    if password:
-        picked = picked.replace(password, "***")
-    return picked[:400] or type(exc).__name__
-
-
-def _jdbc_error(exc: Exception, options: JobOptions) -> Exception:
-    """A one-line error for a failed JDBC read (a missing driver jar above all)."""
-    if isinstance(exc, OutboxError):
-        return exc
-    text = str(exc)
-    url = options.store_url()
-    if "ClassNotFoundException" in text or "No suitable driver" in text:
-        return ConfigError(
-            f"the JDBC driver for {url.kind} is not on Spark's classpath: give spark-submit "
-            f"--packages {JDBC_DRIVER_PACKAGES[url.kind]} (or its jar with --jars, or set spark.jars); "
-            "`python -m outbox.testing fetch` downloads the pinned drivers"
-        )
-    return OutboxError(f"reading outbox {url.where()} with Spark JDBC failed: {_cause(exc, options)}")
 
 
 #: Set by spark-submit for the Python driver it starts (PySpark joins that JVM through it).

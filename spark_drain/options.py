@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -108,17 +109,11 @@ class JobOptions:
         if self.error is not None and not self.dead_letters:
             raise ConfigError("--error filters dead letters: use it with --dead-letters")
         self._check_changes()
-        self._check_archive()
+        _check_archive(self)
         if self.from_parquet is None:
             if not self.outbox.strip():
                 raise ConfigError("--outbox is required")
             self.store_url()  # validates the URL now, with the parser's own message
-
-    def _check_archive(self) -> None:
-        """The option combinations of `export` and `from_parquet` (`spark_drain.archive`)."""
-        from spark_drain.archive import check_options
-
-        check_options(self)
 
     def _check_changes(self) -> None:
         """What can be checked of `where`, `sets`, `to_topic` and `transform` before Spark starts
@@ -311,3 +306,47 @@ def parse_args(argv: Sequence[str] | None = None) -> JobOptions:
         purge_after_export=ns.purge_after_export,
         from_parquet=ns.from_parquet,
     )
+
+
+def _local(path: str) -> str | None:
+    """The local file system path of `path` (None: another file system, e.g. s3a://, hdfs://)."""
+    if path.startswith("file://"):
+        return path[len("file://"):]
+    return None if "://" in path else path
+
+
+def _check_archive(o: JobOptions) -> None:
+    """What can be checked of `--export`, `--purge-after-export` and `--from-parquet` before Spark starts.
+
+    Raises:
+        ConfigError: a combination that makes no sense, or a local path that exists (export) or
+            does not (replay).
+    """
+    if o.export is not None and o.from_parquet is not None:
+        raise ConfigError("--export and --from-parquet: use one")
+    if o.purge_after_export and o.export is None:
+        raise ConfigError("--purge-after-export deletes what --export wrote: use it with --export")
+    if o.export is not None:
+        if not o.export.strip():
+            raise ConfigError("--export is empty")
+        for flag, given in (("--set", bool(o.sets)), ("--to-topic", o.to_topic is not None),
+                            ("--transform", o.transform is not None), ("--dry-run", o.dry_run)):
+            if given:
+                raise ConfigError(f"--export writes rows as stored and sends nothing: {flag} cannot be used with it "
+                                  "(--where chooses the rows)")
+        if o.purge_after_export and not o.dead_letters:
+            raise ConfigError("--purge-after-export deletes dead letters only: add --dead-letters (pending rows "
+                              "are still to be delivered)")
+        local = _local(o.export)
+        if local is not None and os.path.exists(local):
+            raise ConfigError(f"--export {o.export}: already exists; each export writes a new directory")
+    if o.from_parquet is not None:
+        for flag, given in (("--outbox", bool(o.outbox)), ("--dead-letters", o.dead_letters),
+                            ("--since", o.since is not None), ("--until", o.until is not None),
+                            ("--include-not-due", o.include_not_due)):
+            if given:
+                raise ConfigError(f"--from-parquet reads no outbox: {flag} cannot be used with it "
+                                  "(--topic and --where choose the messages)")
+        local = _local(o.from_parquet)
+        if local is not None and not os.path.isdir(local):
+            raise ConfigError(f"--from-parquet {o.from_parquet}: no such directory")
