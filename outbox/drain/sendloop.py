@@ -242,6 +242,16 @@ class SendLoop:
         producer = self._client.made()
         return int(producer.flush(timeout)) if producer is not None else 0
 
+    def release(self) -> None:
+        """Close the producer, if made, while nothing is in flight on it: a drain that has sent
+        a backlog and found nothing more holds no client again (its connections, librdkafka
+        threads and buffers are given back). The next send makes a new one."""
+        producer = self._client.made()
+        if producer is None or producer.flush(self.flush_timeout):
+            return  # none made, or reports still due on it (the idle caller has none in flight)
+        self._client.take()
+        producer.close()
+
     def send(
         self, rows: Sequence[R], now_fn: Any, *, stop: threading.Event | None = None
     ) -> list[tuple[R, Decision]]:

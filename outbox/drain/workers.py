@@ -81,8 +81,9 @@ _RESTART_MAX = 30.0
 #: A probe batch (claimed before the cluster took one of the worker's) is this fraction of a batch: enough rows
 #: to measure, few to hold if the cluster is down. A group is still claimed whole.
 _PROBE_SHARE = 10
-#: Rows a worker settles between two idle moments that make a backlog worth a heap trim once it
-#: is gone (`outbox.budget.return_freed_memory`): a recovery, not the odd retried message.
+#: Rows a worker settles between two idle moments that make a backlog worth giving back what it
+#: took once it is gone (its producer closed, `SendLoop.release`, then a heap trim,
+#: `outbox.budget.return_freed_memory`): a recovery, not the odd retried message.
 _TRIM_AFTER = 10_000
 
 
@@ -464,6 +465,7 @@ class Drainer:
                     self._wait_for_progress()
                     continue
                 if since_idle >= _TRIM_AFTER:  # a backlog is gone: give back what it took
+                    loop.release()  # first: its client's memory is then trimmed too
                     return_freed_memory()
                 since_idle = 0
                 self._sleep_until_due(time.time())

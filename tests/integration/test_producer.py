@@ -107,6 +107,30 @@ def test_a_producer_whose_outbox_stays_empty_holds_one_client(kafka_bootstrap: s
     assert read_topic(kafka_bootstrap, topic, 100).unique == 100
 
 
+def test_a_drain_that_has_sent_a_backlog_closes_its_producer_again(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    """12,000 rows left by an earlier process: the drain makes a producer to send them, and once
+    the outbox is empty it closes it, so the service is back to its one client (its connections,
+    threads and buffers given back). A later row is still sent: the next send makes a new one."""
+    db = tmp_path / "o.db"
+    backlog = 12_000  # above the drain's give-back threshold (a recovery, not a retried message)
+    with SQLiteOutbox(str(db)) as store:
+        store.enqueue([NewMessage(topic, b"left-%d" % i, b"k%d" % (i % 50), [], -1, f"left-{i}")
+                       for i in range(backlog)])
+    gc.collect()
+    before = librdkafka_clients()
+    with make_producer(kafka_bootstrap, db, drain_workers=1) as p:
+        wait_until(lambda: drained(p), 120, "the backlog is delivered")
+        wait_until(lambda: librdkafka_clients() - before == 1, 60, "the drain's producer is closed again")
+        with SQLiteOutbox(str(db)) as store:
+            store.enqueue([NewMessage(topic, b"later", b"k0", [], -1, "later")])
+        wait_until(lambda: drained(p), 60, "a row stored after that is delivered too")
+    got = read_topic(kafka_bootstrap, topic, backlog + 1)
+    assert got.unique == backlog + 1
+    assert [m.value() for m in got.messages if m.key() == b"k0"][-1] == b"later"
+
+
 @pytest.mark.parametrize(
     ("mode", "only_errors", "drain_in"),
     [
