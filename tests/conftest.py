@@ -3,14 +3,6 @@ none of them may be skipped: a missing service, build feature or broker is a fai
 
 from __future__ import annotations
 
-import os
-
-# Ask the resolver over TCP. The CI machine's DNS server drops some concurrent UDP queries, and a
-# dropped query waits out the resolver's 5 s timeout: 20 of 80 concurrent lookups of a name that
-# does not exist took 5 s over UDP, 0 of 80 over TCP. confluent's own tests expect such a name to
-# fail within a 2 s flush(). glibc reads this once per process, at its first lookup, so it is set
-# here, before anything in the test run resolves a name; a value already in the environment wins.
-os.environ.setdefault("RES_OPTIONS", "use-vc")
 from collections.abc import Generator
 from typing import Any
 

@@ -124,6 +124,12 @@ DIFFERENCES: dict[str, tuple[type[BaseException], str]] = {
 #: KeyboardInterrupt lands in the test's own clean-up and ends the whole pytest session, which
 #: no xfail can contain (seen on confluent_kafka.Producer itself on a loaded machine).
 LEFT_OUT = {"test_can_be_interrupted", "test_producer_wakeable_flush_interruptibility_and_messages"}
+#: Left out on both classes: it needs a host name that does not exist to fail within the test's
+#: flush(2.0), and a resolver that drops some concurrent queries makes a lookup wait for its
+#: timeout instead. On the test machine 20 of 80 concurrent lookups of such a name took 5 s, and
+#: a bare confluent_kafka.Producer heard no error in time in 2 of 30 runs once a few producers
+#: were alive (as a ResilientProducer's are, with its drain workers'). The machine's DNS decides.
+LEFT_OUT |= {"test_core_callbacks_exception_different_types"}
 
 
 def _builds_producer(item: pytest.Item) -> bool:
