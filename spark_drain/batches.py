@@ -56,8 +56,9 @@ SEALED = ", enc_key STRING"
 #: A message of a grouped store: `MESSAGES`, the row it was read from and that row's messages,
 #: and its key (`SEALED`).
 GROUPED_MESSAGES = MESSAGES + ", grp LONG, grp_n LONG" + SEALED
-#: What the job returns, per topic (`spark_drain.send.COUNTERS`).
-COUNTS = "topic STRING, read LONG, delivered LONG, failed LONG, dead LONG, left LONG"
+#: What the job returns, per topic (`spark_drain.send.COUNTERS`): `skipped`, the messages not to
+#: send (`keep` false), per topic in the outbox.
+COUNTS = "topic STRING, read LONG, delivered LONG, failed LONG, dead LONG, left LONG, skipped LONG"
 #: Names of `COUNTS`' columns.
 COUNT_NAMES = tuple(c.split()[0] for c in COUNTS.split(", "))
 #: What a send task returns: per-topic counts (`grp` null), and for each group it did not see
@@ -231,25 +232,29 @@ class MessageChunk(LazyClaim[BulkMessage]):
 def chunks(
     batches: Iterator[pa.RecordBatch], size: int, blockers: Mapping[tuple[str, bytes], int] | None = None,
     ring: KeyRing | None = None, held_back: Callable[[MessageChunk], None] | None = None,
+    skipped: Callable[[list[str]], None] | None = None,
 ) -> Iterator[MessageChunk]:
     """The messages of message batches, in order, in chunks of at most `size`, opened with `ring`;
     those an earlier message of their key holds back elsewhere (`outbox.stores.keyrule`) are left
     out, and given to `held_back`.
 
-    A message not to send (`keep` false) is left out too, and holds back the later messages of its
-    key (of its topic in the outbox) as a blocker would: it stays in the outbox before them.
+    A message not to send (`keep` false) is left out too, its topic in the outbox given to
+    `skipped`, and holds back the later messages of its key (of that topic) as a blocker would:
+    it stays in the outbox before them.
     """
     held = dict(blockers or {})
     for b in batches:
         chunk = MessageChunk.of(b, ring)
         if "keep" in b.schema.names and b.column("keep").false_count:
             keep = b.column("keep").to_pylist()
-            skipped = (
+            left_out = (
                 (t, k, i) for i, t, k, kept in zip(chunk.cols[0], chunk.origin, chunk.cols[3], keep, strict=True)
                 if not kept
             )
-            for key, first in first_blockers(skipped).items():
+            for key, first in first_blockers(left_out).items():
                 held[key] = min(first, held.get(key, first))
+            if skipped is not None:
+                skipped(list(itertools.compress(chunk.origin, (not k for k in keep))))
             chunk = chunk.only(keep)
         if held:
             ids, topics, keys = chunk.cols[0], chunk.origin, chunk.cols[3]

@@ -214,9 +214,11 @@ def _run_changed(
 ) -> JobReport:
     """`run_job` when messages are selected or changed on the executors (`spark_drain.transform`).
 
-    The changed messages are computed and kept on the executors (memory, then local disk) before
-    anything else happens: a failing expression or transform stops the job with nothing sent and
-    no row changed (dead letters are put back to pending only after it). A dead letter not
+    Pending rows: the changes run in the stage before the shuffle that gives each key its send
+    task, and Spark starts no send task until every task of that stage succeeded, so a failing
+    expression or transform stops the job with nothing sent and no row changed. Dead letters: the
+    changed messages are computed and kept on the executors (memory, then local disk) first,
+    because the selected ones are put back to pending before any is sent. A dead letter not
     selected stays dead; a pending row not selected stays pending and holds back its key's later
     messages.
     """
@@ -229,17 +231,22 @@ def _run_changed(
         return report
     rows, selected, blockers = pending
     messages = _messages(rows, options, bulk)
+    if not options.dry_run and not options.dead_letters:
+        from spark_drain.transform import prepare
+
+        prepared = prepare(messages, options.keys, options.where, options.sets, options.to_topic, options.transform,
+                           replay=False)
+        send_stage(options, report, bulk.grouped, prepared, blockers)
+        report.held_back = max(0, selected - report.skipped - report.total.read)
+        report.elapsed_seconds = time.time() - started
+        return report
+    # A dry run (changed_messages counts what would be sent), or dead letters.
     with changed_messages(messages, options, report, replay=options.dead_letters) as (prepared, _):
-        if options.dry_run:
-            pass  # changed_messages counted what would be sent
-        elif options.dead_letters:
+        if not options.dry_run:
             ids = [int(r[0]) for r in prepared.where("keep").select("id").collect()]
             report.replayed = _replay(options, ids)
             if ids:
                 send_stage(options, report, bulk.grouped, prepared.where("keep"), {})
-        else:
-            send_stage(options, report, bulk.grouped, prepared, blockers)
-            report.held_back = max(0, selected - report.skipped - report.total.read)
     report.elapsed_seconds = time.time() - started
     return report
 

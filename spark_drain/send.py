@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Per-topic counter names, in report order.
-COUNTERS = ("read", "delivered", "failed", "dead", "left")
+COUNTERS = ("read", "delivered", "failed", "dead", "left", "skipped")
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,11 @@ class PartitionSender:
         if unknown:
             log.warning("spark_drain: %d messages unacknowledged at the end; they stay pending", unknown)
 
-    def run(self, chunks: Iterable[MessageChunk]) -> list[tuple[str, int, int, int, int, int]]:
+    def count_skipped(self, topics: list[str]) -> None:
+        """Count messages not to send (`keep` false), by their topic in the outbox."""
+        self._count(topics, 5)
+
+    def run(self, chunks: Iterable[MessageChunk]) -> list[tuple[str, int, int, int, int, int, int]]:
         """Send the messages (in id order per key); return per-topic counts. Delivered messages of
         groups met only in part are left in `split` for the settle stage."""
         loop = SendLoop(dict(self.cfg.producer_config), self.policy)
@@ -243,7 +247,7 @@ class PartitionSender:
         out = []
         for topic, c in self.counts.items():
             c[4] = c[0] - c[1] - c[2] - c[3]  # left pending, untouched (key waiting, or unacknowledged)
-            out.append((topic, c[0], c[1], c[2], c[3], c[4]))
+            out.append((topic, c[0], c[1], c[2], c[3], c[4], c[5]))
         return out
 
 
@@ -259,7 +263,7 @@ def send_batches(
     import pyarrow as pa
 
     sender = PartitionSender(cfg)
-    counts = sender.run(chunks(batches, cfg.mark_batch, blockers, cfg.keys, sender.keep_changed))
+    counts = sender.run(chunks(batches, cfg.mark_batch, blockers, cfg.keys, sender.keep_changed, sender.count_skipped))
     cols: list[pa.Array] = [
         pa.array(list(c), type=pa.string() if i == 0 else pa.int64())
         for i, c in enumerate(zip(*counts, strict=True) if counts else [()] * len(COUNT_NAMES))

@@ -15,6 +15,9 @@ from spark_drain.jars import JDBC_DRIVER_PACKAGES
 from spark_drain.options import JobOptions
 from spark_drain.report import JobReport
 
+#: How the innermost line of a failed change starts (`spark_drain.transform.TransformError`).
+CHANGE_FAILED = "spark_drain.transform.TransformError"
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -98,6 +101,11 @@ def send_stage(
     try:
         results = [tuple(r) for r in counted.collect()]
     except Exception as exc:
+        cause = cause_of(exc, options)
+        if cause.startswith(CHANGE_FAILED):
+            # The changes run before the shuffle that feeds the send tasks, and Spark starts no
+            # task after a shuffle until every task before it succeeded: nothing was sent.
+            raise OutboxError(f"changing the messages failed, nothing was sent: {cause}") from exc
         if options.from_parquet is not None:
             raise OutboxError(
                 f"the send stage failed: {cause_of(exc, options)}. Messages of the archive may have been sent "
@@ -108,7 +116,8 @@ def send_stage(
             "everything else is still pending: run the job again"
         ) from exc
     report.send_seconds = time.time() - send_started
-    report.add_rows(results)
+    report.skipped += sum(int(r[6]) for r in results)
+    report.add_rows(r[:6] for r in results if any(r[1:6]))  # not a topic whose messages were all skipped
 
 
 def cause_of(exc: Exception, options: JobOptions) -> str:

@@ -13,8 +13,9 @@ shuffle that puts each key in one send task:
    read them, passed through as stored, column by column), and a message whose topic changed
    given `outbox-original-topic` and no fixed partition.
 
-The job materialises the result before it sends anything (`spark_drain.job`), so a failing
-expression or transform stops it with nothing sent and no row changed.
+Every step runs before the shuffle that gives each key its send task (`spark_drain.stages`), and
+Spark starts no send task until every task before that shuffle succeeded: a failing transform
+stops the job with nothing sent and no row changed (`spark_drain.job`).
 
 Rows not kept (not matched by `--where`, or dropped by the transform) travel on to the send
 stage without their payload: they are not sent, not settled and never rewritten, and each holds
@@ -484,8 +485,12 @@ def prepare(messages: DataFrame, ring: KeyRing | None, where: str | None, sets: 
 
     with_headers = uses_headers(where, sets, transform)
     mark = change_mark(sets, to_topic, transform, where)
-    decoded = messages.mapInArrow(functools.partial(decode_batches, ring, with_headers, mark), DECODED)
+    decode = functools.partial(decode_batches, ring, with_headers, mark)
+    finish = functools.partial(finish_batches, transform, replay, with_headers)
+    if where is None and not sets and to_topic is None:
+        # No SQL step: decode and finish in one pass of the Python worker, not two with the JVM
+        # converting every message between them.
+        return messages.mapInArrow(lambda batches: finish(decode(batches)), PREPARED)
+    decoded = messages.mapInArrow(decode, DECODED)
     shaped = apply_sql(decoded, where, sets, to_topic)
-    return shaped.select(*DECODED_NAMES).mapInArrow(
-        functools.partial(finish_batches, transform, replay, with_headers), PREPARED
-    )
+    return shaped.select(*DECODED_NAMES).mapInArrow(finish, PREPARED)
