@@ -200,7 +200,16 @@ def decode_batches(
                 if kid is not None:
                     values[i], stored[i] = sealed.open_payload(kid, ids[i], msg_ids[i], values[i], stored[i], ring)
             value, stored_headers = pa.array(values, pa.binary()), pa.array(stored, pa.binary())
-        if with_headers:
+        if with_headers and not stored and not stored_headers.null_count and pc.all(pc.equal(stored_headers, grouped.ID_ALONE_HEADERS)).as_py():
+            # Every message has the `outbox-id` header alone (the common message): built as columns.
+            ones = pa.array(np.arange(n + 1, dtype=np.int32))
+            names_ = pa.array([ID_HEADER] * n, pa.string())
+            ids_ = b.column("msg_id")
+            header_list = pa.ListArray.from_arrays(
+                ones, pa.StructArray.from_arrays([names_, ids_.cast(pa.binary())], names=["key", "value"])
+            )
+            header_map = pa.MapArray.from_arrays(ones, names_, ids_.cast(pa.string()))
+        elif with_headers:
             msg_ids = msg_ids or b.column("msg_id").to_pylist()
             stored = stored or b.column("headers").to_pylist()
             headers = [_headers_of(h, m) for h, m in zip(stored, msg_ids, strict=True)]
@@ -353,7 +362,7 @@ def finish_batches(
         changed = b.column("changed").to_pylist()
         topics = b.column("topic").to_pylist()
         values = b.column("value").to_pylist()
-        headers = [[(h["key"], h["value"]) for h in hs] for hs in b.column("headers").to_pylist()]
+        headers: list[list[tuple[str, bytes | None]]] | None = None  # decoded once a transform returns them
         kept = [i for i in range(n) if keep[i] and not changed[i]]  # changed already: sent as it is
         if fn is not None and kept:
             view = b.take(pa.array(kept)).select(list(VIEW_NAMES))
@@ -380,6 +389,8 @@ def finish_batches(
                     if "value" in cols:
                         values[i] = cols["value"][j]
                     if "headers" in cols:
+                        if headers is None:
+                            headers = [[(h["key"], h["value"]) for h in hs] for hs in b.column("headers").to_pylist()]
                         new = [(h["key"], h["value"]) for h in cols["headers"][j] or []]
                         if _ids_header(new) != _ids_header(headers[i]):
                             raise TransformError(
@@ -388,7 +399,18 @@ def finish_batches(
                         headers[i] = new
             for i in kept:
                 keep[i] = ids[i] in seen  # a message the transform dropped is not sent
-        yield _prepared(b, ids, keep, topics, values, headers, replay, spec)
+        if headers is None:  # no header changed: the stored ones pass through, column by column
+            yield _passed_through(_with(b, topic=pa.array(topics, pa.string()), value=pa.array(values, pa.binary()),
+                                        keep=pa.array(keep, pa.bool_())), replay, spec)
+        else:
+            yield _prepared(b, ids, keep, topics, values, headers, replay, spec)
+
+
+def _with(b: pa.RecordBatch, **columns: pa.Array) -> pa.RecordBatch:
+    """`b` with some of its columns replaced."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays([columns.get(f, b.column(f)) for f in b.schema.names], names=b.schema.names)
 
 
 def _prepared(
@@ -434,13 +456,13 @@ def _prepared(
     )
 
 
-def _passed_through(b: pa.RecordBatch, replay: bool) -> pa.RecordBatch:
+def _passed_through(b: pa.RecordBatch, replay: bool, spec: str | None = None) -> pa.RecordBatch:
     """`_prepared` for messages whose headers no step read, column by column: the stored headers
     are kept as they are; only a message sent to another topic is taken apart, for its
     `outbox-original-topic` header.
 
     Raises:
-        TransformError: `--set topic` gave a message kept no topic.
+        TransformError: `--set topic` (or the transform `spec`) gave a message kept no topic.
     """
     import numpy as np
     import pyarrow as pa
@@ -449,7 +471,8 @@ def _passed_through(b: pa.RecordBatch, replay: bool) -> pa.RecordBatch:
     keep, topic, origin = b.column("keep"), b.column("topic"), b.column("origin")
     no_topic = pc.and_(keep, pc.is_null(topic))
     if pc.any(no_topic).as_py():
-        raise TransformError(f"--set topic gave message id {b.column('id').filter(no_topic)[0].as_py()} no topic")
+        raise TransformError(f"{'--transform ' + spec if spec else '--set topic'} gave message id "
+                             f"{b.column('id').filter(no_topic)[0].as_py()} no topic")
     moved = pc.fill_null(pc.and_(keep, pc.not_equal(topic, origin)), False)
     encoded = pc.if_else(keep, b.column("stored_headers"), pa.scalar(None, pa.binary()))
     parts = b.column("part")
