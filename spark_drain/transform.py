@@ -200,7 +200,10 @@ def decode_batches(
                 if kid is not None:
                     values[i], stored[i] = sealed.open_payload(kid, ids[i], msg_ids[i], values[i], stored[i], ring)
             value, stored_headers = pa.array(values, pa.binary()), pa.array(stored, pa.binary())
-        if with_headers and not stored and not stored_headers.null_count and pc.all(pc.equal(stored_headers, grouped.ID_ALONE_HEADERS)).as_py():
+        id_alone = with_headers and not stored and not stored_headers.null_count and pc.all(
+            pc.equal(stored_headers, grouped.ID_ALONE_HEADERS)
+        ).as_py()
+        if id_alone:
             # Every message has the `outbox-id` header alone (the common message): built as columns.
             ones = pa.array(np.arange(n + 1, dtype=np.int32))
             names_ = pa.array([ID_HEADER] * n, pa.string())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -216,3 +217,41 @@ def test_a_keys_later_messages_wait_behind_one_that_stays_pending(
     assert ScriptedLoop.sent == [b"k:1", b"j:1", b"j:2"]
     with open_outbox(url) as store:
         assert sorted(m.value or b"" for m in store.claim("w", 10, 60.0, now=time.time() + 3600)) == [b"k:1", b"k:2"]
+
+
+def _view_batch(stored: list[bytes]) -> pa.RecordBatch:
+    n = len(stored)
+    return pa.RecordBatch.from_pydict({
+        "id": pa.array(range(1, n + 1), pa.int64()), "msg_id": [f"m{i}" for i in range(n)], "topic": ["t"] * n,
+        "key": [b"k"] * n, "value": [b"v"] * n, "headers": pa.array(stored, pa.binary()),
+        "part": pa.array([None] * n, pa.int32()), "attempts": pa.array([0] * n, pa.int32()),
+        "first_failed_at": pa.array([None] * n, pa.float64()), "last_error": pa.array([None] * n, pa.string()),
+        "timestamp": pa.array([5] * n, pa.int64()),
+    })
+
+
+def test_a_transform_sees_the_common_messages_headers_as_it_sees_any_others() -> None:
+    """Messages stored with the `outbox-id` header alone get it built as columns: the same view
+    (`headers`, `header`) as the same header stored encoded; and a transform that leaves the
+    headers out of its output sends them as stored."""
+    from outbox.stores.codec import encode_headers
+    from spark_drain.transform import decode_batches, finish_batches
+
+    alone = next(decode_batches(None, True, None, iter([_view_batch([b"", b""])])))
+    encoded = next(decode_batches(
+        None, True, None, iter([_view_batch([encode_headers([("outbox-id", b"m0")]) or b"", b""])])
+    ))
+    for name in ("headers", "header"):
+        assert alone.column(name).to_pylist() == encoded.column(name).to_pylist()
+        assert alone.schema.field(name).type == encoded.schema.field(name).type
+    assert alone.column("headers").to_pylist()[1] == [{"key": "outbox-id", "value": b"m1"}]
+    (out,) = finish_batches("tests.unit.test_spark_batches:_exclaim", False, True, iter([alone]))
+    assert out.column("value").to_pylist() == [b"v!", b"v!"]
+    assert out.column("headers").to_pylist() == [b"", b""]  # stored as they were: the id alone
+
+
+def _exclaim(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for b in batches:
+        yield pa.RecordBatch.from_arrays(
+            [b.column("id"), pa.array([v + b"!" for v in b.column("value").to_pylist()])], names=["id", "value"]
+        )
