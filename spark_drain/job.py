@@ -113,7 +113,7 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     """
     _require_pyspark()
     from outbox.stores.bulk import BulkSelection
-    from spark_drain.read import Reader, only_ids
+    from spark_drain.read import Reader, id_waves, only_ids
 
     if check:
         preflight(options)
@@ -160,9 +160,9 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
         export(spark, options, report, reader, bulk, sel)
         report.elapsed_seconds = time.time() - started
         return report
-    blockers: dict[tuple[str, bytes], int] = {}
     if options.changes:
         return _run_changed(spark, options, report, bulk, reader, sel, started)
+    pending = None
     try:
         if options.dry_run:
             for topic, n in reader.counts_by_topic(sel.where).items():
@@ -176,22 +176,52 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
             if not ids:
                 report.elapsed_seconds = time.time() - started
                 return report
-            lo, hi = min(ids), max(ids)
-            rows = only_ids(spark, reader.rows("status = 0", lo, hi, options.partitions), ids)
-            selected = len(ids)
+            rows = only_ids(spark, reader.rows("status = 0", min(ids), max(ids), options.partitions), ids)
         else:
-            pending = _read_pending(reader, sel, options)
+            pending = _read_pending(reader, sel)
             if pending is None:
                 report.elapsed_seconds = time.time() - started
                 return report
-            rows, selected, blockers = pending
     except Exception as exc:
         raise jdbc_error(exc, options) from exc
 
-    send_stage(options, report, bulk.grouped, _messages(rows, options, bulk), blockers)
-    report.held_back = max(0, selected - report.total.read) if not options.dead_letters else 0
+    if pending is None:  # the dead letters just put back to pending
+        send_stage(options, report, bulk.grouped, _messages(rows, options, bulk), {})
+    else:
+        lo, hi, selected, blockers = pending
+        _send_waves(options, report, bulk, reader, sel.where, id_waves(lo, hi, selected, options.first_wave),
+                    blockers)
+        report.held_back = max(0, selected - report.total.read)
     report.elapsed_seconds = time.time() - started
     return report
+
+
+def _send_waves(
+    options: JobOptions, report: JobReport, bulk: BulkRead, reader: Reader, where: str,
+    waves: list[tuple[int, int]], blockers: dict[tuple[str, bytes], int],
+) -> None:
+    """Pending rows, read and sent one id range after the other (`spark_drain.read.id_waves`).
+
+    A key's messages of one wave are all sent before the next wave is read, so each key leaves in
+    outbox order. A wave that leaves a row pending (a retriable failure, or unacknowledged) ends
+    the run: its key's later messages would otherwise overtake it. The later waves' rows stay
+    pending for the next run, counted as left (`report.not_sent`).
+    """
+    for n, (lo, hi) in enumerate(waves):
+        send_stage(options, report, bulk.grouped, _messages(reader.rows(where, lo, hi, options.partitions),
+                                                            options, bulk), blockers)
+        t = report.total
+        if t.failed + t.left and n + 1 < len(waves):
+            start = waves[n + 1][0]
+            try:
+                rest = reader.counts_by_topic(f"({where}) AND id BETWEEN {start} AND {waves[-1][1]}")
+            except Exception as exc:
+                raise jdbc_error(exc, options) from exc
+            report.add_rows((topic, k, 0, 0, 0, k) for topic, k in rest.items())
+            report.not_sent = sum(rest.values())
+            log.warning("a wave left %d row(s) pending after a failure: %d later row(s) were not sent and stay "
+                        "pending, in order; run the job again", t.failed + t.left, report.not_sent)
+            return
 
 
 def _messages(rows: DataFrame, options: JobOptions, bulk: BulkRead) -> DataFrame:
@@ -223,14 +253,14 @@ def _run_changed(
     messages.
     """
     try:
-        pending = _read_pending(reader, sel, options)
+        pending = _read_pending(reader, sel)
     except Exception as exc:
         raise jdbc_error(exc, options) from exc
     if pending is None:
         report.elapsed_seconds = time.time() - started
         return report
-    rows, selected, blockers = pending
-    messages = _messages(rows, options, bulk)
+    lo, hi, selected, blockers = pending
+    messages = _messages(reader.rows(sel.where, lo, hi, options.partitions), options, bulk)
     if not options.dry_run and not options.dead_letters:
         from spark_drain.transform import prepare
 
@@ -251,17 +281,15 @@ def _run_changed(
     return report
 
 
-def _read_pending(
-    reader: Reader, sel: Selected, options: JobOptions
-) -> tuple[DataFrame, int, dict[tuple[str, bytes], int]] | None:
-    """The selected pending rows, how many, and the keys an unselected earlier message holds
-    back (`Reader.blockers`, usually none: nothing backs off); None when nothing is selected."""
+def _read_pending(reader: Reader, sel: Selected) -> tuple[int, int, int, dict[tuple[str, bytes], int]] | None:
+    """The id bounds of the selected pending rows, how many messages, and the keys an unselected
+    earlier message holds back (`Reader.blockers`, usually none: nothing backs off); None when
+    nothing is selected."""
     lo, hi, selected, blocking = reader.bounds(sel.where, sel.blocked_where)
     if selected == 0:
         return None
-    rows = reader.rows(sel.where, lo, hi, options.partitions)
     blockers = reader.blockers(sel.blocked_where) if blocking and sel.blocked_where is not None else {}
-    return rows, selected, blockers
+    return lo, hi, selected, blockers
 
 
 def _bulk_read(options: JobOptions) -> BulkRead:

@@ -43,6 +43,9 @@ class JobOptions:
         report_path: write the report as JSON here.
         kafka_config: producer settings (`-X key=value`), over `PRODUCER_DEFAULTS`.
         mark_batch: acknowledged ids per mark-delivered transaction on an executor.
+        first_wave: messages in the first wave of a drain of pending rows (`spark_drain.read.id_waves`):
+            the first send waits for that wave's read and shuffle only. 0: the whole selection in
+            one wave.
         max_attempts: failed sends before a row is dead-lettered (the SDK's RetryPolicy).
         retry_delay: seconds before a failed row is due again.
         backoff: "fixed" or "exponential".
@@ -81,6 +84,7 @@ class JobOptions:
     report_path: str | None = None
     kafka_config: dict[str, str] = field(default_factory=dict)
     mark_batch: int = 5000
+    first_wave: int = 50_000
     max_attempts: int = 3
     retry_delay: float = 3.0
     backoff: str = "fixed"
@@ -102,6 +106,8 @@ class JobOptions:
             raise ConfigError(f"--partitions must be at least 1, got {self.partitions}")
         if self.mark_batch < 1:
             raise ConfigError(f"--mark-batch must be at least 1, got {self.mark_batch}")
+        if self.first_wave < 0:
+            raise ConfigError(f"--first-wave must be 0 or more, got {self.first_wave}")
         if not self.bootstrap_servers.strip() and self.export is None:
             raise ConfigError("--bootstrap-servers is required (it is empty)")
         if self.since is not None and self.until is not None and self.since >= self.until:
@@ -190,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--bootstrap-servers", "-b", default="", help="Kafka bootstrap servers (not for --export)")
     p.add_argument("--partitions", type=int, default=4, help="read slices and send tasks (default 4)")
+    p.add_argument(
+        "--first-wave", type=int, default=50_000, metavar="MESSAGES",
+        help="pending rows are sent in waves of growing size, this many messages first, so that the first send "
+        "waits for one small wave's read and shuffle (default 50000; 0: one wave)",
+    )
     p.add_argument(
         "--dead-letters", action="store_true", help="replay dead letters instead of pending rows"
     )
@@ -290,6 +301,7 @@ def parse_args(argv: Sequence[str] | None = None) -> JobOptions:
         report_path=ns.report_path,
         kafka_config=dict(ns.kafka),
         mark_batch=ns.mark_batch,
+        first_wave=ns.first_wave,
         max_attempts=ns.max_attempts,
         retry_delay=ns.retry_delay,
         backoff=ns.backoff,

@@ -124,6 +124,26 @@ class Reader:
         return {r["topic"]: int(r["n"]) for r in df.collect()}
 
 
+def id_waves(lo: int, hi: int, selected: int, first: int) -> list[tuple[int, int]]:
+    """[lo, hi] cut into consecutive id ranges, sent one after the other: the first about `first`
+    of the `selected` messages (ids taken as evenly spread), each next one twice the one before,
+    the last the rest. One range when `first` is 0 or the selection is not more than twice it.
+
+    Why: a send task starts only once the shuffle before it is complete, so the first message of
+    one wave over a large backlog waits for the whole backlog to be read and shuffled.
+    """
+    if first <= 0 or selected <= 2 * first:
+        return [(lo, hi)]
+    per_id = (hi - lo + 1) / selected
+    waves, start, size = [], lo, first
+    while hi - start + 1 > int(size * per_id * 1.5):  # a last wave at least half its size
+        end = start + max(1, int(size * per_id)) - 1
+        waves.append((start, end))
+        start, size = end + 1, size * 2
+    waves.append((start, hi))
+    return waves
+
+
 def only_ids(spark: SparkSession, rows: DataFrame, ids: Sequence[int]) -> DataFrame:
     """The rows whose id is in `ids` (the dead letters this run put back to pending)."""
     id_df = spark.createDataFrame([(int(i),) for i in ids], "sel_id LONG")

@@ -53,7 +53,11 @@ class JobReport:
         skipped: messages left out by `--where` or the transform, untouched.
         topics: counts per topic.
         elapsed_seconds: wall time of the job (without starting Spark).
-        send_seconds: wall time of the send stage.
+        send_seconds: wall time of the send stages.
+        waves: the send stages run: a drain of pending rows sends in waves (`spark_drain.read.id_waves`),
+            anything else in one.
+        not_sent: pending rows of later waves not sent, because an earlier wave left a row pending
+            (they are in `left`).
         exported_from: an export's selection: "pending" or "dead-letters".
         archive: where an export wrote its files.
         purged: dead letters an export deleted after writing them (`--purge-after-export`).
@@ -69,6 +73,8 @@ class JobReport:
     topics: dict[str, TopicCounts] = field(default_factory=dict)
     elapsed_seconds: float = 0.0
     send_seconds: float = 0.0
+    waves: int = 0
+    not_sent: int = 0
     exported_from: str | None = None
     archive: str | None = None
     purged: int = 0

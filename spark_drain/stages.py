@@ -115,7 +115,8 @@ def send_stage(
             f"the send stage failed: {cause_of(exc, options)}. Rows Kafka acknowledged before are marked; "
             "everything else is still pending: run the job again"
         ) from exc
-    report.send_seconds = time.time() - send_started
+    report.send_seconds += time.time() - send_started
+    report.waves += 1
     report.skipped += sum(int(r[6]) for r in results)
     report.add_rows(r[:6] for r in results if any(r[1:6]))  # not a topic whose messages were all skipped
 

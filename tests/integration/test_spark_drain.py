@@ -141,6 +141,64 @@ def test_bulk_drain_delivers_everything_in_key_order_once(
     assert len(consume_all(topic, N_ROWS + 1, timeout=5)) == N_ROWS
 
 
+def test_a_drain_in_waves_sends_every_key_in_order_across_them(
+    spark: Any, outbox_url: str, kafka_bootstrap: str, topic: str, consume_all: Callable[..., list[Any]]
+) -> None:
+    """Pending rows go in waves of growing size (`--first-wave`): every row is sent once, and a
+    key's messages of one wave leave before those of the next."""
+    with open_outbox(outbox_url, create=False) as store:
+        ids = fill(store, topic, N_ROWS)
+
+    report = run_job(spark, opts(outbox_url, kafka_bootstrap, first_wave=N_ROWS // 20))
+
+    assert report.waves == 5  # 1/20, 2/20, 4/20, 8/20 and the last 5/20 of the ids
+    assert (report.total.read, report.total.delivered, report.total.left, report.not_sent) == (N_ROWS, N_ROWS, 0, 0)
+    assert pending(outbox_url) == 0
+    messages = consume_all(topic, N_ROWS, timeout=120)
+    assert len(messages) == N_ROWS
+    check_consumed(messages, ids)
+
+
+def test_a_wave_that_leaves_a_row_pending_ends_the_run_and_the_next_run_sends_the_rest_in_order(
+    spark: Any, tmp_path: Path, kafka_bootstrap: str, make_topic: Callable[..., str],
+    consume_all: Callable[..., list[Any]],
+) -> None:
+    """Key a's first message goes to a topic that does not exist yet: it fails, retriably, in the
+    first wave. No later wave is sent: its rows stay pending, counted as left. Once the topic
+    exists, the next run sends the rest, each key in order."""
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    real = make_topic(partitions=1)
+    later = f"{real}-later"  # does not exist yet
+    with open_outbox(url) as store:
+        store.enqueue([NewMessage(later, b"a:1", b"a", msg_id="a:1")])
+        for start in range(1, 400, 100):
+            store.enqueue([NewMessage(real, b"b:%d" % i, b"b%d" % (i % 7), msg_id=f"b:{i}")
+                           for i in range(start, start + 100)])
+        store.enqueue([NewMessage(later, b"a:2", b"a", msg_id="a:2")])
+
+    first = run_job(spark, opts(url, kafka_bootstrap, first_wave=50, max_attempts=5, retry_delay=0,
+                                kafka_config=NO_AUTO_CREATE))
+
+    t = first.total
+    assert first.waves == 1 and t.failed == 1 and first.not_sent > 0
+    assert t.read == 402 and t.delivered == 401 - first.not_sent and t.left == first.not_sent
+    assert not first.ok
+    assert in_topic(kafka_bootstrap, real) == t.delivered
+    assert pending(url) == 1 + first.not_sent
+
+    make_topic(partitions=1, name=later)
+    again = run_job(spark, opts(url, kafka_bootstrap, first_wave=50))
+
+    assert again.ok and again.total.delivered == 1 + first.not_sent
+    assert pending(url) == 0
+    assert [m.value() for m in consume_all(later, 2, timeout=30)] == [b"a:1", b"a:2"]
+    got = [m.value() for m in consume_all(real, 400, timeout=30)]
+    assert sorted(got) == sorted(b"b:%d" % i for i in range(1, 401))
+    for key in range(7):  # each key's messages in outbox order
+        seq = [int(v.split(b":")[1]) for v in got if int(v.split(b":")[1]) % 7 == key]
+        assert seq == sorted(seq)
+
+
 def test_dead_letter_replay_sends_only_the_selected_dead_letters(
     spark: Any, outbox_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
     consume_all: Callable[..., list[Any]],
