@@ -46,6 +46,11 @@ if TYPE_CHECKING:
     from spark_drain.read import Reader
 
 log = logging.getLogger("spark_drain")
+#: The driver JVM compiles with its quick compiler only. Its optimising one spent 5-7 s of CPU
+#: per launch, on two cores beside the tasks it delays: at 1,000,000 rows in `local[2]` the job
+#: took 15 % less CPU and its first message came 2 s sooner without it; at 4,000,000, 7 % more
+#: CPU, still less wall time. A cluster's driver runs no task and only gains.
+DRIVER_JIT = "-XX:TieredStopAtLevel=1"
 #: Spark's encryption of its local files (shuffle, spills, cached blocks).
 IO_ENCRYPTION = "spark.io.encryption.enabled"
 
@@ -390,10 +395,12 @@ def build_session(options: JobOptions) -> tuple[SparkSession, ClassCache | None]
         # Spark encrypts those local files, so nothing decrypted lands on an executor's disk.
         builder = builder.config(IO_ENCRYPTION, "true")
     cache = None
-    if options.class_cache and not submitted and not _driver_options_given():
-        cache = class_cache()
+    if not submitted and not _driver_options_given():
+        java = [DRIVER_JIT]
+        cache = class_cache() if options.class_cache else None
         if cache is not None:
-            builder = builder.config(DRIVER_JAVA_OPTIONS, cache.java_options)
+            java.append(cache.java_options)
+        builder = builder.config(DRIVER_JAVA_OPTIONS, " ".join(java))
     return builder.getOrCreate(), cache
 
 
