@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from outbox.errors import ConfigError
@@ -19,7 +21,7 @@ def test_sparse_ids_are_cut_by_the_messages_they_are_taken_to_hold() -> None:
     waves = id_waves(1001, 201_000, 100_000, 10_000)
     assert waves[0] == (1001, 21_000)
     assert [b for _, b in waves][-1] == 201_000
-    assert all(a == b + 1 for (_, b), (a, _) in zip(waves, waves[1:]))
+    assert all(a == b + 1 for (_, b), (a, _) in itertools.pairwise(waves))
 
 
 @pytest.mark.parametrize(("selected", "first"), [(100_000, 50_000), (1_000_000, 0), (10, 50_000)])
