@@ -264,19 +264,26 @@ def _run_changed(
     if pending is None:
         report.elapsed_seconds = time.time() - started
         return report
+    from spark_drain.batches import explode_batches
+
     lo, hi, selected, blockers = pending
-    messages = _messages(reader.rows(sel.where, lo, hi, options.partitions), options, bulk)
+    rows = reader.rows(sel.where, lo, hi, options.partitions)
+    # A grouped store's rows are exploded in the first Python pass of the changes (`prepare`).
+    messages, explode = (
+        (rows, functools.partial(explode_batches, options.keys)) if bulk.grouped
+        else (_messages(rows, options, bulk), None)
+    )
     if not options.dry_run and not options.dead_letters:
         from spark_drain.transform import prepare
 
         prepared = prepare(messages, options.keys, options.where, options.sets, options.to_topic, options.transform,
-                           replay=False)
+                           replay=False, explode=explode)
         send_stage(options, report, bulk.grouped, prepared, blockers)
         report.held_back = max(0, selected - report.skipped - report.total.read)
         report.elapsed_seconds = time.time() - started
         return report
     # A dry run (changed_messages counts what would be sent), or dead letters.
-    with changed_messages(messages, options, report, replay=options.dead_letters) as (prepared, _):
+    with changed_messages(messages, options, report, replay=options.dead_letters, explode=explode) as (prepared, _):
         if not options.dry_run:
             ids = [int(r[0]) for r in prepared.where("keep").select("id").collect()]
             report.replayed = _replay(options, ids)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from outbox.errors import ConfigError, OutboxError
@@ -19,19 +19,21 @@ from spark_drain.report import JobReport
 CHANGE_FAILED = "spark_drain.transform.TransformError"
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 
 @contextlib.contextmanager
 def changed_messages(
-    messages: DataFrame, options: JobOptions, report: JobReport, *, replay: bool
+    messages: DataFrame, options: JobOptions, report: JobReport, *, replay: bool,
+    explode: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None = None,
 ) -> Iterator[tuple[DataFrame, int]]:
     """`messages` through `--where`/`--set`/`--to-topic`/`--transform` (`spark_drain.transform.prepare`),
     computed and kept on the executors (memory, then local disk) before the caller sends any:
     a failing expression or transform raises here, with nothing sent. Counts the messages not
     selected in `report.skipped`, and on a dry run the selected ones per topic; yields the
     prepared messages (`keep` marks those to send) and how many are kept, until the caller is
-    done with them.
+    done with them. With `explode`, `messages` are a grouped store's rows (`spark_drain.transform.prepare`).
 
     Raises:
         OutboxError: a change failed (nothing was sent).
@@ -41,7 +43,7 @@ def changed_messages(
     from spark_drain.transform import prepare
 
     prepared = prepare(messages, options.keys, options.where, options.sets, options.to_topic, options.transform,
-                       replay=replay).persist(StorageLevel.MEMORY_AND_DISK)
+                       replay=replay, explode=explode).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         try:
             counts = [tuple(r) for r in prepared.groupBy("topic", "keep").count().collect()]

@@ -500,9 +500,11 @@ def _passed_through(b: pa.RecordBatch, replay: bool, spec: str | None = None) ->
 
 
 def prepare(messages: DataFrame, ring: KeyRing | None, where: str | None, sets: Sequence[tuple[str, str]],
-            to_topic: str | None, transform: str | None, replay: bool) -> DataFrame:
+            to_topic: str | None, transform: str | None, replay: bool,
+            explode: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None = None) -> DataFrame:
     """Message batches (`MESSAGES` + `SEALED`, or `GROUPED_MESSAGES`) through the three steps, as `PREPARED`;
-    messages that carry these changes' `change_mark` pass as they are.
+    messages that carry these changes' `change_mark` pass as they are. With `explode`, `messages`
+    are a grouped store's rows, exploded into message batches in the Python pass that decodes them.
 
     Raises:
         ConfigError: an expression does not parse or resolve (checked here, before any row is read).
@@ -511,12 +513,31 @@ def prepare(messages: DataFrame, ring: KeyRing | None, where: str | None, sets: 
 
     with_headers = uses_headers(where, sets, transform)
     mark = change_mark(sets, to_topic, transform, where)
-    decode = functools.partial(decode_batches, ring, with_headers, mark)
     finish = functools.partial(finish_batches, transform, replay, with_headers)
+
+    # Each step in Python is a pass of every message from the JVM to Python and back: the steps
+    # in a row run in one.
+    def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return decode_batches(ring, with_headers, mark, batches if explode is None else explode(batches))
+
     if where is None and not sets and to_topic is None:
-        # No SQL step: decode and finish in one pass of the Python worker, not two with the JVM
-        # converting every message between them.
         return messages.mapInArrow(lambda batches: finish(decode(batches)), PREPARED)
-    decoded = messages.mapInArrow(decode, DECODED)
-    shaped = apply_sql(decoded, where, sets, to_topic)
+    shaped = apply_sql(messages.mapInArrow(decode, DECODED), where, sets, to_topic)
+    if transform is None and not with_headers and to_topic is None and all(name == "value" for name, _ in sets):
+        return _finished_in_sql(shaped, replay)
     return shaped.select(*DECODED_NAMES).mapInArrow(finish, PREPARED)
+
+
+def _finished_in_sql(df: DataFrame, replay: bool) -> DataFrame:
+    """`_passed_through` in Spark SQL, for changes that read no header and send every message to
+    its own topic: no Python pass after the SQL."""
+    from pyspark.sql import functions as F
+
+    keep = F.col("keep")
+    return df.select(
+        "id", "msg_id", F.col("origin").alias("topic"), "key", F.when(keep, F.col("value")).alias("value"),
+        F.when(keep, F.col("stored_headers")).alias("headers"), "part",
+        (F.lit(0).cast("int") if replay else F.col("attempts")).alias("attempts"),
+        "first_failed_at", "last_error", "timestamp", "grp", "grp_n", F.lit(None).cast("string").alias("enc_key"),
+        "origin", "keep",
+    )
