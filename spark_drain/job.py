@@ -21,7 +21,7 @@ import functools  # noqa: E402
 import logging  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
+from collections.abc import Callable, Iterator, Sequence  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 from confluent_kafka import KafkaException  # noqa: E402
@@ -40,6 +40,7 @@ from spark_drain.report import JobReport  # noqa: E402
 from spark_drain.stages import changed_messages, jdbc_error, send_stage  # noqa: E402
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from outbox.stores.bulk import Selected
@@ -233,14 +234,23 @@ def _messages(rows: DataFrame, options: JobOptions, bulk: BulkRead) -> DataFrame
     """The rows read as messages (`spark_drain.batches.MESSAGES`, sealed payloads still sealed)."""
     from pyspark.sql import functions as F
 
-    from spark_drain.batches import GROUPED_MESSAGES, MESSAGES, SEALED, explode_batches
+    from spark_drain.batches import GROUPED_MESSAGES, MESSAGES, SEALED
 
     # Rows become messages on the executors (a group row: its messages), as Arrow batches; the
     # driver never holds a message's bytes.
-    # An encrypted outbox's key ring travels inside the stages' functions, pickled into their
-    # tasks (docs/encryption.md, "Spark"): never in the Spark conf, the arguments or a log.
-    return rows.mapInArrow(functools.partial(explode_batches, options.keys), GROUPED_MESSAGES) if bulk.grouped \
+    return rows.mapInArrow(_exploder(options), GROUPED_MESSAGES) if bulk.grouped \
         else rows.select(*(F.col(c).cast(t) for c, t in (col.split() for col in (MESSAGES + SEALED).split(", "))))
+
+
+def _exploder(options: JobOptions) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The `mapInArrow` body that turns a grouped store's rows into messages (`spark_drain.batches`).
+
+    An encrypted outbox's key ring travels inside it, pickled into the tasks (docs/encryption.md,
+    "Spark"): never in the Spark conf, the arguments or a log.
+    """
+    from spark_drain.batches import explode_batches
+
+    return functools.partial(explode_batches, options.keys)
 
 
 def _run_changed(
@@ -264,15 +274,10 @@ def _run_changed(
     if pending is None:
         report.elapsed_seconds = time.time() - started
         return report
-    from spark_drain.batches import explode_batches
-
     lo, hi, selected, blockers = pending
     rows = reader.rows(sel.where, lo, hi, options.partitions)
     # A grouped store's rows are exploded in the first Python pass of the changes (`prepare`).
-    messages, explode = (
-        (rows, functools.partial(explode_batches, options.keys)) if bulk.grouped
-        else (_messages(rows, options, bulk), None)
-    )
+    messages, explode = (rows, _exploder(options)) if bulk.grouped else (_messages(rows, options, bulk), None)
     if not options.dry_run and not options.dead_letters:
         from spark_drain.transform import prepare
 

@@ -48,7 +48,7 @@ def changed_messages(
         try:
             counts = [tuple(r) for r in prepared.groupBy("topic", "keep").count().collect()]
         except Exception as exc:
-            raise OutboxError(f"changing the messages failed, nothing was sent: {cause_of(exc, options)}") from exc
+            raise _change_failed(cause_of(exc, options)) from exc
         report.skipped = sum(int(n) for _, keep, n in counts if not keep)
         if options.dry_run:
             report.add_rows([(t, int(n), 0, 0, 0, 0) for t, keep, n in counts if keep])
@@ -107,20 +107,25 @@ def send_stage(
         if cause.startswith(CHANGE_FAILED):
             # The changes run before the shuffle that feeds the send tasks, and Spark starts no
             # task after a shuffle until every task before it succeeded: nothing was sent.
-            raise OutboxError(f"changing the messages failed, nothing was sent: {cause}") from exc
+            raise _change_failed(cause) from exc
         if options.from_parquet is not None:
             raise OutboxError(
-                f"the send stage failed: {cause_of(exc, options)}. Messages of the archive may have been sent "
+                f"the send stage failed: {cause}. Messages of the archive may have been sent "
                 "before it failed: run the replay again (consumers dedup on outbox-id)"
             ) from exc
         raise OutboxError(
-            f"the send stage failed: {cause_of(exc, options)}. Rows Kafka acknowledged before are marked; "
+            f"the send stage failed: {cause}. Rows Kafka acknowledged before are marked; "
             "everything else is still pending: run the job again"
         ) from exc
     report.send_seconds += time.time() - send_started
     report.waves += 1
     report.skipped += sum(int(r[6]) for r in results)
     report.add_rows(r[:6] for r in results if any(r[1:6]))  # not a topic whose messages were all skipped
+
+
+def _change_failed(cause: str) -> OutboxError:
+    """The error of a change that failed before anything was sent."""
+    return OutboxError(f"changing the messages failed, nothing was sent: {cause}")
 
 
 def cause_of(exc: Exception, options: JobOptions) -> str:
