@@ -25,6 +25,7 @@ from outbox.errors import (
     KafkaUnavailableError,
     OutboxError,
     ProducerClosedError,
+    ProducerForkedError,
     StoreError,
     StoreNotFoundError,
     UnknownMessageError,
@@ -34,6 +35,7 @@ from outbox.headers import ATTEMPT_HEADER, FIRST_FAILED_HEADER, ID_HEADER, LAST_
 from outbox.producer.aio import AsyncResilientProducer
 from outbox.producer.circuit import CircuitBreaker, CircuitState
 from outbox.producer.resilient import PRODUCER_DEFAULTS, ResilientProducer
+from outbox.producer.sigterm import on_sigterm
 from outbox.records import DeadLetter, DeadLetterFilter, NewMessage, OutboxMessage, Status, StoreStats
 from outbox.retry import Disposition, RetryPolicy
 from outbox.stores import MemoryOutbox, Outbox, SQLiteOutbox, open_outbox
@@ -73,6 +75,7 @@ __all__ = [
     "OutboxError",
     "OutboxMessage",
     "ProducerClosedError",
+    "ProducerForkedError",
     "ResilientConsumer",
     "ResilientProducer",
     "RetryInPlace",
@@ -85,6 +88,7 @@ __all__ = [
     "StoreStats",
     "StoreURL",
     "UnknownMessageError",
+    "on_sigterm",
     "open_outbox",
     "parse_url",
 ]

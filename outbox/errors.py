@@ -41,6 +41,15 @@ class ProducerClosedError(OutboxError, RuntimeError):
     """`produce()` was called after `close()`."""
 
 
+class ProducerForkedError(ProducerClosedError):
+    """The producer was made in another process, before a fork: it cannot be used in this one.
+
+    librdkafka's threads, and the producer's own, do not survive `os.fork()`. The child's copy of
+    the producer is closed there (the parent's messages stay the parent's); make a producer in
+    the child instead, after the fork.
+    """
+
+
 class KafkaDeliveryError(OutboxError):
     """A Kafka error, with librdkafka's code and name kept."""
 

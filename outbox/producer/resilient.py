@@ -30,6 +30,8 @@ retention thread deletes old dead letters (`outbox.producer.retention`).
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -41,7 +43,7 @@ from confluent_kafka.admin._metadata import ClusterMetadata
 from outbox.budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from outbox.drain.process import DrainProcess
 from outbox.drain.workers import DEFAULT_BATCH_SIZE, Drainer
-from outbox.errors import ConfigError, ProducerClosedError, StoreError
+from outbox.errors import ConfigError, ProducerClosedError, ProducerForkedError, StoreError
 from outbox.events import Committed, Drained, Events
 from outbox.headers import ID_HEADER, CheckedHeaders, HookedHeaders, IdGenerator
 from outbox.message import (
@@ -55,7 +57,7 @@ from outbox.message import (
     check_topic,
     normalize_headers,
 )
-from outbox.producer import exithook
+from outbox.producer import exithook, sigterm
 from outbox.producer.admission import HOLD, PROBE, SEND, STORE
 from outbox.producer.circuit import CircuitBreaker, CircuitState
 from outbox.producer.compiling import PythonObject
@@ -179,10 +181,15 @@ class ResilientProducer(PythonObject):
             queue gets a quarter of it in payload (`queue.buffering.max.kbytes`, unless the
             config sets it), and what it may hand back when the circuit opens is kept free; the
             drain threads claim at most a quarter of it per batch.
-        exit_timeout: seconds allowed at interpreter exit, for a producer that was never
-            closed, to deliver and then commit to the outbox every accepted message still in
-            memory (`outbox.producer.exithook`; the count is logged). Default 10. A `kill -9` runs no
-            exit hook: write-ahead mode is the answer to that.
+        exit_timeout: seconds allowed at interpreter exit or at SIGTERM, for a producer that
+            was never closed, to deliver and then commit to the outbox every accepted message
+            still in memory (`outbox.producer.exithook`; the count is logged). Default 10. A
+            `kill -9` runs no exit hook: write-ahead mode is the answer to that.
+        handle_sigterm: True (the default): a producer started in the main thread while SIGTERM
+            has its default action installs `outbox.on_sigterm` for it: at SIGTERM every open
+            producer commits what it holds within its `exit_timeout`, then the process ends as
+            the default action would (`outbox.producer.sigterm`). An application's own handler
+            is never replaced. False: the producer leaves SIGTERM alone.
         dead_letter_retention: how long the outbox keeps a dead letter, in seconds or as a
             `datetime.timedelta`, counted from its last failure (when it became a dead letter).
             A thread of the producer deletes older ones when it starts and every 5 minutes, in
@@ -204,6 +211,8 @@ class ResilientProducer(PythonObject):
     #: produce()'s one check before its fast path: closed, or a produce hook is set.
     _produce_guard = True
     _produce_hook: ProduceHook | None = None
+    #: The pid of the process this producer was made in, once a fork disowned it (`disown`).
+    _forked_from: int | None = None
 
     def __init__(
         self,
@@ -231,6 +240,7 @@ class ResilientProducer(PythonObject):
         value_serializer: Serializer | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         exit_timeout: float = DEFAULT_EXIT_TIMEOUT,
+        handle_sigterm: bool = True,
         dead_letter_retention: float | timedelta | None = None,
         encryption: Encryption | None = None,
         **settings: Any,
@@ -242,7 +252,8 @@ class ResilientProducer(PythonObject):
             queue_full_timeout=queue_full_timeout, commit_interval=commit_interval, lease_seconds=lease_seconds,
             drain_batch_size=drain_batch_size, drain_poll_interval=drain_poll_interval, on_store_error=on_store_error,
             key_serializer=key_serializer, value_serializer=value_serializer, memory_budget=memory_budget,
-            exit_timeout=exit_timeout, dead_letter_retention=dead_letter_retention, encryption=encryption,
+            exit_timeout=exit_timeout, handle_sigterm=handle_sigterm, dead_letter_retention=dead_letter_retention,
+            encryption=encryption,
         ))
         # What produce() reads stays a plain attribute of the producer: one lookup per message.
         self._serializers = checked.serializers
@@ -285,6 +296,8 @@ class ResilientProducer(PythonObject):
         retention = checked.dead_letter_retention
         self._retention = None if retention is None else DeadLetterRetention(self.store, retention)
         self._start(checked.drain_workers > 0)
+        if checked.handle_sigterm:
+            sigterm.install()
 
     def _new_drainer(self, settings: ProducerSettings) -> Drainer | DrainProcess:
         """The drain workers, not started: in a process of their own, or threads of this one."""
@@ -333,6 +346,7 @@ class ResilientProducer(PythonObject):
     def _start(self, drain: bool) -> None:
         """Open the producer to produce(), then start its threads (and the drain workers, if `drain`)."""
         self._unsaved_at_close = None
+        self._close_finished = threading.Event()
         self._closed = False
         self._produce_guard = False
         self.writer.start(self._handoffs)
@@ -376,7 +390,7 @@ class ResilientProducer(PythonObject):
             ProducerClosedError: the producer is closed (a RuntimeError).
         """
         if self._closed:
-            raise ProducerClosedError(CLOSED)
+            raise self._closed_error()
         self._events.subscribe(listener)
 
     def hook_produce(self, hook: ProduceHook) -> None:
@@ -393,7 +407,7 @@ class ResilientProducer(PythonObject):
             ProducerClosedError: the producer is closed (a RuntimeError).
         """
         if self._closed:
-            raise ProducerClosedError(CLOSED)
+            raise self._closed_error()
         if not callable(hook):
             raise TypeError(f"a produce hook must be callable, got {type(hook).__name__}")
         self._produce_hook = hook
@@ -450,9 +464,9 @@ class ResilientProducer(PythonObject):
                 stored or sent.
             ProducerClosedError (a RuntimeError): the producer is closed.
         """
-        if self._produce_guard:  # one read on the fast path: closed, or hooked (tracing)
-            if self._closed:
-                raise ProducerClosedError(CLOSED)
+        if self._produce_guard:  # one read on the fast path: closed, hooked (tracing), or the process stops
+            if self._closed or exithook.stopping:
+                raise self._closed_error()
             hook = self._produce_hook
             if hook is not None and headers.__class__ is not HookedHeaders:
                 return hook(
@@ -535,7 +549,7 @@ class ResilientProducer(PythonObject):
             How many messages were taken (delivered later, or stored in the outbox).
         """
         if self._closed:
-            raise ProducerClosedError(CLOSED)
+            raise self._closed_error()
         if topic.__class__ is not str:
             raise TypeError(f"topic must be str, got {type(topic).__name__}")
         if partition.__class__ is not int:
@@ -572,7 +586,7 @@ class ResilientProducer(PythonObject):
             ProducerClosedError: the producer is closed (a RuntimeError).
         """
         if self._closed:
-            raise ProducerClosedError(CLOSED)
+            raise self._closed_error()
         return self._poll_report.wait(None if timeout is None or timeout < 0 else timeout)
 
     def flush(self, timeout: float | None = None) -> int:
@@ -589,7 +603,7 @@ class ResilientProducer(PythonObject):
             ProducerClosedError: the producer is closed (a RuntimeError).
         """
         if self._closed:
-            raise ProducerClosedError(CLOSED)
+            raise self._closed_error()
         left = self._flush(None if timeout is None or timeout < 0 else timeout)
         self._poll_report.raise_pending()
         return left
@@ -641,14 +655,14 @@ class ResilientProducer(PythonObject):
                 from that broker's thread: flush() waits for it.
         """
         if self._closed:
-            raise ProducerClosedError(CLOSED)
+            raise self._closed_error()
         if in_queue or in_flight:
             self._link.purge_for_app(in_queue, in_flight, blocking)
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
         """The cluster's metadata, as confluent_kafka's list_topics() gives it."""
         if self._closed:
-            raise ProducerClosedError(CLOSED)
+            raise self._closed_error()
         metadata: ClusterMetadata = self._link.kafka.list_topics(topic, timeout)
         return metadata
 
@@ -657,7 +671,7 @@ class ResilientProducer(PythonObject):
         and its drain workers'), used from their next authentication on. A drain process
         (`drain_in="process"`) keeps the ones it started with."""
         if self._closed:
-            raise ProducerClosedError(CLOSED)
+            raise self._closed_error()
         self._link.set_sasl_credentials(username, password)
         if isinstance(self.drainer, Drainer):
             self.drainer.set_sasl_credentials(username, password)
@@ -689,7 +703,7 @@ class ResilientProducer(PythonObject):
 
     def _transactional(self) -> Any:
         if self._closed:
-            raise ProducerClosedError(CLOSED)
+            raise self._closed_error()
         return self._link.kafka
 
     def __len__(self) -> int:
@@ -702,6 +716,8 @@ class ResilientProducer(PythonObject):
 
     def stats(self) -> dict[str, Any]:
         """Counters and outbox state: see the README for each field."""
+        if self._forked_from is not None:  # its outbox connection is the parent's
+            raise self._closed_error()
         now = time.time()
         try:
             store: StoreStats | None = self.store.stats(now=now)
@@ -762,8 +778,12 @@ class ResilientProducer(PythonObject):
             return self._unsaved_at_close == 0
         self._closed = True
         self._produce_guard = True
-        exithook.forget(self)
-        unsaved = self._close(timeout)
+        try:
+            unsaved = self._close(timeout)
+        finally:
+            # Forgotten only now: a process that ends meanwhile waits for this close to finish.
+            exithook.forget(self)
+            self._close_finished.set()
         self._unsaved_at_close = unsaved
         if unsaved:
             log.error(
@@ -807,7 +827,14 @@ class ResilientProducer(PythonObject):
         return unsaved
 
     def close_at_exit(self) -> None:
-        """`outbox.producer.exithook`: close within `exit_timeout` at interpreter exit, and log the counts."""
+        """`outbox.producer.exithook`: close within `exit_timeout` as the process ends, and log the counts.
+
+        A close that another thread had begun is waited for (within `exit_timeout`) instead.
+        """
+        if self._closed:
+            if not self._close_finished.wait(self._exit_timeout):
+                log.error("outbox: the process ends before a close() begun on another thread finished")
+            return
         committed = self.writer.committed_rows
         self.close(self._exit_timeout)
         unsaved = self._unsaved_at_close
@@ -822,6 +849,37 @@ class ResilientProducer(PythonObject):
                 "outbox: at exit, %d undelivered messages were committed to the outbox (%s); the next "
                 "producer on it, or `outbox drain`, delivers them", stored, self.store.location,
             )
+
+    def stop_producing(self) -> None:
+        """`outbox.producer.exithook`: the process ends; produce() looks at `exithook.stopping` from now on."""
+        self._produce_guard = True
+
+    def disown(self, parent_pid: int) -> None:
+        """`outbox.producer.exithook`, in the child of a fork: this copy is the parent's producer.
+
+        It is closed here without closing anything: its threads are not in this process, and its
+        outbox connection, Kafka client and drain process are the parent's still. Every later
+        call raises ProducerForkedError.
+        """
+        self._forked_from = parent_pid
+        self._closed = True
+        self._produce_guard = True
+        self._unsaved_at_close = 0  # this process accepted nothing with it
+        self._close_finished.set()
+
+    def _closed_error(self) -> ProducerClosedError:
+        """What a call on a closed producer raises. While the process stops at exit or SIGTERM,
+        a produce() on another thread does not return: it waits for the end (`exithook.park`)."""
+        if exithook.stopping:
+            exithook.park()
+        if self._forked_from is not None:
+            return ProducerForkedError(
+                f"this ResilientProducer was made in process {self._forked_from}, before a fork: librdkafka's "
+                f"threads and the producer's do not survive os.fork(), so process {os.getpid()} cannot use it. "
+                "Make the producer in the child, after the fork (gunicorn: in the post_fork hook or the app "
+                "without --preload; Celery prefork: on worker_process_init; multiprocessing: in the child's target)"
+            )
+        return ProducerClosedError(CLOSED)
 
     def __enter__(self) -> ResilientProducer:
         return self
@@ -846,6 +904,9 @@ class ResilientProducer(PythonObject):
         # has yet to hand back.
         self._spill.hold_after_open(self._message_timeout + 1.0)
         self._link.purge_queue_soon()
+
+
+exithook.accepting(ResilientProducer.produce)
 
 
 class _Handoffs:

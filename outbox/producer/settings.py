@@ -82,6 +82,7 @@ class ProducerArguments:
     value_serializer: Serializer | None
     memory_budget: int
     exit_timeout: float
+    handle_sigterm: bool
     dead_letter_retention: float | timedelta | None
     encryption: Encryption | None
 
@@ -110,6 +111,7 @@ class ProducerSettings:
     serializers: Serializers | None
     memory_budget: int
     exit_timeout: float
+    handle_sigterm: bool
     #: Seconds a dead letter is kept after its last failure (None: kept until purged).
     dead_letter_retention: float | None
     #: The key ring that encrypts stored payloads (None: stored in clear).
@@ -182,6 +184,7 @@ class ProducerSettings:
             commit_interval=given.commit_interval, lease_seconds=lease_seconds, on_store_error=given.on_store_error,
             serializers=Serializers.of(given.key_serializer, given.value_serializer),
             memory_budget=given.memory_budget, exit_timeout=float(given.exit_timeout),
+            handle_sigterm=given.handle_sigterm,
             dead_letter_retention=retention_seconds(given.dead_letter_retention), kafka_config=kafka_config,
             encryption=as_key_ring(given.encryption),
             drain_config=drain_config, user_error_cb=user_error_cb, default_on_delivery=default_on_delivery,
@@ -209,6 +212,8 @@ def _check_arguments(config: Mapping[str, Any], given: ProducerArguments) -> Non
     exit_timeout = given.exit_timeout
     if not (isinstance(exit_timeout, int | float) and exit_timeout >= 0):  # also refuses NaN
         raise ConfigError(f"exit_timeout must be a number of seconds >= 0, got {exit_timeout!r}")
+    if given.handle_sigterm.__class__ is not bool:
+        raise ConfigError(f"handle_sigterm must be True or False, got {given.handle_sigterm!r}")
     if given.drain_in not in _DRAIN_IN:
         raise ConfigError(f"drain_in must be one of {_DRAIN_IN}, got {given.drain_in!r}")
     memory_budget = given.memory_budget

@@ -8,7 +8,10 @@ import contextlib
 import logging
 import os
 import sqlite3
+import sys
 import threading
+import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -27,6 +30,53 @@ log = logging.getLogger("outbox.stores.sqlite")
 #: outage spill's CPU per message as with 16 MiB, and 13 to 26 MB less resident (docs/benchmarks.md).
 #: Reads keep the default.
 _CACHE_KIB = -4096
+
+#: How long a fork waits for a write transaction of this process to end (`_hold_writes`).
+_FORK_WAIT = 5.0
+#: Every open outbox of this process, so that a fork happens between two writes.
+_open: weakref.WeakSet[SQLiteConnection] = weakref.WeakSet()
+#: The SQLite modules of this package: a thread whose innermost frame is there is in SQLite.
+_STORES = os.path.join(os.path.dirname(__file__), "sqlite")
+_held_for_fork: list[threading.Lock] = []
+
+
+def _hold_writes() -> None:
+    """Before `os.fork()`: let this process's threads leave SQLite, and keep them out of writes.
+
+    A thread inside SQLite at the fork leaves SQLite's own mutexes locked in the child (its
+    allocator's and its open's), whose first `sqlite3.connect` then waits forever: a child that
+    makes its own producer, as it must, would hang. So the fork waits for the write
+    transactions under way and holds off new ones (the write locks), then waits, a bounded time,
+    until no other thread's innermost frame is one of this package's SQLite calls (a read, a
+    connect); a thread waiting for a write lock held here is not inside SQLite.
+    """
+    if not _open:
+        return
+    for conn in list(_open):
+        if conn._write_lock.acquire(timeout=_FORK_WAIT):
+            _held_for_fork.append(conn._write_lock)
+    deadline = time.monotonic() + _FORK_WAIT
+    while _inside_sqlite() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _inside_sqlite() -> bool:
+    me = threading.get_ident()
+    waiting = SQLiteConnection._write.__wrapped__.__code__  # type: ignore[attr-defined]
+    for ident, frame in sys._current_frames().items():
+        code = frame.f_code
+        if ident != me and code.co_filename.startswith(_STORES) and code is not waiting:
+            return True
+    return False
+
+
+def _release_writes() -> None:
+    """After the fork, in the parent and in the child: writes go on."""
+    while _held_for_fork:
+        _held_for_fork.pop().release()
+
+
+os.register_at_fork(before=_hold_writes, after_in_parent=_release_writes, after_in_child=_release_writes)
 
 
 class SQLiteConnection:
@@ -56,6 +106,7 @@ class SQLiteConnection:
         self._write_lock = threading.Lock()
         self._closed = False
         self._create = create
+        _open.add(self)
         self._sweeps = SweepSchedule()
         self._gen = 0  # bumped when the file is re-created: every thread then opens a new connection
         self._writer_conn: sqlite3.Connection | None = None

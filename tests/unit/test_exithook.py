@@ -25,6 +25,9 @@ class Producer:
         if self.fail:
             raise RuntimeError("cannot close")
 
+    def stop_producing(self) -> None:
+        pass
+
 
 def test_each_open_producer_is_closed_once_even_when_another_fails() -> None:
     a, b, c = Producer(fail=True), Producer(), Producer()
