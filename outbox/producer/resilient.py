@@ -70,7 +70,7 @@ from outbox.producer.serialization import Serializer
 from outbox.producer.settings import PRODUCER_DEFAULTS, ProducerArguments, ProducerSettings
 from outbox.producer.spill import NOT_SENT_CIRCUIT_OPEN, Spill
 from outbox.producer.storedcallbacks import DeadLetterCallback, StoredCallbacks
-from outbox.producer.writeahead import WriteAhead
+from outbox.producer.writeahead import CRASH_WINDOW_ROWS, WriteAhead
 from outbox.producer.writer import GroupCommitWriter
 from outbox.records import DeadLetter, Headers, OutboxMessage, StoreStats
 from outbox.retry import RetryPolicy
@@ -291,6 +291,7 @@ class ResilientProducer(PythonObject):
         self.writer = GroupCommitWriter(
             self.store, owner=new_owner("producer"), lease_seconds=checked.lease_seconds,
             max_delay=checked.commit_interval, budget=self.memory, events=self._events,
+            **({"max_batch": CRASH_WINDOW_ROWS} if self._writes_ahead and checked.durability == "batch" else {}),
         )
         self._assemble_routes(checked)
         retention = checked.dead_letter_retention

@@ -51,6 +51,11 @@ Outcomes = Callable[[list[int], list[tuple[int, Decision, float]]], None]
 
 _new_tuple = tuple.__new__
 
+#: Durability "batch": the most messages a commit takes, and the most that wait behind it
+#: (`GroupCommitWriter.wait_for_lag`): a `kill -9` loses at most twice this many. One group row
+#: holds up to this many (`outbox.stores.grouped`), so a commit stays one row and one body.
+CRASH_WINDOW_ROWS = 1000
+
 #: Why a committed row admitted as SEND was given to the drain instead (`WriteAhead.send`):
 #: settled as a message that was never sent (no attempt counted, due now).
 _NOT_SENT = KafkaError(KafkaError._PURGE_QUEUE, "not sent: the circuit opened or its key waits in the outbox")
@@ -101,6 +106,8 @@ class WriteAhead:
         # Sent by us after the commit if admitted as SEND; otherwise (Kafka not known up, or the
         # key waits behind its rows) left to the drain workers. Write-ahead never probes.
         send_now = self._route(msg.topic, msg.key) is SEND
+        if not self._sync:  # the crash window: one batch under way, at most one behind it
+            self._writer.wait_for_lag()
         if send_now:
             batch = self._writer.add_new(msg, cb, leased=True, wait=True)
         else:  # stored for the drain workers; write-ahead rows never need holding back

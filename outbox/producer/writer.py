@@ -156,6 +156,23 @@ class GroupCommitWriter:
                 self._cond.notify()
                 self._cond.wait(0.05)
 
+    def wait_for_lag(self) -> None:
+        """Block while a whole batch (`max_batch` rows, or a commit's bytes) waits to be committed.
+
+        Write-ahead "batch" (application threads only): a crash loses the commit under way and
+        the batch behind it, so this bounds the window to two batches (and about two commits'
+        time) instead of the whole memory budget a burst could queue.
+        """
+        batch = self._batch  # no lock: the common case is free
+        if len(batch.new) < self.max_batch and batch.bytes < self.max_batch_bytes:
+            return
+        with self._cond:
+            while (
+                len(self._batch.new) >= self.max_batch or self._batch.bytes >= self.max_batch_bytes
+            ) and not self._closed:
+                self._cond.notify()
+                self._cond.wait(0.05)
+
     def add_dead(self, msg: NewMessage, meta: Any = None) -> Batch:
         cost = message_cost(msg)
         with self._cond:
