@@ -31,7 +31,8 @@ WORKER = textwrap.dedent(
     import signal, sys, time
     from outbox import ResilientProducer
     sys.stdout.reconfigure(line_buffering=True)
-    bootstrap, path, topic, mode, durability, count, own_handler = sys.argv[1:8]
+    bootstrap, path, topic, mode, durability, count, own_handler, pad = sys.argv[1:9]
+    pad = b"." * int(pad)
     if own_handler == "1":
         import outbox
         def stop(signum, frame):
@@ -47,7 +48,7 @@ WORKER = textwrap.dedent(
     count = int(count)
     i = 0
     while count < 0 or i < count:  # count < 0: without end (the signal lands in a tight loop)
-        print(p.produce(topic, b"k%d:%d" % (i % 50, i), key=b"k%d" % (i % 50)))
+        print(p.produce(topic, pad + b"k%d:%d" % (i % 50, i), key=b"k%d" % (i % 50)))
         i += 1
     print("PRODUCED")
     time.sleep(600)
@@ -144,7 +145,7 @@ def _sigterm_after_producing(
     kafka_bootstrap: str, topic: str, tmp_path: Path, mode: str, durability: str, count: int, own_handler: bool = False
 ) -> tuple[list[str], str]:
     path = tmp_path / "o.db"
-    child = _start(WORKER, kafka_bootstrap, str(path), topic, mode, durability, str(count), "1" if own_handler else "0")
+    child = _start(WORKER, kafka_bootstrap, str(path), topic, mode, durability, str(count), "1" if own_handler else "0", "0")
     ids: list[str] = []
     _read_ids(child, ids, "PRODUCED")
     err = _terminate(child)
@@ -173,7 +174,8 @@ def test_kill_9_after_a_burst_in_write_ahead_batch_mode_loses_no_more_than_its_w
 ) -> None:
     """No handler runs after a `kill -9`: the loss is bounded by the commit under way and the batch behind it."""
     path = tmp_path / "o.db"
-    child = _start(WORKER, kafka_bootstrap, str(path), topic, "write-ahead", "batch", "20000", "0")
+    # 4 KiB values: the burst outruns the commits, as a burst does on a slower disk.
+    child = _start(WORKER, kafka_bootstrap, str(path), topic, "write-ahead", "batch", "20000", "0", "4096")
     ids: list[str] = []
     _read_ids(child, ids, "PRODUCED")
     child.kill()
@@ -210,7 +212,7 @@ def test_sigterm_landing_anywhere_in_a_tight_produce_loop_loses_nothing(
     for run in range(8):
         path = tmp_path / f"o{run}.db"
         outboxes.append(path)
-        child = _start(WORKER, kafka_bootstrap, str(path), topic, "fallback", "batch", "-1", "0")
+        child = _start(WORKER, kafka_bootstrap, str(path), topic, "fallback", "batch", "-1", "0", "0")
         mine: list[str] = []
         reader = threading.Thread(target=_read_ids, args=(child, mine, None))
         reader.start()
