@@ -146,8 +146,9 @@ class ResilientProducer(PythonObject):
             DeadLetter, after the dead letter is stored.
         mode: "fallback" (Kafka first, only failures stored) or "write-ahead" (every message
             committed to the outbox before it is sent).
-        durability: write-ahead only: "batch" (produce() returns at once; the message is
-            committed within `commit_interval` plus one commit) or "sync" (produce() returns once
+        durability: write-ahead only: "batch" (produce() returns at once, unless a whole batch
+            of 1,000 already waits behind the commit under way: a crash loses at most those two
+            batches, about `commit_interval` plus two commits) or "sync" (produce() returns once
             the message is committed).
         drain_workers: background threads re-sending stored messages (0: none; run
             `outbox drain` elsewhere).

@@ -145,7 +145,8 @@ def _sigterm_after_producing(
     kafka_bootstrap: str, topic: str, tmp_path: Path, mode: str, durability: str, count: int, own_handler: bool = False
 ) -> tuple[list[str], str]:
     path = tmp_path / "o.db"
-    child = _start(WORKER, kafka_bootstrap, str(path), topic, mode, durability, str(count), "1" if own_handler else "0", "0")
+    handler = "1" if own_handler else "0"
+    child = _start(WORKER, kafka_bootstrap, str(path), topic, mode, durability, str(count), handler, "0")
     ids: list[str] = []
     _read_ids(child, ids, "PRODUCED")
     err = _terminate(child)
