@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -16,7 +19,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from outbox import PRODUCER_DEFAULTS, DeadLetter, Listener, ResilientProducer
+from outbox import PRODUCER_DEFAULTS, DeadLetter, Drainer, Listener, ResilientProducer, RetryPolicy, open_outbox
 from outbox.events import Committed, Drained
 from outbox.headers import ID_HEADER
 from outbox.testing import KafkaCluster
@@ -41,9 +44,18 @@ class Setup:
     store: str = "sqlite"  # or "postgresql"
     size: int = 200  # value bytes
     threads: int = 3
+    #: A fault of the producing process (`PROCESS_FAULTS`), `process_at` seconds into the schedule:
+    #: "sigterm" stops it (a new process on the same outbox goes on with the same keys), "fork"
+    #: forks it (the child makes a producer of its own). "none": the producer runs in this process.
+    process: str = "none"
+    process_at: float = 1.0
 
     def __str__(self) -> str:
-        return f"{self.mode}, drain in {self.drain_in}, {self.store}, {self.size} B, {self.threads} threads"
+        text = f"{self.mode}, drain in {self.drain_in}, {self.store}, {self.size} B, {self.threads} threads"
+        return text if self.process == "none" else f"{text}, {self.process} at {self.process_at:.1f} s"
+
+
+PROCESS_FAULTS = ("none", "sigterm", "fork")
 
 
 class Fates(Listener):
@@ -156,6 +168,11 @@ def run(
     )
     history, raw_history = History(), History()
     reasons = CircuitReasons()
+    if setup.process != "none":
+        assert not settings and not options, "a process fault runs the producer's defaults"
+        with tempfile.TemporaryDirectory() as tmp:
+            url = store_url or f"sqlite:///{Path(tmp) / 'o.db'}"
+            return run_in_processes(cluster, setup, schedule, url, topic, raw_topic, history, raw_history)
     with reasons, tempfile.TemporaryDirectory() as tmp:
         url = store_url or f"sqlite:///{Path(tmp) / 'o.db'}"
         config = {"bootstrap.servers": cluster.bootstrap_servers, **(settings or {})}
@@ -196,6 +213,101 @@ def run(
         cluster.delete_topic(name)
     dead, pending = stats["dead"] or 0, stats["pending"] or 0
     return Run(setup, schedule, verdict, dead, pending, opens, reasons.seen, raw_verdict, fates.of_lost(verdict.lost))
+
+
+def run_in_processes(
+    cluster: KafkaCluster, setup: Setup, schedule: list[Fault], url: str, topic: str, raw_topic: str,
+    history: History, raw_history: History,
+) -> Run:
+    """`run` with the producer in processes of its own (`producer_process`), and the process fault."""
+    bootstrap = cluster.bootstrap_servers
+    raw = Producer({**PRODUCER_DEFAULTS, "enable.idempotence": True, "bootstrap.servers": bootstrap})
+    player = play(cluster, schedule)
+    ends = max((f.at + f.seconds for f in schedule), default=0.0) + 1.0
+    ends = max(ends, setup.process_at + 1.0, 2.0)
+    beside = threading.Thread(target=produce_raw_until, args=(raw, raw_topic, raw_history, setup, ends))
+    beside.start()
+    started = time.monotonic()
+    if setup.process == "sigterm":
+        first = ProducingProcess(bootstrap, url, topic, setup, history, seconds=-1)
+        time.sleep(max(0.0, setup.process_at - (time.monotonic() - started)))
+        first.terminate()
+        # A new process on the same outbox (a deploy's new pod) goes on with the same keys.
+        ProducingProcess(bootstrap, url, topic, setup, history, seconds=max(0.5, ends - setup.process_at)).wait()
+    else:
+        ProducingProcess(bootstrap, url, topic, setup, history, seconds=ends, fork_at=setup.process_at).wait()
+    beside.join()
+    player.join()
+    assert not player.errors, player.errors
+    cluster.wait_until_healthy()
+    dead, pending = drain_outbox(url, bootstrap)
+    verdict = history.check(bootstrap, topic)
+    raw_verdict = raw_history.check(bootstrap, raw_topic)
+    for name in (topic, raw_topic):
+        cluster.delete_topic(name)
+    return Run(setup, schedule, verdict, dead, pending, 0, [], raw_verdict)
+
+
+class ProducingProcess:
+    """One `producer_process`, its accepted messages fed to `history` as it prints them."""
+
+    def __init__(
+        self, bootstrap: str, url: str, topic: str, setup: Setup, history: History, *, seconds: float,
+        fork_at: float = -1.0,
+    ) -> None:
+        self._history, self._topic = history, topic
+        self.errors: list[str] = []
+        self._stderr = tempfile.TemporaryFile("w+")  # a file, not a pipe: its logging never blocks it
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos.producer_process", bootstrap, url, topic, setup.mode,
+             setup.drain_in, str(setup.size), str(setup.threads), "", str(seconds), str(fork_at)],
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True, cwd=Path(__file__).resolve().parents[2],
+        )
+        self._ready = threading.Event()
+        self._reader = threading.Thread(target=self._read)
+        self._reader.start()
+        assert self._ready.wait(60), "the producing process did not start"
+
+    def _read(self) -> None:
+        assert self.child.stdout is not None
+        for line in self.child.stdout:
+            what, *rest = line.split()
+            if what == "ACCEPTED":
+                self._history.accepted(self._topic, rest[0].encode(), rest[1])
+            elif what == "READY":
+                self._ready.set()
+            else:
+                self.errors.append(line.strip())
+        self._ready.set()
+
+    def terminate(self) -> None:
+        """SIGTERM, as a deploy sends it: the process must end by the signal."""
+        self.child.send_signal(signal.SIGTERM)
+        self._end(-signal.SIGTERM)
+
+    def wait(self) -> None:
+        self._end(0)
+
+    def _end(self, expected: int) -> None:
+        self.child.wait(240)
+        self._reader.join(240)  # until every writer of the pipe (a forked child too) closed it
+        self._stderr.seek(0)
+        err = self._stderr.read()[-4000:]
+        self._stderr.close()
+        assert self.child.returncode == expected and not self.errors, (self.child.returncode, self.errors, err)
+
+
+def drain_outbox(url: str, bootstrap: str) -> tuple[int, int]:
+    """Deliver what the producing processes left in the outbox; (dead, pending) afterwards."""
+    store = open_outbox(url)
+    try:
+        drainer = Drainer(store, {"bootstrap.servers": bootstrap}, retry=RetryPolicy(max_attempts=20))
+        wait_until(lambda: drainer.run(until_empty=True) is not None and store.stats(now=time.time()).pending == 0,
+                   240, "the outbox drained")
+        stats = store.stats(now=time.time())
+        return stats.dead, stats.pending
+    finally:
+        store.close()
 
 
 class CircuitReasons(logging.Handler):

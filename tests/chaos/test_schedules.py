@@ -5,6 +5,9 @@ hypothesis, plays the schedule on a proxied 3-broker cluster while threads produ
 messages, delivers everything and reads the topic back per partition in offset order. Every run
 must lose nothing, keep every key's produce order, carry every record's `outbox-id`, leave
 nothing pending and dead-letter nothing (no fault here makes a message permanently bad).
+In `make chaos` a setup also draws a fault of the producing process (`Setup.process`): SIGTERM
+mid-stream with a new process taking its outbox over, or a fork whose child produces through a
+producer of its own; the same checker judges them.
 
 `make test` runs a small fixed set (`CHAOS_EXAMPLES`, default 8, derandomized: the same
 schedules each run, no shrinking). `make chaos` runs 200 random ones with shrinking, so a
@@ -26,7 +29,7 @@ from outbox.testing.plugin import running_cluster
 from outbox.testing.postgres import create_database, drop_database
 from outbox.testing.schedule import KINDS, Fault
 
-from .runner import Run, Setup, report, run
+from .runner import PROCESS_FAULTS, Run, Setup, report, run
 
 EXAMPLES = int(os.environ.get("CHAOS_EXAMPLES", "8"))
 LONG = os.environ.get("CHAOS_LONG") == "1"  # make chaos: random seeds, shrinking
@@ -44,6 +47,9 @@ setups = st.builds(
     store=st.sampled_from(["sqlite", "postgresql"]),
     size=st.sampled_from([200, 8192]),
     threads=st.integers(1, 4),
+    # Process faults only in `make chaos`: `make test`'s fixed schedules stay the ones they were.
+    **({"process": st.sampled_from(PROCESS_FAULTS), "process_at": st.floats(0.3, 4.0).map(lambda s: round(s, 1))}
+       if LONG else {}),
 )
 
 faults = st.builds(
