@@ -35,6 +35,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message
 
 from outbox.errors import ProducerClosedError
+from outbox.producer import sigterm
 from outbox.producer.resilient import HookedHeaders, ResilientProducer
 from outbox.transactions import is_async_sqlalchemy, run_in_async_transaction
 
@@ -140,9 +141,10 @@ class AsyncResilientProducer:
     ) -> AsyncResilientProducer:
         """Build the producer (which opens the outbox) in a thread, off the event loop."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            None, functools.partial(cls, config, sync_workers=sync_workers, **options)
-        )
+        made = await loop.run_in_executor(None, functools.partial(cls, config, sync_workers=sync_workers, **options))
+        if options.get("handle_sigterm", True):  # built off the main thread, which alone sets handlers
+            sigterm.install()
+        return made
 
     # -- the public API ----------------------------------------------------------------------
 

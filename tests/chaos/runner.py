@@ -257,7 +257,7 @@ class ProducingProcess:
     ) -> None:
         self._history, self._topic = history, topic
         self.errors: list[str] = []
-        self._stderr = tempfile.TemporaryFile("w+")  # a file, not a pipe: its logging never blocks it
+        self._stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in _end) a file, not a pipe: logging never blocks it
         self.child = subprocess.Popen(
             [sys.executable, "-m", "tests.chaos.producer_process", bootstrap, url, topic, setup.mode,
              setup.drain_in, str(setup.size), str(setup.threads), "", str(seconds), str(fork_at)],

@@ -18,6 +18,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from outbox import SQLiteOutbox
 from outbox.producer.writeahead import CRASH_WINDOW_ROWS
 from outbox.records import Status
@@ -62,7 +64,10 @@ ASYNC_WORKER = textwrap.dedent(
     sys.stdout.reconfigure(line_buffering=True)
     bootstrap, path, topic = sys.argv[1:4]
     async def main():
-        p = AsyncResilientProducer({"bootstrap.servers": bootstrap, "linger.ms": 200}, outbox=f"sqlite:///{path}")
+        # Built off the loop, in a thread: the handler is installed from the loop's (main) thread.
+        p = await AsyncResilientProducer.create(
+            {"bootstrap.servers": bootstrap, "linger.ms": 200}, outbox=f"sqlite:///{path}"
+        )
         for i in range(5000):
             print(await p.produce(topic, b"k%d:%d" % (i % 50, i), key=b"k%d" % (i % 50)))
         print("PRODUCED")
@@ -290,6 +295,31 @@ WSGI_APP = textwrap.dedent(
 )
 
 
+# The same as an ASGI app for gunicorn's uvicorn workers: the producer made at the module's import.
+ASGI_APP = textwrap.dedent(
+    """
+    import os
+    from outbox import ResilientProducer
+
+    producer = ResilientProducer(
+        {"bootstrap.servers": os.environ["BOOTSTRAP"], "linger.ms": 200}, outbox=os.environ["OUTBOX"] % os.getpid()
+    )
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        n = int(scope["path"].rsplit("/", 1)[1])
+        msg_id = producer.produce(os.environ["TOPIC"], b"k%d:%d" % (n % 20, n), key=b"k%d" % (n % 20))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": msg_id.encode()})
+    """
+)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -379,15 +409,19 @@ def test_uvicorn_stopped_by_sigterm_under_load_loses_nothing(kafka_bootstrap: st
     assert lost == 0, (delivered, stored, err)
 
 
-def test_gunicorn_stopped_by_sigterm_under_load_loses_nothing(kafka_bootstrap: str, topic: str, tmp_path: Path) -> None:
-    (tmp_path / "orders_wsgi.py").write_text(WSGI_APP)
+@pytest.mark.parametrize("worker", ["sync", "uvicorn.workers.UvicornWorker"])
+def test_gunicorn_stopped_by_sigterm_under_load_loses_nothing(
+    kafka_bootstrap: str, topic: str, tmp_path: Path, worker: str
+) -> None:
+    """Two workers, each with the producer its app module made at import (no --preload)."""
+    (tmp_path / "orders_app.py").write_text(WSGI_APP if worker == "sync" else ASGI_APP)
     env = {
         "BOOTSTRAP": kafka_bootstrap, "OUTBOX": f"sqlite:///{tmp_path}/o-%d.db", "TOPIC": topic,
         "PATH": "/usr/bin:/bin",
     }
     port = _free_port()
     ids, err, rc = _serve_then_sigterm(
-        [sys.executable, "-m", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{port}", "orders_wsgi:app"],
+        [sys.executable, "-m", "gunicorn", "-w", "2", "-k", worker, "-b", f"127.0.0.1:{port}", "orders_app:app"],
         env, port, tmp_path,
     )
     assert rc == 0, err  # gunicorn's master exits 0 after a graceful stop
