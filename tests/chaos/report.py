@@ -37,6 +37,8 @@ def summarize_window(lines: list[dict]) -> str:  # type: ignore[type-arg]
 
 def fault_kinds(lines: list[dict]) -> str:  # type: ignore[type-arg]
     kinds: Counter[str] = Counter(f["kind"] for r in lines for f in r["schedule"])
+    # A fault of the producing process (`Setup.process`) counts beside the cluster's.
+    kinds.update(r["setup"]["process"] for r in lines if r["setup"].get("process", "none") != "none")
     return "faults by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
 
 

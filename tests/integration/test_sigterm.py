@@ -19,6 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from outbox import SQLiteOutbox
 from outbox.producer.writeahead import CRASH_WINDOW_ROWS
@@ -458,3 +460,93 @@ def test_gunicorn_preload_fails_loudly_on_the_first_produce(kafka_bootstrap: str
     assert status == 500
     assert "ProducerForkedError: this ResilientProducer was made in process" in err, err
     assert "gunicorn: in the post_fork hook" in err
+
+
+# -- the consumer's own outbox ---------------------------------------------------------------
+
+# Every message fails: each is handled by a hop to the retry tier (60 s away, so the hops stay
+# there), published through the consumer's own producer and outbox. The loop is the
+# application's own (poll_once), so SIGTERM reaches the producers' handler.
+CONSUMER = textwrap.dedent(
+    """
+    import sys
+    from outbox import ResilientConsumer, RetryTopics
+    bootstrap, topic, group, path = sys.argv[1:5]
+    def handle(msg):
+        raise TimeoutError("downstream timed out")
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"},
+        topics=[topic], handler=handle, strategy=RetryTopics(delays=[60]), outbox=f"sqlite:///{path}",
+    )
+    print("ready", flush=True)
+    while True:
+        consumer.poll_once()
+    """
+)
+
+
+def test_sigterm_keeps_every_hop_of_the_messages_a_consumer_committed(
+    kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    """A message's offset is committed only once its hop is durable: SIGTERM mid-stream loses no hop."""
+    group = f"g-{topic}"
+    values = [b"m:%d" % i for i in range(3000)]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i, value in enumerate(values):
+        producer.produce(topic, value, key=b"k%d" % (i % 30))
+    assert producer.flush(30) == 0
+    path = tmp_path / "consumer.db"
+    child = _start(CONSUMER, kafka_bootstrap, topic, group, str(path))
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    tier = f"{topic}.{group}.retry-1"
+    deadline = time.monotonic() + 60
+    while len(_values_of(kafka_bootstrap, tier)) < 500:  # mid-stream: hops flowing
+        assert child.poll() is None and time.monotonic() < deadline, child.stderr.read() if child.stderr else ""
+    err = _terminate(child)
+    assert child.returncode == -signal.SIGTERM, err
+    check = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
+    try:
+        committed = check.committed([TopicPartition(topic, p) for p in range(3)], timeout=30)
+    finally:
+        check.close()
+    done = sum(max(tp.offset, 0) for tp in committed)  # messages the group will not read again
+    assert done > 0, committed
+    hops = _values_of(kafka_bootstrap, tier)
+    with SQLiteOutbox(str(path), create=False) as store:
+        stored = {m.value for m in store.messages() if m.status is Status.PENDING}
+    # Each message below a committed offset was handled: its hop is on the tier or in the outbox.
+    reread = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"r-{group}", "auto.offset.reset": "earliest"})
+    try:
+        below = _values_below(reread, topic, committed)
+    finally:
+        reread.close()
+    assert len(below) == done
+    assert not below - hops - stored, (len(below - hops - stored), done, len(hops), len(stored))
+
+
+def _values_of(bootstrap: str, topic: str) -> set[bytes]:
+    got = read_topic(bootstrap, topic, 1 << 30, timeout=3) if _exists(bootstrap, topic) else None
+    return set() if got is None else got.values()
+
+
+def _exists(bootstrap: str, topic: str) -> bool:
+    return topic in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
+
+
+def _values_below(consumer: Consumer, topic: str, committed: list[TopicPartition]) -> set[bytes]:
+    """The values of `topic` below each partition's committed offset."""
+    out: set[bytes] = set()
+    for tp in committed:
+        if tp.offset <= 0:
+            continue
+        consumer.assign([TopicPartition(topic, tp.partition, 0)])
+        seen = 0
+        while seen < tp.offset:
+            msg = consumer.poll(5)
+            assert msg is not None, f"partition {tp.partition}: {seen} of {tp.offset} read"
+            if msg.error():
+                continue
+            if msg.offset() < tp.offset:
+                out.add(msg.value() or b"")
+            seen = msg.offset() + 1
+    return out
