@@ -39,7 +39,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type: ignore[attr-defined]
 
@@ -47,6 +47,9 @@ from outbox.testing.maven import KAFKA, KAFKA_VERSION, MavenFetchError
 from outbox.testing.maven import fetch as maven_fetch
 from outbox.testing.netfaults import FaultProxy
 from outbox.testing.ports import free_port
+
+if TYPE_CHECKING:
+    from outbox.testing.certs import Certificates
 
 __all__ = [
     "KAFKA_VERSION",
@@ -59,6 +62,11 @@ __all__ = [
 ]
 
 CONTROLLER_NODE_ID = 1000
+
+#: The protocols a test cluster's clients' listener speaks (`KafkaCluster(security=...)`).
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL")
+#: The SASL users of a secured test cluster and their passwords (PLAIN and SCRAM-SHA-512 alike).
+USERS = {"admin": "admin-secret", "alice": "alice-secret"}
 """Node id of the dedicated KRaft controller (brokers use ``0..N-1``)."""
 
 _log = logging.getLogger(__name__)
@@ -370,6 +378,13 @@ class KafkaCluster:
         niceness: Run the JVMs at this ``nice`` increment (0..19). On a machine
             whose cores the cluster shares with what is measured, a JVM starting
             up otherwise delays every other process's wake-ups by tens of ms.
+        security: The clients' listener's protocol (:data:`SECURITY_PROTOCOLS`):
+            ``"PLAINTEXT"`` (the default), ``"SASL_PLAINTEXT"``, ``"SSL"`` (client
+            certificates required) or ``"SASL_SSL"``. SASL offers PLAIN and
+            SCRAM-SHA-512 for the users of :data:`USERS`, and OAUTHBEARER with Kafka's
+            unsecured JWTs; TLS uses a throw-away authority (:mod:`outbox.testing.certs`).
+            :meth:`client_config` gives a client's settings. The brokers replicate, and
+            the cluster's own operations run, over a PLAINTEXT listener of their own.
     """
 
     def __init__(
@@ -386,9 +401,15 @@ class KafkaCluster:
         startup_timeout: float = 90.0,
         proxied: bool = False,
         niceness: int = 0,
+        security: str = "PLAINTEXT",
     ) -> None:
         if brokers < 1:
             raise ValueError("brokers must be >= 1")
+        if security not in SECURITY_PROTOCOLS:
+            raise ValueError(f"security must be one of {SECURITY_PROTOCOLS}, got {security!r}")
+        self.security = security
+        #: The TLS files of an ``SSL`` / ``SASL_SSL`` cluster, once started.
+        self.certificates: Certificates | None = None
         self.num_brokers = brokers
         self.keep_logs = keep_logs
         self.startup_timeout = startup_timeout
@@ -486,8 +507,46 @@ class KafkaCluster:
 
     @property
     def _direct_bootstrap(self) -> str:
-        # The cluster's own start-up checks bypass the proxy, so a fault left on cannot stall them.
-        return ",".join(f"127.0.0.1:{p}" for p in self._broker_ports)
+        # The cluster's own start-up checks bypass the proxy, so a fault left on cannot stall them;
+        # on a secured cluster they use the brokers' own PLAINTEXT listener, needing no credentials.
+        ports = self._internal_ports if self._secured else self._broker_ports
+        return ",".join(f"127.0.0.1:{p}" for p in ports)
+
+    @property
+    def _admin_bootstrap(self) -> str:
+        """Where the cluster's own operations (topics, ISR waits) connect: the clients' listener,
+        or on a secured cluster the brokers' PLAINTEXT one."""
+        return self._direct_bootstrap if self._secured else self.bootstrap_servers
+
+    @property
+    def _secured(self) -> bool:
+        return self.security != "PLAINTEXT"
+
+    def client_config(self, user: str = "alice", mechanism: str = "SCRAM-SHA-512") -> dict[str, str]:
+        """A client's settings for this cluster: ``bootstrap.servers`` and its security.
+
+        Args:
+            user: A user of :data:`USERS` (SASL), whose password is given.
+            mechanism: ``"SCRAM-SHA-512"``, ``"PLAIN"`` or ``"OAUTHBEARER"`` (librdkafka's
+                unsecured JWT with ``sub`` = `user`, unless the client sets ``oauth_cb``).
+        """
+        config = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security}
+        if "SASL" in self.security:
+            config["sasl.mechanism"] = mechanism
+            if mechanism == "OAUTHBEARER":
+                config["enable.sasl.oauthbearer.unsecure.jwt"] = "true"
+                config["sasl.oauthbearer.config"] = f"principal={user}"
+            else:
+                config["sasl.username"] = user
+                config["sasl.password"] = USERS[user]
+        if "SSL" in self.security:
+            certs = self.certificates
+            assert certs is not None, "the cluster is not started"
+            config["ssl.ca.location"] = str(certs.ca)
+            if self.security == "SSL":
+                config["ssl.certificate.location"] = str(certs.client_cert)
+                config["ssl.key.location"] = str(certs.client_key)
+        return config
 
     def pids(self) -> list[int]:
         """Process ids of all live Kafka processes of this cluster (controller first)."""
@@ -537,8 +596,13 @@ class KafkaCluster:
             (self.dir / "log4j2.properties").write_text(_LOG4J2)
             self._controller_port = free_port()
             self._broker_ports = [free_port() for _ in range(self.num_brokers)]
-            if self._proxied:
+            if self._proxied or self._secured:
                 self._internal_ports = [free_port() for _ in range(self.num_brokers)]
+            if "SSL" in self.security:
+                from outbox.testing.certs import make_certificates
+
+                self.certificates = make_certificates(self.dir / "certs")
+            if self._proxied:
                 self._network = FaultProxy()
                 for port in self._broker_ports:
                     self._network.add(port)
@@ -718,7 +782,7 @@ class KafkaCluster:
             The topic name.
         """
         rf = min(3, self.num_brokers) if replication_factor is None else replication_factor
-        return create_topic(self.bootstrap_servers, name, partitions, rf, config, timeout=timeout)
+        return create_topic(self._admin_bootstrap, name, partitions, rf, config, timeout=timeout)
 
     def delete_topic(self, name: str, *, timeout: float = 60.0) -> None:
         """Delete a topic and wait until the cluster no longer lists it. A long-lived cluster that a
@@ -736,7 +800,7 @@ class KafkaCluster:
 
     def wait_for_isr(self, topic: str, min_isr: int | None = None, timeout: float = 60.0) -> None:
         """Wait until every partition of ``topic`` has ``>= min_isr`` in-sync replicas (default: all)."""
-        wait_for_isr(self.bootstrap_servers, topic, min_isr, timeout=timeout)
+        wait_for_isr(self._admin_bootstrap, topic, min_isr, timeout=timeout)
 
     def wait_until_healthy(self, timeout: float = 90.0) -> None:
         """Start stopped brokers, then wait until every partition of every topic has its full ISR."""
@@ -744,7 +808,7 @@ class KafkaCluster:
         self.start_all(timeout=timeout)
         # One client and one metadata request for all topics a round: a session cluster holds
         # hundreds of topics, and a client per topic cost a connection and a metadata round each.
-        admin = _admin(self.bootstrap_servers)
+        admin = _admin(self._admin_bootstrap)
         names = set(_metadata(admin, timeout=max(1.0, deadline - time.monotonic())).topics)
         while True:
             try:
@@ -772,8 +836,8 @@ class KafkaCluster:
             "controller.quorum.voters": f"{CONTROLLER_NODE_ID}@127.0.0.1:{self._controller_port}",
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": (
-                "CONTROLLER:PLAINTEXT,CLIENT:PLAINTEXT,INTERNAL:PLAINTEXT"
-                if self._proxied
+                f"CONTROLLER:PLAINTEXT,CLIENT:{self.security},INTERNAL:PLAINTEXT"
+                if self._proxied or self._secured
                 else "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
             ),
             "broker.session.timeout.ms": 5000,
@@ -803,6 +867,7 @@ class KafkaCluster:
                 "process.roles": "broker",
                 "node.id": i,
                 **self._listeners(i, port),
+                **self._security_config(),
                 "log.dirs": bdir / "data",
                 "num.partitions": 3,
                 "default.replication.factor": rf,
@@ -828,7 +893,45 @@ class KafkaCluster:
             bdir.mkdir()
             (bdir / "server.properties").write_text(_props(broker))
 
+    def _security_config(self) -> dict[str, object]:
+        """The clients' listener's SASL and TLS settings (none for PLAINTEXT)."""
+        config: dict[str, object] = {}
+        if "SASL" in self.security:
+            plain_users = " ".join(f'user_{name}="{password}"' for name, password in USERS.items())
+            config.update({
+                "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512,OAUTHBEARER",
+                "listener.name.client.plain.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                    f'username="admin" password="{USERS["admin"]}" {plain_users};'
+                ),
+                "listener.name.client.scram-sha-512.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                ),
+                "listener.name.client.oauthbearer.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+                    'unsecuredLoginStringClaim_sub="admin";'
+                ),
+            })
+        if "SSL" in self.security:
+            certs = self.certificates
+            assert certs is not None
+            config.update({
+                "listener.name.client.ssl.keystore.type": "PEM",
+                "listener.name.client.ssl.keystore.location": certs.broker,
+                "listener.name.client.ssl.truststore.type": "PEM",
+                "listener.name.client.ssl.truststore.location": certs.ca,
+                "listener.name.client.ssl.client.auth": "required" if self.security == "SSL" else "none",
+            })
+        return config
+
     def _listeners(self, i: int, port: int) -> dict[str, object]:
+        if self._network is None and self._secured:
+            internal = self._internal_ports[i]
+            return {
+                "listeners": f"CLIENT://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal}",
+                "advertised.listeners": f"CLIENT://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal}",
+                "inter.broker.listener.name": "INTERNAL",
+            }
         if self._network is None:
             return {
                 "listeners": f"PLAINTEXT://127.0.0.1:{port}",
@@ -871,6 +974,7 @@ class KafkaCluster:
                 # "=" form: a base64url id may start with "-", which argparse would take for an option
                 f"--cluster-id={self._cluster_id}",
                 f"--config={self._config_path(name)}",
+                *self._scram_users(),
             )
             log = self.log_dir / f"format-{name}.log"
             with open(log, "wb") as out:
@@ -883,6 +987,12 @@ class KafkaCluster:
                 rc = p.wait()
             if rc != 0:
                 raise KafkaSetupError(f"formatting storage of {name} failed (exit {rc}):\n{_tail(log)}")
+
+    def _scram_users(self) -> list[str]:
+        """The storage tool's arguments that create the SCRAM users in the cluster's first metadata."""
+        if "SASL" not in self.security:
+            return []
+        return [f"--add-scram=SCRAM-SHA-512=[name={name},password={password}]" for name, password in USERS.items()]
 
     def _popen(self, cmd: list[str], out: IO[bytes]) -> subprocess.Popen[bytes]:
         parent, niceness = os.getpid(), self._niceness
