@@ -35,7 +35,7 @@ from outbox import ResilientProducer  # noqa: E402
 from outbox.testing import KafkaCluster  # noqa: E402
 from outbox.testing.cluster import create_topic  # noqa: E402
 
-TOPIC = "bench-crash-window"
+TOPIC = f"bench-crash-window-{os.urandom(4).hex()}"
 VALUE = b"v" * 200
 KEYS = [b"key-%d" % k for k in range(50)]
 SAMPLE = 2000

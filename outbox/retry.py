@@ -25,6 +25,20 @@ class Disposition(enum.Enum):
     FATAL = "fatal"  # the producer instance is unusable: recreate it; the message is retried
 
 
+# The cluster refuses our credentials or our TLS: a rotated or expired password, an OAuth token
+# not refreshed, a certificate the broker does not trust. An outage that an operator ends (or
+# `set_sasl_credentials`), never a fault of the message: retried without counting attempts while
+# no broker takes us, like a cluster that is down.
+REFUSED_CODES: frozenset[int] = frozenset(
+    {
+        E._AUTHENTICATION,  # librdkafka: SASL or TLS authentication failed
+        E.SASL_AUTHENTICATION_FAILED,  # the broker: wrong credentials
+        E._SSL,  # TLS handshake failed (a certificate rejected, either way)
+        E.UNSUPPORTED_SASL_MECHANISM,  # the listener does not offer the client's mechanism
+        E.ILLEGAL_SASL_STATE,
+    }
+)
+
 # Failures that go away by themselves: the cluster or a partition leader comes back, an ISR
 # grows again. librdkafka already retries most of these internally, so by the time a delivery
 # report carries one the message usually shows as _MSG_TIMED_OUT.
@@ -65,7 +79,7 @@ RETRIABLE_CODES: frozenset[int] = frozenset(
         E.CONCURRENT_TRANSACTIONS,
         E.REBOOTSTRAP_REQUIRED,
     }
-)
+) | REFUSED_CODES
 
 # Errors that say "the cluster is not reachable or not healthy" rather than anything about the
 # message: they count toward the producer's circuit breaker, and a re-send that fails with one
@@ -83,7 +97,7 @@ UNREACHABLE_CODES: frozenset[int] = frozenset(
         E.LEADER_NOT_AVAILABLE,
         E.NOT_LEADER_FOR_PARTITION,
     }
-)
+) | REFUSED_CODES
 
 
 def a_broker_answers(producer: Producer, timeout: float) -> bool:

@@ -22,7 +22,7 @@ from outbox.message import MESSAGE_OVERHEAD
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.pollreport import PollReport
 from outbox.producer.probe import ClusterProbe
-from outbox.retry import UNREACHABLE_CODES, describe
+from outbox.retry import REFUSED_CODES, UNREACHABLE_CODES, describe
 from outbox.tally import Tally
 
 log = logging.getLogger("outbox")
@@ -64,6 +64,9 @@ def queue_limits(config: Mapping[str, Any], memory_budget: int) -> tuple[dict[st
 PURGE_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
+#: Seconds a refusal of the credentials (`REFUSED_CODES`) names the cause of "all brokers down".
+REFUSED_RECENT = 30.0
+
 class _PurgeRequest:
     """The application's `purge()`, carried out by the delivery thread."""
 
@@ -103,6 +106,8 @@ class KafkaLink:
                 self._config[name] = self._counted(self._config[name])
         self._circuit = circuit
         self._user_error_cb = user_error_cb
+        #: librdkafka's last refusal of our credentials or TLS (`REFUSED_CODES`), and when.
+        self._refused: tuple[float, KafkaError] | None = None
         self.kafka = Producer(self._config)
         self._probe = ClusterProbe(self._config)  # "is the cluster there?" when the queue stays full
         # Tallies: several threads count into each (see Tally).
@@ -366,11 +371,21 @@ class KafkaLink:
         old.purge(in_queue=True, in_flight=True)
         old.flush(10)
 
+    def _why_down(self) -> str:
+        """The circuit's reason for "all brokers down": the cluster's refusal of our credentials
+        or TLS if librdkafka reported one lately (what the operator must fix), else the outage."""
+        refused = self._refused
+        if refused is not None and time.monotonic() - refused[0] < REFUSED_RECENT:
+            return f"every broker refused the connection: {describe(refused[1])}"
+        return "all brokers down"
+
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error_cb: cluster-level events."""
         code = err.code()
+        if code in REFUSED_CODES:
+            self._refused = (time.monotonic(), err)
         if code == KafkaError._ALL_BROKERS_DOWN:
-            self._circuit.trip("all brokers down")
+            self._circuit.trip(self._why_down())
         elif err.fatal():
             log.error("outbox: fatal producer error %s; the producer will be recreated", describe(err))
             self._recreate = True

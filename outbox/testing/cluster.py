@@ -522,6 +522,18 @@ class KafkaCluster:
     def _secured(self) -> bool:
         return self.security != "PLAINTEXT"
 
+    def set_password(self, user: str, password: str, timeout: float = 30.0) -> None:
+        """Change a SCRAM-SHA-512 user's password, as an operator's rotation does (PLAIN users are
+        fixed). A client keeps its connections until they re-authenticate: give the brokers
+        ``connections.max.reauth.ms`` (``broker_config``) to make that soon."""
+        from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+        credential = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+        admin = _admin(self._direct_bootstrap)
+        done = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(user, credential, password.encode())])
+        for future in done.values():
+            future.result(timeout)
+
     def client_config(self, user: str = "alice", mechanism: str = "SCRAM-SHA-512") -> dict[str, str]:
         """A client's settings for this cluster: ``bootstrap.servers`` and its security.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
@@ -56,11 +57,15 @@ class Arrivals:
         return [(k, s) for k, s in per_key.items() if s != sorted(s)]
 
 
-def read_topic(bootstrap: str, topic: str, expect_unique: int, timeout: float = 90.0) -> Arrivals:
+def read_topic(
+    bootstrap: str, topic: str, expect_unique: int, timeout: float = 90.0, *, config: Mapping[str, str] | None = None
+) -> Arrivals:
     """Read `topic` from the start until `expect_unique` distinct outbox-ids arrived (or timeout),
-    then keep reading briefly so that duplicates written after them are counted too."""
+    then keep reading briefly so that duplicates written after them are counted too. `config`:
+    more client settings (a secured cluster's)."""
     consumer = Consumer(
         {
+            **(config or {}),
             "bootstrap.servers": bootstrap,
             "group.id": f"check-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
