@@ -79,7 +79,7 @@ def _name(common_name: str) -> x509.Name:
 def _authority(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = _key()
     name = _name(common_name)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name).issuer_name(name).public_key(key.public_key())
@@ -103,7 +103,7 @@ def _signed(
     key: ec.EllipticCurvePrivateKey, common_name: str, ca_key: ec.EllipticCurvePrivateKey, issuer: x509.Name,
     names: list[x509.GeneralName],
 ) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
         .subject_name(_name(common_name)).issuer_name(issuer).public_key(key.public_key())

@@ -526,7 +526,11 @@ class KafkaCluster:
         """Change a SCRAM-SHA-512 user's password, as an operator's rotation does (PLAIN users are
         fixed). A client keeps its connections until they re-authenticate: give the brokers
         ``connections.max.reauth.ms`` (``broker_config``) to make that soon."""
-        from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+        from confluent_kafka.admin import (  # type: ignore[attr-defined]
+            ScramCredentialInfo,
+            ScramMechanism,
+            UserScramCredentialUpsertion,
+        )
 
         credential = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
         admin = _admin(self._direct_bootstrap)
