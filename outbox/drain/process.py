@@ -131,6 +131,8 @@ class DrainProcess:
         self._base = (0, 0, 0, 0)  # counts of children that died: a new child counts from zero
         self._reader: threading.Thread | None = None
         self._hand_back: DrainHandback | None = None
+        #: The SASL credentials `set_sasl_credentials` gave last: a child started later gets them too.
+        self._sasl: tuple[str, str, str] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -169,6 +171,12 @@ class DrainProcess:
                 proc.wait()
         self._reap()
 
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """New SASL credentials for the child's producers, from their next authentication on
+        (sent over the child's own command pipe; never logged), and for any child started later."""
+        self._sasl = ("sasl", username, password)
+        self._command(self._sasl)
+
     def wake(self) -> None:
         """Rows were stored: the child looks for due rows now."""
         # Not once stopping: a stopping child reads no more commands, and a full pipe would
@@ -194,6 +202,8 @@ class DrainProcess:
         self._commands = Connection(cmd_w, readable=False)
         self._events = Connection(evt_r, writable=False)
         self._command(self._settings, raw=True)
+        if self._sasl is not None:  # a restarted child authenticates as the parent does now
+            self._command(self._sasl)
         if not self._events.poll(_START_TIMEOUT):
             return ("failed", f"no answer within {_START_TIMEOUT:g}s")
         try:
@@ -443,6 +453,9 @@ def child_main(cmd_fd: int, evt_fd: int) -> int:
                 break
             if cmd == "stop":
                 break
+            if isinstance(cmd, tuple) and cmd[0] == "sasl":
+                drainer.set_sasl_credentials(cmd[1], cmd[2])
+                continue
             drainer.wake()
         if failing != (drainer.health.failing_since is not None):  # a spell of store errors ended
             failing = not failing

@@ -670,13 +670,11 @@ class ResilientProducer(PythonObject):
 
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """New SASL username and password for every Kafka client of this producer (its own,
-        and its drain workers'), used from their next authentication on. A drain process
-        (`drain_in="process"`) keeps the ones it started with."""
+        and its drain workers', in a drain process too), used from their next authentication on."""
         if self._closed:
             raise self._closed_error()
         self._link.set_sasl_credentials(username, password)
-        if isinstance(self.drainer, Drainer):
-            self.drainer.set_sasl_credentials(username, password)
+        self.drainer.set_sasl_credentials(username, password)
 
     # Kafka transactions: this producer has no transactional.id (the constructor refuses one),
     # so librdkafka answers these calls exactly as it does for any such confluent_kafka producer.

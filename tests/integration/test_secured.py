@@ -30,13 +30,16 @@ def _read(cluster: KafkaCluster, topic: str, expect: int) -> Arrivals:
     return read_topic(config.pop("bootstrap.servers"), topic, expect, config=config)
 
 
+@pytest.mark.parametrize("drain_in", ["threads", "process"])
 def test_a_password_that_stops_working_is_an_outage_and_a_rotation_delivers_everything_in_order(
-    secured: KafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    secured: KafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture, drain_in: str
 ) -> None:
+    """The rotation reaches every client of the producer: its own, and its drain's (a drain process's too)."""
     topic = secured.create_topic(f"secured-{time.time_ns()}", partitions=3)
     config = {**secured.client_config(user="alice"), "message.timeout.ms": 5000}
     producer = ResilientProducer(
-        config, outbox=f"sqlite:///{tmp_path / 'o.db'}", retry=RetryPolicy(max_attempts=3, initial_delay=0.2)
+        config, outbox=f"sqlite:///{tmp_path / 'o.db'}", retry=RetryPolicy(max_attempts=3, initial_delay=0.2),
+        drain_in=drain_in,
     )
     ids = []
     try:
