@@ -1,21 +1,24 @@
-"""A secured cluster (SASL_SSL): the producer speaks to it, and credentials that stop working are an outage."""
+"""A secured cluster (SASL_SSL): every part speaks to it, and credentials that stop working are an outage."""
 
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Message, Producer
 
-from outbox import ResilientProducer, RetryPolicy
+from outbox import DeadLetter, NewMessage, ResilientConsumer, ResilientProducer, RetryPolicy, RetryTopics, SQLiteOutbox
 from outbox.testing import KafkaCluster
 from outbox.testing.cluster import USERS
 from outbox.testing.plugin import running_cluster
 
 from ..waiting import wait_until
 from .delivery import Arrivals, keyed_value, read_topic
+from .test_cli_kafka import outbox_cli
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +72,82 @@ def test_a_password_that_stops_working_is_an_outage_and_a_rotation_delivers_ever
     got = _read(secured, topic, len(ids))
     assert got.unique == len(ids) and set(got.by_id) == set(ids)
     assert got.order_violations() == []
+
+
+def test_outbox_drain_on_sasl_ssl_waits_out_refused_credentials_then_delivers_in_order(
+    secured: KafkaCluster, tmp_path: Path
+) -> None:
+    """`outbox drain -X ...`: the wrong password is an outage (exit 3, nothing dead), the right one delivers."""
+    topic = secured.create_topic(f"secured-drain-{time.time_ns()}", partitions=3)
+    path = tmp_path / "o.db"
+    with SQLiteOutbox(str(path)) as store:
+        store.enqueue([
+            NewMessage(topic, value, key, [("outbox-id", f"d{seq}".encode())], -1, f"d{seq}")
+            for seq in range(500) for key, value in [keyed_value(seq % 10, seq)]
+        ])
+    settings = secured.client_config(user="alice")
+    bootstrap = settings.pop("bootstrap.servers")
+
+    def drain(password: str) -> subprocess.CompletedProcess[str]:
+        options = [f"-X{k}={v}" for k, v in {**settings, "sasl.password": password}.items()]
+        return outbox_cli("drain", "--outbox", f"sqlite:///{path}", "-b", bootstrap, *options)
+
+    refused = drain("wrong-password")
+    assert refused.returncode == 3, refused.stderr  # pending left: the cluster did not take us
+    assert "wrong-password" not in refused.stdout + refused.stderr
+    with SQLiteOutbox(str(path), create=False) as store:
+        stats = store.stats(now=time.time())
+        assert (stats.pending, stats.dead) == (500, 0)
+        assert all(m.attempts == 0 for m in store.messages())  # no attempt counted
+    done = drain(USERS["alice"])
+    assert done.returncode == 0, done.stderr
+    got = _read(secured, topic, 500)
+    assert got.unique == 500 and got.order_violations() == []
+
+
+def test_a_message_refused_for_its_own_fault_on_sasl_ssl_is_a_dead_letter(
+    secured: KafkaCluster, tmp_path: Path
+) -> None:
+    """On a secured cluster what is the message's fault still dead-letters (here one too large for its topic)."""
+    topic = secured.create_topic(f"secured-small-{time.time_ns()}", partitions=1, config={"max.message.bytes": "2000"})
+    dead: list[DeadLetter] = []
+    with ResilientProducer(
+        secured.client_config(), outbox=f"sqlite:///{tmp_path / 'o.db'}", on_dead_letter=dead.append
+    ) as producer:
+        producer.produce(topic, b"x" * 10_000, key=b"big")
+        producer.produce(topic, b"small", key=b"ok")
+        assert producer.flush(30) == 0
+        wait_until(lambda: len(dead) == 1, 30, "the large message dead-lettered")
+        assert producer.stats()["pending"] == 0
+    assert dead[0].key == b"big" and (dead[0].last_error or "").startswith("MSG_SIZE_TOO_LARGE")
+    assert _read(secured, topic, 1).values() == {b"small"}
+
+
+def test_the_consumer_ladder_on_sasl_ssl(secured: KafkaCluster, tmp_path: Path) -> None:
+    """Retry tier and dead-letter topic through the secured listener: every failing message in the DLQ once."""
+    topic = secured.create_topic(f"secured-ladder-{time.time_ns()}", partitions=3)
+    group = f"g-{topic}"
+    settings = secured.client_config()
+    plain = Producer(settings)
+    for i in range(200):
+        plain.produce(topic, b"fail-%d" % i if i % 10 == 0 else b"ok-%d" % i, key=b"k%d" % (i % 10))
+    assert plain.flush(30) == 0
+    handled: list[bytes] = []
+
+    def handle(msg: Message) -> None:
+        value = msg.value() or b""
+        if value.startswith(b"fail"):
+            raise TimeoutError("downstream timed out")
+        handled.append(value)
+
+    consumer = ResilientConsumer(
+        {**settings, "group.id": group, "auto.offset.reset": "earliest"}, topics=[topic], handler=handle,
+        strategy=RetryTopics(delays=[1]), outbox=f"sqlite:///{tmp_path / 'c.db'}",
+    )
+    try:
+        wait_until(lambda: consumer.poll_once() >= 0 and consumer.stats()["dead"] >= 20, 90, "20 dead letters")
+    finally:
+        consumer.close()
+    assert sorted(handled) == sorted(b"ok-%d" % i for i in range(200) if i % 10)
+    dlq = _read(secured, f"{topic}.{group}.dlq", 20)
+    assert dlq.values() == {b"fail-%d" % i for i in range(0, 200, 10)} and len(dlq.messages) == 20
