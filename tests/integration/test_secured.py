@@ -151,3 +151,26 @@ def test_the_consumer_ladder_on_sasl_ssl(secured: KafkaCluster, tmp_path: Path) 
     assert sorted(handled) == sorted(b"ok-%d" % i for i in range(200) if i % 10)
     dlq = _read(secured, f"{topic}.{group}.dlq", 20)
     assert dlq.values() == {b"fail-%d" % i for i in range(0, 200, 10)} and len(dlq.messages) == 20
+
+
+def test_an_outage_of_a_secured_cluster_is_stored_and_recovered_in_order(secured: KafkaCluster, tmp_path: Path) -> None:
+    """The broker stopped: the producer's messages wait in the outbox, and the restarted broker gets them all."""
+    topic = secured.create_topic(f"secured-outage-{time.time_ns()}", partitions=3)
+    config = {**secured.client_config(), "message.timeout.ms": 3000}
+    ids = []
+    with ResilientProducer(config, outbox=f"sqlite:///{tmp_path / 'o.db'}", circuit_reset_timeout=1.0) as producer:
+        for seq in range(100):
+            ids.append(producer.produce(topic, keyed_value(seq % 10, seq)[1], key=keyed_value(seq % 10, seq)[0]))
+        assert producer.flush(30) == 0
+        secured.stop_broker(0)
+        try:
+            for seq in range(100, 400):
+                ids.append(producer.produce(topic, keyed_value(seq % 10, seq)[1], key=keyed_value(seq % 10, seq)[0]))
+            assert producer.flush(30) == 0  # every message delivered or committed to the outbox
+            assert producer.stats()["pending"] > 0
+        finally:
+            secured.start_all()
+        wait_until(lambda: producer.stats()["pending"] == 0, 120, "the outbox delivered after the outage")
+        assert producer.stats()["dead"] == 0
+    got = _read(secured, topic, len(ids))
+    assert got.unique == 400 and got.order_violations() == []
