@@ -7,11 +7,21 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Message, Producer
 
-from outbox import DeadLetter, NewMessage, ResilientConsumer, ResilientProducer, RetryPolicy, RetryTopics, SQLiteOutbox
+from outbox import (
+    DeadLetter,
+    NewMessage,
+    ResilientConsumer,
+    ResilientProducer,
+    RetryPolicy,
+    RetryTopics,
+    SQLiteOutbox,
+    open_outbox,
+)
 from outbox.testing import KafkaCluster
 from outbox.testing.cluster import USERS
 from outbox.testing.plugin import running_cluster
@@ -174,3 +184,21 @@ def test_an_outage_of_a_secured_cluster_is_stored_and_recovered_in_order(secured
         assert producer.stats()["dead"] == 0
     got = _read(secured, topic, len(ids))
     assert got.unique == 400 and got.order_violations() == []
+
+
+def test_a_spark_drain_through_a_secured_cluster(spark: Any, secured: KafkaCluster, tmp_path: Path) -> None:
+    """The executors' producers take the `-X` settings: the Spark job drains into SASL_SSL, in key order."""
+    from spark_drain import JobOptions, run_job
+
+    from .test_spark_drain import check_consumed, fill
+
+    topic = secured.create_topic(f"secured-spark-{time.time_ns()}", partitions=3)
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    with open_outbox(url) as store:
+        ids = fill(store, topic, 2000)
+    settings = secured.client_config()
+    bootstrap = settings.pop("bootstrap.servers")
+    report = run_job(spark, JobOptions(outbox=url, bootstrap_servers=bootstrap, partitions=2, kafka_config=settings))
+    assert report.ok and report.total.delivered == 2000, report
+    got = _read(secured, topic, 2000)
+    check_consumed(got.messages, ids)
