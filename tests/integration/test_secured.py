@@ -202,3 +202,27 @@ def test_a_spark_drain_through_a_secured_cluster(spark: Any, secured: KafkaClust
     assert report.ok and report.total.delivered == 2000, report
     got = _read(secured, topic, 2000)
     check_consumed(got.messages, ids)
+
+
+def test_a_tls_handshake_that_fails_is_an_outage_and_a_restart_with_the_right_authority_delivers(
+    secured: KafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that does not trust the broker's certificate (another authority): stored, never dead."""
+    topic = secured.create_topic(f"secured-tls-{time.time_ns()}", partitions=3)
+    assert secured.certificates is not None
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    wrong = {**secured.client_config(), "ssl.ca.location": str(secured.certificates.stranger_cert),
+             "message.timeout.ms": 3000}
+    ids = []
+    with caplog.at_level(logging.WARNING, logger="outbox"), ResilientProducer(wrong, outbox=url) as producer:
+        for seq in range(200):
+            ids.append(producer.produce(topic, keyed_value(seq % 10, seq)[1], key=keyed_value(seq % 10, seq)[0]))
+        assert producer.flush(30) == 0  # in the outbox
+        stats = producer.stats()
+        assert (stats["pending"], stats["dead"], stats["retried"]) == (200, 0, 0), stats
+    opened = [r.getMessage() for r in caplog.records if r.getMessage().startswith("circuit open")]
+    assert opened and "every broker refused the connection: _SSL" in opened[0], opened
+    with ResilientProducer(secured.client_config(), outbox=url) as producer:  # restarted, fixed
+        wait_until(lambda: producer.stats()["pending"] == 0, 90, "the outbox delivered")
+    got = _read(secured, topic, 200)
+    assert set(got.by_id) == set(ids) and got.order_violations() == []
