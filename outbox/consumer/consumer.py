@@ -30,7 +30,7 @@ from outbox.consumer.inbox import DEFAULT_WINDOW, Inbox, InboxCommitFailed, take
 from outbox.consumer.inplace import InPlaceRetries
 from outbox.consumer.offsets import TP, OffsetTracker
 from outbox.consumer.ordering import KeyOrder, KeyOrderRebuild
-from outbox.consumer.rebalance import Rebalance
+from outbox.consumer.rebalance import Rebalance, is_cooperative
 from outbox.consumer.scheduler import Holds
 from outbox.consumer.strategies import Ignore, RetryInPlace, RetryTopics, Strategy, check_strategy
 from outbox.consumer.tiers import Ladder, Place, client_config, ensure_tiers
@@ -100,7 +100,8 @@ class ResilientConsumer:
         outbox: URL or Outbox instance for the hop producer's outbox and the dead-letter store.
         ordering: None, or "key": with RetryTopics, a message whose key has an earlier message
             (from the same main-topic partition) in the retry tiers is parked behind it and handled
-            after it leaves them (see the README's ordering rule). Needs the range assignor.
+            after it leaves them (see the README's ordering rule). Needs the classic protocol's
+            range assignor.
         on_dead_letter: recovery callback, once per dead letter, after it is stored or published;
             also for a hop the hop producer dead-letters (an error no retry cures), then on that
             producer's thread.
@@ -197,6 +198,9 @@ class ResilientConsumer:
         self.retried_by_tier = self._hops.retried_by_tier
         self._dead = DeadLetters(mode, self.store, self._hops, on_dead_letter, self.ladder, ids, self._tracker,
                                  self._inbox)
+        # None of our settings is one that group.protocol=consumer refuses (session.timeout.ms,
+        # heartbeat.interval.ms, partition.assignment.strategy): the assignor below is set only
+        # for ordering="key", which needs the classic protocol (_check_ordering_config).
         conf = {**CONSUMER_DEFAULTS, **config, **CONSUMER_FORCED}
         if self._order is not None:
             conf["partition.assignment.strategy"] = "range"  # main p and tier p on the same member
@@ -215,7 +219,7 @@ class ResilientConsumer:
         )
         rebalance = Rebalance(
             self._places, self._holds, self._offsets, self._hops, self._rebuild, self._in_place, self.counts,
-            cooperative="cooperative" in str(config.get("partition.assignment.strategy", "")),
+            cooperative=is_cooperative(conf),
         )
         try:
             self._consumer.subscribe(
@@ -226,10 +230,13 @@ class ResilientConsumer:
             raise self._rejected(exc) from None
 
     def _rejected(self, exc: KafkaException) -> ConfigError:
-        """The consumer's settings were refused: close what __init__ opened, and say why."""
+        """The consumer's settings were refused: close what __init__ opened, and say why in
+        librdkafka's own sentence (a setting group.protocol=consumer does not allow is named there)."""
         self._producer.close(5)
         self._close_store()
-        return ConfigError(f"consumer config rejected: {exc.args[0]}")
+        err = exc.args[0]
+        why = err.str() if isinstance(err, KafkaError) else str(err)
+        return ConfigError(f"consumer config rejected: {why.removeprefix('Failed to create consumer: ')}")
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -628,7 +635,10 @@ def _hop_producer(
 
 def _check_ordering_config(config: Mapping[str, Any]) -> None:
     """ordering="key" keeps its state on the member that owns partition p of the main topic and of
-    every tier: only the classic protocol's range assignor puts them together."""
+    every tier: only the classic protocol's range assignor puts them together. Under
+    group.protocol=consumer the broker assigns: `group.remote.assignor` is each member's wish, not
+    a group rule (the broker's default, uniform, does not co-locate), and partitions move one by one,
+    so main p and tier p can sit on two members during a hand-off."""
     assignor = str(config.get("partition.assignment.strategy", "range")).replace(" ", "")
     if assignor != "range":
         raise ConfigError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -22,6 +23,24 @@ from outbox.consumer.tiers import Place
 
 log = logging.getLogger(__name__)
 
+#: librdkafka's built-in classic assignors that hand partitions over incrementally.
+_COOPERATIVE_ASSIGNORS = frozenset({"cooperative-sticky"})
+
+
+def is_cooperative(conf: Mapping[str, Any]) -> bool:
+    """Whether the group's rebalances are incremental (librdkafka's COOPERATIVE protocol) for a
+    consumer made with `conf`, the settings handed to librdkafka, rather than eager.
+
+    librdkafka decides this (rd_kafka_rebalance_protocol()) from the same settings, and
+    confluent-kafka does not expose its answer, so it is derived here by librdkafka's rule:
+    group.protocol=consumer (KIP-848) is always incremental; the classic protocol is as its
+    assignors are, and librdkafka refuses a list that mixes eager and cooperative ones.
+    """
+    if str(conf.get("group.protocol", "classic")).strip().lower() == "consumer":
+        return True
+    assignors = str(conf.get("partition.assignment.strategy", "range,roundrobin")).split(",")
+    return any(a.strip().lower() in _COOPERATIVE_ASSIGNORS for a in assignors)
+
 
 class Rebalance:
     """on_assign, on_revoke and on_lost of the group's consumer (they run on the poll-loop thread).
@@ -34,7 +53,9 @@ class Rebalance:
         rebuild: ordering="key": the key order's rebuild from the tiers (None: no order is kept).
         in_place: RetryInPlace: the attempt counts (None for the other strategies).
         counts: the consumer's counters (its stats()), counted in place: assigned, revoked.
-        cooperative: the group's assignor is incremental (cooperative-sticky).
+        cooperative: the group's rebalances are incremental (`is_cooperative`): partitions are
+            assigned and revoked a few at a time and the others keep flowing (and stay paused
+            if they were); else every rebalance revokes the whole assignment first.
     """
 
     def __init__(

@@ -12,6 +12,7 @@ from outbox.consumer import headers as H
 from outbox.consumer.headers import ERROR_MESSAGE_MAX, cap_utf8, error_class, failure_headers, ladder_position
 from outbox.consumer.offsets import OffsetTracker
 from outbox.consumer.ordering import KeyOrder
+from outbox.consumer.rebalance import is_cooperative
 from outbox.consumer.scheduler import PauseScheduler
 from outbox.consumer.tiers import Ladder, client_config
 from outbox.headers import IdGenerator, for_resend
@@ -95,6 +96,26 @@ def test_client_config_drops_consumer_only_settings() -> None:
     conf = {"bootstrap.servers": "b", "group.id": "g", "auto.offset.reset": "earliest", "security.protocol": "SSL",
             "enable.auto.commit": False, "max.poll.interval.ms": 6000, "session.timeout.ms": 6000}
     assert client_config(conf) == {"bootstrap.servers": "b", "security.protocol": "SSL"}
+
+
+@pytest.mark.parametrize(
+    ("settings", "cooperative"),
+    [
+        ({}, False),  # librdkafka's default assignors: range,roundrobin
+        ({"partition.assignment.strategy": "range"}, False),
+        ({"partition.assignment.strategy": "roundrobin"}, False),
+        ({"partition.assignment.strategy": "cooperative-sticky"}, True),
+        ({"partition.assignment.strategy": " Cooperative-Sticky "}, True),
+        ({"group.protocol": "classic", "partition.assignment.strategy": "range, roundrobin"}, False),
+        ({"group.protocol": "consumer"}, True),
+        ({"group.protocol": "CONSUMER", "group.remote.assignor": "range"}, True),
+        ({"group.protocol": "consumer", "group.remote.assignor": "uniform"}, True),
+    ],
+)
+def test_the_rebalance_protocol_follows_group_protocol_then_the_assignors(
+    settings: dict[str, Any], cooperative: bool
+) -> None:
+    assert is_cooperative({**CONF, **settings}) is cooperative
 
 
 def test_error_message_is_capped_on_a_character_boundary() -> None:
