@@ -6,7 +6,8 @@ published into the tier where that earliest message waits, on the same partition
 right behind it, and decided again then. A message leaves the ladder when it is handled or dead-lettered.
 
 The state is kept in memory by the member that owns partition p of the main topic and of every tier
-(the range assignor gives both to the same member), and rebuilt when partitions are assigned from
+(a range assignor gives both to the same member: the classic protocol's in the client, or the
+broker's under group.protocol=consumer), and rebuilt when partitions are assigned from
 the only place that is always right about it: the tier partitions themselves, read from the group's
 committed offsets to their ends (`scan_ladder`). Every message there is either still waiting or was
 handled but not yet committed; the second kind is read, and settled, again by the new owner, so
@@ -25,6 +26,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 
+from outbox.consumer.assignment import Assignments
 from outbox.consumer.commits import start_new_tiers_at_beginning, tier_offsets
 from outbox.consumer.headers import ladder_position
 from outbox.consumer.tiers import Place
@@ -205,6 +207,7 @@ class KeyOrderRebuild:
     Args:
         order: the keys with messages in the ladder.
         consumer: the group's consumer (resumes the partitions once their ladder is read).
+        assignments: its assignment's changes, in the calls of the group's rebalance protocol.
         places: each subscribed topic's place in the ladder.
         client_config: settings of the group-less reader that scans the tiers.
         counts: the consumer's counters (its stats()), counted in place: scanned.
@@ -214,12 +217,14 @@ class KeyOrderRebuild:
         self,
         order: KeyOrder,
         consumer: Consumer,
+        assignments: Assignments,
         places: Mapping[str, Place],
         client_config: Mapping[str, Any],
         counts: dict[str, int],
     ) -> None:
         self._order = order
         self._consumer = consumer
+        self._assignments = assignments
         self._places = places
         self._client_config = client_config
         self._counts = counts
@@ -278,12 +283,13 @@ class KeyOrderRebuild:
             return
         # Assigned again, the same partitions, now with the tier offsets known. (A seek cannot
         # start a tier partition at its beginning: librdkafka refuses to seek a partition whose
-        # fetch never started.) ordering="key" uses the eager range assignor, so these
-        # partitions are the whole assignment.
+        # fetch never started.) Eager (classic range), these partitions are the whole assignment;
+        # incremental (KIP-848), the member's other partitions keep theirs.
         start_new_tiers_at_beginning(tier_parts, committed)
         starts = [p for p in partitions if not self._places[p.topic].tier] + tier_parts
         try:
-            self._consumer.assign(starts)
+            self._assignments.remove(partitions)
+            self._assignments.add(starts)
             self._consumer.resume(starts)
         except KafkaException as exc:
             self._order.forget(self._origins(partitions))

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
+from outbox.consumer.assignment import Assignments
 from outbox.consumer.commits import OffsetCommits, start_new_tiers_at_beginning, tier_offsets
 from outbox.consumer.hops import Hops
 from outbox.consumer.inplace import InPlaceRetries
@@ -22,25 +22,6 @@ from outbox.consumer.scheduler import Holds
 from outbox.consumer.tiers import Place
 
 log = logging.getLogger(__name__)
-
-#: librdkafka's built-in classic assignors that hand partitions over incrementally.
-_COOPERATIVE_ASSIGNORS = frozenset({"cooperative-sticky"})
-
-
-def is_cooperative(conf: Mapping[str, Any]) -> bool:
-    """Whether the group's rebalances are incremental (librdkafka's COOPERATIVE protocol) for a
-    consumer made with `conf`, the settings handed to librdkafka, rather than eager.
-
-    librdkafka decides this (rd_kafka_rebalance_protocol()) from the same settings, and
-    confluent-kafka does not expose its answer, so it is derived here by librdkafka's rule:
-    group.protocol=consumer (KIP-848) is always incremental; the classic protocol is as its
-    assignors are, and librdkafka refuses a list that mixes eager and cooperative ones.
-    """
-    if str(conf.get("group.protocol", "classic")).strip().lower() == "consumer":
-        return True
-    assignors = str(conf.get("partition.assignment.strategy", "range,roundrobin")).split(",")
-    return any(a.strip().lower() in _COOPERATIVE_ASSIGNORS for a in assignors)
-
 
 class Rebalance:
     """on_assign, on_revoke and on_lost of the group's consumer (they run on the poll-loop thread).
@@ -53,9 +34,9 @@ class Rebalance:
         rebuild: ordering="key": the key order's rebuild from the tiers (None: no order is kept).
         in_place: RetryInPlace: the attempt counts (None for the other strategies).
         counts: the consumer's counters (its stats()), counted in place: assigned, revoked.
-        cooperative: the group's rebalances are incremental (`is_cooperative`): partitions are
-            assigned and revoked a few at a time and the others keep flowing (and stay paused
-            if they were); else every rebalance revokes the whole assignment first.
+        assignments: the assignment's changes, in the calls of the group's rebalance protocol:
+            incremental, partitions come and go a few at a time and the others keep flowing (and
+            stay paused if they were); eager, every rebalance revokes the whole assignment first.
     """
 
     def __init__(
@@ -67,8 +48,7 @@ class Rebalance:
         rebuild: KeyOrderRebuild | None,
         in_place: InPlaceRetries | None,
         counts: dict[str, int],
-        *,
-        cooperative: bool,
+        assignments: Assignments,
     ) -> None:
         self._places = places
         self._holds = holds
@@ -77,7 +57,7 @@ class Rebalance:
         self._rebuild = rebuild
         self._in_place = in_place
         self._counts = counts
-        self._cooperative = cooperative
+        self._assignments = assignments
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
@@ -96,10 +76,7 @@ class Rebalance:
                     unscanned = not self._rebuild.rebuild(partitions, tier_parts, committed)
         if self._in_place is not None:
             self._in_place.restore(consumer, partitions)
-        if self._cooperative:
-            consumer.incremental_assign(partitions)
-        else:
-            consumer.assign(partitions)
+        self._assignments.add(partitions)
         # A pause does not survive in our state; make sure none survives in librdkafka's either.
         consumer.resume(partitions)
         if unscanned:
@@ -119,18 +96,12 @@ class Rebalance:
         self._offsets.store()
         self._offsets.commit(sync=True)
         self._forget(tps)
-        if self._cooperative:
-            consumer.incremental_unassign(partitions)
-        else:
-            consumer.unassign()
+        self._assignments.remove(partitions)
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Lost, not revoked: another member may own them already, so commit nothing.
         self._forget([(p.topic, p.partition) for p in partitions])
-        if self._cooperative:
-            consumer.incremental_unassign(partitions)
-        else:
-            consumer.unassign()
+        self._assignments.remove(partitions)
 
     def _forget(self, tps: list[TP]) -> None:
         self._holds.forget(tps)

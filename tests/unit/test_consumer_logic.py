@@ -9,10 +9,10 @@ from confluent_kafka import Message
 
 from outbox import ConfigError, Ignore, ResilientConsumer, RetryInPlace, RetryPolicy, RetryTopics
 from outbox.consumer import headers as H
+from outbox.consumer.assignment import is_cooperative
 from outbox.consumer.headers import ERROR_MESSAGE_MAX, cap_utf8, error_class, failure_headers, ladder_position
 from outbox.consumer.offsets import OffsetTracker
 from outbox.consumer.ordering import KeyOrder
-from outbox.consumer.rebalance import is_cooperative
 from outbox.consumer.scheduler import PauseScheduler
 from outbox.consumer.tiers import Ladder, client_config
 from outbox.headers import IdGenerator, for_resend
@@ -42,7 +42,10 @@ def ok(_msg: Any) -> None:
             {"ordering": "key", "config": {**CONF, "partition.assignment.strategy": "cooperative-sticky"}},
             "ordering='key' needs partition.assignment.strategy 'range' (got 'cooperative-sticky')",
         ),
-        ({"ordering": "key", "config": {**CONF, "group.protocol": "consumer"}}, "ordering='key' needs group.protocol"),
+        (
+            {"ordering": "key", "config": {**CONF, "group.protocol": "consumer", "group.remote.assignor": "uniform"}},
+            "ordering='key' needs group.remote.assignor 'range' (got 'uniform')",
+        ),
     ],
 )
 def test_bad_input_is_a_config_error_at_construction(kwargs: dict[str, Any], message: str) -> None:
