@@ -1,14 +1,14 @@
 """Random fault schedules on the consumer side, judged by the effect-log checker.
 
-Each example draws a consumer setup (partitions, batch size, which messages fail and how often,
-when the consumer process is killed with SIGKILL, the group's protocol: classic or KIP-848's) and
-a schedule of faults as the producer's schedules do (tests/chaos/test_schedules.py). A
+Each example draws a consumer setup (partitions, batch size, which messages fail and how often, when
+the consumer process is killed with SIGKILL, the group's protocol: classic or KIP-848's) and a
+schedule of faults as the producer's schedules do (tests/chaos/test_schedules.py). A
 `ResilientConsumer(ordering="key", dedup=True)` in a process of its own handles a few thousand
-messages of 40 keys while a `ResilientProducer` produces them and the schedule plays; about one in ten fails once or twice and goes through the retry
-tiers. The handler writes each effect through `tx`, in the transaction that marks the message
-handled. The process is killed part-way and a new one resumes in the same group. Every run must
-apply every message's effect exactly once, in each key's produce order, with nothing
-dead-lettered and the group's ladder committed to its end.
+messages of 40 keys while a `ResilientProducer` produces them and the schedule plays; about one in
+ten fails once or twice and goes through the retry tiers. The handler writes each effect through
+`tx`, in the transaction that marks the message handled. The process is killed part-way and a new
+one resumes in the same group. Every run must apply every message's effect exactly once, in each
+key's produce order, with nothing dead-lettered and the group's ladder committed to its end.
 
 `make test` runs the fixed schedules below (the `@example`s); `make chaos` (`CHAOS_LONG=1`) draws
 `CHAOS_EXAMPLES` more with random seeds and shrinking, and writes `$CHAOS_REPORT` lines for
