@@ -99,6 +99,11 @@ def test_client_config_drops_consumer_only_settings() -> None:
     conf = {"bootstrap.servers": "b", "group.id": "g", "auto.offset.reset": "earliest", "security.protocol": "SSL",
             "enable.auto.commit": False, "max.poll.interval.ms": 6000, "session.timeout.ms": 6000}
     assert client_config(conf) == {"bootstrap.servers": "b", "security.protocol": "SSL"}
+    # The group-less readers (redrive_topic, the ordering scan) assign partitions themselves: a
+    # KIP-848 group's settings are not theirs.
+    kip848 = {"bootstrap.servers": "b", "group.id": "g", "group.protocol": "consumer", "group.remote.assignor": "range",
+              "group.instance.id": "i"}
+    assert client_config(kip848) == {"bootstrap.servers": "b"}
 
 
 @pytest.mark.parametrize(
