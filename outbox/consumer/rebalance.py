@@ -64,16 +64,16 @@ class Rebalance:
         self._holds.forget(tps)
         self._offsets.forget(tps)
         tier_parts = [p for p in partitions if self._places[p.topic].tier]
+        committed = tier_offsets(consumer, tier_parts) if tier_parts else {}
         unscanned = False
-        if tier_parts:
-            committed = tier_offsets(consumer, tier_parts)
-            if committed is None and self._rebuild is not None:
-                unscanned = True  # the offsets are read with the ladder, once the cluster answers
-            else:
-                committed = committed or {}  # unreadable: every tier partition from its beginning
-                start_new_tiers_at_beginning(tier_parts, committed)
-                if self._rebuild is not None:
-                    unscanned = not self._rebuild.rebuild(partitions, tier_parts, committed)
+        if committed is None and self._rebuild is not None:
+            unscanned = True  # the offsets are read with the ladder, once the cluster answers
+        else:
+            committed = committed or {}  # unreadable: every tier partition from its beginning
+            start_new_tiers_at_beginning(tier_parts, committed)
+            if self._rebuild is not None and partitions:
+                # Also for main partitions alone: their tier partitions may come in a later step.
+                unscanned = not self._rebuild.rebuild(partitions, tier_parts, committed)
         if self._in_place is not None:
             self._in_place.restore(consumer, partitions)
         self._assignments.add(partitions)
@@ -81,8 +81,9 @@ class Rebalance:
         consumer.resume(partitions)
         if unscanned:
             assert self._rebuild is not None
-            # ordering="key" with the ladder unreadable (the cluster is down): handing out these
-            # partitions' messages could reorder a key, so they stay paused until a scan succeeds.
+            # ordering="key" with the ladder unreadable (the cluster is down) or not wholly this
+            # member's yet (an incremental hand-off in steps): handing out these partitions'
+            # messages could reorder a key, so they stay paused until a scan succeeds.
             consumer.pause(partitions)
             self._rebuild.wait(partitions)
         # Counted once done (the ordering scan included), so that stats() never shows an assignment half made.
@@ -97,11 +98,23 @@ class Rebalance:
         self._offsets.commit(sync=True)
         self._forget(tps)
         self._assignments.remove(partitions)
+        self._split(tps)
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Lost, not revoked: another member may own them already, so commit nothing.
-        self._forget([(p.topic, p.partition) for p in partitions])
+        tps = [(p.topic, p.partition) for p in partitions]
+        self._forget(tps)
         self._assignments.remove(partitions)
+        self._split(tps)
+
+    def _split(self, tps: list[TP]) -> None:
+        """ordering="key", incremental: a main partition's ladder partly gone (main p kept, tier p
+        gone, or the other way round) waits, paused from where it was committed, until it is whole."""
+        if self._rebuild is None:
+            return
+        kept = self._rebuild.split(set(tps))
+        self._holds.forget(kept)  # their pause is the wait's now; a hold's resume would end it
+        self._offsets.forget(kept)  # read again from the committed offset once whole
 
     def _forget(self, tps: list[TP]) -> None:
         self._holds.forget(tps)

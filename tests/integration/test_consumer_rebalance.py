@@ -22,7 +22,7 @@ from typing import IO
 
 from confluent_kafka import Message
 
-from outbox import ConfigError, ResilientConsumer, ResilientProducer, RetryTopics
+from outbox import ConfigError, Ignore, ResilientConsumer, ResilientProducer, RetryTopics
 from outbox.consumer.tiers import dlq_name, retry_tier_name
 from outbox.testing.consume import topic_size
 from outbox.testing.handled import check_handled
@@ -171,8 +171,6 @@ def test_three_members_join_and_leave_one_by_one_while_a_failing_stream_flows_ev
     assert failing, "some messages went through the ladder"
     assert topic_size(kafka_bootstrap, dlq_name(topic, group)) == 0
     assert len(pids) == 3, "each member applied some of the stream"
-    for m in members:  # main p and tier p always had one owner (ordering.KeyOrderRebuild logs it otherwise)
-        assert "cannot be kept" not in m.log.read_text(errors="replace"), m.log
 
 
 def test_a_static_member_restarted_within_its_session_keeps_its_partitions(
@@ -189,7 +187,8 @@ def test_a_static_member_restarted_within_its_session_keeps_its_partitions(
         return ResilientConsumer(
             {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol),
              "group.instance.id": f"{group}-{name[0]}"},
-            topics=[topic], handler=handle, strategy=RetryTopics(delays=[1]),
+            # No retry tiers: the main topic's four partitions are all there is to share, two each.
+            topics=[topic], handler=handle, strategy=Ignore(),
             outbox=f"sqlite:///{tmp_path / (name + '.db')}",
         )
 
