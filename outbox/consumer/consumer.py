@@ -638,11 +638,9 @@ def _check_ordering_config(config: Mapping[str, Any]) -> None:
     """ordering="key" keeps its state on the member that owns partition p of the main topic and of
     every tier: a range assignor puts them together, as the tiers have the main topic's partition
     count. Classic: librdkafka's range assignor. group.protocol=consumer: the broker's, which
-    co-partitions topics of one partition count (its other property, stickiness, moves main p and
-    tier p together); the broker uses the assignor most members ask for, and every
-    ResilientConsumer with ordering="key" asks for range. A partition moves to its new owner only
-    once the old one revoked it, and a member revokes all it gives up at once, so main p and
-    tier p change hands together."""
+    co-partitions topics of one partition count, stickiness included; the broker uses the assignor
+    most members ask for, and every ResilientConsumer with ordering="key" asks for range. A
+    hand-off in steps (main p before tier p) waits for its last step (KeyOrderRebuild)."""
     if is_consumer_protocol(config):
         assignor = str(config.get("group.remote.assignor", "range")).strip()
         if assignor != "range":
