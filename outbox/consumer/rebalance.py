@@ -23,6 +23,7 @@ from outbox.consumer.tiers import Place
 
 log = logging.getLogger(__name__)
 
+
 class Rebalance:
     """on_assign, on_revoke and on_lost of the group's consumer (they run on the poll-loop thread).
 
