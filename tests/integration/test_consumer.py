@@ -317,9 +317,10 @@ def test_kill_9_in_the_middle_of_the_ladder_then_restart_loses_nothing(
         assert t.endswith(".retry-2") == value.startswith("fail"), (value, t)
 
 
-# Eager, classic incremental, and KIP-848 with each of the broker's assignors.
+# Classic eager (both assignors), classic incremental, and KIP-848 with each of the broker's assignors.
 @pytest.mark.parametrize(
-    "variant", ["classic:range", "classic:cooperative-sticky", "consumer:uniform", "consumer:range"]
+    "variant",
+    ["classic:range", "classic:roundrobin", "classic:cooperative-sticky", "consumer:uniform", "consumer:range"],
 )
 def test_second_consumer_joins_then_is_killed_during_a_pause_nothing_stuck(
     kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, variant: str
