@@ -8,7 +8,16 @@ from typing import Any
 
 import pytest
 
+from .group_protocols import PROTOCOLS
+
 pytest_plugins = ["outbox.testing.plugin"]
+
+
+@pytest.fixture(params=PROTOCOLS)
+def group_protocol(request: pytest.FixtureRequest) -> str:
+    """Each consumer-group test that takes it runs twice: on the classic protocol and on KIP-848's
+    group.protocol=consumer (`tests.group_protocols.group_settings` gives the group's settings)."""
+    return str(request.param)
 
 
 @pytest.hookimpl(hookwrapper=True)

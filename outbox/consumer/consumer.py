@@ -21,6 +21,7 @@ from typing import Any
 import tenacity
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 
+from outbox.consumer.assignment import Assignments, is_consumer_protocol, is_cooperative
 from outbox.consumer.circuit import CircuitState, MainTopicBreaker, MainTopicCircuit
 from outbox.consumer.commits import OffsetCommits
 from outbox.consumer.deadletters import DeadLetters, check_mode
@@ -100,7 +101,8 @@ class ResilientConsumer:
         outbox: URL or Outbox instance for the hop producer's outbox and the dead-letter store.
         ordering: None, or "key": with RetryTopics, a message whose key has an earlier message
             (from the same main-topic partition) in the retry tiers is parked behind it and handled
-            after it leaves them (see the README's ordering rule). Needs the range assignor.
+            after it leaves them (see the README's ordering rule). Needs a range assignor: the
+            classic protocol's, or the broker's with group.protocol=consumer (set unless given).
         on_dead_letter: recovery callback, once per dead letter, after it is stored or published;
             also for a hop the hop producer dead-letters (an error no retry cures), then on that
             producer's thread.
@@ -197,9 +199,11 @@ class ResilientConsumer:
         self.retried_by_tier = self._hops.retried_by_tier
         self._dead = DeadLetters(mode, self.store, self._hops, on_dead_letter, self.ladder, ids, self._tracker,
                                  self._inbox)
+        # None of our settings is one that group.protocol=consumer refuses (session.timeout.ms,
+        # heartbeat.interval.ms, partition.assignment.strategy): a user's gets librdkafka's error.
         conf = {**CONSUMER_DEFAULTS, **config, **CONSUMER_FORCED}
-        if self._order is not None:
-            conf["partition.assignment.strategy"] = "range"  # main p and tier p on the same member
+        if self._order is not None:  # main p and tier p on the same member (_check_ordering_config)
+            conf["group.remote.assignor" if is_consumer_protocol(conf) else "partition.assignment.strategy"] = "range"
         try:
             self._consumer = Consumer(with_librdkafka_log(conf))
         except KafkaException as exc:
@@ -208,14 +212,15 @@ class ResilientConsumer:
         in_place = self.strategy if isinstance(self.strategy, RetryInPlace) else None
         self._in_place = None if in_place is None else InPlaceRetries(in_place, self._consumer, self._tracker)
         auto_commit = str(config.get("enable.auto.commit", True)).lower() not in ("false", "0")
+        assignments = Assignments(self._consumer, cooperative=is_cooperative(conf))
         self._offsets = OffsetCommits(self._consumer, self._tracker, self._in_place, auto_commit=auto_commit)
         self._rebuild = (
             None if self._order is None
-            else KeyOrderRebuild(self._order, self._consumer, self._places, admin_conf, self.counts)
+            else KeyOrderRebuild(self._order, self._consumer, assignments, self._places, admin_conf, self.counts)
         )
         rebalance = Rebalance(
             self._places, self._holds, self._offsets, self._hops, self._rebuild, self._in_place, self.counts,
-            cooperative="cooperative" in str(config.get("partition.assignment.strategy", "")),
+            assignments,
         )
         try:
             self._consumer.subscribe(
@@ -226,10 +231,13 @@ class ResilientConsumer:
             raise self._rejected(exc) from None
 
     def _rejected(self, exc: KafkaException) -> ConfigError:
-        """The consumer's settings were refused: close what __init__ opened, and say why."""
+        """The consumer's settings were refused: close what __init__ opened, and say why in
+        librdkafka's own sentence (a setting group.protocol=consumer does not allow is named there)."""
         self._producer.close(5)
         self._close_store()
-        return ConfigError(f"consumer config rejected: {exc.args[0]}")
+        err = exc.args[0]
+        why = err.str() if isinstance(err, KafkaError) else str(err)
+        return ConfigError(f"consumer config rejected: {why.removeprefix('Failed to create consumer: ')}")
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -628,15 +636,25 @@ def _hop_producer(
 
 def _check_ordering_config(config: Mapping[str, Any]) -> None:
     """ordering="key" keeps its state on the member that owns partition p of the main topic and of
-    every tier: only the classic protocol's range assignor puts them together."""
+    every tier: a range assignor puts them together, as the tiers have the main topic's partition
+    count. Classic: librdkafka's range assignor. group.protocol=consumer: the broker's, which
+    co-partitions topics of one partition count, stickiness included; the broker uses the assignor
+    most members ask for, and every ResilientConsumer with ordering="key" asks for range. A
+    hand-off in steps (main p before tier p) waits for its last step (KeyOrderRebuild)."""
+    if is_consumer_protocol(config):
+        assignor = str(config.get("group.remote.assignor", "range")).strip()
+        if assignor != "range":
+            raise ConfigError(
+                f"ordering='key' needs group.remote.assignor 'range' (got {assignor!r}): partition p of the "
+                "main topic and of each retry tier must belong to the same member"
+            )
+        return
     assignor = str(config.get("partition.assignment.strategy", "range")).replace(" ", "")
     if assignor != "range":
         raise ConfigError(
             f"ordering='key' needs partition.assignment.strategy 'range' (got {assignor!r}): partition p of the "
             "main topic and of each retry tier must belong to the same member"
         )
-    if str(config.get("group.protocol", "classic")).lower() != "classic":
-        raise ConfigError("ordering='key' needs group.protocol 'classic' (its range assignor co-locates the tiers)")
 
 
 def _exception_classes(

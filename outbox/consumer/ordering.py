@@ -6,7 +6,8 @@ published into the tier where that earliest message waits, on the same partition
 right behind it, and decided again then. A message leaves the ladder when it is handled or dead-lettered.
 
 The state is kept in memory by the member that owns partition p of the main topic and of every tier
-(the range assignor gives both to the same member), and rebuilt when partitions are assigned from
+(a range assignor gives both to the same member: the classic protocol's in the client, or the
+broker's under group.protocol=consumer), and rebuilt when partitions are assigned from
 the only place that is always right about it: the tier partitions themselves, read from the group's
 committed offsets to their ends (`scan_ladder`). Every message there is either still waiting or was
 handled but not yet committed; the second kind is read, and settled, again by the new owner, so
@@ -25,6 +26,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 
+from outbox.consumer.assignment import Assignments
 from outbox.consumer.commits import start_new_tiers_at_beginning, tier_offsets
 from outbox.consumer.headers import ladder_position
 from outbox.consumer.tiers import Place
@@ -205,6 +207,7 @@ class KeyOrderRebuild:
     Args:
         order: the keys with messages in the ladder.
         consumer: the group's consumer (resumes the partitions once their ladder is read).
+        assignments: its assignment's changes, in the calls of the group's rebalance protocol.
         places: each subscribed topic's place in the ladder.
         client_config: settings of the group-less reader that scans the tiers.
         counts: the consumer's counters (its stats()), counted in place: scanned.
@@ -214,12 +217,14 @@ class KeyOrderRebuild:
         self,
         order: KeyOrder,
         consumer: Consumer,
+        assignments: Assignments,
         places: Mapping[str, Place],
         client_config: Mapping[str, Any],
         counts: dict[str, int],
     ) -> None:
         self._order = order
         self._consumer = consumer
+        self._assignments = assignments
         self._places = places
         self._client_config = client_config
         self._counts = counts
@@ -233,19 +238,16 @@ class KeyOrderRebuild:
         """Learn what is in the ladder of the assigned partitions from their tier partitions.
 
         Returns:
-            False when the ladder could not be read (the cluster does not answer); nothing of
+            False when the ladder could not be read (the cluster does not answer), or when this
+            member does not own the whole ladder of one of their main partitions yet; nothing of
             these partitions is counted then.
         """
         mine = {(p.topic, p.partition) for p in partitions}
-        for t, part in mine:
-            place = self._places[t]
-            missing = [x for x, pl in self._places.items() if pl.main == place.main and (x, part) not in mine]
-            if missing:
-                log.error(
-                    "ordering='key' cannot be kept for %s [%d]: %s [%d] belongs to another member "
-                    "(every member must use the range assignor and the same topics)", place.main, part, missing[0],
-                    part,
-                )
+        if not self._whole_ladders(mine):
+            self._order.forget(self._origins(partitions))
+            return False
+        if not tier_parts:
+            return True
         starts = [
             TopicPartition(p.topic, p.partition, committed.get((p.topic, p.partition), OFFSET_INVALID))
             for p in tier_parts
@@ -263,10 +265,48 @@ class KeyOrderRebuild:
         log.info("ordering='key': %d tier messages counted, %d keys waiting", counted, len(self._order))
         return True
 
+    def _whole_ladders(self, mine: set[TP]) -> bool:
+        """Whether, for each main partition p of `mine`, this member owns partition p of the main
+        topic and of every tier, none of them waiting apart from `mine`. An incremental rebalance
+        (KIP-848) may hand them over in more than one step; until the last one comes, a key's
+        earlier messages could be in a tier partition nobody here has read."""
+        owned = {(p.topic, p.partition) for p in self._consumer.assignment()} | mine
+        waiting = {(p.topic, p.partition) for p in self.unscanned} - mine
+        whole = True
+        for main, part in {(self._places[t].main, part) for t, part in mine}:
+            ladder = [(t, part) for t, place in self._places.items() if place.main == main]
+            missing = [tp for tp in ladder if tp not in owned]
+            if missing:
+                log.warning(
+                    "ordering='key': %s [%d] waits, paused, until %s [%d] is this member's too (partition p of "
+                    "the main topic and of its tiers need one owner: every member must use the range assignor "
+                    "and the same topics)", main, part, missing[0][0], part,
+                )
+            whole = whole and not missing and not any(tp in waiting for tp in ladder)
+        return whole
+
+    def split(self, gone: set[TP]) -> list[TP]:
+        """Partitions revoked or lost: what this member keeps of their main partitions' ladders
+        waits, paused, until the whole ladder is its again (or leaves too); returns those kept."""
+        origins = {(self._places[t].main, part) for t, part in gone}
+        waiting = {(p.topic, p.partition) for p in self.unscanned}
+        kept = [
+            TopicPartition(p.topic, p.partition) for p in self._consumer.assignment()
+            if (self._places[p.topic].main, p.partition) in origins and (p.topic, p.partition) not in waiting
+        ]
+        if kept:
+            self._consumer.pause(kept)
+            self.wait(kept)
+        return [(p.topic, p.partition) for p in kept]
+
     def wait(self, partitions: list[TopicPartition]) -> None:
         """`partitions` (paused by the caller) wait for their ladder to be read."""
         self.unscanned.extend(TopicPartition(p.topic, p.partition) for p in partitions)
-        self.next_scan = time.monotonic() + SCAN_RETRY_INTERVAL
+        owned = {(p.topic, p.partition) for p in self._consumer.assignment()}
+        # The last step of a hand-off made every waiting ladder whole: read it at the next turn.
+        whole = all((t, p.partition) in owned for p in self.unscanned
+                    for t, place in self._places.items() if place.main == self._places[p.topic].main)
+        self.next_scan = time.monotonic() + (0.0 if whole else SCAN_RETRY_INTERVAL)
 
     def retry(self) -> None:
         """Try again to read the ladder of the partitions paused for want of it."""
@@ -278,12 +318,13 @@ class KeyOrderRebuild:
             return
         # Assigned again, the same partitions, now with the tier offsets known. (A seek cannot
         # start a tier partition at its beginning: librdkafka refuses to seek a partition whose
-        # fetch never started.) ordering="key" uses the eager range assignor, so these
-        # partitions are the whole assignment.
+        # fetch never started.) Eager (classic range), these partitions are the whole assignment;
+        # incremental (KIP-848), the member's other partitions keep theirs.
         start_new_tiers_at_beginning(tier_parts, committed)
         starts = [p for p in partitions if not self._places[p.topic].tier] + tier_parts
         try:
-            self._consumer.assign(starts)
+            self._assignments.remove(partitions)
+            self._assignments.add(starts)
             self._consumer.resume(starts)
         except KafkaException as exc:
             self._order.forget(self._origins(partitions))

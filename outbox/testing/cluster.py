@@ -896,6 +896,13 @@ class KafkaCluster:
                 "share.coordinator.state.topic.replication.factor": rf,
                 "share.coordinator.state.topic.min.isr": 1,
                 "group.initial.rebalance.delay.ms": 0,
+                # Groups of group.protocol=consumer (KIP-848, on by default since Kafka 4.0) take
+                # their session and heartbeat from the broker, 45 s and 5 s by default: the same
+                # 6 s and 0.5 s as the tests give classic groups, so a dead member is noticed as soon.
+                "group.consumer.min.session.timeout.ms": 6000,
+                "group.consumer.session.timeout.ms": 6000,
+                "group.consumer.min.heartbeat.interval.ms": 500,
+                "group.consumer.heartbeat.interval.ms": 500,
                 "replica.lag.time.max.ms": 5000,
                 "replica.socket.timeout.ms": 5000,
                 "num.replica.fetchers": 1,

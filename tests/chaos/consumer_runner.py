@@ -32,6 +32,7 @@ from outbox.testing.handled import Handled, check_handled
 from outbox.testing.history import History, Verdict
 from outbox.testing.schedule import Fault, play
 
+from ..group_protocols import group_settings
 from ..waiting import wait_until
 from .consumer_worker import DELAYS, STATS
 from .runner import delivered_everything
@@ -51,12 +52,14 @@ class ConsumerSetup:
     seed: int = 0  # which messages fail, and how often
     #: The consumer process is killed (SIGKILL) once this fraction of the messages has taken effect, for each.
     kills: tuple[float, ...] = (0.4,)
+    #: The group's protocol: "classic" or "consumer" (KIP-848).
+    protocol: str = "classic"
 
     def __str__(self) -> str:
         kills = ", ".join(f"{k:.0%}" for k in self.kills)
         return (
             f"{self.messages} messages, {self.partitions} partitions, batch {self.batch_size}, seed {self.seed}, "
-            f"killed at {kills}"
+            f"killed at {kills}, group.protocol {self.protocol}"
         )
 
 
@@ -120,8 +123,9 @@ def plan(seed: int, messages: int) -> list[tuple[bytes, bytes]]:
 class Worker:
     """The consumer's processes, one at a time, in one group and one store."""
 
-    def __init__(self, bootstrap: str, topic: str, group: str, tmp: Path, batch_size: int) -> None:
-        self.args = [bootstrap, topic, group, str(tmp / "consumer.db"), "", str(batch_size)]
+    def __init__(self, bootstrap: str, topic: str, group: str, tmp: Path, batch_size: int, protocol: str) -> None:
+        settings = json.dumps(group_settings(protocol, max_poll_interval_ms=30000))
+        self.args = [bootstrap, topic, group, str(tmp / "consumer.db"), "", str(batch_size), settings]
         self.db = tmp / "consumer.db"
         self.log = tmp / "consumer.log"
         self.tmp = tmp
@@ -210,7 +214,7 @@ def run(cluster: KafkaCluster, setup: ConsumerSetup, schedule: list[Fault]) -> C
     produced: list[tuple[bytes, str]] = []  # (key, outbox-id) in produce order
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        worker = Worker(bootstrap, topic, group, tmp, setup.batch_size)
+        worker = Worker(bootstrap, topic, group, tmp, setup.batch_size, setup.protocol)
         producer = ResilientProducer({"bootstrap.servers": bootstrap}, outbox=f"sqlite:///{tmp / 'producer.db'}")
         player = None
         try:

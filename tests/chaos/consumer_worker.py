@@ -2,7 +2,8 @@
 SIGKILL part-way and started again in the same group.
 
 Run as a script: ``python consumer_worker.py <bootstrap> <topic> <group> <sqlite path> <stats path>
-<batch size>``. A `ResilientConsumer(ordering="key", dedup=True)` whose handler ``handler(msg, tx)``
+<batch size> [<group settings>]``, the group settings a JSON object (`tests.group_protocols`; the
+classic protocol's by default). A `ResilientConsumer(ordering="key", dedup=True)` whose handler ``handler(msg, tx)``
 records each effect as a row of its own table ``effects`` in the consumer's SQLite store, through
 `tx`: in the transaction that marks the message handled (docs/effectively-once.md). A message's
 value is ``<key>:<seq>:<fails>``: its handler raises while the message has had fewer than `fails`
@@ -48,7 +49,9 @@ def outbox_id(msg: Message) -> str:
     return msg_id
 
 
-def main(bootstrap: str, topic: str, group: str, path: str, stats_path: str, batch_size: str) -> None:
+def main(
+    bootstrap: str, topic: str, group: str, path: str, stats_path: str, batch_size: str, settings: str = ""
+) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     with sqlite3.connect(path) as c:
         # No unique constraint: an effect applied twice shows as a second row.
@@ -66,10 +69,10 @@ def main(bootstrap: str, topic: str, group: str, path: str, stats_path: str, bat
             (outbox_id(msg), value, msg.topic(), os.getpid()),
         )
 
-    config = {
-        "bootstrap.servers": bootstrap, "group.id": group, "session.timeout.ms": 6000,
-        "heartbeat.interval.ms": 500, "max.poll.interval.ms": 30000, "auto.commit.interval.ms": 5000,
+    group_settings = json.loads(settings) if settings else {
+        "session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 30000,
     }
+    config = {"bootstrap.servers": bootstrap, "group.id": group, **group_settings, "auto.commit.interval.ms": 5000}
     with ResilientConsumer(
         config, topics=[topic], handler=handle, outbox=f"sqlite:///{path}", dedup=True, ordering="key",
         strategy=RetryTopics(delays=DELAYS), batch_size=int(batch_size),
@@ -96,4 +99,4 @@ def write_stats(consumer: ResilientConsumer, path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:7])
+    main(*sys.argv[1:8])

@@ -1,7 +1,8 @@
 """One ResilientConsumer process for the kill -9 and rebalance tests (tests/integration/test_consumer.py).
 
 Run as a script: ``python consumer_worker.py <bootstrap> <topic> <group> <outbox path> <log path> <delays>
-[<partition.assignment.strategy> [in-place:<max attempts>:<delay>]]``.
+[<group settings> [in-place:<max attempts>:<delay>]]``, the group settings a JSON object
+(`tests.group_protocols.group_settings`; the classic protocol's range assignor by default).
 Messages whose value starts with ``fail`` fail on the main topic and every tier but the last,
 and succeed on the last tier; every other message succeeds at once. Each successful handling appends
 ``<value> <topic> <epoch s>`` to the log file (one write per line, so a kill -9 loses no line the
@@ -12,6 +13,7 @@ initial_delay=D)), ``fail`` messages always fail, and each failed attempt first 
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -23,7 +25,7 @@ from outbox.consumer import Strategy
 
 
 def main(
-    bootstrap: str, topic: str, group: str, outbox_path: str, log_path: str, delays: str, assignor: str = "range",
+    bootstrap: str, topic: str, group: str, outbox_path: str, log_path: str, delays: str, settings: str = "",
     mode: str = "",
 ) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
@@ -46,14 +48,11 @@ def main(
             raise TimeoutError(f"downstream timed out for {value}")
         out.write(f"{value} {t} {time.time():.3f}\n")
 
-    config = {
-        "bootstrap.servers": bootstrap,
-        "group.id": group,
-        "session.timeout.ms": 6000,
-        "heartbeat.interval.ms": 500,
-        "max.poll.interval.ms": 10000,
-        "partition.assignment.strategy": assignor,
+    group_settings = json.loads(settings) if settings else {
+        "session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 10000,
+        "partition.assignment.strategy": "range",
     }
+    config = {"bootstrap.servers": bootstrap, "group.id": group, **group_settings}
     with ResilientConsumer(
         config,
         topics=[topic],

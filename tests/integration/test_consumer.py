@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -32,10 +33,11 @@ from outbox.stores import open_outbox
 from outbox.testing import KafkaCluster
 
 from .. import waiting
+from ..group_protocols import group_settings
 
 WORKER = Path(__file__).with_name("consumer_worker.py")
-# Small group timeouts so that rebalances and a dead member are noticed within seconds.
-GROUP_TIMING = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 10000}
+# The classic protocol's settings, for the tests that run on it alone (ordering="key", outages).
+GROUP_TIMING = group_settings("classic")
 
 
 def group_name() -> str:
@@ -110,7 +112,8 @@ def header(msg: Message | DeadLetter, name: str) -> str | None:
 
 
 def test_poison_message_reaches_the_dlq_with_every_header_while_the_partition_flows(
-    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path,
+    group_protocol: str,
 ) -> None:
     topic = make_topic(partitions=1)
     group = group_name()
@@ -131,7 +134,7 @@ def test_poison_message_reaches_the_dlq_with_every_header_while_the_partition_fl
         handled.append(msg.value() or b"")
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
         topics=[topic],
         handler=handle,
         strategy=RetryTopics(delays=[0.5, 1.0]),
@@ -183,7 +186,7 @@ def test_poison_message_reaches_the_dlq_with_every_header_while_the_partition_fl
 
 
 def test_fails_twice_then_succeeds_never_before_its_delays(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     topic = make_topic(partitions=3)
     group = group_name()
@@ -203,7 +206,7 @@ def test_fails_twice_then_succeeds_never_before_its_delays(
         successes.setdefault(msg.value() or b"", []).append((msg.topic() or "", now, msg))
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
         topics=[topic],
         handler=handle,
         strategy=RetryTopics(delays=delays),
@@ -276,7 +279,7 @@ def test_missing_tiers_with_creation_off_is_a_config_error(
 
 
 def test_kill_9_in_the_middle_of_the_ladder_then_restart_loses_nothing(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     topic = make_topic(partitions=3)
     group = group_name()
@@ -284,7 +287,8 @@ def test_kill_9_in_the_middle_of_the_ladder_then_restart_loses_nothing(
     produce(kafka_bootstrap, topic, [v.encode() for v in values])
     log_path = tmp_path / "handled.log"
     # Delays long enough (2 s + 3 s) that the kill lands before any message finishes the ladder.
-    args = [sys.executable, str(WORKER), kafka_bootstrap, topic, group, str(tmp_path / "c.db"), str(log_path), "2,3"]
+    args = [sys.executable, str(WORKER), kafka_bootstrap, topic, group, str(tmp_path / "c.db"), str(log_path), "2,3",
+            json.dumps(group_settings(group_protocol))]
 
     def succeeded() -> set[str]:
         if not log_path.exists():
@@ -313,9 +317,13 @@ def test_kill_9_in_the_middle_of_the_ladder_then_restart_loses_nothing(
         assert t.endswith(".retry-2") == value.startswith("fail"), (value, t)
 
 
-@pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
+# Classic eager (both assignors), classic incremental, and KIP-848 with each of the broker's assignors.
+@pytest.mark.parametrize(
+    "variant",
+    ["classic:range", "classic:roundrobin", "classic:cooperative-sticky", "consumer:uniform", "consumer:range"],
+)
 def test_second_consumer_joins_then_is_killed_during_a_pause_nothing_stuck(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, assignor: str
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, variant: str
 ) -> None:
     topic = make_topic(partitions=4)
     group = group_name()
@@ -332,8 +340,7 @@ def test_second_consumer_joins_then_is_killed_during_a_pause_nothing_stuck(
         successes.setdefault(value, []).append((time.time(), due))
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING,
-         "partition.assignment.strategy": assignor},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(variant)},
         topics=[topic],
         handler=handle,
         strategy=RetryTopics(delays=[delay]),
@@ -344,7 +351,7 @@ def test_second_consumer_joins_then_is_killed_during_a_pause_nothing_stuck(
         wait_until(lambda: c.stats()["retried"] == 40 and c.stats()["held"] > 0, 30, "40 hops, tier partitions held")
         b = subprocess.Popen(
             [sys.executable, str(WORKER), kafka_bootstrap, topic, group, str(tmp_path / "b.db"), str(log_path),
-             str(delay), assignor],
+             str(delay), json.dumps(group_settings(variant))],
             stdout=subprocess.PIPE,
         )
         try:
@@ -427,7 +434,7 @@ def test_all_brokers_stopped_while_hops_are_published_they_land_in_the_outbox_th
 
 
 def test_retry_in_place_forever_holds_one_partition_past_max_poll_interval_and_stays_in_the_group(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     topic = make_topic(partitions=2)
     group = group_name()
@@ -445,13 +452,8 @@ def test_retry_in_place_forever_holds_one_partition_past_max_poll_interval_and_s
 
     # max.poll.interval.ms must be >= session.timeout.ms; 6 s is the broker's minimum session.
     consumer = ResilientConsumer(
-        {
-            "bootstrap.servers": kafka_bootstrap,
-            "group.id": group,
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 500,
-            "max.poll.interval.ms": 6000,
-        },
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group,
+         **group_settings(group_protocol, max_poll_interval_ms=6000)},
         topics=[topic],
         handler=handle,
         strategy=RetryInPlace(RetryPolicy(initial_delay=0.3), forever=True),
@@ -475,7 +477,8 @@ def test_retry_in_place_forever_holds_one_partition_past_max_poll_interval_and_s
 
 
 def test_retry_in_place_gives_up_to_the_dead_letters_when_the_policy_runs_out(
-    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path,
+    group_protocol: str,
 ) -> None:
     topic = make_topic(partitions=1)
     group = group_name()
@@ -488,7 +491,7 @@ def test_retry_in_place_gives_up_to_the_dead_letters_when_the_policy_runs_out(
             raise TimeoutError("no")
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
         topics=[topic],
         handler=handle,
         strategy=RetryInPlace(RetryPolicy(max_attempts=3, initial_delay=0.2)),
@@ -503,7 +506,8 @@ def test_retry_in_place_gives_up_to_the_dead_letters_when_the_policy_runs_out(
 
 
 def test_retry_in_place_attempt_count_survives_a_kill_9_and_a_new_owner(
-    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path,
+    group_protocol: str,
 ) -> None:
     """The count is committed with the offset after each failed attempt: a new owner goes on from it.
 
@@ -516,7 +520,7 @@ def test_retry_in_place_attempt_count_survives_a_kill_9_and_a_new_owner(
     log_path = tmp_path / "a.log"
     worker = subprocess.Popen(
         [sys.executable, str(WORKER), kafka_bootstrap, topic, group, str(tmp_path / "a.db"), str(log_path), "1",
-         "range", "in-place:6:0.3"],
+         json.dumps(group_settings(group_protocol)), "in-place:6:0.3"],
         stdout=subprocess.PIPE,
     )
     try:
@@ -540,7 +544,7 @@ def test_retry_in_place_attempt_count_survives_a_kill_9_and_a_new_owner(
             raise TimeoutError("still down")
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
         topics=[topic],
         handler=handle,
         strategy=RetryInPlace(RetryPolicy(max_attempts=6, initial_delay=0.3)),
@@ -556,7 +560,9 @@ def test_retry_in_place_attempt_count_survives_a_kill_9_and_a_new_owner(
     assert committed(kafka_bootstrap, group, topic, 1) == [3]
 
 
-def test_ignore_skips_and_counts(kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path) -> None:
+def test_ignore_skips_and_counts(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
+) -> None:
     topic = make_topic(partitions=2)
     group = group_name()
     produce(kafka_bootstrap, topic, [b"%d" % i for i in range(50)])
@@ -568,7 +574,7 @@ def test_ignore_skips_and_counts(kafka_bootstrap: str, make_topic: Callable[...,
         ok.append(msg.value() or b"")
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
         topics=[topic],
         handler=handle,
         strategy=Ignore(),
@@ -583,7 +589,7 @@ def test_ignore_skips_and_counts(kafka_bootstrap: str, make_topic: Callable[...,
 
 
 def test_main_topic_circuit_opens_then_probes_and_closes(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     topic = make_topic(partitions=1)
     group = group_name()
@@ -601,7 +607,7 @@ def test_main_topic_circuit_opens_then_probes_and_closes(
         succeeded.append((msg.topic() or "", msg.value() or b""))
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
         topics=[topic],
         handler=handle,
         strategy=RetryTopics(delays=[0.2]),
@@ -620,7 +626,7 @@ def test_main_topic_circuit_opens_then_probes_and_closes(
 
 
 def test_deserialization_failure_goes_straight_to_the_dead_letters(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     import json
 
@@ -630,7 +636,7 @@ def test_deserialization_failure_goes_straight_to_the_dead_letters(
     handled: list[Any] = []
     dead: list[DeadLetter] = []
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
         topics=[topic],
         handler=lambda msg: handled.append(msg.value()),
         deserializer=json.loads,
@@ -650,7 +656,7 @@ def test_deserialization_failure_goes_straight_to_the_dead_letters(
 
 
 def test_dead_letters_the_consumer_stores_are_encrypted_at_rest(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     from outbox.stores.encryption import Key, KeyRing
 
@@ -668,7 +674,7 @@ def test_dead_letters_the_consumer_stores_are_encrypted_at_rest(
 
     path = tmp_path / "c.db"
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group_name(), **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group_name(), **group_settings(group_protocol)},
         topics=[topic], handler=handler, strategy=RetryTopics(delays=[0.1]), dead_letters="store",
         on_dead_letter=dead.append, outbox=f"sqlite:///{path}", encryption=key,
     )
@@ -682,7 +688,7 @@ def test_dead_letters_the_consumer_stores_are_encrypted_at_rest(
 
 
 def test_close_from_another_thread_waits_for_the_loop_and_a_handler_still_running_keeps_it_open(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     """close() while run() polls in another thread: it waits for the loop's turn, so librdkafka
     is never closed under a running consume(). A handler that outlasts close()'s timeout gets a
@@ -700,7 +706,7 @@ def test_close_from_another_thread_waits_for_the_loop_and_a_handler_still_runnin
             release.wait(60)
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
         topics=[topic],
         handler=handle,
         strategy=Ignore(),

@@ -21,6 +21,7 @@ from outbox.stores import open_outbox
 from outbox.stores.urls import parse_url
 from outbox.transactions import sqlalchemy_connection
 
+from ..group_protocols import group_settings
 from .test_consumer import running, wait_until
 
 # id i is produced 1 + i % 3 times; two messages carry no outbox-id (handled as without dedup).
@@ -71,13 +72,14 @@ def create_effects(url: str) -> None:
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_copies_skipped_one_parameter_handler(
-    kind: str, tmp_path: Path, kafka_bootstrap: str, topic: str, request: pytest.FixtureRequest
+    kind: str, tmp_path: Path, kafka_bootstrap: str, topic: str, request: pytest.FixtureRequest, group_protocol: str
 ) -> None:
     url = store_url(kind, tmp_path, request)
     produce_copies(kafka_bootstrap, topic)
     seen: list[bytes] = []
     c = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": f"g{uuid.uuid4().hex[:8]}"},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": f"g{uuid.uuid4().hex[:8]}",
+         **group_settings(group_protocol)},
         topics=[topic], handler=lambda m: seen.append(m.value()), outbox=url, dedup=True, batch_size=7,
     )
     with running(c):
@@ -169,7 +171,7 @@ def test_a_message_dead_lettered_to_the_store_mid_batch_leaves_nothing_and_the_b
 
 
 def test_a_lost_batch_transaction_is_read_again_and_applied_once(
-    tmp_path: Path, kafka_bootstrap: str, topic: str, fresh_postgres_url: str
+    tmp_path: Path, kafka_bootstrap: str, topic: str, fresh_postgres_url: str, group_protocol: str
 ) -> None:
     # The inbox's PostgreSQL session dies in the middle of a batch (the handler ends it): the
     # batch's transaction is lost, poll_once() raises InboxCommitFailed, the inbox reconnects, and
@@ -186,7 +188,8 @@ def test_a_lost_batch_transaction_is_read_again_and_applied_once(
             tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
 
     c = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": f"g{uuid.uuid4().hex[:8]}"},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": f"g{uuid.uuid4().hex[:8]}",
+         **group_settings(group_protocol)},
         topics=[topic], handler=handler, outbox=url, dedup=True,
     )
     create_effects(url)

@@ -9,6 +9,7 @@ from confluent_kafka import Message
 
 from outbox import ConfigError, Ignore, ResilientConsumer, RetryInPlace, RetryPolicy, RetryTopics
 from outbox.consumer import headers as H
+from outbox.consumer.assignment import is_cooperative
 from outbox.consumer.headers import ERROR_MESSAGE_MAX, cap_utf8, error_class, failure_headers, ladder_position
 from outbox.consumer.offsets import OffsetTracker
 from outbox.consumer.ordering import KeyOrder
@@ -41,7 +42,10 @@ def ok(_msg: Any) -> None:
             {"ordering": "key", "config": {**CONF, "partition.assignment.strategy": "cooperative-sticky"}},
             "ordering='key' needs partition.assignment.strategy 'range' (got 'cooperative-sticky')",
         ),
-        ({"ordering": "key", "config": {**CONF, "group.protocol": "consumer"}}, "ordering='key' needs group.protocol"),
+        (
+            {"ordering": "key", "config": {**CONF, "group.protocol": "consumer", "group.remote.assignor": "uniform"}},
+            "ordering='key' needs group.remote.assignor 'range' (got 'uniform')",
+        ),
     ],
 )
 def test_bad_input_is_a_config_error_at_construction(kwargs: dict[str, Any], message: str) -> None:
@@ -95,6 +99,31 @@ def test_client_config_drops_consumer_only_settings() -> None:
     conf = {"bootstrap.servers": "b", "group.id": "g", "auto.offset.reset": "earliest", "security.protocol": "SSL",
             "enable.auto.commit": False, "max.poll.interval.ms": 6000, "session.timeout.ms": 6000}
     assert client_config(conf) == {"bootstrap.servers": "b", "security.protocol": "SSL"}
+    # The group-less readers (redrive_topic, the ordering scan) assign partitions themselves: a
+    # KIP-848 group's settings are not theirs.
+    kip848 = {"bootstrap.servers": "b", "group.id": "g", "group.protocol": "consumer", "group.remote.assignor": "range",
+              "group.instance.id": "i"}
+    assert client_config(kip848) == {"bootstrap.servers": "b"}
+
+
+@pytest.mark.parametrize(
+    ("settings", "cooperative"),
+    [
+        ({}, False),  # librdkafka's default assignors: range,roundrobin
+        ({"partition.assignment.strategy": "range"}, False),
+        ({"partition.assignment.strategy": "roundrobin"}, False),
+        ({"partition.assignment.strategy": "cooperative-sticky"}, True),
+        ({"partition.assignment.strategy": " Cooperative-Sticky "}, True),
+        ({"group.protocol": "classic", "partition.assignment.strategy": "range, roundrobin"}, False),
+        ({"group.protocol": "consumer"}, True),
+        ({"group.protocol": "CONSUMER", "group.remote.assignor": "range"}, True),
+        ({"group.protocol": "consumer", "group.remote.assignor": "uniform"}, True),
+    ],
+)
+def test_the_rebalance_protocol_follows_group_protocol_then_the_assignors(
+    settings: dict[str, Any], cooperative: bool
+) -> None:
+    assert is_cooperative({**CONF, **settings}) is cooperative
 
 
 def test_error_message_is_capped_on_a_character_boundary() -> None:
