@@ -164,6 +164,8 @@ class ResilientConsumer:
         self._places: dict[str, Place] = self.ladder.places()
 
         admin_conf = with_librdkafka_log(client_config(config))  # tiers, hop producer, ladder scans
+        #: The settings of the clients made later (ladder scans): `set_sasl_credentials` updates them.
+        self._client_conf = admin_conf
         # Only retry tiers can reorder; RetryInPlace and Ignore keep a partition's order already.
         self._order = KeyOrder() if ordering == "key" and delays else None
         ensure_tiers(admin_conf, self.ladder, create=create_topics, same_partitions=self._order is not None)
@@ -298,6 +300,16 @@ class ResilientConsumer:
                 self._handle_batch(msgs)
             self._offsets.store()
             return len(msgs)
+
+    def set_sasl_credentials(self, username: str, password: str) -> None:
+        """New SASL username and password for every Kafka client of this consumer, used from
+        their next authentication on: its consumer, the producer of its hops (and that producer's
+        drain), and the clients it makes later (the ladder scans of ``ordering="key"``)."""
+        if self._closed:
+            raise RuntimeError("this ResilientConsumer is closed")
+        self._consumer.set_sasl_credentials(username, password)
+        self._producer.set_sasl_credentials(username, password)
+        self._client_conf.update({"sasl.username": username, "sasl.password": password})
 
     def stop(self) -> None:
         """Ask run() to return after the current message (thread- and signal-safe)."""

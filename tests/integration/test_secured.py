@@ -226,3 +226,51 @@ def test_a_tls_handshake_that_fails_is_an_outage_and_a_restart_with_the_right_au
         wait_until(lambda: producer.stats()["pending"] == 0, 90, "the outbox delivered")
     got = _read(secured, topic, 200)
     assert set(got.by_id) == set(ids) and got.order_violations() == []
+
+
+def test_a_rotation_under_a_running_producer_and_consumer_loses_nothing_and_keeps_key_order(
+    secured: KafkaCluster, tmp_path: Path
+) -> None:
+    """Both keep going through the refusal; `set_sasl_credentials()` on each, and every message is
+    handled once a key at a time in order, with nothing dead-lettered on either side."""
+    topic = secured.create_topic(f"secured-both-{time.time_ns()}", partitions=3)
+    config = {**secured.client_config(user="alice"), "message.timeout.ms": 5000}
+    handled: dict[bytes, list[int]] = {}
+
+    def handle(msg: Message) -> None:
+        key, seq = (msg.value() or b"").split(b":")
+        handled.setdefault(key, []).append(int(seq))
+
+    consumer = ResilientConsumer(
+        {**config, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"}, topics=[topic], handler=handle,
+        strategy=RetryTopics(delays=[1]), outbox=f"sqlite:///{tmp_path / 'c.db'}",
+    )
+    producer = ResilientProducer(config, outbox=f"sqlite:///{tmp_path / 'p.db'}")
+    seq = 0
+    try:
+        def produce_for(seconds: float) -> None:
+            nonlocal seq
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                key, value = keyed_value(seq % 10, seq)
+                producer.produce(topic, value, key=key)
+                seq += 1
+                consumer.poll_once()
+
+        produce_for(3)
+        secured.set_password("alice", "rotated-secret")
+        produce_for(20)  # refused: both wait
+        producer.set_sasl_credentials("alice", "rotated-secret")
+        consumer.set_sasl_credentials("alice", "rotated-secret")
+        wait_until(lambda: producer.stats()["pending"] == 0, 90, "the producer's outbox delivered")
+        wait_until(
+            lambda: consumer.poll_once() >= 0 and sum(map(len, handled.values())) >= seq, 90, "every message handled"
+        )
+        assert producer.stats()["dead"] == 0 and consumer.stats()["dead"] == 0
+    finally:
+        producer.close(10)
+        consumer.close()
+        secured.set_password("alice", USERS["alice"])
+    assert sum(map(len, handled.values())) == seq
+    for key, seqs in handled.items():
+        assert seqs == sorted(seqs), f"{key!r} handled out of order"
