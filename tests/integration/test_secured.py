@@ -61,7 +61,7 @@ def test_a_password_that_stops_working_is_an_outage_and_a_rotation_delivers_ever
         assert producer.flush(30) == 0
         secured.set_password("alice", "rotated-secret")  # the operator rotated it; the producer has the old one
         with caplog.at_level(logging.WARNING, logger="outbox"):
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 10
             seq = 300
             while time.monotonic() < deadline:  # producing on through the refusal
                 ids.append(producer.produce(topic, keyed_value(seq % 10, seq)[1], key=keyed_value(seq % 10, seq)[0]))
@@ -259,7 +259,7 @@ def test_a_rotation_under_a_running_producer_and_consumer_loses_nothing_and_keep
 
         produce_for(3)
         secured.set_password("alice", "rotated-secret")
-        produce_for(20)  # refused: both wait
+        produce_for(10)  # refused: both wait
         producer.set_sasl_credentials("alice", "rotated-secret")
         consumer.set_sasl_credentials("alice", "rotated-secret")
         wait_until(lambda: producer.stats()["pending"] == 0, 90, "the producer's outbox delivered")

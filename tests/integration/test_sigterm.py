@@ -217,7 +217,7 @@ def test_sigterm_landing_anywhere_in_a_tight_produce_loop_loses_nothing(
     rng = random.Random()
     ids: list[str] = []
     outboxes = []
-    for run in range(8):
+    for run in range(6):
         path = tmp_path / f"o{run}.db"
         outboxes.append(path)
         child = _start(WORKER, kafka_bootstrap, str(path), topic, "fallback", "batch", "-1", "0", "0")
