@@ -22,7 +22,7 @@ the end of the process instead of handing a message to a producer being closed (
 accepted and then lost), and `close_all` first waits for the calls already under way.
 
 After `os.fork()` the child has none of the parent's threads, librdkafka's included. The child's
-copy of every producer is disowned (`Disownable.disown`): it is closed in the child without
+copy of every producer is disowned (`Closable.disown`): it is closed in the child without
 touching what it shares with the parent (its outbox connection, its drain process), and its
 next call raises `ProducerForkedError`, which names the fix. Nothing is accepted in the child and
 then lost, and the parent's messages stay the parent's.
@@ -57,8 +57,6 @@ class Closable(Protocol):
 
     def stop_producing(self) -> None: ...
 
-
-class Disownable(Protocol):
     def disown(self, parent_pid: int) -> None: ...
 
 
@@ -148,8 +146,7 @@ def _disown_after_fork() -> None:
     """In the child of a fork: every producer of the parent is the parent's alone."""
     parent = os.getppid()
     for producer in list(_open):
-        if hasattr(producer, "disown"):
-            producer.disown(parent)
+        producer.disown(parent)
     _open.clear()
 
 

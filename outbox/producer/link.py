@@ -63,9 +63,9 @@ def queue_limits(config: Mapping[str, Any], memory_budget: int) -> tuple[dict[st
 #: The errors of messages a purge handed back.
 PURGE_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
-
 #: Seconds a refusal of the credentials (`REFUSED_CODES`) names the cause of "all brokers down".
 REFUSED_RECENT = 30.0
+
 
 class _PurgeRequest:
     """The application's `purge()`, carried out by the delivery thread."""

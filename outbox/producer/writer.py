@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -149,12 +149,8 @@ class GroupCommitWriter:
         commits make the room; messages held elsewhere (hold-back, gate) move here first.
         """
         budget = self.budget
-        if not budget.full(cost):  # no lock: the common case is free
-            return
-        with self._cond:
-            while budget.full(cost) and not self._closed:
-                self._cond.notify()
-                self._cond.wait(0.05)
+        if budget.full(cost):  # no lock: the common case is free
+            self._wait_while(lambda: budget.full(cost))
 
     def wait_for_lag(self) -> None:
         """Block while a whole batch (`max_batch` rows, or a commit's bytes) waits to be committed.
@@ -163,13 +159,17 @@ class GroupCommitWriter:
         the batch behind it, so this bounds the window to two batches (and about two commits'
         time) instead of the whole memory budget a burst could queue.
         """
-        batch = self._batch  # no lock: the common case is free
-        if len(batch.new) < self.max_batch and batch.bytes < self.max_batch_bytes:
-            return
+        if self._full(self._batch):  # no lock: the common case is free
+            self._wait_while(lambda: self._full(self._batch))
+
+    def _full(self, batch: Batch) -> bool:
+        """Whether `batch` is as large as one commit takes."""
+        return len(batch.new) >= self.max_batch or batch.bytes >= self.max_batch_bytes
+
+    def _wait_while(self, blocked: Callable[[], bool]) -> None:
+        """Wait, nudging the writer, until `blocked()` is false or the writer closes."""
         with self._cond:
-            while (
-                len(self._batch.new) >= self.max_batch or self._batch.bytes >= self.max_batch_bytes
-            ) and not self._closed:
+            while blocked() and not self._closed:
                 self._cond.notify()
                 self._cond.wait(0.05)
 

@@ -28,6 +28,9 @@ class Producer:
     def stop_producing(self) -> None:
         pass
 
+    def disown(self, parent_pid: int) -> None:
+        pass
+
 
 def test_each_open_producer_is_closed_once_even_when_another_fails() -> None:
     a, b, c = Producer(fail=True), Producer(), Producer()
