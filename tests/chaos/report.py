@@ -79,7 +79,8 @@ def summarize_producer(lines: list[dict]) -> str:  # type: ignore[type-arg]
             f"the raw producer: {raw_total['messages']} messages, {raw_total['lost']} lost, "
             f"{raw_total['reordered_keys']} reordered keys"
         )
-    single = [r for r in lines if r.get("one_broker_at_a_time")]
+    # A producer in other processes (a process fault) has no circuit this process saw: None.
+    single = [r for r in lines if r.get("one_broker_at_a_time") and r.get("circuit_opens") is not None]
     opened = sum(1 for r in single if r.get("circuit_opens"))
     out.append(f"circuit opened in {opened} of {len(single)} schedules that faulted one broker at a time")
     for r in single:

@@ -97,7 +97,9 @@ class Run:
     verdict: Verdict
     dead: int
     pending: int
-    circuit_opens: int
+    #: None: the producer ran in processes of their own (`Setup.process`), whose circuit this
+    #: process does not see.
+    circuit_opens: int | None
     #: Why the circuit opened, each time (the reason its warning names).
     circuit_reasons: list[str]
     #: A plain `confluent_kafka.Producer` with the same settings beside it, under the same faults.
@@ -109,9 +111,14 @@ class Run:
         return "\n".join([
             f"[{self.setup}] {len(self.schedule)} faults ({'; '.join(map(str, self.schedule)) or 'none'}): "
             f"{self.verdict.summary()}, {self.dead} dead, {self.pending} pending, "
-            f"circuit opened {self.circuit_opens}x{self.why()}; raw producer beside it: {self.raw.summary()}",
+            f"{self.circuit()}; raw producer beside it: {self.raw.summary()}",
             *self.lost_fates,
         ])
+
+    def circuit(self) -> str:
+        if self.circuit_opens is None:
+            return "circuit not seen (the producer ran in processes of its own)"
+        return f"circuit opened {self.circuit_opens}x{self.why()}"
 
     def why(self) -> str:
         return f" ({'; '.join(self.circuit_reasons)})" if self.circuit_reasons else ""
@@ -205,12 +212,7 @@ def run(
             opens = producer.circuit.opened_count
         finally:
             producer.close()
-    verdict = history.check(cluster.bootstrap_servers, topic)
-    raw_verdict = raw_history.check(cluster.bootstrap_servers, raw_topic)
-    # Hundreds of schedules share one cluster: a broker killed later recovers every partition it
-    # holds before it serves (one restarted under load took over 90 s with some 1,100).
-    for name in (topic, raw_topic):
-        cluster.delete_topic(name)
+    verdict, raw_verdict = judged(cluster, topic, raw_topic, history, raw_history)
     dead, pending = stats["dead"] or 0, stats["pending"] or 0
     return Run(setup, schedule, verdict, dead, pending, opens, reasons.seen, raw_verdict, fates.of_lost(verdict.lost))
 
@@ -241,11 +243,21 @@ def run_in_processes(
     assert not player.errors, player.errors
     cluster.wait_until_healthy()
     dead, pending = drain_outbox(url, bootstrap)
-    verdict = history.check(bootstrap, topic)
-    raw_verdict = raw_history.check(bootstrap, raw_topic)
+    verdict, raw_verdict = judged(cluster, topic, raw_topic, history, raw_history)
+    return Run(setup, schedule, verdict, dead, pending, None, [], raw_verdict)
+
+
+def judged(
+    cluster: KafkaCluster, topic: str, raw_topic: str, history: History, raw_history: History
+) -> tuple[Verdict, Verdict]:
+    """Both topics read back and checked, then deleted: (the wrapper's verdict, the raw producer's)."""
+    verdict = history.check(cluster.bootstrap_servers, topic)
+    raw_verdict = raw_history.check(cluster.bootstrap_servers, raw_topic)
+    # Hundreds of schedules share one cluster: a broker killed later recovers every partition it
+    # holds before it serves (one restarted under load took over 90 s with some 1,100).
     for name in (topic, raw_topic):
         cluster.delete_topic(name)
-    return Run(setup, schedule, verdict, dead, pending, 0, [], raw_verdict)
+    return verdict, raw_verdict
 
 
 class ProducingProcess:
