@@ -1,4 +1,5 @@
-"""A burst through write-ahead "batch" mode: its throughput beside the raw producer, and its crash window.
+"""A keyed burst with a callback each: the default producer and write-ahead "batch" mode beside the raw
+producer, and write-ahead's crash window.
 
 Standalone (not collected by pytest):
 
@@ -9,9 +10,10 @@ Standalone (not collected by pytest):
 Without KAFKA_BOOTSTRAP_SERVERS a local outbox.testing.KafkaCluster of one broker is started.
 What is measured: one thread produces a burst of 200 B messages over 50 keys, each with its own
 delivery callback, as fast as `produce()` returns, then waits until every one is delivered.
-Repetitions are interleaved (raw, write-ahead, raw, ...), each producer new and warmed up.
+Repetitions are interleaved (raw, fallback, write-ahead, raw, ...), each producer new and warmed
+up; `ResilientProducer`s with their defaults otherwise (fallback: the happy path users run).
 Printed per producer: the median throughput to the last delivery, the ratio of the medians
-(write-ahead / raw), the process's CPU time (all threads) per message, and for write-ahead the
+(to raw), the process's CPU time (all threads) per message, and for write-ahead the
 crash window: the most messages accepted and not yet committed (`stats()["unsaved"]`, sampled
 every 2,000 calls), which is what a `kill -9` at that moment loses.
 """
@@ -96,12 +98,17 @@ def main() -> None:
         create_topic(bootstrap, TOPIC, partitions=3, replication_factor=1)
         workdir = stack.enter_context(tempfile.TemporaryDirectory())
         config = {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all", "enable.idempotence": True}
-        rows: dict[str, list[tuple[float, float, int]]] = {"raw": [], "write-ahead": []}
+        rows: dict[str, list[tuple[float, float, int]]] = {"raw": [], "fallback": [], "write-ahead": []}
         for rep in range(reps):
             raw = Producer(config)
             raw.produce(TOPIC, b"warm-up")
             raw.flush(30)
             rows["raw"].append(burst(raw, n))
+            fallback = ResilientProducer(config, outbox=f"sqlite:///{workdir}/f-{rep}.db")
+            fallback.produce(TOPIC, b"warm-up")
+            fallback.flush(30)
+            rows["fallback"].append(burst(fallback, n))
+            fallback.close()
             wa = ResilientProducer(config, outbox=f"sqlite:///{workdir}/o-{rep}.db", mode="write-ahead")
             wa.produce(TOPIC, b"warm-up")
             wa.flush(30)
