@@ -52,6 +52,8 @@ RECOVERY_QUICK: tuple[tuple[float, float], ...] = ((0.10, 45.0),)
 #: The burst runs' local queue (`queue.buffering.max.messages`): small enough that a run's
 #: messages, produced as fast as `produce()` returns, fill it many times over.
 BURST_QUEUE = 10_000
+#: The keyed happy-path rows' keys: each message has one of them, in turn.
+KEYED_KEYS = 1_000
 #: The memory runs' message sizes (bytes): small to large, against the same byte budget, each in
 #: a fresh process. The first one's outbox is the drain scenario's backlog.
 MEMORY_SIZES = (200, 1024, 4096)
@@ -833,6 +835,10 @@ def main(argv: list[str] | None = None) -> int:
                     # Every message with an on_delivery, against the raw producer with the same one.
                     record(f"raw_cb/{size}", runner.run("raw", {**p, "header": True, "on_delivery": True}))
                     fallback_run("fallback_cb", size, {**p, "mode": "fallback", "on_delivery": True})
+                    # The same over 1,000 keys, as most services produce: what per-key order costs.
+                    keyed = {**p, "on_delivery": True, "keys": KEYED_KEYS}
+                    record(f"raw_keyed/{size}", runner.run("raw", {**keyed, "header": True}))
+                    fallback_run("fallback_keyed", size, {**keyed, "mode": "fallback"})
                 if "burst" in sel and size == base:
                     # A healthy cluster and a full local queue: wait for room (the default) or
                     # store at once (queue_full_timeout=0), against the raw producer's poll loop.
@@ -1143,6 +1149,13 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
                 ratio=ratio(f"raw_cb/{size}", f"raw/{size}"),
                 target="(vs R0)",
             )
+        if f"raw_keyed/{size}" in summary:
+            table.add(
+                f"R1 + {KEYED_KEYS:,} keys + on_delivery per message" + sfx,
+                summary[f"raw_keyed/{size}"],
+                ratio=ratio(f"raw_keyed/{size}", f"raw/{size}"),
+                target="(vs R0)",
+            )
         for name, label, aside, baseline in (
             ("fallback", "fallback mode, happy path", " (aim >= 0.90)", "raw_hdr"),
             (
@@ -1150,6 +1163,10 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
                 "raw_hdr",
             ),
             ("fallback_cb", "fallback, happy path, on_delivery per message", "; ratio vs R1 + on_delivery", "raw_cb"),
+            (
+                "fallback_keyed", f"fallback, {KEYED_KEYS:,} keys, on_delivery per message",
+                "; ratio vs R1 with the same keys and on_delivery", "raw_keyed",
+            ),
         ):
             # The pure-Python build, then the compiled one (`--compiled`) when it ran.
             for key, build in ((f"{name}/{size}", ""), (f"{name}_c/{size}", COMPILED_LABEL)):
@@ -1460,6 +1477,8 @@ def report(args: argparse.Namespace, config: Result, runs: dict[str, list[Result
             ("fallback, only-error reports" + COMPILED_LABEL + sfx, f"fallback_oe_c/{size}", f"raw_hdr/{size}"),
             ("R1 + on_delivery per message" + sfx, f"raw_cb/{size}", None),
             ("fallback, on_delivery per message" + sfx, f"fallback_cb/{size}", f"raw_cb/{size}"),
+            (f"R1 + {KEYED_KEYS:,} keys + on_delivery" + sfx, f"raw_keyed/{size}", None),
+            (f"fallback, {KEYED_KEYS:,} keys + on_delivery" + sfx, f"fallback_keyed/{size}", f"raw_keyed/{size}"),
             (
                 "fallback, on_delivery per message" + COMPILED_LABEL + sfx, f"fallback_cb_c/{size}",
                 f"raw_cb/{size}",

@@ -209,6 +209,7 @@ def raw(p: Params) -> Result:
 
     n, topic, every = int(p["n"]), p["topic"], int(p["sample"])
     value = os.urandom(int(p["size"]))
+    keys = _keys(p)
     prod = Producer(kafka_config(p, batch_stats=True))
     produce, poll = prod.produce, prod.poll
     # Ids made by the wrapper's own IdGenerator, so that R1 pays for its id header what the
@@ -224,13 +225,14 @@ def raw(p: Params) -> Result:
     t0 = start_clock(by_thread=True, topic=topic)
     for i in range(n):
         hdrs: list[tuple[str, str | bytes | None]] | None = [(ID_HEADER, next_id().encode())] if header else None
+        key = keys[i % len(keys)] if keys else None
         if i % every:
             while True:
                 try:
                     if cb is None:
-                        produce(topic, value, headers=hdrs)
+                        produce(topic, value, key, headers=hdrs)
                     else:
-                        produce(topic, value, headers=hdrs, on_delivery=cb)
+                        produce(topic, value, key, headers=hdrs, on_delivery=cb)
                     break
                 except BufferError:
                     poll(0.005)
@@ -239,9 +241,9 @@ def raw(p: Params) -> Result:
             while True:
                 try:
                     if cb is None:
-                        produce(topic, value, headers=hdrs)
+                        produce(topic, value, key, headers=hdrs)
                     else:
-                        produce(topic, value, headers=hdrs, on_delivery=cb)
+                        produce(topic, value, key, headers=hdrs, on_delivery=cb)
                     break
                 except BufferError:
                     poll(0.005)
@@ -251,6 +253,11 @@ def raw(p: Params) -> Result:
     left = prod.flush(120)
     seconds = time.perf_counter() - t0
     return result(p, n, seconds, lat, undelivered=left, heard=heard.n)
+
+
+def _keys(p: Params) -> list[bytes]:
+    """The run's message keys: `keys` distinct ones, used in turn (none: unkeyed messages)."""
+    return [b"key-%04d" % k for k in range(int(p.get("keys", 0)))]
 
 
 class _Heard:
@@ -306,23 +313,25 @@ def resilient(p: Params) -> Result:
 
     heard = _Heard()
     cb = heard if p.get("on_delivery") else None
+    keys = _keys(p)
 
     def loop(k: int, count: int) -> None:
         produce = rp.produce
         lat = lats[k]
         pc = time.perf_counter_ns
         for i in range(count):
+            key = keys[i % len(keys)] if keys else None
             if i % every:
                 if cb is None:
-                    produce(topic, value)
+                    produce(topic, value, key)
                 else:
-                    produce(topic, value, on_delivery=cb)
+                    produce(topic, value, key, on_delivery=cb)
             else:
                 s = pc()
                 if cb is None:
-                    produce(topic, value)
+                    produce(topic, value, key)
                 else:
-                    produce(topic, value, on_delivery=cb)
+                    produce(topic, value, key, on_delivery=cb)
                 lat.append(pc() - s)
 
     t0 = start_clock(by_thread=True, topic=topic)

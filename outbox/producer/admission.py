@@ -32,6 +32,7 @@ from typing import Any
 from outbox.message import as_bytes
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.keyorder import Holdback, KeyBacklog
+from outbox.producer.sendfence import SendFence
 
 
 class Route(IntEnum):
@@ -63,14 +64,16 @@ class Admission:
             delivery can close the circuit instead.
     """
 
-    __slots__ = ("_circuit", "_backlog", "_hold", "_probes", "_keyed_probes")
+    __slots__ = ("_circuit", "_backlog", "_hold", "_fence", "_probes", "_keyed_probes")
 
     def __init__(
-        self, circuit: CircuitBreaker, backlog: KeyBacklog, hold: Holdback[Any], *, probes: bool, keyed_probes: bool
+        self, circuit: CircuitBreaker, backlog: KeyBacklog, hold: Holdback[Any], fence: SendFence, *, probes: bool,
+        keyed_probes: bool,
     ) -> None:
         self._circuit = circuit
         self._backlog = backlog
         self._hold = hold
+        self._fence = fence
         self._probes = probes
         self._keyed_probes = probes and keyed_probes
 
@@ -83,6 +86,11 @@ class Admission:
         pending = self._backlog.pending
         if pending and key is not None and (topic, key if key.__class__ is bytes else as_bytes(key)) in pending:
             return HOLD
+        handed_back = self._fence.handed_back
+        if handed_back and key is not None and (topic, key if key.__class__ is bytes else as_bytes(key)) in handed_back:
+            # librdkafka held sends of this key when it was asked to hand messages back, and
+            # their failures may not be served yet: stored, it waits behind them (sendfence).
+            return STORE
         circuit = self._circuit
         hold = self._hold
         if circuit.closed and not hold.active:

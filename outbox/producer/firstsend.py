@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import Message as KafkaMessage
 
 from outbox.drain.settle import Verdict, settle
-from outbox.message import DeliveryCallback, Failure, Message, as_bytes
+from outbox.message import DeliveryCallback, Failure, Message
 from outbox.producer.admission import SEND
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.compiling import mypyc_attr
@@ -71,7 +71,9 @@ class FirstSend:
         self._link = link
         self._hold_longest = spill.hold_longest  # how long a hold-back may last (as when the circuit opens)
         self._spill = spill
-        self._fence = spill.fence
+        self._fence = self.fence = spill.fence
+        # The reports of keyed first sends in flight (None: not tracked, outbox.producer.sendfence).
+        self.inflight: dict[str, Any] | None = spill.fence.inflight if spill.fence.tracking else None
         self._writer = writer
         self._circuit = circuit
         self._retry = retry
@@ -84,9 +86,14 @@ class FirstSend:
 
     def send(
         self, topic: str, value: Any, key: Any, hdrs: Headers, partition: int, msg_id: str,
-        cb: DeliveryCallback | None, timestamp: int,
-    ) -> None:
+        cb: DeliveryCallback | None, timestamp: int, *, routed: bool = True,
+    ) -> bool:
         """Send a message for the first time; stored instead if librdkafka's queue stays full.
+
+        routed: admission chose SEND (`outbox.producer.admission`). False: produce()'s fast path,
+        taken without asking admission while the send fence is not armed; it gives up, and
+        returns False with nothing sent, if the fence armed meanwhile (the caller asks admission
+        then). Returns True once the message is librdkafka's or stored.
 
         The one path that takes a message's parts rather than its `Message`: it is every
         message's path while Kafka is up, and building the object per message cost more CPU per
@@ -94,17 +101,25 @@ class FirstSend:
         it (refused, or failed) becomes a `Message` there.
         """
         report: _Report
-        fenced: Key | None = None
-        if key is not None and self._fence.tracking:
-            k = key if key.__class__ is bytes else as_bytes(key)
-            if k is not None:
-                fenced = (topic, k)
-                self._fence.sending(fenced)
         app_headers = len(hdrs) > self._id_headers  # the application's headers besides the id
         if cb is None and partition == -1 and not timestamp and not app_headers:
-            report = _Report(self, msg_id, fenced)  # the common message: its id is all a failure needs
+            report = _Report(self, msg_id, topic, key)  # the common message: its id is all a failure needs
         else:
-            report = _FullReport(self, msg_id, fenced, hdrs if app_headers else None, cb, partition, timestamp)
+            report = _FullReport(self, msg_id, topic, key, hdrs if app_headers else None, cb, partition, timestamp)
+        fence = self._fence
+        inflight = self.inflight
+        purges = -1  # the fence's purges when a counted send was counted (-1: not counted)
+        if key is not None and inflight is not None:
+            inflight[msg_id] = report  # before `armed` is read (outbox.producer.sendfence)
+            if routed:
+                if fence.armed:
+                    purges = fence.purges
+                    fence.count(report)
+            elif fence.armed:
+                self._not_taken(report)  # an arming meanwhile may have counted it
+                return False
+        elif not routed and fence.armed:
+            return False
         link = self._link
         try:
             try:
@@ -127,15 +142,26 @@ class FirstSend:
                     # would be stored ahead of it. Hold them again until librdkafka hands it back.
                     self._spill.hold_after_open(self._hold_longest)
             link.handed.add()
+            if report.epoch and (fence.purges != purges if routed else True):
+                # Armed during this call, after it chose the fast path, or librdkafka was asked to
+                # hand messages back while it was counted: that purge may have come before this
+                # message entered librdkafka's queue, behind older ones of its key it handed back.
+                self._spill.straggled(report)
         except BufferError:
-            if fenced is not None:
-                self._spill.sent_reported(fenced)
+            self._not_taken(report)
             message = Message(topic, value, key, hdrs, partition, msg_id, timestamp, cb)
             self._spill.store_unsent(message, NOT_SENT_QUEUE_FULL, wait=True)
         except KafkaException as exc:
-            if fenced is not None:
-                self._spill.sent_reported(fenced)
+            self._not_taken(report)
             self.failed_send(exc.args[0], Message(topic, value, key, hdrs, partition, msg_id, timestamp, cb), None)
+        return True
+
+    def _not_taken(self, report: _Report) -> None:
+        """librdkafka did not take a first send after all: it is no longer in flight."""
+        if report.key is not None and self.inflight is not None:
+            self.inflight.pop(report.msg_id, None)
+            if self._fence.armed:
+                self._spill.sent_reported(report)
 
     def send_unprotected(self, message: Message) -> None:
         """enable_retry=False: Kafka or nothing; failures go to its `on_delivery` only."""
@@ -172,10 +198,11 @@ class FirstSend:
         produce = self._link.kafka.produce
         fence = self._fence
         for i, (msg, cb) in enumerate(held):
-            fenced = key if fence.tracking else None
-            if fenced is not None:
-                fence.sending(key)
-            report = _FullReport(self, msg.msg_id, fenced, msg.headers, cb, msg.partition, msg.timestamp)
+            report = _FullReport(self, msg.msg_id, msg.topic, msg.key, msg.headers, cb, msg.partition, msg.timestamp)
+            if self.inflight is not None:
+                self.inflight[msg.msg_id] = report
+            if fence.armed:  # armed: the key was pending
+                fence.count(report)
             try:
                 produce(
                     msg.topic, msg.value, msg.key, msg.partition, report, None, msg.timestamp,
@@ -183,20 +210,18 @@ class FirstSend:
                 )
                 self._link.handed.add()
             except BufferError:  # no waiting under the lock: the delivery thread may need it
-                if fenced is not None:
-                    self._spill.sent_reported(key)
+                self._not_taken(report)
                 self._spill.store_held(held[i:])
                 return
             except KafkaException as exc:
-                if fenced is not None:
-                    self._spill.sent_reported(key)
+                self._not_taken(report)
                 self.failed_send(exc.args[0], _message_of(msg, cb), None)
                 self._spill.store_held(held[i + 1 :])
                 return
 
-    def reported(self, key: Key) -> None:
-        """Delivery thread: a first send of `key` was reported (`outbox.producer.keyorder.SendFence`)."""
-        self._spill.sent_reported(key)
+    def reported(self, r: _Report) -> None:
+        """Delivery thread: a first send was reported while the fence was armed (`outbox.producer.sendfence`)."""
+        self._spill.sent_reported(r)
 
     def on_failure(self, r: _Report, err: KafkaError, msg: KafkaMessage) -> None:
         """Delivery thread: the failure report of a first send (`_Report.__call__` serves successes)."""
@@ -220,7 +245,7 @@ class FirstSend:
         to_resend = self.failed_send(err, message, msg)
         if (
             to_resend and r.key is not None and self._circuit.closed and err.code() not in PURGE_CODES
-            and self._fence.others_sending(r.key)
+            and self._fence.others_sending(r)
         ):
             # It failed on its own (its partition leaderless past message.timeout.ms, say) while
             # later messages of its key wait in librdkafka: delivered once the leader is back,
@@ -289,7 +314,7 @@ class _Report:
     that in collection). Its success report returns at once.
     """
 
-    __slots__ = ("first", "msg_id", "key")
+    __slots__ = ("first", "msg_id", "topic", "key", "epoch")
 
     # What `_FullReport` holds per message; these are the common message's.
     headers: Headers | None = None  # None: the id header alone (rebuilt on failure)
@@ -297,16 +322,23 @@ class _Report:
     partition = -1
     timestamp = 0  # given to produce(); 0: librdkafka's (a failure: its latency)
 
-    def __init__(self, first: FirstSend, msg_id: str, key: Key | None) -> None:
+    def __init__(self, first: FirstSend, msg_id: str, topic: str, key: Any) -> None:
         self.first = first
         self.msg_id = msg_id
-        self.key = key  # (topic, key) while its key's later outbox-bound messages may wait on it
+        self.topic = topic
+        self.key = key  # as given to produce(); the send fence counts keyed sends by it
+        self.epoch = 0  # the send fence's epoch it was counted in (outbox.producer.sendfence)
 
     def __call__(self, err: KafkaError | None, msg: KafkaMessage) -> None:
+        first = self.first
+        inflight = first.inflight
+        keyed = self.key is not None and inflight is not None
+        if keyed:  # out of flight before a failure is stored: an arming then does not count it
+            inflight.pop(self.msg_id, None)  # type: ignore[union-attr]
         if err is not None:
-            self.first.on_failure(self, err, msg)
-        if self.key is not None:  # after a failure is stored: ahead of what waited behind it
-            self.first.reported(self.key)
+            first.on_failure(self, err, msg)
+        if keyed and first.fence.armed:  # after a failure is stored: ahead of what waited behind it
+            first.reported(self)
 
 
 @mypyc_attr(acyclic=True)
@@ -317,12 +349,14 @@ class _FullReport(_Report):
     __slots__ = ("headers", "cb", "partition", "timestamp")
 
     def __init__(
-        self, first: FirstSend, msg_id: str, key: Key | None, headers: Headers | None, cb: DeliveryCallback | None,
-        partition: int, timestamp: int,
+        self, first: FirstSend, msg_id: str, topic: str, key: Any, headers: Headers | None,
+        cb: DeliveryCallback | None, partition: int, timestamp: int,
     ) -> None:
         self.first = first
         self.msg_id = msg_id
+        self.topic = topic
         self.key = key
+        self.epoch = 0
         self.headers = headers
         self.cb = cb
         self.partition = partition

@@ -108,6 +108,8 @@ class KafkaLink:
         self._user_error_cb = user_error_cb
         #: librdkafka's last refusal of our credentials or TLS (`REFUSED_CODES`), and when.
         self._refused: tuple[float, KafkaError] | None = None
+        #: Called after each purge whose messages go to the outbox (the send fence notes it).
+        self.on_purge: Callable[[], None] = lambda: None
         self.kafka = Producer(self._config)
         self._probe = ClusterProbe(self._config)  # "is the cluster there?" when the queue stays full
         # Tallies: several threads count into each (see Tally).
@@ -185,6 +187,7 @@ class KafkaLink:
         """Delivery thread: purge the queue (and the wire, if asked) once more."""
         self.app_purging = False  # what this purge hands back goes to the outbox
         self.kafka.purge(in_queue=True, in_flight=self._purge_in_flight)
+        self.on_purge()
         self._purge_in_flight = False
 
     # -- counts ------------------------------------------------------------------------------
@@ -352,10 +355,12 @@ class KafkaLink:
                     self._purge_queue = False
                     self.app_purging = False  # what this purge hands back goes to the outbox
                     self.kafka.purge(in_queue=True, in_flight=False)
+                    self.on_purge()
                 if self._purge_in_flight:
                     self._purge_in_flight = False
                     self.app_purging = False
                     self.kafka.purge(in_queue=False, in_flight=True)
+                    self.on_purge()
                 self._tick()
                 if self._recreate:
                     self._recreate_producer()
@@ -369,6 +374,7 @@ class KafkaLink:
         self.kafka = Producer(self._config)
         log.warning("outbox: producer recreated after a fatal error; queued messages move to the outbox")
         old.purge(in_queue=True, in_flight=True)
+        self.on_purge()
         old.flush(10)
 
     def _why_down(self) -> str:

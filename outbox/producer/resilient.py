@@ -332,6 +332,7 @@ class ResilientProducer(PythonObject):
             hold_longest=self._message_timeout + 1.0,
         )
         self._route = self._spill.admission.route  # produce()'s one decision (outbox.producer.admission)
+        self._fence = self._spill.fence  # not armed: produce() needs no decision (outbox.producer.sendfence)
         self._backlog = self._spill.backlog
         self._first = FirstSend(
             self._link, self._spill, self.writer, self.circuit, self.retry,
@@ -503,9 +504,14 @@ class ResilientProducer(PythonObject):
 
         route = None
         if enable_retry and not self._writes_ahead and transaction is None:
+            # Nothing may be bound for the outbox (the send fence is not armed): Kafka takes it
+            # now, without asking admission; the fast path makes no message object (docs/DESIGN.md).
+            if not self._fence.armed and self._first.send(
+                topic, value, key, hdrs, partition, msg_id, on_delivery, timestamp, routed=False
+            ):
+                return msg_id
             route = self._route(topic, key)  # outbox.producer.admission: SEND, PROBE, HOLD or STORE
             if route is SEND:
-                # Kafka takes it now: the fast path makes no message object (docs/DESIGN.md).
                 self._first.send(topic, value, key, hdrs, partition, msg_id, on_delivery, timestamp)
                 return msg_id
         # The message object (outbox.message), built as the tuple it is: every other path takes it.

@@ -25,11 +25,12 @@ import time
 from outbox.message import DeliveryCallback, Message, message_cost
 from outbox.producer.admission import Admission
 from outbox.producer.circuit import CircuitBreaker, CircuitState
-from outbox.producer.keyorder import Held, Holdback, KeyBacklog, SendFence
+from outbox.producer.keyorder import Held, Holdback, KeyBacklog
 from outbox.producer.link import KafkaLink
+from outbox.producer.sendfence import SendFence, SentReport, key_of
 from outbox.producer.storedcallbacks import StoredCallbacks
 from outbox.producer.writer import GroupCommitWriter
-from outbox.records import Key, NewMessage
+from outbox.records import NewMessage
 
 #: The last error of a message stored without a send attempt, by why it was not sent.
 NOT_SENT_CIRCUIT_OPEN = "not sent: circuit open"
@@ -81,9 +82,10 @@ class Spill:
             _sequence, budget=self.budget, on_full=link.purge_all_soon, clock=time.monotonic
         )
         self.fence = SendFence(
-            tracking=track_sends, budget=self.budget, on_full=link.purge_all_soon, clock=time.monotonic,
-            longest=hold_longest,
+            tracking=track_sends, budget=self.budget, on_full=link.purge_all_soon,
+            on_overtaken=link.purge_queue_soon, clock=time.monotonic, longest=hold_longest,
         )
+        link.on_purge = self.fence.purged
         # A hold after the circuit opened purges librdkafka's queue at every tick (stragglers
         # queued just after the open); one behind a probe does not (the probe is in that queue
         # while a broker reconnects).
@@ -101,7 +103,9 @@ class Spill:
             budget=self.budget,
         )
         self.outboxed = self.backlog.outboxed  # the key backlog counts what it queues
-        self.admission = Admission(circuit, self.backlog, self.hold, probes=gate, keyed_probes=keyed_probes)
+        self.admission = Admission(
+            circuit, self.backlog, self.hold, self.fence, probes=gate, keyed_probes=keyed_probes
+        )
 
     def held(self) -> int:
         """Messages bound for the outbox but in memory here (hold-back and gate), not queued."""
@@ -142,10 +146,17 @@ class Spill:
         """Messages a gate held, queued for the outbox in order (the key stays pending)."""
         self.backlog.queue_held(held)
 
-    def sent_reported(self, key: Key) -> None:
-        """librdkafka reported a first send of `key`, or did not take it after all; if it held no
-        other, the key's messages that waited go on to the writer, in produce order."""
-        self.backlog.forward_fenced(self.fence.reported(key))
+    def sent_reported(self, report: SentReport) -> None:
+        """librdkafka reported a first send, or did not take it after all; if it held no other of
+        its key, the key's messages that waited go on to the writer, in produce order."""
+        self.backlog.forward_fenced(self.fence.reported(report))
+
+    def straggled(self, report: SentReport) -> None:
+        """A fast-path send entered librdkafka while the fence armed. If its key had sends in
+        librdkafka when it was last asked to hand them back, older ones may be on their way to the
+        outbox: librdkafka's queue is handed back again, this one with it, to be held behind them."""
+        if key_of(report) in self.fence.handed_back:
+            self._link.purge_queue_soon()
 
     def wait_for_room(self, cost: int) -> None:
         """Application threads: block while the memory budget has no room for `cost` more bytes.
@@ -165,14 +176,21 @@ class Spill:
 
     def hold_after_open(self, longest: float) -> None:
         """The circuit has just opened: hold what is bound for the outbox for up to `longest` s,
-        until librdkafka has handed back what it held (module doc)."""
+        until librdkafka has handed back what it held (module doc). A tracking send fence
+        holds each key's behind its own first sends instead: it is armed, nothing more."""
+        if self.fence.tracking:
+            self.fence.arm()
+            return
         self._purge_stragglers = True
         self.hold.start(longest, grace=STRAGGLER_GRACE)
 
     def hold_behind_probe(self, longest: float) -> None:
         """A keyed message went to Kafka as the half-open circuit's probe. Should it fail it is
         stored, so what is bound for the outbox meanwhile (its key's later messages among it)
-        is held until librdkafka has reported it, for up to `longest` s."""
+        is held until librdkafka has reported it, for up to `longest` s. (A tracking send fence
+        counts the probe, and holds its key's messages behind it.)"""
+        if self.fence.tracking:
+            return
         if not self.hold.active:
             self._purge_stragglers = False
         self.hold.start(longest)
@@ -181,8 +199,18 @@ class Spill:
         """Delivery thread, after each poll: end a hold-back whose time has come."""
         if self.hold.active:
             self.release_held()
-        if self.fence.active:
-            self.backlog.forward_fenced(self.fence.overdue())
+        fence = self.fence
+        if fence.active:
+            self.backlog.forward_fenced(fence.overdue())
+            if fence.overtaking or (self._circuit.state is CircuitState.OPEN and len(self._link)):
+                # A send that entered librdkafka's queue after the last purge (a produce() that
+                # saw the circuit closed, or the key not pending, an instant before) would
+                # overtake an older held message of its key, or keep its key's held messages
+                # here until message.timeout.ms: hand it back now.
+                self._link.purge_again()
+        elif fence.armed:
+            # Nothing may be bound for the outbox any more: first sends stop being counted.
+            self.backlog.disarm_fence(lambda: self._circuit.closed and not self.hold.active)
 
     def release_held(self, *, force: bool = False) -> None:
         """Delivery thread: store held messages in produce order once librdkafka returned the rest

@@ -12,7 +12,8 @@ import pytest
 from outbox.budget import MemoryBudget
 from outbox.producer.admission import HOLD, PROBE, SEND, STORE, Admission
 from outbox.producer.circuit import CircuitBreaker
-from outbox.producer.keyorder import Holdback, KeyBacklog, SendFence
+from outbox.producer.keyorder import Holdback, KeyBacklog
+from outbox.producer.sendfence import SendFence
 from outbox.records import NewMessage
 from outbox.stores.memory import MemoryOutbox
 
@@ -52,7 +53,9 @@ class Parts:
         self.backlog = KeyBacklog(
             self.store, self.writer, self.hold, fence, waiting={}, may_check=lambda: False
         )
-        self.admission = Admission(self.circuit, self.backlog, self.hold, probes=probes, keyed_probes=keyed_probes)
+        self.admission = Admission(
+            self.circuit, self.backlog, self.hold, fence, probes=probes, keyed_probes=keyed_probes
+        )
 
     def open_circuit(self) -> None:
         self.circuit.trip("all brokers down")

@@ -45,7 +45,8 @@ def first_send() -> tuple[FirstSend, list[tuple[Any, Any]], PollReport]:
         note_transport_failure=lambda code: None, recreate_soon=lambda: None,
     )
     spill = SimpleNamespace(
-        store=lambda msg, cb: stored.append((msg, cb)), fence=SimpleNamespace(tracking=False), hold_longest=4.0
+        store=lambda msg, cb: stored.append((msg, cb)), hold_longest=4.0,
+        fence=SimpleNamespace(tracking=False, armed=True, inflight={}),
     )
     first = FirstSend(
         link, spill, SimpleNamespace(), SimpleNamespace(closed=True), RetryPolicy(),  # type: ignore[arg-type]
@@ -56,7 +57,7 @@ def first_send() -> tuple[FirstSend, list[tuple[Any, Any]], PollReport]:
 
 def test_the_common_messages_report_ignores_a_success_and_stores_a_failure_with_its_id_and_produce_time() -> None:
     first, stored, served = first_send()
-    report = _Report(first, "id-1", None)
+    report = _Report(first, "id-1", "t", None)
     report(None, FakeMessage("t", b"v", None, 0.01))  # type: ignore[arg-type]
     assert stored == [] and served.delivery_thread_calls == 0
 
@@ -76,7 +77,9 @@ def test_a_full_report_calls_on_delivery_on_success_and_stores_what_produce_was_
     first, stored, served = first_send()
     heard: list[tuple[KafkaError | None, object]] = []
     headers = [("app", b"1"), (ID_HEADER, b"id-2")]
-    report = _FullReport(first, "id-2", None, headers, lambda err, msg: heard.append((err, msg)), 2, 1_700_000_000_000)
+    report = _FullReport(
+        first, "id-2", "t", None, headers, lambda err, msg: heard.append((err, msg)), 2, 1_700_000_000_000
+    )
     ok = FakeMessage("t", b"v", None, 0.01)
     report(None, ok)  # type: ignore[arg-type]
     assert heard == [(None, ok)] and served.delivery_thread_calls == 1 and stored == []

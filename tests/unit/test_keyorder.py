@@ -18,7 +18,8 @@ import pytest
 from outbox import NewMessage, SQLiteOutbox
 from outbox.budget import MemoryBudget
 from outbox.errors import StoreError
-from outbox.producer.keyorder import Held, Holdback, KeyBacklog, SendFence
+from outbox.producer.keyorder import Held, Holdback, KeyBacklog
+from outbox.producer.sendfence import SendFence
 
 from ..waiting import wait_until
 
