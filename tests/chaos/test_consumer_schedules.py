@@ -17,25 +17,16 @@ key's produce order, with nothing dead-lettered and the group's ladder committed
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from outbox.testing import KafkaCluster
-from outbox.testing.plugin import running_cluster
 from outbox.testing.schedule import Fault
 
 from ..group_protocols import PROTOCOLS
 from .consumer_runner import ConsumerSetup, report, run
 from .test_schedules import EXAMPLES, LONG, faults
-
-
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
-    yield from running_cluster(request, KafkaCluster(brokers=3, proxied=True))
-
 
 setups = st.builds(
     ConsumerSetup,

@@ -18,14 +18,12 @@ failure ends at a small schedule, printed with the seed that replays it, and wri
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from outbox.testing import KafkaCluster
-from outbox.testing.plugin import running_cluster
 from outbox.testing.postgres import create_database, drop_database
 from outbox.testing.schedule import KINDS, Fault
 
@@ -33,11 +31,6 @@ from .runner import PROCESS_FAULTS, Run, Setup, report, run
 
 EXAMPLES = int(os.environ.get("CHAOS_EXAMPLES", "8"))
 LONG = os.environ.get("CHAOS_LONG") == "1"  # make chaos: random seeds, shrinking
-
-
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
-    yield from running_cluster(request, KafkaCluster(brokers=3, proxied=True))
 
 
 setups = st.builds(

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from outbox import ID_HEADER
 from outbox.testing.consume import readable_partitions
@@ -61,8 +61,8 @@ def read_topic(
     bootstrap: str, topic: str, expect_unique: int, timeout: float = 90.0, *, config: Mapping[str, str] | None = None
 ) -> Arrivals:
     """Read `topic` from the start until `expect_unique` distinct outbox-ids arrived (or timeout),
-    then keep reading briefly so that duplicates written after them are counted too. `config`:
-    more client settings (a secured cluster's)."""
+    then on to the end each partition had at that moment, so that duplicates written with them
+    are counted too. `config`: more client settings (a secured cluster's)."""
     consumer = Consumer(
         {
             **(config or {}),
@@ -70,6 +70,7 @@ def read_topic(
             "group.id": f"check-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
         }
     )
     out = Arrivals()
@@ -77,19 +78,31 @@ def read_topic(
         parts = readable_partitions(consumer, topic, 30)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
         deadline = time.monotonic() + timeout
-        quiet_until: float | None = None
+        read_to: dict[int, int] = {}  # partition -> the offset after the last one read
+        ends: dict[int, int] | None = None  # the high watermarks once every id has arrived
         while time.monotonic() < deadline:
+            if ends is None and out.unique >= expect_unique:
+                ends = {}
+                for p in parts:
+                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                    ends[p] = high
+                    read_to.setdefault(p, low)
+            if ends is not None and all(read_to[p] >= end for p, end in ends.items()):
+                break
             msg = consumer.poll(0.5)
             if msg is None:
-                if quiet_until is not None and time.monotonic() > quiet_until:
-                    break
                 continue
-            if msg.error():
+            part, offset = msg.partition(), msg.offset()
+            err = msg.error()
+            if err is not None:
+                # At a partition's end: past its last record, transaction markers included.
+                if err.code() == KafkaError._PARTITION_EOF and part is not None and offset is not None:
+                    read_to[part] = max(read_to.get(part, 0), offset)
                 continue
+            if part is not None and offset is not None:
+                read_to[part] = max(read_to.get(part, 0), offset + 1)
             out.messages.append(msg)
             out.by_id[(header(msg, ID_HEADER) or b"").decode()].append(msg)
-            if quiet_until is None and out.unique >= expect_unique:
-                quiet_until = time.monotonic() + 2.0
         return out
     finally:
         consumer.close()

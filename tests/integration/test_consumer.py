@@ -36,8 +36,6 @@ from .. import waiting
 from ..group_protocols import group_settings
 
 WORKER = Path(__file__).with_name("consumer_worker.py")
-# The classic protocol's settings, for the tests that run on it alone (ordering="key", outages).
-GROUP_TIMING = group_settings("classic")
 
 
 def group_name() -> str:
@@ -375,7 +373,7 @@ def test_second_consumer_joins_then_is_killed_during_a_pause_nothing_stuck(
 
 
 def test_all_brokers_stopped_while_hops_are_published_they_land_in_the_outbox_then_their_tiers(
-    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     bootstrap = chaos_cluster.bootstrap_servers
     topic = make_topic(partitions=3)
@@ -401,7 +399,8 @@ def test_all_brokers_stopped_while_hops_are_published_they_land_in_the_outbox_th
         succeeded[value] = msg
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": bootstrap, "group.id": group, **GROUP_TIMING, "max.poll.interval.ms": 120000},
+        {"bootstrap.servers": bootstrap, "group.id": group,
+         **group_settings(group_protocol, max_poll_interval_ms=120000)},
         topics=[topic],
         handler=handle,
         strategy=RetryTopics(delays=[0.2, 0.2]),

@@ -17,6 +17,8 @@ from outbox import ResilientConsumer, RetryTopics
 from outbox.consumer import headers as H
 from outbox.testing.cluster import create_topic
 
+from ..group_protocols import group_settings
+
 
 def run(*args: str) -> Result:
     return CliRunner().invoke(
@@ -25,9 +27,12 @@ def run(*args: str) -> Result:
 
 
 def test_replay_topic_republishes_into_the_groups_first_tier_once(
-    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]]
+    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], group_protocol: str
 ) -> None:
     main = make_topic(partitions=2)
+    # The group's own settings, as a user copies them from the consumer's config: the CLI's
+    # clients take what they need of them on either protocol.
+    x = [arg for k, v in group_settings(group_protocol).items() for arg in ("-X", f"{k}={v}")]
     group = f"g{uuid.uuid4().hex[:6]}"
     dlq = create_topic(kafka_bootstrap, f"{main}.{group}.dlq", 2, None, None)
     tier = create_topic(kafka_bootstrap, f"{main}.{group}.retry-1", 2, None, None)
@@ -39,7 +44,7 @@ def test_replay_topic_republishes_into_the_groups_first_tier_once(
         ])
     assert p.flush(10) == 0
 
-    r = run("dlq", "replay-topic", dlq, "-b", kafka_bootstrap, "--json")
+    r = run("dlq", "replay-topic", dlq, "-b", kafka_bootstrap, *x, "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output) == {"dlq_topic": dlq, "replayed": 10, "by_topic": {tier: 10}}
     got = consume_all(tier, 10)
@@ -49,24 +54,24 @@ def test_replay_topic_republishes_into_the_groups_first_tier_once(
         assert H.DUE_AT not in names  # due at once
         assert names == ["app", H.ORIGINAL_TOPIC, H.GROUP, H.ORIGINAL_OFFSET, H.ATTEMPT]
     # Progress is remembered: a second run replays only what came later.
-    r = run("dlq", "replay-topic", dlq, "-b", kafka_bootstrap)
+    r = run("dlq", "replay-topic", dlq, "-b", kafka_bootstrap, *x)
     assert r.output.strip() == f"Nothing to replay in {dlq}."
     p.produce(dlq, b"late", headers=[(H.ORIGINAL_TOPIC, main.encode()), (H.GROUP, group.encode())])
     p.produce(dlq, b"foreign")  # no consumer headers
     assert p.flush(10) == 0
-    r = run("dlq", "replay-topic", dlq, "-b", kafka_bootstrap)
+    r = run("dlq", "replay-topic", dlq, "-b", kafka_bootstrap, *x)
     assert r.exit_code == 2
     assert "has no outbox-group / outbox-original-topic headers: give the topic to send it to" in r.stderr
-    r = run("dlq", "replay-topic", dlq, "-b", kafka_bootstrap, "--to-topic", tier)
+    r = run("dlq", "replay-topic", dlq, "-b", kafka_bootstrap, *x, "--to-topic", tier)
     assert r.output.strip() == f"Replayed 2 message(s) from {dlq}: 2 to {tier}."
     values = sorted(m.value() for m in consume_all(tier, 12))
     assert values == sorted([b"late", b"foreign"] + [b"v%d" % i for i in range(10)])
-    r = run("dlq", "replay-topic", "no-such-dlq-" + uuid.uuid4().hex[:6], "-b", kafka_bootstrap)
+    r = run("dlq", "replay-topic", "no-such-dlq-" + uuid.uuid4().hex[:6], "-b", kafka_bootstrap, *x)
     assert r.exit_code == 2 and "does not exist" in r.stderr
 
 
 def test_store_dead_letter_replay_reenters_the_ladder_at_the_first_tier(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     """A consumer dead letter in the store, replayed with the CLI and drained, is handled from retry-1."""
     topic = make_topic(partitions=1)
@@ -84,7 +89,7 @@ def test_store_dead_letter_replay_reenters_the_ladder_at_the_first_tier(
 
     url = f"sqlite:///{tmp_path / 'c.db'}"
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, "session.timeout.ms": 6000},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
         topics=[topic],
         handler=handle,
         strategy=RetryTopics(delays=[0.1]),

@@ -20,7 +20,8 @@ from outbox.consumer import headers as H
 from outbox.metrics import register_consumer
 from outbox.otel import instrument
 
-from .test_consumer import GROUP_TIMING, committed, group_name, header, produce, running, wait_until
+from ..group_protocols import group_settings
+from .test_consumer import committed, group_name, header, produce, running, wait_until
 from .test_metrics_kafka import Samples, scrape
 from .test_otel import TRACEPARENT, TRACESTATE, linked_traceparents, tracing
 
@@ -34,7 +35,8 @@ def k(name: str, group: str, **labels: str) -> tuple[str, tuple[tuple[str, str],
 
 
 def test_async_handler_fails_then_succeeds_through_a_tier_and_a_poison_reaches_the_dlq(
-    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path,
+    group_protocol: str,
 ) -> None:
     topic = make_topic(partitions=2)
     group = group_name()
@@ -62,7 +64,7 @@ def test_async_handler_fails_then_succeeds_through_a_tier_and_a_poison_reaches_t
             successes.append((v, t))
 
         consumer = await AsyncResilientConsumer.create(
-            {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+            {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
             topics=[topic],
             handler=handle,
             strategy=RetryTopics(delays=[0.5]),
@@ -111,7 +113,7 @@ def _collect(registry: CollectorRegistry) -> Samples:
 
 
 def test_async_run_cancelled_finishes_the_message_in_hand_and_commits_it(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     topic = make_topic(partitions=1)
     group = group_name()
@@ -130,7 +132,7 @@ def test_async_run_cancelled_finishes_the_message_in_hand_and_commits_it(
             finished.append(msg.value() or b"")
 
         async with await AsyncResilientConsumer.create(
-            {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+            {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
             # Batches of 2: the loop stops after the batch in hand, which must end well before the 20th.
             topics=[topic], handler=handle, outbox=f"sqlite:///{tmp_path / 'c.db'}", batch_size=2,
         ) as consumer:
@@ -150,7 +152,7 @@ def test_async_run_cancelled_finishes_the_message_in_hand_and_commits_it(
 
 
 def test_consumer_metrics_scraped_over_http_during_a_run_with_failures(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     topic = make_topic(partitions=2)
     group = group_name()
@@ -169,7 +171,7 @@ def test_consumer_metrics_scraped_over_http_during_a_run_with_failures(
 
     registry = CollectorRegistry()
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
         topics=[topic],
         handler=handle,
         # Delays long enough that a scrape sees partitions paused at a tier head that is not due.
@@ -224,7 +226,8 @@ def test_consumer_metrics_scraped_over_http_during_a_run_with_failures(
 
 
 def test_process_spans_link_to_the_message_context_and_trace_headers_survive_every_hop(
-    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path,
+    group_protocol: str,
 ) -> None:
     from confluent_kafka import Producer
 
@@ -248,7 +251,7 @@ def test_process_spans_link_to_the_message_context_and_trace_headers_survive_eve
             raise ConnectionError("try later")
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
         topics=[topic], handler=handle, strategy=RetryTopics(delays=[0.3, 0.3]),
         outbox=f"sqlite:///{tmp_path / 'c.db'}",
     )
@@ -276,7 +279,7 @@ def test_process_spans_link_to_the_message_context_and_trace_headers_survive_eve
 
 
 def test_async_process_span_is_the_parent_of_the_coroutine_spans(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     from confluent_kafka import Producer
 
@@ -296,7 +299,7 @@ def test_async_process_span_is_the_parent_of_the_coroutine_spans(
             done.append(msg.value() or b"")
 
         async with await AsyncResilientConsumer.create(
-            {"bootstrap.servers": kafka_bootstrap, "group.id": group_name(), **GROUP_TIMING},
+            {"bootstrap.servers": kafka_bootstrap, "group.id": group_name(), **group_settings(group_protocol)},
             topics=[topic], handler=handle, outbox=f"sqlite:///{tmp_path / 'c.db'}",
         ) as consumer:
             instrument(consumer, tracer_provider=provider)

@@ -15,7 +15,8 @@ from outbox import ResilientConsumer, RetryTopics
 from outbox.consumer import headers as H
 from outbox.testing import KafkaCluster
 
-from .test_consumer import GROUP_TIMING, committed, group_name, header, running, wait_until
+from ..group_protocols import group_settings
+from .test_consumer import committed, group_name, header, running, wait_until
 
 
 def produce_keyed(bootstrap: str, topic: str, keys: int, per_key: int, first: int = 0) -> list[tuple[str, int]]:
@@ -46,7 +47,8 @@ def first_occurrence_order(log: list[tuple[str, int]]) -> dict[str, list[int]]:
 
 
 def test_key_order_is_kept_across_retries_while_other_keys_flow(
-    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], consume_all: Callable[..., list[Any]], tmp_path: Path,
+    group_protocol: str,
 ) -> None:
     topic = make_topic(partitions=2)
     group = group_name()
@@ -66,7 +68,7 @@ def test_key_order_is_kept_across_retries_while_other_keys_flow(
         succeeded[m] = msg
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING},
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol)},
         topics=[topic],
         handler=handle,
         strategy=RetryTopics(delays=[0.5, 1.0, 0.5]),
@@ -101,7 +103,7 @@ def test_key_order_is_kept_across_retries_while_other_keys_flow(
 
 
 def test_key_order_survives_a_second_consumer_joining_mid_ladder(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     topic = make_topic(partitions=4)
     group = group_name()
@@ -128,7 +130,8 @@ def test_key_order_survives_a_second_consumer_joining_mid_ladder(
 
     def make(name: str) -> ResilientConsumer:
         return ResilientConsumer(
-            {"bootstrap.servers": kafka_bootstrap, "group.id": group, **GROUP_TIMING, "client.id": name},
+            {"bootstrap.servers": kafka_bootstrap, "group.id": group, **group_settings(group_protocol),
+             "client.id": name},
             topics=[topic],
             handler=handler(name),
             strategy=RetryTopics(delays=[6.0, 6.0]),
@@ -170,7 +173,7 @@ def test_key_order_survives_a_second_consumer_joining_mid_ladder(
 
 
 def test_key_order_is_kept_when_hops_and_parkings_go_through_the_outbox(
-    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     bootstrap = chaos_cluster.bootstrap_servers
     topic = make_topic(partitions=3)
@@ -194,7 +197,8 @@ def test_key_order_is_kept_when_hops_and_parkings_go_through_the_outbox(
         log.append(m)
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": bootstrap, "group.id": group, **GROUP_TIMING, "max.poll.interval.ms": 120000},
+        {"bootstrap.servers": bootstrap, "group.id": group,
+         **group_settings(group_protocol, max_poll_interval_ms=120000)},
         topics=[topic],
         handler=handle,
         strategy=RetryTopics(delays=[0.2]),
@@ -233,8 +237,18 @@ def assigned_members(bootstrap: str, group: str) -> int:
     return sum(1 for m in desc.members if m.assignment and m.assignment.topic_partitions)
 
 
+def outliving_session(group_protocol: str) -> dict[str, Any]:
+    """Group settings whose session outlives a short outage, so the member keeps its assignment
+    across it. group.protocol=consumer takes its session from the broker (6 s in the test
+    cluster) and no consumer setting lengthens it: while every broker is stopped no coordinator
+    runs to expire it, and the member heartbeats again as soon as its coordinator is back."""
+    if group_protocol == "classic":
+        return {"session.timeout.ms": 45000, "heartbeat.interval.ms": 1000}
+    return group_settings(group_protocol)
+
+
 def test_an_assignment_met_by_an_outage_waits_for_its_ladder_and_keeps_key_order(
-    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], tmp_path: Path, group_protocol: str
 ) -> None:
     bootstrap = chaos_cluster.bootstrap_servers
     topic = make_topic(partitions=2)
@@ -251,9 +265,7 @@ def test_an_assignment_met_by_an_outage_waits_for_its_ladder_and_keeps_key_order
         log.append(m)
 
     consumer = ResilientConsumer(
-        # A session that outlives the outage: the member keeps its assignment across it.
-        {"bootstrap.servers": bootstrap, "group.id": group, "session.timeout.ms": 45000,
-         "heartbeat.interval.ms": 1000},
+        {"bootstrap.servers": bootstrap, "group.id": group, **outliving_session(group_protocol)},
         topics=[topic],
         handler=handle,
         strategy=RetryTopics(delays=[0.2]),

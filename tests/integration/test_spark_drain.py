@@ -28,6 +28,7 @@ from outbox.stores.codec import decode_headers
 from outbox.stores.encryption import KEYS_ENV, Key, KeyRing
 from outbox.stores.urls import parse_url
 from outbox.testing import KafkaCluster, create_topic
+from outbox.testing.consume import consume_to_end, topic_size
 from outbox.testing.maven import jdbc_jar
 from spark_drain import JobOptions, JobReport, preflight, run_job
 
@@ -138,7 +139,7 @@ def test_bulk_drain_delivers_everything_in_key_order_once(
 
     again = run_job(spark, opts(outbox_url, kafka_bootstrap))
     assert again.total.read == 0 and again.total.delivered == 0
-    assert len(consume_all(topic, N_ROWS + 1, timeout=5)) == N_ROWS
+    assert topic_size(kafka_bootstrap, topic) == N_ROWS  # no message sent twice, by either run
 
 
 def test_a_drain_in_waves_sends_every_key_in_order_across_them(
@@ -201,7 +202,6 @@ def test_a_wave_that_leaves_a_row_pending_ends_the_run_and_the_next_run_sends_th
 
 def test_dead_letter_replay_sends_only_the_selected_dead_letters(
     spark: Any, outbox_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    consume_all: Callable[..., list[Any]],
 ) -> None:
     t1, t2 = make_topic(), make_topic()
     now = time.time()
@@ -234,7 +234,7 @@ def test_dead_letter_replay_sends_only_the_selected_dead_letters(
         left_dead = {r.msg_id for r in store.list_dead(DeadLetterFilter())}
         assert left_dead == {"other-topic", "too-large"}
         assert store.stats(now=time.time()).pending == len(keep)  # the pending rows were not touched
-    messages = consume_all(t1, 301, timeout=30)
+    messages = consume_to_end(kafka_bootstrap, t1)
     got = sorted(header(m, "outbox-id") or b"" for m in messages)
     assert got == sorted(f"d-{i}".encode() for i in range(1, 301))
     # A replay resets attempts: the first re-send is attempt 1; the first failure time is kept.
@@ -247,7 +247,6 @@ def test_dead_letter_replay_sends_only_the_selected_dead_letters(
 
 def test_a_row_kafka_rejects_for_good_is_dead_lettered_not_retried(
     spark: Any, tmp_path: Path, kafka_bootstrap: str, make_topic: Callable[..., str],
-    consume_all: Callable[..., list[Any]],
 ) -> None:
     url = f"jdbc:sqlite:{tmp_path / 'outbox.db'}"
     small = make_topic(partitions=1, config={"max.message.bytes": "4096"})
@@ -269,7 +268,7 @@ def test_a_row_kafka_rejects_for_good_is_dead_lettered_not_retried(
         assert dead[0].attempts == 1 and "MSG_SIZE_TOO_LARGE" in (dead[0].last_error or "")
         stats = store.stats(now=time.time() + 3600)
     assert stats.pending == 0 and report.topics[small].delivered == 2
-    got = consume_all(small, 3, timeout=15)
+    got = consume_to_end(kafka_bootstrap, small)
     assert [header(m, "outbox-id") for m in got] == [b"ok-1", b"ok-2"]  # in order
     # A later run does not pick the dead letter up again.
     assert run_job(spark, opts(url, kafka_bootstrap)).total.read == 0
@@ -690,7 +689,7 @@ def test_an_encrypted_outbox_drains_in_key_order_once_and_no_key_byte_leaks(
 
     again = submit()  # nothing left: a re-run sends nothing
     assert again.returncode == 0, again.stderr[-3000:]
-    assert len(consume_all(topic, n + 1, timeout=5)) == n
+    assert topic_size(kafka_bootstrap, topic) == n
 
     logs = [p.read_text(errors="replace") for p in events.rglob("*") if p.is_file()]
     assert logs, "no Spark event log was written"
@@ -754,7 +753,7 @@ def test_an_encrypted_dead_letter_replay_and_a_split_group_are_sealed_with_the_n
     with open_outbox(url, create=False, encryption=ring) as store:
         assert [d.msg_id for d in store.list_dead()] == ["s-25"]
         assert store.stats(now=time.time() + 3600).pending == 0
-    got = consume_all(small, 250, timeout=30)
+    got = consume_to_end(kafka_bootstrap, small)
     assert len(got) == 249
     assert [m.value() for m in got if m.key() == b"d"] == [f"d:{i}".encode() for i in range(1, 51)]
 
@@ -853,7 +852,6 @@ def check_orders(messages: list[Any], numbers: list[int]) -> None:
 
 def test_dead_letters_of_a_topic_are_fixed_with_set_value_and_replayed(
     spark: Any, outbox_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    consume_all: Callable[..., list[Any]],
 ) -> None:
     """The incident: `orders` dead-lettered with a bad amount. `--dead-letters --topic orders --set
     value=...` replays them fixed; another topic's dead letter and the pending rows stay as they were."""
@@ -870,7 +868,7 @@ def test_dead_letters_of_a_topic_are_fixed_with_set_value_and_replayed(
 
     assert report.replayed == 120 and report.ok
     assert (report.total.read, report.total.delivered, report.skipped) == (120, 120, 0)
-    check_orders(consume_all(topic, 121, timeout=30), list(range(1, 121)))
+    check_orders(consume_to_end(kafka_bootstrap, topic), list(range(1, 121)))
     with open_outbox(outbox_url, create=False) as store:
         assert [d.msg_id for d in store.list_dead()] == ["other"]
         assert store.stats(now=time.time() + 10**6).pending == len(keep)
@@ -878,7 +876,6 @@ def test_dead_letters_of_a_topic_are_fixed_with_set_value_and_replayed(
 
 def test_changes_that_read_no_header_keep_every_stored_header_and_redirect_with_the_original_topic(
     spark: Any, outbox_url: str, kafka_bootstrap: str, topic: str, make_topic: Callable[..., str],
-    consume_all: Callable[..., list[Any]],
 ) -> None:
     """`--where` on the key, `--set value=` and `--to-topic` (no step reads headers, so they pass
     through as stored): the selected keys arrive at the other topic in order, changed, with their
@@ -890,7 +887,7 @@ def test_changes_that_read_no_header_keep_every_stored_header_and_redirect_with_
     report = run_job(spark, opts(outbox_url, kafka_bootstrap, where="cast(key AS STRING) IN ('k1', 'k2')",
                                  sets=(("value", "concat(value, X'21')"),), to_topic=target))
     assert report.topics[target].delivered == 20 and report.skipped == 620
-    got = consume_all(target, 21, timeout=30)
+    got = consume_to_end(kafka_bootstrap, target)
     assert len(got) == 20 and {m.key() for m in got} == chosen
     for m in got:
         assert m.value().endswith(b"!") and header(m, "app") == b"x"
@@ -905,7 +902,6 @@ def test_changes_that_read_no_header_keep_every_stored_header_and_redirect_with_
 
 def test_one_tenants_dead_letters_are_replayed_to_another_topic(
     spark: Any, outbox_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    consume_all: Callable[..., list[Any]],
 ) -> None:
     """`--where "header['tenant'] = 'acme'" --to-topic T --transform`: acme's dead letters go to T, fixed, with
     `outbox-original-topic`; the other tenant's stay dead as they were, nothing reaches the old topic."""
@@ -926,7 +922,7 @@ def test_one_tenants_dead_letters_are_replayed_to_another_topic(
 
     assert report.replayed == len(acme) and report.skipped == 90 - len(acme) and report.ok
     assert report.topics[target].delivered == len(acme)
-    got = consume_all(target, len(acme) + 1, timeout=30)
+    got = consume_to_end(kafka_bootstrap, target)
     check_orders(got, acme)
     assert {header(m, "outbox-original-topic") for m in got} == {topic.encode()}
     assert in_topic(kafka_bootstrap, topic) == 0
@@ -1035,7 +1031,6 @@ def test_a_failing_transform_sends_nothing_and_changes_no_row(
 
 def test_a_changed_message_kafka_refuses_is_dead_lettered_as_changed(
     spark: Any, tmp_path: Path, kafka_bootstrap: str, make_topic: Callable[..., str],
-    consume_all: Callable[..., list[Any]],
 ) -> None:
     """`--set value=` makes one message too large for the topic: the retry policy dead-letters it
     at once, as changed (a replay sends what the job meant to send); the others are delivered, in
@@ -1054,7 +1049,7 @@ def test_a_changed_message_kafka_refuses_is_dead_lettered_as_changed(
         dead = store.list_dead()
         assert [(d.msg_id, d.value, d.attempts) for d in dead] == [("a:2", b"x" * 20000, 1)]
         assert store.stats(now=time.time() + 3600).pending == 0
-    got = [m.value() for m in consume_all(small, 4, timeout=15)]
+    got = [m.value() for m in consume_to_end(kafka_bootstrap, small)]
     assert sorted(got) == [b"a:1!", b"a:3!", b"b:1!"]
     assert [v for v in got if v.startswith(b"a")] == [b"a:1!", b"a:3!"]  # key a in order
 
@@ -1065,7 +1060,6 @@ NO_AUTO_CREATE = {"allow.auto.create.topics": "false", "message.timeout.ms": "30
 
 def test_changed_messages_not_delivered_stay_in_the_outbox_changed_and_a_plain_drain_sends_them(
     spark: Any, outbox_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    consume_all: Callable[..., list[Any]],
 ) -> None:
     """`--where`, `--set value=` and `--set topic=` to a topic that does not exist yet: the first
     message of key a fails (retriably), the two after it are held back, b:1 grows too large and is
@@ -1109,10 +1103,10 @@ def test_changed_messages_not_delivered_stay_in_the_outbox_changed_and_a_plain_d
     drain = subprocess.run([str(Path(sys.executable).parent / "outbox"), "drain", "--outbox", plain,
                             "-b", kafka_bootstrap, "--until-empty"], capture_output=True, text=True, timeout=120)
     assert drain.returncode == 0, drain.stderr[-2000:]
-    got = consume_all(later, 4, timeout=15)
+    got = consume_to_end(kafka_bootstrap, later)
     assert [m.value() for m in got] == [b"a:1!", b"a:2!", b"a:3!"]
     assert {header(m, "outbox-original-topic") for m in got} == {gone.encode()}
-    assert sorted(m.value() for m in consume_all(small, 4, timeout=15)) == [b"b:2!", b"c:1!", b"u:1"]
+    assert sorted(m.value() for m in consume_to_end(kafka_bootstrap, small)) == [b"b:2!", b"c:1!", b"u:1"]
     assert pending(outbox_url) == 0
 
 
@@ -1127,7 +1121,6 @@ def url_for_cli(url: str) -> str:
 
 def test_a_rerun_sends_what_an_encrypted_outbox_kept_changed_without_changing_it_again(
     spark: Any, outbox_url: str, kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path,
-    consume_all: Callable[..., list[Any]],
 ) -> None:
     """A transform that appends "!", to a topic that does not exist yet: key a's first message
     fails and the others are held back, all kept sealed with the key, changed. Run again once the
@@ -1151,7 +1144,7 @@ def test_a_rerun_sends_what_an_encrypted_outbox_kept_changed_without_changing_it
     again = run_job(spark, opts(outbox_url, kafka_bootstrap, **options))
 
     assert again.total.delivered == 3 and pending(outbox_url) == 0
-    got = consume_all(topic, 4, timeout=15)
+    got = consume_to_end(kafka_bootstrap, topic)
     assert [m.value() for m in got] == [b"a:1!", b"a:2!", b"a:3!"]
     assert [header(m, "outbox-id") for m in got] == [b"a:1", b"a:2", b"a:3"]
 

@@ -23,7 +23,7 @@ from outbox.stores.audited import key_digest
 from outbox.stores.base import Outbox
 from outbox.stores.sqlite import SQLiteOutbox
 from outbox.stores.urls import parse_url
-from outbox.testing.consume import consume
+from outbox.testing.consume import consume_to_end
 from outbox.ui import create_app, security
 
 from .durable_stores import durable_store
@@ -427,7 +427,7 @@ def test_redriven_dead_letters_reach_kafka(
         drain = Drainer(store, {"bootstrap.servers": kafka_bootstrap})
         result = drain.run(until_empty=True)
         assert result.delivered == 3
-        got = consume(kafka_bootstrap, topic, expected=4, timeout=10)
+        got = consume_to_end(kafka_bootstrap, topic)
         assert sorted(m.value() for m in got) == [b"plain", b'{"n": 0}', b'{"n": 1}']
         assert store.count_dead() == 9
     finally:
@@ -455,7 +455,7 @@ def test_redrive_a_dlq_topic_into_the_first_retry_tier(
         r = c.post("/api/redrive-topic", json={"dlq_topic": dlq})
         assert r.status_code == 200, r.text
         assert r.json() == {"dlq_topic": dlq, "replayed": 2, "by_topic": {tier: 2}}
-        assert sorted(m.value() for m in consume(kafka_bootstrap, tier, expected=3, timeout=10)) == [b"dead-0",
+        assert sorted(m.value() for m in consume_to_end(kafka_bootstrap, tier)) == [b"dead-0",
                                                                                                      b"dead-1"]
         assert c.post("/api/redrive-topic", json={"dlq_topic": dlq}).json()["replayed"] == 0  # progress kept
         r = c.post("/api/redrive-topic", json={"dlq_topic": "no-such-topic-here"})
