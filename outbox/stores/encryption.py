@@ -198,14 +198,14 @@ class KeyRing:
         """
         aead = self._aeads.get(kid)
         if aead is None:
-            raise DecryptionError(kid, f"{what} is encrypted with key {kid}, which is not among the given keys "
+            raise DecryptionError(kid, f"{what}: encrypted with key {kid}, which is not among the given keys "
                                        f"({', '.join(self.ids)})")
         from cryptography.exceptions import InvalidTag
 
         try:
             plain: bytes = aead.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], kid.encode() + b"\0" + bound)
         except (InvalidTag, ValueError):
-            raise DecryptionError(kid, f"{what} does not decrypt with key {kid}: the bytes were altered or "
+            raise DecryptionError(kid, f"{what}: does not decrypt with key {kid}: the bytes were altered or "
                                        "moved from another row") from None
         return plain
 
@@ -239,4 +239,4 @@ def given_keys(paths: Sequence[str | os.PathLike[str]]) -> KeyRing | None:
 
 def missing_key(kid: str, what: str = "a stored row") -> DecryptionError:
     """The error for an encrypted row read without any key."""
-    return DecryptionError(kid, f"{what} is encrypted with key {kid}, but no encryption key was given")
+    return DecryptionError(kid, f"{what}: encrypted with key {kid}, but no encryption key was given")
