@@ -48,7 +48,13 @@ def _aead(secret: bytes) -> Any:
 
 
 class Key:
-    """One AES-256 key and its id. Its repr and str show the id alone."""
+    """One AES-256 key and its id. Neither its repr nor its str shows the key's bytes.
+
+    Attributes:
+        id: the key's id, 16 hex digits (`key_id`): what the store records beside each row it
+            encrypts, what errors and `outbox keys rotate` name. `str(key)` is the id alone, so a
+            key put in a log line or an f-string prints its id; `repr(key)` is `Key(id='…')`.
+    """
 
     __slots__ = ("id", "_secret")
 
@@ -107,7 +113,8 @@ class Key:
     def __repr__(self) -> str:
         return f"Key(id={self.id!r})"
 
-    __str__ = __repr__
+    def __str__(self) -> str:
+        return self.id
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Key) and other._secret == self._secret

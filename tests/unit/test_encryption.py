@@ -114,6 +114,9 @@ def test_a_key_never_shows_its_bytes() -> None:
     for text in (repr(key), str(key), repr(ring)):
         assert key.id in text
         assert SECRET_A.hex() not in text and base64.b64encode(SECRET_A).decode() not in text
+    # As docs/encryption.md says: str (an f-string, a log line) is the id alone.
+    assert (str(key), f"{key}", repr(key)) == (key.id, key.id, f"Key(id='{key.id}')")
+    assert len(key.id) == 16 and int(key.id, 16) >= 0 and ring.ids == (key.id,) == (ring.current,)
     with pytest.raises(DecryptionError) as info:
         ring.open("0123456789abcdef", b"\0" * 40, b"")
     assert "0123456789abcdef" in str(info.value) and SECRET_A.hex() not in str(info.value)
