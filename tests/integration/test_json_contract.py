@@ -91,11 +91,13 @@ def test_every_cli_json_output_is_its_published_schema(
         assert error["error"]["exit_code"] == code
 
 
-def test_the_console_json_routes_are_their_published_schemas(tmp_path: Path) -> None:
+def test_the_console_json_routes_are_their_published_schemas(
+    tmp_path: Path, kafka_bootstrap: str, make_topic: Callable[..., str]
+) -> None:
     db = filled(tmp_path / "o.db", "orders")
     store = SQLiteOutbox(db)
     try:
-        c = TestClient(create_app(store), base_url="http://localhost")
+        c = TestClient(create_app(store, kafka={"bootstrap.servers": kafka_bootstrap}), base_url="http://localhost")
         check("console-stats", c.get("/api/stats").json())
         page = c.get("/api/dead-letters").json()
         check("console-dead-letters", page)
@@ -103,6 +105,25 @@ def test_the_console_json_routes_are_their_published_schemas(tmp_path: Path) -> 
         check("console-dead-letter", c.get(f"/api/dead-letters/{first['id']}").json())
         check("console-dead-letter", c.post(f"/api/dead-letters/{first['id']}/reveal", json={}).json())
         check("console-trace", c.get(f"/api/trace/{first['msg_id']}").json())
+        ids = [item["id"] for item in page["items"]]
+        check("console-dead-letter", c.post(f"/api/dead-letters/{ids[0]}/redrive", json={"value": "fixed"}).json())
+        check("console-count", c.post("/api/redrive", json={"ids": ids[1:2], "dry_run": True}).json())
+        started = c.post("/api/redrive", json={"ids": ids[1:2]})
+        assert started.status_code == 202
+        check("console-redrive", started.json())
+        job_url = started.json()["url"]
+        while c.get(job_url).json()["state"] == "running":
+            time.sleep(0.05)
+        job = c.get(job_url).json()
+        assert (job["state"], job["done"]) == ("done", 1)
+        check("console-job", job)
+        check("console-count", c.post("/api/purge", json={"ids": ids[2:], "dry_run": True}).json())
+        purged = c.post("/api/purge", json={"ids": ids[2:], "confirm": True}).json()
+        assert purged["removed"] == 1
+        check("console-purge", purged)
+        check("console-erase", c.post("/api/erase", json={"key": "k0", "dry_run": True}).json())
+        dlq = make_topic(name="orders.g.dlq")
+        check("console-redrive-topic", c.post("/api/redrive-topic", json={"dlq_topic": dlq}).json())
         check("console-audit", c.get("/api/audit").json())
         missing = c.get("/api/dead-letters/999999")
         assert missing.status_code == 404
