@@ -352,11 +352,12 @@ def _run(
             except KeyboardInterrupt:
                 interrupted = True
                 stop.set()
-                click.echo(
-                    "\nStopping: settling the batch in flight and releasing leases "
-                    "(Ctrl-C again to quit at once; leases then expire on their own)…",
-                    err=True,
-                )
+                if not as_json:  # with --json the document says it ("interrupted": true)
+                    click.echo(
+                        "\nStopping: settling the batch in flight and releasing leases "
+                        "(Ctrl-C again to quit at once; leases then expire on their own)…",
+                        err=True,
+                    )
                 try:
                     done.wait()
                 except KeyboardInterrupt:
