@@ -156,7 +156,9 @@ def drain(
     """
     ctx = click.get_current_context()
     config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **settings}
-    config["logger"] = _setup_logging(verbose)
+    # With --json (and no -v) the SDK's warnings go into the document, so stderr stays empty.
+    warnings: list[str] | None = [] if as_json and not verbose else None
+    config["logger"] = _setup_logging(verbose, warnings)
     policy = RetryPolicy(max_attempts=max_attempts, backoff=backoff, initial_delay=initial_delay)
     with open_store(outbox_url) as (store, url):
         drainer = Drainer(store, config, retry=policy, workers=workers, topic=topic)
@@ -176,7 +178,7 @@ def drain(
             if not until_empty:
                 raise CliError(f"cannot reach Kafka: {exc}; nothing is pending in {url.redacted()}",
                                EXIT_KAFKA_UNAVAILABLE) from exc
-            click.echo(f"warning: cannot reach Kafka: {exc}; nothing is pending, so nothing was sent", err=True)
+            _warn(f"cannot reach Kafka: {exc}; nothing is pending, so nothing was sent", warnings)
             reached = False
         except KafkaException as exc:
             code = EXIT_USAGE if _is_config_error(exc) else EXIT_PENDING
@@ -208,6 +210,7 @@ def drain(
                     "backlog": None if left is None else backlog.as_json(left),
                     "interrupted": interrupted,
                     "seconds": round(elapsed, 3),
+                    "warnings": warnings if warnings is not None else [],
                 }
             )
         )
@@ -238,14 +241,34 @@ class _OneLine(logging.Formatter):
         return f"{record.levelname.lower()}: {record.getMessage()}"
 
 
-def _setup_logging(verbose: bool) -> logging.Logger:
-    """Route the SDK's and librdkafka's logs to stderr: everything with -v, else warnings only.
+class _Collected(logging.Handler):
+    """Keeps each record's message in a list: the `warnings` of the --json document."""
+
+    def __init__(self, into: list[str]) -> None:
+        super().__init__()
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record.getMessage())
+
+
+def _warn(text: str, collected: list[str] | None) -> None:
+    """A warning of the command's own: on stderr, or into the --json document."""
+    if collected is None:
+        click.echo(f"warning: {text}", err=True)
+    else:
+        collected.append(text)
+
+
+def _setup_logging(verbose: bool, collected: list[str] | None = None) -> logging.Logger:
+    """Route the SDK's and librdkafka's logs to stderr: everything with -v, else warnings only
+    (into `collected` instead, when given: --json keeps stderr empty).
 
     librdkafka logs every failed connection attempt (many a second while the cluster is down);
     given a Python logger it logs there instead of straight to fd 2, so without -v those lines
     are dropped and the command's own one-line report is all the operator sees.
     """
-    handler = logging.StreamHandler(sys.stderr)
+    handler: logging.Handler = logging.StreamHandler(sys.stderr) if collected is None else _Collected(collected)
     verbose_format = logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
     handler.setFormatter(verbose_format if verbose else _OneLine())
     sdk = logging.getLogger("outbox")
@@ -329,11 +352,12 @@ def _run(
             except KeyboardInterrupt:
                 interrupted = True
                 stop.set()
-                click.echo(
-                    "\nStopping: settling the batch in flight and releasing leases "
-                    "(Ctrl-C again to quit at once; leases then expire on their own)…",
-                    err=True,
-                )
+                if not as_json:  # with --json the document says it ("interrupted": true)
+                    click.echo(
+                        "\nStopping: settling the batch in flight and releasing leases "
+                        "(Ctrl-C again to quit at once; leases then expire on their own)…",
+                        err=True,
+                    )
                 try:
                     done.wait()
                 except KeyboardInterrupt:

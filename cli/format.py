@@ -121,14 +121,17 @@ def table(headers: Sequence[str] | None, rows: Sequence[Sequence[str]], indent: 
 
 
 def dumps(doc: Any) -> str:
-    """One JSON document, keys in a stable order, non-ASCII kept readable. A lone surrogate
-    (a command-line argument that was not valid UTF-8) cannot be written as UTF-8, so a
-    document holding one is written with escapes instead."""
-    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    """One JSON document on one line, keys in a stable order, non-ASCII kept readable.
+
+    One line: a script that reads stdout line by line (`read`, `tail -1`, a log shipper) gets
+    the whole document as one record; `jq .` pretty-prints it. A lone surrogate (a command-line
+    argument that was not valid UTF-8) cannot be written as UTF-8, so a document holding one is
+    written with escapes instead."""
+    text = json.dumps(doc, ensure_ascii=False)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(doc, indent=2)
+        return json.dumps(doc)
     return text
 
 

@@ -8,6 +8,7 @@ from importlib.metadata import version as _dist_version
 import click
 
 from . import drain as drain_command
+from .audit import audit
 from .common import EXIT_CODES_HELP, TIME_HELP, OutboxGroup
 from .dlq import dlq
 from .drain import drain
@@ -41,6 +42,7 @@ Examples:
   outbox dlq purge --topic orders --older-than 7d --yes
   outbox erase --key customer-42 --dry-run
   outbox keys rotate --key-file new.key --key-file old.key
+  outbox audit --action erase --since 30d
 
 \b
 An encrypted outbox (docs/encryption.md) needs its keys wherever stored values
@@ -66,7 +68,8 @@ names the exit code (below); the exit code is the same as without --json.
 )
 @click.version_option(_version(), "--version", "-V", prog_name="outbox")
 def cli() -> None:
-    """Look at and act on a kafka-outbox store: drain it, check it, manage its dead letters, erase a key."""
+    """Look at and act on a kafka-outbox store: drain it, check it, manage its dead letters, erase a key,
+    read its audit log."""
 
 
 cli.add_command(drain)
@@ -76,6 +79,7 @@ cli.add_command(erase)
 cli.add_command(metrics)
 cli.add_command(ui)
 cli.add_command(keys)
+cli.add_command(audit)
 
 
 def main() -> None:

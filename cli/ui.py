@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -134,7 +135,10 @@ def ui(
             port = sock.getsockname()[1]  # --port 0: the one the system chose
             click.echo(f"outbox console for {url.redacted()} on http://{host}:{port}/", err=True)
             server = uvicorn.Server(config)
-            server.run(sockets=[sock])
+            # uvicorn shuts down cleanly on Ctrl-C, then raises it again for its caller: the
+            # console stopped as asked, which is success (exit 0), as `drain --follow`.
+            with contextlib.suppress(KeyboardInterrupt):
+                server.run(sockets=[sock])
         if not server.started:
             raise CliError(f"the console on {host}:{port} did not start (see the lines above)")
 

@@ -9,7 +9,7 @@ producer per Spark partition, with the same headers as the SDK's drain (`outbox-
 
 Usage::
 
-    python -m spark_drain --outbox sqlite:///var/lib/app/outbox.db --bootstrap-servers k1:9092
+    python -m spark_drain --outbox sqlite:////var/lib/app/outbox.db --bootstrap-servers k1:9092
     python -m outbox.testing fetch     # once: pinned JDBC drivers (and Kafka) from Maven Central
     spark-submit --jars ~/.cache/kafka-outbox/jdbc-1/libs/postgresql-42.7.14.jar spark_drain/job.py \\
         --outbox 'jdbc:postgresql://db/app?user=outbox' --bootstrap-servers k1:9092 --partitions 16

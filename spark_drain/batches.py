@@ -109,11 +109,11 @@ def _group_messages(groups: pa.RecordBatch, ring: KeyRing | None) -> pa.RecordBa
 
     cols: list[list[Any]] = [[] for _ in range(len(MESSAGE_NAMES) + 3)]
     ids, msg_ids, topics, keys, values, headers, parts, attempts, firsts, errors, stamps, gids, sizes, kids = cols
-    for gid, topic, body, kid in zip(
+    for gid, topic, body, kid, size in zip(
         groups.column("id").to_pylist(), groups.column("topic").to_pylist(), groups.column("body").to_pylist(),
-        groups.column("enc_key").to_pylist(), strict=True,
+        groups.column("enc_key").to_pylist(), groups.column("n").to_pylist(), strict=True,
     ):
-        body = sealed.open_body(body, kid, topic, ring, gid)
+        body = sealed.open_body(body, kid, topic, ring, gid, int(size))
         i, m, k, v, h, p, a, f, e, t = grouped.columns_of(body, gid)
         n = len(i)
         ids += i

@@ -37,7 +37,7 @@ from outbox.stores.encryption import KEYS_ENV  # noqa: E402
 from spark_drain.classcache import DRIVER_JAVA_OPTIONS, ClassCache, class_cache, driver_options_given  # noqa: E402
 from spark_drain.options import JobOptions, parse_args  # noqa: E402
 from spark_drain.report import JobReport  # noqa: E402
-from spark_drain.stages import changed_messages, jdbc_error, send_stage  # noqa: E402
+from spark_drain.stages import changed_messages, count_would_send, jdbc_error, send_stage  # noqa: E402
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -171,8 +171,7 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
     pending = None
     try:
         if options.dry_run:
-            for topic, n in reader.counts_by_topic(sel.where).items():
-                report.add_rows([(topic, n, 0, 0, 0, 0)])
+            _count_dry_run(options, report, bulk, reader, sel)
             report.elapsed_seconds = time.time() - started
             return report
 
@@ -200,6 +199,25 @@ def run_job(spark: SparkSession, options: JobOptions, *, check: bool = True) -> 
         report.held_back = max(0, selected - report.total.read)
     report.elapsed_seconds = time.time() - started
     return report
+
+
+def _count_dry_run(options: JobOptions, report: JobReport, bulk: BulkRead, reader: Reader, sel: Selected) -> None:
+    """What a run would send, per topic. Dead letters are all sent (put back to pending first).
+    Pending rows behind an earlier row of their key that is not selected or not due are held
+    back, as the run holds them (`count_would_send`); when no such row exists (the usual case),
+    the counts come from SQL alone."""
+    blockers: dict[tuple[str, bytes], int] = {}
+    if not options.dead_letters:
+        pending = _read_pending(reader, sel)
+        if pending is None:
+            return
+        lo, hi, _, blockers = pending
+        if blockers:
+            count_would_send(report, _messages(reader.rows(sel.where, lo, hi, options.partitions), options, bulk),
+                             blockers)
+            return
+    for topic, n in reader.counts_by_topic(sel.where).items():
+        report.add_rows([(topic, n, 0, 0, 0, 0)])
 
 
 def _send_waves(
@@ -288,7 +306,8 @@ def _run_changed(
         report.elapsed_seconds = time.time() - started
         return report
     # A dry run (changed_messages counts what would be sent), or dead letters.
-    with changed_messages(messages, options, report, replay=options.dead_letters, explode=explode) as (prepared, _):
+    with changed_messages(messages, options, report, replay=options.dead_letters, explode=explode,
+                          blockers=None if options.dead_letters else blockers) as (prepared, _):
         if not options.dry_run:
             ids = [int(r[0]) for r in prepared.where("keep").select("id").collect()]
             report.replayed = _replay(options, ids)

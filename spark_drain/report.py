@@ -95,9 +95,10 @@ class JobReport:
 
     @property
     def ok(self) -> bool:
-        """True when no selected row is left pending (dead letters are a final outcome, not a failure)."""
+        """True when no selected row is left pending: none failed, left or held back (dead letters are a
+        final outcome, not a failure)."""
         t = self.total
-        return self.dry_run or self.mode == "export" or (t.failed == 0 and t.left == 0)
+        return self.dry_run or self.mode == "export" or (t.failed == 0 and t.left == 0 and self.held_back == 0)
 
     def add_rows(self, rows: Iterable[tuple[str, int, int, int, int, int]]) -> None:
         """Merge the executors' per-partition (topic, read, delivered, failed, dead, left) tuples."""

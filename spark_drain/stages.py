@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from outbox.errors import ConfigError, OutboxError
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 def changed_messages(
     messages: DataFrame, options: JobOptions, report: JobReport, *, replay: bool,
     explode: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None = None,
+    blockers: Mapping[tuple[str, bytes], int] | None = None,
 ) -> Iterator[tuple[DataFrame, int]]:
     """`messages` through `--where`/`--set`/`--to-topic`/`--transform` (`spark_drain.transform.prepare`),
     computed and kept on the executors (memory, then local disk) before the caller sends any:
@@ -34,6 +35,8 @@ def changed_messages(
     selected in `report.skipped`, and on a dry run the selected ones per topic; yields the
     prepared messages (`keep` marks those to send) and how many are kept, until the caller is
     done with them. With `explode`, `messages` are a grouped store's rows (`spark_drain.transform.prepare`).
+    With `blockers` (pending rows, not a replay), a dry run counts as the send stage would
+    (`count_would_send`): a message left out holds back its key's later ones.
 
     Raises:
         OutboxError: a change failed (nothing was sent).
@@ -50,11 +53,40 @@ def changed_messages(
         except Exception as exc:
             raise _change_failed(cause_of(exc, options)) from exc
         report.skipped = sum(int(n) for _, keep, n in counts if not keep)
-        if options.dry_run:
+        if options.dry_run and blockers is not None:
+            count_would_send(report, prepared, blockers)
+        elif options.dry_run:
             report.add_rows([(t, int(n), 0, 0, 0, 0) for t, keep, n in counts if keep])
         yield prepared, sum(int(n) for _, keep, n in counts if keep)
     finally:
         prepared.unpersist()
+
+
+def count_would_send(report: JobReport, messages: DataFrame, blockers: Mapping[tuple[str, bytes], int]) -> None:
+    """A dry run's counts of pending messages, as the send stage would make them: per topic the
+    messages it would send, and in `report.held_back` those it would hold back.
+
+    The rule is `spark_drain.batches.chunks`': a message waits when an earlier message of its key
+    (in the outbox's topic) stays in the outbox, one not selected or not due (`blockers`) or one
+    the changes leave out (`keep` false). Counted with a window per key on the executors, so the
+    driver holds no message.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    origin = "origin" if "origin" in messages.columns else "topic"
+    keep = F.col("keep") if "keep" in messages.columns else F.lit(True)
+    rows = messages.select("id", "topic", F.col(origin).alias("o"), "key", keep.alias("keep"))
+    first_left = F.min(F.when(~F.col("keep"), F.col("id"))).over(Window.partitionBy("o", "key"))
+    rows = rows.withColumn("first", first_left)
+    if blockers:
+        spark = messages.sparkSession
+        found = spark.createDataFrame([(t, k, i) for (t, k), i in blockers.items()], "o STRING, key BINARY, b LONG")
+        rows = rows.join(F.broadcast(found), ["o", "key"], "left").withColumn("first", F.least("first", "b"))
+    waits = F.coalesce(F.col("key").isNotNull() & (F.col("id") > F.col("first")), F.lit(False))
+    counts = rows.where("keep").groupBy("topic", waits.alias("waits")).count().collect()
+    report.add_rows([(t, int(n), 0, 0, 0, 0) for t, held, n in counts if not held])
+    report.held_back = sum(int(n) for _, held, n in counts if held)
 
 
 def send_stage(

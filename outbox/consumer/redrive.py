@@ -9,6 +9,7 @@ republished message: an interrupted redrive is run again and may repeat, never s
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,7 +91,7 @@ def redrive_topic(
         if tmd is None or tmd.error is not None or not tmd.partitions:
             raise ConfigError(f"topic {dlq_topic!r} does not exist")
         parts = [TopicPartition(dlq_topic, p) for p in sorted(tmd.partitions)]
-        start = {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=timeout)}
+        start = {tp.partition: tp.offset for tp in _committed(consumer, parts, timeout)}
         ends = {p.partition: consumer.get_watermark_offsets(p, timeout=timeout)[1] for p in parts}
         todo = []
         for p in parts:
@@ -187,3 +188,23 @@ def _publish(config: Mapping[str, Any], plan: list[tuple[str, Message]], timeout
             "nothing was marked as redriven, run it again",
         )
     log.info("republished %d messages", len(plan))
+
+
+#: A group coordinator that is moving or loading answers with these for a moment: asked again.
+_COORDINATOR_BUSY = frozenset({
+    KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+})
+
+
+def _committed(consumer: Consumer, parts: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+    """The group's committed offsets, asked again while its coordinator is busy (a group used for
+    the first time, a broker restarted) within `timeout`: a retriable answer is not an error."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return list(consumer.committed(parts, timeout=max(1.0, deadline - time.monotonic())))
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not isinstance(err, KafkaError) or err.code() not in _COORDINATOR_BUSY or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)

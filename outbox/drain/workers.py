@@ -265,7 +265,10 @@ class Drainer:
                 self._worker(False, None)
                 return  # stopped
             except Exception:
-                pass  # logged by the worker, with its traceback
+                # Logged here, where the error ends: nobody else hears of it.
+                log.exception(
+                    "outbox drain worker %s failed; the rows it holds come back when their lease ends", self.owner
+                )
             if self._stop.is_set():
                 return
             with self._lock:
@@ -337,7 +340,7 @@ class Drainer:
         limit = [max_messages]
         helpers = [
             threading.Thread(
-                target=self._worker, args=(until_empty, limit, progress), name=f"outbox-drain-{i}", daemon=True
+                target=self._helper, args=(until_empty, limit, progress), name=f"outbox-drain-{i}", daemon=True
             )
             for i in range(1, self.workers)
         ]
@@ -360,6 +363,18 @@ class Drainer:
         self.result.remaining = st.pending if self.topic is None else st.pending_by_topic.get(self.topic, 0)
         self.result.due_remaining = 0 if st.next_due_at is None or st.next_due_at > time.time() else 1
         return self.result
+
+    def _helper(
+        self, until_empty: bool, limit: list[int | None], progress: Callable[[DrainResult], None] | None
+    ) -> None:
+        """A worker of `run` in a thread of its own: its error is logged here, where it ends (the
+        caller hears the first worker's)."""
+        try:
+            self._worker(until_empty, limit, progress)
+        except Exception:
+            log.exception(
+                "outbox drain worker %s failed; the rows it holds come back when their lease ends", self.owner
+            )
 
     def _relay_stop(self, stop: threading.Event) -> None:
         while not self._stop.is_set():
@@ -391,11 +406,9 @@ class Drainer:
         limit: list[int | None] | None,
         progress: Callable[[DrainResult], None] | None = None,
     ) -> None:
-        try:
-            loop = SendLoop(self._config, self.retry)
-        except Exception:
-            log.exception("outbox drain worker %s could not create its producer", self.owner)
-            raise
+        # An error ends the worker and is raised to whoever runs it, who reports it once: `run`'s
+        # caller for the worker in its thread, `_supervise` or `_helper` for the others.
+        loop = SendLoop(self._config, self.retry)
         self._loops.add(loop)
         # Background workers (start()) and follow mode (`outbox drain --follow`, a long-running
         # sidecar) survive store failures, which a database restart causes; a run until empty
@@ -441,7 +454,10 @@ class Drainer:
                     if progress is not None:
                         progress(self.result)
                     if claiming is not None:
-                        queued, claiming = claiming.result(), None
+                        # Forgotten before its result is taken: a claim that failed is raised
+                        # once, here, not again at stop (it leased nothing to give back).
+                        claim, claiming = claiming, None
+                        queued = claim.result()
                     if queued and not delivered_all:
                         # A row of the batch before failed (or the cluster went away): rows of its
                         # key must not overtake it. Claim again; the per-key rule sees it now.
@@ -449,7 +465,8 @@ class Drainer:
                         queued = []
                     continue
                 if claiming is not None:
-                    queued, claiming = claiming.result(), None
+                    claim, claiming = claiming, None  # (as above)
+                    queued = claim.result()
                 if queued:
                     if proven and not loop.cluster_down:  # the next claim runs while this batch is produced
                         holding = self._mark_holding(True, holding)
@@ -469,11 +486,6 @@ class Drainer:
                     return_freed_memory()
                 since_idle = 0
                 self._sleep_until_due(time.time())
-        except Exception:
-            log.exception(
-                "outbox drain worker %s failed; the rows it holds come back when their lease ends", self.owner
-            )
-            raise
         finally:
             try:  # stopping: settle what is in flight (the rest is purged, released)
                 if current is not None:

@@ -274,10 +274,10 @@ class FirstSend:
             self._spill.store(message.row(error=d.error, failure=Failure(0, d.code, d.name)), cb)
             return True
         if d.verdict is Verdict.RESEND_ALONE:
-            # The broker refused the record batch it was in: maybe another message's fault.
-            # Stored due now; a drain worker re-sends it alone and dead-letters it only if it
-            # fails on its own.
-            self._spill.store(message.row(error=d.error, failure=Failure(1, d.code, d.name)), cb)
+            # The broker refused the record batch it was in: maybe another message's fault, so
+            # no attempt is counted (as the drain counts none for it, `settle`). Stored due now;
+            # a drain worker re-sends it alone and dead-letters it only if it fails on its own.
+            self._spill.store(message.row(error=d.error, failure=Failure(d.attempts, d.code, d.name)), cb)
             self._wake_drain()
             return True
         failed = message.row(error=d.error, due=d.at or now, failure=Failure(d.attempts, d.code, d.name))

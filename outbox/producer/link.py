@@ -137,6 +137,10 @@ class KafkaLink:
         self._polls_ended = 0
         self._poll_began_holding = False
         self._stop = False
+        # What librdkafka held when the delivery thread stopped (None: running). After that,
+        # nothing polls it, and its queue fills with the log lines and errors it goes on
+        # producing (one per failed connection): len() no longer counts messages.
+        self._held_at_stop: int | None = None
         self._tick: Callable[[], None] = lambda: None
         self._thread = threading.Thread(target=self._poll_loop, name="outbox-delivery", daemon=True)
 
@@ -146,7 +150,7 @@ class KafkaLink:
         self._thread.start()
 
     def __len__(self) -> int:
-        return len(self.kafka)
+        return len(self.kafka) if self._held_at_stop is None else self._held_at_stop
 
     # -- asked of the delivery thread ----------------------------------------------------------
 
@@ -200,7 +204,7 @@ class KafkaLink:
         show a delivery that did not happen (librdkafka's count includes unserved reports).
         """
         handed = self.handed.value
-        return handed - len(self.kafka) - self.send_failures.value
+        return handed - len(self) - self.send_failures.value
 
     def note_progress(self) -> None:
         """Deliveries since the last look close a half-open circuit and end a run of failures."""
@@ -275,6 +279,7 @@ class KafkaLink:
         if self._thread.is_alive():
             self._thread.join(5)
         self._serve(0)
+        self._held_at_stop = len(self.kafka)
         self._probe.close()
 
     def _serve(self, timeout: float) -> int:

@@ -11,6 +11,9 @@ retention, so that each deletes the same way and leaves the same entries:
 
 Each entry is written after its deletion commits, in a transaction of its own: a crash between
 the two loses the entry, not the deletion's effect.
+
+The log is read the same way by `outbox audit` and the console's audit routes: `read_audit`
+with an `AuditQuery`.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
-from outbox.records import DeadLetterFilter
+from outbox.records import AuditEntry, DeadLetterFilter
 from outbox.stores.base import Erased, StoreAdmin
 from outbox.stores.filters import describe_json
 
@@ -77,3 +81,54 @@ def erase_key(store: StoreAdmin, key: bytes, *, topic: str | None, who: str, dry
         raise
     store.add_audit(who=who, action="erase", filter=text, count=erased.total, at=time.time())
     return erased
+
+
+@dataclass(frozen=True)
+class AuditQuery:
+    """Which audit entries to read: `outbox audit`'s options and the console's `GET /api/audit`
+    parameters, read the same way by both (`read_audit`).
+
+    Attributes:
+        who: entries by this actor: its full name (`cli:alice`), or the part before the colon
+            for every actor of a kind (`cli`, `token`, `proxy`).
+        actions: entries of these actions ("purge", "erase", "reveal", ...); empty: every action.
+        since: entries written at or after this time (epoch seconds).
+        until: entries written before this time.
+        before_id: entries with an id below this one (paging: the last id of a page).
+        limit: the most entries returned, newest first.
+    """
+
+    who: str | None = None
+    actions: tuple[str, ...] = ()
+    since: float | None = None
+    until: float | None = None
+    before_id: int | None = None
+    limit: int = 100
+
+    def matches(self, e: AuditEntry) -> bool:
+        """Whether the entry is one this query asks for (`before_id` and `limit` aside)."""
+        return (
+            (self.who is None or e.who == self.who or e.who.partition(":")[0] == self.who)
+            and (not self.actions or e.action in self.actions)
+            and (self.since is None or e.at >= self.since)
+            and (self.until is None or e.at < self.until)
+        )
+
+
+#: Entries read from the store per page while a query filters them.
+AUDIT_PAGE = 500
+
+
+def read_audit(store: StoreAdmin, query: AuditQuery) -> list[AuditEntry]:
+    """The entries `query` asks for, newest first, read through `StoreAdmin.audit_log` a page at
+    a time (every store keeps the log in id order and pages it by id; none filters it itself,
+    so the filter is this one function for every store)."""
+    out: list[AuditEntry] = []
+    before = query.before_id
+    while len(out) < query.limit:
+        page = store.audit_log(limit=AUDIT_PAGE, before_id=before)
+        out += [e for e in page if query.matches(e)]
+        if len(page) < AUDIT_PAGE:
+            break
+        before = page[-1].id
+    return out[: query.limit]

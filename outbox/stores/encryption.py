@@ -48,7 +48,13 @@ def _aead(secret: bytes) -> Any:
 
 
 class Key:
-    """One AES-256 key and its id. Its repr and str show the id alone."""
+    """One AES-256 key and its id. Neither its repr nor its str shows the key's bytes.
+
+    Attributes:
+        id: the key's id, 16 hex digits (`key_id`): what the store records beside each row it
+            encrypts, what errors and `outbox keys rotate` name. `str(key)` is the id alone, so a
+            key put in a log line or an f-string prints its id; `repr(key)` is `Key(id='…')`.
+    """
 
     __slots__ = ("id", "_secret")
 
@@ -107,7 +113,8 @@ class Key:
     def __repr__(self) -> str:
         return f"Key(id={self.id!r})"
 
-    __str__ = __repr__
+    def __str__(self) -> str:
+        return self.id
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Key) and other._secret == self._secret
@@ -198,14 +205,14 @@ class KeyRing:
         """
         aead = self._aeads.get(kid)
         if aead is None:
-            raise DecryptionError(kid, f"{what} is encrypted with key {kid}, which is not among the given keys "
+            raise DecryptionError(kid, f"{what}: encrypted with key {kid}, which is not among the given keys "
                                        f"({', '.join(self.ids)})")
         from cryptography.exceptions import InvalidTag
 
         try:
             plain: bytes = aead.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], kid.encode() + b"\0" + bound)
         except (InvalidTag, ValueError):
-            raise DecryptionError(kid, f"{what} does not decrypt with key {kid}: the bytes were altered or "
+            raise DecryptionError(kid, f"{what}: does not decrypt with key {kid}: the bytes were altered or "
                                        "moved from another row") from None
         return plain
 
@@ -239,4 +246,4 @@ def given_keys(paths: Sequence[str | os.PathLike[str]]) -> KeyRing | None:
 
 def missing_key(kid: str, what: str = "a stored row") -> DecryptionError:
     """The error for an encrypted row read without any key."""
-    return DecryptionError(kid, f"{what} is encrypted with key {kid}, but no encryption key was given")
+    return DecryptionError(kid, f"{what}: encrypted with key {kid}, but no encryption key was given")

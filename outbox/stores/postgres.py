@@ -656,7 +656,7 @@ class PostgresOutbox(PostgresAdmin, Outbox):
         """A claimed row with its payload decrypted (a group's body, or a row's values)."""
         if r[N] == 1:
             return tuple(sealed.open_row(r, self.encryption))
-        body = self._body(r[0], r[2], r[BODY], r[sealed.ROW_KEY])
+        body = self._body(r[0], r[2], r[BODY], r[sealed.ROW_KEY], r[N])
         return (*r[: sealed.ROW_KEY], None, *r[sealed.ROW_KEY + 1 : BODY], body, *r[BODY + 1 :])
 
     def set_encryption(self, ring: KeyRing | None) -> None:

@@ -68,9 +68,9 @@ class PostgresAdmin(PostgresConnection, RotatingStore, StoreAdmin):
         """A row selected with `ROW` as a message, its payload decrypted (`sealed.open_row`)."""
         return row_from_columns(sealed.open_row(r, self.encryption))
 
-    def _body(self, gid: int, topic: str, body: bytes, kid: str | None) -> bytes:
-        """A group's body as `grouped` reads it: decrypted when it is encrypted."""
-        return sealed.open_body(bytes(body), kid, topic, self.encryption, gid)
+    def _body(self, gid: int, topic: str, body: bytes, kid: str | None, n: int | None = None) -> bytes:
+        """A group's body as `grouped` reads it: decrypted when it is encrypted (`n`: its messages)."""
+        return sealed.open_body(bytes(body), kid, topic, self.encryption, gid, n)
 
     def _group_of(
         self, gid: int, topic: str, created_at: float, due: float, body: bytes, kid: str | None

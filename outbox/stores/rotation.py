@@ -52,7 +52,7 @@ class Resealed(NamedTuple):
 def reseal(row: StoredPayload, ring: KeyRing) -> Resealed:
     """`row`'s payload opened with the key that sealed it and sealed with `ring`'s newest key."""
     if row.body is not None:
-        plain = sealed.open_body(row.body, row.kid, row.topic, ring, row.id)
+        plain = sealed.open_body(row.body, row.kid, row.topic, ring, row.id, row.n)
         return Resealed(row, None, None, sealed.seal_body(plain, row.topic, ring))
     msg_id = row.msg_id or ""
     value, headers = row.value, row.headers

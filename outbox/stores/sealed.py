@@ -83,16 +83,28 @@ def seal_payload(
     )
 
 
+def group_messages(gid: int, n: int | None, topic: str) -> str:
+    """How an error names a group's messages: by the ids `outbox dlq list` and `Outbox.messages`
+    show (a group row's own id is none of them; its messages follow it), and their topic."""
+    first = gid + 1
+    if n is None:
+        return f"the messages stored with message {first} (topic {topic})"
+    return f"message {first} (topic {topic})" if n == 1 else f"messages {first} to {gid + n} (topic {topic})"
+
+
 def seal_body(body: bytes, topic: str, ring: KeyRing) -> bytes:
     """A group's body sealed whole with the newest key."""
     return ring.seal(body, b"body\0" + topic.encode())
 
 
-def open_body(body: bytes, kid: str | None, topic: str, ring: KeyRing | None, gid: int) -> bytes:
-    """A group's body as `outbox.stores.grouped` reads it (itself when `kid` is None: in clear)."""
+def open_body(
+    body: bytes, kid: str | None, topic: str, ring: KeyRing | None, gid: int, n: int | None = None
+) -> bytes:
+    """A group's body as `outbox.stores.grouped` reads it (itself when `kid` is None: in clear).
+    `n`, the group's messages, when the caller knows it: the error names their ids."""
     if kid is None:
         return body
-    what = f"group row {gid}"
+    what = group_messages(gid, n, topic)
     if ring is None:
         raise missing_key(kid, what)
     return ring.open(kid, bytes(body), b"body\0" + topic.encode(), what=what)

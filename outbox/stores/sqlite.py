@@ -329,9 +329,9 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         ).fetchone()
         if row is None:
             return 0
-        _, topic, created_at, due, _, body, kid, owner = row
+        _, topic, created_at, due, n, body, kid, owner = row
         ring = self.encryption
-        body = sealed.open_body(body, kid, topic, ring, gid)
+        body = sealed.open_body(body, kid, topic, ring, gid, n)
         rows = [
             (m.id, *insert_values(grouped.as_new(m), Status.PENDING, owner, due, created_at))
             for m in grouped.decode(body, gid, topic, created_at)
@@ -442,7 +442,7 @@ class SQLiteOutbox(SQLiteAdmin, Outbox):
         """A claim's candidate with its payload decrypted (a group's body, or a row's values)."""
         if r[BODY] is None:
             return tuple(sealed.open_row(r, self.encryption))
-        body = sealed.open_body(r[BODY], r[sealed.ROW_KEY], r[2], self.encryption, r[0])
+        body = sealed.open_body(r[BODY], r[sealed.ROW_KEY], r[2], self.encryption, r[0], r[N])
         return (*r[: sealed.ROW_KEY], None, *r[sealed.ROW_KEY + 1 : BODY], body, *r[BODY + 1 :])
 
     def _lease(

@@ -80,9 +80,9 @@ class SQLiteAdmin(SQLiteConnection, RotatingStore, StoreAdmin):
     def _message(self, r: Sequence[Any]) -> OutboxMessage:
         """A row selected with `ROW` as a message, its payload decrypted."""
 
-    def _body(self, gid: int, topic: str, body: bytes, kid: str | None) -> bytes:
-        """A group's body as `grouped` reads it: decrypted when it is encrypted."""
-        return sealed.open_body(body, kid, topic, self.encryption, gid)
+    def _body(self, gid: int, topic: str, body: bytes, kid: str | None, n: int | None = None) -> bytes:
+        """A group's body as `grouped` reads it: decrypted when it is encrypted (`n`: its messages)."""
+        return sealed.open_body(body, kid, topic, self.encryption, gid, n)
 
     def get(self, id: int) -> OutboxMessage:
         rows = self._read(f"SELECT {ROW} FROM outbox WHERE id = ? AND n = 1", (id,))
@@ -107,10 +107,10 @@ class SQLiteAdmin(SQLiteConnection, RotatingStore, StoreAdmin):
     def _group_messages(self, where: str, args: Sequence[Any]) -> list[OutboxMessage]:
         """The messages of the groups matching `where`, each due when its group is (its lease)."""
         out: list[OutboxMessage] = []
-        for gid, topic, created_at, due, _, body, kid in self._read(
+        for gid, topic, created_at, due, n, body, kid in self._read(
             f"SELECT {GROUP} FROM {GROUPS} WHERE o.n > 1 AND {where}", args
         ):
-            body = self._body(gid, topic, body, kid)
+            body = self._body(gid, topic, body, kid, n)
             out += [m._replace(next_attempt_at=due) for m in grouped.decode(body, gid, topic, created_at)]
         return out
 

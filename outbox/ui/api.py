@@ -18,7 +18,8 @@ from starlette.concurrency import run_in_threadpool
 
 from outbox.consumer.redrive import redrive_topic
 from outbox.message import topic_problem
-from outbox.stores.audited import key_digest
+from outbox.stores.audited import AuditQuery, key_digest, read_audit
+from outbox.stores.filters import parse_time
 from outbox.ui import present
 from outbox.ui.console import ConsoleDep, IdentityDep
 from outbox.ui.errors import ConsoleError
@@ -171,7 +172,22 @@ def api_trace(msg_id: str, console: ConsoleDep) -> dict[str, Any]:
 
 @router.get("/audit", summary="The audit log, newest first")
 def api_audit(request: Request, console: ConsoleDep) -> dict[str, Any]:
+    """`who`, `action` (repeatable), `since` and `until` (TIME) filter it as `outbox audit` does."""
     q = request.query_params
-    limit = int_param(q.get("limit"), "limit", 100, 1, 1000)
-    before = int_param(q.get("before"), "before", None, 1, 2**63 - 1)
-    return {"entries": [present.audit(e) for e in console.store.audit_log(limit=limit, before_id=before)]}
+    query = AuditQuery(
+        who=q.get("who") or None, actions=tuple(a for a in q.getlist("action") if a),
+        since=_time_param(q.get("since"), "since"), until=_time_param(q.get("until"), "until"),
+        before_id=int_param(q.get("before"), "before", None, 1, 2**63 - 1),
+        limit=int_param(q.get("limit"), "limit", 100, 1, 1000),
+    )
+    return {"entries": [present.audit(e) for e in read_audit(console.store, query)]}
+
+
+def _time_param(value: str | None, name: str) -> float | None:
+    if not value:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError:
+        raise ConsoleError(400, f"{name}: cannot read the time {value!r}: use ISO-8601 or an age such as 30m, "
+                                "2h, 1d") from None

@@ -4,7 +4,9 @@ reaches Kafka intact once the cluster (and the right key) is there."""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -245,16 +247,37 @@ def test_outbox_drain_names_a_missing_key_then_delivers_with_key_file(
     spill(url, topic, n, KeyRing([OLD]))
     key_file = tmp_path / "old.key"
     key_file.write_text(bytes(range(32)).hex())
+    wrong_file = tmp_path / "new.key"
+    wrong_file.write_bytes(bytes(range(50, 82)))
     env = {"OUTBOX_URL": "", "KAFKA_BOOTSTRAP_SERVERS": "", "OUTBOX_ENCRYPTION_KEYS": ""}
     args = ["drain", "--outbox", url, "-b", kafka_bootstrap]
-    keyless = CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
-    assert keyless.exit_code == 1 and OLD.id in keyless.stderr, keyless.output
-    store = opened(url)
+    store = opened(url, OLD)
     try:
-        stats = store.stats(now=time.time())
-        assert (stats.pending, stats.dead, stats.leased) == (n, 0, 0)
+        ids = [m.id for m in store.messages()]  # the ids `outbox dlq list` and `dlq show` use
     finally:
         store.close()
+    for given, why in (([], "but no encryption key was given"),
+                       (["--key-file", str(wrong_file)], f"which is not among the given keys \\({NEW.id}\\)")):
+        failed = CliRunner().invoke(cli, [*args, *given], env=env, catch_exceptions=False)
+        assert failed.exit_code == 1, failed.output
+        (line,) = failed.stderr.splitlines()  # one line: no worker or settling lines beside it
+        # (The topic as the line shows it: the command masks the test bed's password, a word in it.)
+        named = re.fullmatch(
+            rf"Error: messages? (\d+)(?: to (\d+))?(?: \(topic [^)]+\))?: encrypted with key "
+            rf"{OLD.id}, {why}", line)
+        assert named is not None, line
+        first, last = int(named[1]), int(named[2] or named[1])
+        assert first == min(ids) and set(range(first, last + 1)) <= set(ids)  # the first claimed row's messages
+        as_json = CliRunner().invoke(cli, [*args, *given, "--json"], env=env, catch_exceptions=False)
+        assert as_json.exit_code == 1 and as_json.stderr == ""
+        assert json.loads(as_json.stdout) == {
+            "error": {"type": "error", "message": line.removeprefix("Error: "), "exit_code": 1}}
+        store = opened(url)
+        try:
+            stats = store.stats(now=time.time())
+            assert (stats.pending, stats.dead, stats.leased) == (n, 0, 0)
+        finally:
+            store.close()
     keyed = CliRunner().invoke(cli, [*args, "--key-file", str(key_file)], env=env, catch_exceptions=False)
     assert keyed.exit_code == 0, keyed.output
     check_delivered(consume_all(topic, n), n)

@@ -488,9 +488,14 @@ def test_groups_are_exploded_on_the_executors_and_keys_held_elsewhere_wait(
         store.enqueue(due[200:])
         assert store.capabilities.grouped_rows and store.stats(now=time.time()).pending == 421
 
+    dry = run_job(spark, opts(url, kafka_bootstrap, dry_run=True))
+    # The dry run says what the run does: 200 to send, 200 held back behind their key's lease.
+    assert (dry.total.read, dry.held_back, dry.topics[topic].read) == (200, 200, 200)
+
     report = run_job(spark, opts(url, kafka_bootstrap))
 
     assert report.total.read == 200 and report.total.delivered == 200 and report.held_back == 200
+    assert not report.ok  # held back: exit code 3, run again later
     messages = consume_all(topic, 200, timeout=60)
     assert sorted({m.key() for m in messages}) == [b"c", b"d"] and len(messages) == 200
     for key in (b"c", b"d"):
@@ -947,11 +952,16 @@ def test_a_transform_routes_changes_and_drops_pending_messages_in_key_order(
         ids = fill(store, topic, n)
     k0 = [i for i in range(n) if i % N_KEYS == 0]  # k0's messages, seq 1.. in order
 
+    held = len(k0) - 5  # k0:6 and after, behind the dropped k0:5
+    dry = run_job(spark, opts(outbox_url, kafka_bootstrap, transform=f"{TRANSFORMS}:route_odd_keys", dry_run=True))
+    # The dry run holds back what the run will: k0's messages after the dropped one.
+    assert (dry.skipped, dry.held_back, dry.total.read) == (1, held, n - held - 1)
+    assert dry.topics[odd].read == n // 2 and pending(outbox_url) == n
+
     report = run_job(spark, opts(outbox_url, kafka_bootstrap, transform=f"{TRANSFORMS}:route_odd_keys"))
 
-    held = len(k0) - 5  # k0:6 and after, behind the dropped k0:5
     assert (report.skipped, report.held_back) == (1, held)
-    assert report.total.delivered == report.total.read == n - held - 1 and report.ok
+    assert report.total.delivered == report.total.read == n - held - 1 and not report.ok  # held back
     assert report.topics[odd].delivered == n // 2
     with open_outbox(outbox_url, create=False) as store:
         assert store.pending_keys() == {(topic, b"k0")}

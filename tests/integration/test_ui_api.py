@@ -217,6 +217,15 @@ def test_purge_needs_confirmation(store: Outbox) -> None:
     assert store.count_dead() == 9 and store.list_dead(DeadLetterFilter(ids=tuple(ids["auth"]))) == []
     [entry] = c.get("/api/audit").json()["entries"]
     assert (entry["action"], entry["count"]) == ("purge", 3)
+    # Filtered as `outbox audit` filters (`outbox.stores.audited.read_audit`).
+    store.add_audit(who="cli:bob", action="erase", filter="{}", count=1, at=time.time() - 86400 * 3)
+    assert [e["who"] for e in c.get("/api/audit?who=cli").json()["entries"]] == ["cli:bob"]
+    assert [e["action"] for e in c.get("/api/audit?action=purge&action=erase").json()["entries"]] == [
+        "erase", "purge"]
+    assert [e["action"] for e in c.get("/api/audit?since=1d").json()["entries"]] == ["purge"]
+    assert [e["action"] for e in c.get("/api/audit?until=1d&who=local").json()["entries"]] == []
+    r = c.get("/api/audit?since=yesterday")
+    assert r.status_code == 400 and "since: cannot read the time 'yesterday'" in r.json()["error"]
 
 
 def test_erase_a_key_counted_first_then_confirmed_and_audited_by_its_digest(store: Outbox) -> None:

@@ -88,7 +88,7 @@ def closed_port() -> int:
 def test_the_walk_finds_every_command() -> None:
     assert set(commands()) == {
         "drain", "status", "metrics", "ui", "dlq list", "dlq show", "dlq purge", "dlq replay", "dlq replay-topic",
-        "erase", "keys rotate",
+        "erase", "keys rotate", "audit",
     }
 
 

@@ -114,6 +114,9 @@ def test_a_key_never_shows_its_bytes() -> None:
     for text in (repr(key), str(key), repr(ring)):
         assert key.id in text
         assert SECRET_A.hex() not in text and base64.b64encode(SECRET_A).decode() not in text
+    # As docs/encryption.md says: str (an f-string, a log line) is the id alone.
+    assert (str(key), f"{key}", repr(key)) == (key.id, key.id, f"Key(id='{key.id}')")
+    assert len(key.id) == 16 and int(key.id, 16) >= 0 and ring.ids == (key.id,) == (ring.current,)
     with pytest.raises(DecryptionError) as info:
         ring.open("0123456789abcdef", b"\0" * 40, b"")
     assert "0123456789abcdef" in str(info.value) and SECRET_A.hex() not in str(info.value)
@@ -318,12 +321,12 @@ def test_bytes_moved_to_another_row_or_column_do_not_decrypt(path: Path, store: 
     raw = sqlite3.connect(path)
     raw.execute("UPDATE outbox SET value = (SELECT value FROM outbox WHERE id = ?) WHERE id = ?", (a, b))
     raw.commit()
-    with pytest.raises(DecryptionError, match=f"message {b} does not decrypt with key {ring.current}"):
+    with pytest.raises(DecryptionError, match=f"message {b}: does not decrypt with key {ring.current}"):
         store.get(b)
     raw.execute("UPDATE outbox SET headers = value WHERE id = ?", (a,))  # a value's bytes as headers
     raw.commit()
     raw.close()
-    with pytest.raises(DecryptionError, match=f"message {a} does not decrypt"):
+    with pytest.raises(DecryptionError, match=f"message {a}: does not decrypt"):
         store.get(a)
     assert store.stats(now=time.time()).dead == 2  # still there, nothing changed by reading
 

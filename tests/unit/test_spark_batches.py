@@ -120,7 +120,7 @@ def test_an_encrypted_outbox_s_rows_are_opened_on_the_executors_and_re_sent_as_t
     got = [r for chunk in chunks(iter(messages), 7, ring=ring) for r in chunk.resends(resend)]
     assert got == expected
 
-    with pytest.raises(DecryptionError, match=f"group row .* key {old.id}"):
+    with pytest.raises(DecryptionError, match=rf"messages \d+ to \d+ \(topic \S+\): encrypted with key {old.id}"):
         list(explode_batches(KeyRing([new]), iter(read)))
     with pytest.raises(DecryptionError, match=f"message .* key {old.id}, but no encryption key"):
         list(chunks(iter(messages), 7))
