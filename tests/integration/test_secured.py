@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -30,12 +31,22 @@ from ..waiting import wait_until
 from .delivery import Arrivals, keyed_value, read_topic
 from .test_cli_kafka import outbox_cli
 
+# `make chaos` (CHAOS_LONG=1) holds the refusal under a running producer and consumer for a minute;
+# `make test` for 10 s.
+REFUSAL = 60.0 if os.environ.get("CHAOS_LONG") == "1" else 10.0
+
 
 @pytest.fixture(scope="module")
 def secured(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
     # Connections re-authenticate every 3 s: a changed password takes effect on open connections too.
     cluster = KafkaCluster(brokers=1, security="SASL_SSL", broker_config={"connections.max.reauth.ms": 3000})
     yield from running_cluster(request, cluster)
+
+
+def _heard(records: list[logging.LogRecord]) -> list[str]:
+    """The WARNING and ERROR lines of the package's own loggers; librdkafka's (``outbox.librdkafka``,
+    summarised every 10 s while connections fail) are not among them."""
+    return [r.getMessage() for r in records if r.levelno >= logging.WARNING and r.name != "outbox.librdkafka"]
 
 
 def _read(cluster: KafkaCluster, topic: str, expect: int) -> Arrivals:
@@ -229,10 +240,11 @@ def test_a_tls_handshake_that_fails_is_an_outage_and_a_restart_with_the_right_au
 
 
 def test_a_rotation_under_a_running_producer_and_consumer_loses_nothing_and_keeps_key_order(
-    secured: KafkaCluster, tmp_path: Path
+    secured: KafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Both keep going through the refusal; `set_sasl_credentials()` on each, and every message is
-    handled once a key at a time in order, with nothing dead-lettered on either side."""
+    """Both keep going through the refusal (`REFUSAL` seconds); `set_sasl_credentials()` on each, and
+    every message is handled once a key at a time in order, with nothing dead-lettered on either side.
+    The application hears of the refusal in one line, naming the cause and never the secret."""
     topic = secured.create_topic(f"secured-both-{time.time_ns()}", partitions=3)
     config = {**secured.client_config(user="alice"), "message.timeout.ms": 5000}
     handled: dict[bytes, list[int]] = {}
@@ -259,7 +271,11 @@ def test_a_rotation_under_a_running_producer_and_consumer_loses_nothing_and_keep
 
         produce_for(3)
         secured.set_password("alice", "rotated-secret")
-        produce_for(10)  # refused: both wait
+        with caplog.at_level(logging.WARNING, logger="outbox"):
+            before = len(caplog.records)
+            produce_for(REFUSAL)  # refused: both wait
+        heard = _heard(caplog.records[before:])
+        assert producer.stats()["retried"] == 0 and producer.stats()["dead"] == 0, producer.stats()
         producer.set_sasl_credentials("alice", "rotated-secret")
         consumer.set_sasl_credentials("alice", "rotated-secret")
         wait_until(lambda: producer.stats()["pending"] == 0, 90, "the producer's outbox delivered")
@@ -271,6 +287,15 @@ def test_a_rotation_under_a_running_producer_and_consumer_loses_nothing_and_keep
         producer.close(10)
         consumer.close()
         secured.set_password("alice", USERS["alice"])
-    assert sum(map(len, handled.values())) == seq
+    assert sorted(s for seqs in handled.values() for s in seqs) == list(range(seq))  # each once, none lost
     for key, seqs in handled.items():
         assert seqs == sorted(seqs), f"{key!r} handled out of order"
+    # Each producer (the application's, the consumer's retry tiers') opens its circuit once, naming the cause.
+    assert 1 <= len(heard) <= 2, heard
+    assert all(line.startswith("circuit open (every broker refused the connection") and
+               "SASL authentication error" in line for line in heard), heard
+    assert not any(r.levelno >= logging.ERROR for r in caplog.records), heard
+    assert not any(secret in r.getMessage() for r in caplog.records for secret in (USERS["alice"], "rotated-secret"))
+    print(f"\n{seq} produced over {REFUSAL:.0f} s of refusal, {seq} handled once in key order, 0 dead; heard:",
+          *heard, sep="\n")
+
