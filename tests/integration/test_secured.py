@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 import subprocess
@@ -298,4 +300,90 @@ def test_a_rotation_under_a_running_producer_and_consumer_loses_nothing_and_keep
     assert not any(secret in r.getMessage() for r in caplog.records for secret in (USERS["alice"], "rotated-secret"))
     print(f"\n{seq} produced over {REFUSAL:.0f} s of refusal, {seq} handled once in key order, 0 dead; heard:",
           *heard, sep="\n")
+
+
+@pytest.fixture(scope="module")
+def mutual_tls(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
+    """An SSL cluster whose listener requires a client certificate signed by its authority."""
+    yield from running_cluster(request, KafkaCluster(brokers=1, security="SSL"))
+
+
+def _refused_then_delivered(
+    cluster: KafkaCluster, refused: dict[str, Any], fixed: dict[str, Any], tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> list[str]:
+    """Produce 200 keyed messages with `refused` settings: all pending, none dead, no attempt
+    counted, the circuit open; then a restart with `fixed` delivers them all in key order.
+    Returns the warning lines the application saw while refused."""
+    topic = cluster.create_topic(f"refused-{time.time_ns()}", partitions=3)
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    ids = []
+    with caplog.at_level(logging.WARNING, logger="outbox"), ResilientProducer(
+        {**refused, "message.timeout.ms": 3000}, outbox=url
+    ) as producer:
+        for seq in range(200):
+            key, value = keyed_value(seq % 10, seq)
+            ids.append(producer.produce(topic, value, key=key))
+        assert producer.flush(30) == 0  # in the outbox
+        stats = producer.stats()
+        assert (stats["pending"], stats["dead"], stats["retried"]) == (200, 0, 0), stats
+        assert stats["circuit"] != "closed", stats
+    heard = _heard(caplog.records)
+    assert not any(r.levelno >= logging.ERROR for r in caplog.records), heard
+    with SQLiteOutbox(str(tmp_path / "o.db"), create=False) as store:
+        assert all(m.attempts == 0 for m in store.messages())  # no attempt counted
+    with ResilientProducer(fixed, outbox=url) as producer:  # restarted with the right settings
+        wait_until(lambda: producer.stats()["pending"] == 0, 90, "the outbox delivered")
+        assert producer.stats()["dead"] == 0
+    got = _read(cluster, topic, 200)
+    assert got.unique == 200 and set(got.by_id) == set(ids) and got.order_violations() == []
+    return heard
+
+
+def test_a_client_certificate_the_broker_rejects_is_an_outage_and_the_right_one_delivers(
+    mutual_tls: KafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client's certificate is signed by another authority: the broker ends the handshake."""
+    certs = mutual_tls.certificates
+    assert certs is not None
+    wrong = {**mutual_tls.client_config(), "ssl.certificate.location": str(certs.stranger_cert),
+             "ssl.key.location": str(certs.stranger_key)}
+    heard = _refused_then_delivered(mutual_tls, wrong, mutual_tls.client_config(), tmp_path, caplog)
+    assert len(heard) == 1 and heard[0].startswith("circuit open (every broker refused the connection: ") and (
+        "ssl/tls alert bad certificate" in heard[0]
+    ), heard
+
+
+def _unsecured_jwt(subject: str, lifetime: float) -> tuple[str, float]:
+    """A token of Kafka's unsecured JWT mode (`alg: none`, no signature) and its expiry."""
+    def part(claims: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+
+    now = time.time()
+    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'iat': int(now), 'exp': int(now + lifetime)})}.", (
+        now + lifetime
+    )
+
+
+def test_an_oauth_token_the_broker_rejects_is_an_outage_and_a_working_oauth_cb_delivers(
+    secured: KafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`oauth_cb` hands librdkafka a token the broker does not accept (a refresh gone wrong)."""
+    settings = secured.client_config(mechanism="OAUTHBEARER")
+    for unsecured in ("enable.sasl.oauthbearer.unsecure.jwt", "sasl.oauthbearer.config"):
+        settings.pop(unsecured)  # the token comes from oauth_cb
+
+    def bad_token(_: Any) -> tuple[str, float]:
+        return "not-a-token", time.time() + 3600
+
+    def good_token(_: Any) -> tuple[str, float]:
+        return _unsecured_jwt("alice", 3600)
+
+    heard = _refused_then_delivered(
+        secured, {**settings, "oauth_cb": bad_token}, {**settings, "oauth_cb": good_token}, tmp_path, caplog
+    )
+    assert len(heard) == 1 and heard[0].startswith("circuit open (every broker refused the connection: ") and (
+        "SASL authentication error" in heard[0]
+    ), heard
+    assert not any("not-a-token" in r.getMessage() for r in caplog.records)  # never the token
 
