@@ -387,3 +387,39 @@ def test_an_oauth_token_the_broker_rejects_is_an_outage_and_a_working_oauth_cb_d
     ), heard
     assert not any("not-a-token" in r.getMessage() for r in caplog.records)  # never the token
 
+
+def test_the_consoles_redrives_reach_a_sasl_ssl_cluster(secured: KafkaCluster, tmp_path: Path) -> None:
+    """A producer's dead letter redriven through the console is delivered by the producer's drain;
+    a consumer's DLQ topic redriven through the console lands in its first retry tier."""
+    from fastapi.testclient import TestClient
+
+    from outbox.ui import create_app
+
+    from .test_ui_api import consumer_headers
+
+    topic = secured.create_topic(f"secured-redrive-{time.time_ns()}", partitions=1)
+    dlq = secured.create_topic(f"{topic}.billing.dlq", partitions=1)
+    tier = secured.create_topic(f"{topic}.billing.retry-1", partitions=1)
+    settings = secured.client_config()
+    plain = Producer(settings)
+    plain.produce(dlq, b"dead-in-topic", headers=consumer_headers("billing", topic))
+    assert plain.flush(30) == 0
+    store = SQLiteOutbox(str(tmp_path / "o.db"))
+    try:
+        dead = store.add_dead([NewMessage(topic, b"dead-in-store", b"k", [], -1, "s1", attempts=3,
+                                          error_name="MSG_TIMED_OUT", last_error="MSG_TIMED_OUT (-192): timed out")],
+                              failed_at=time.time())
+        console = TestClient(create_app(store, kafka=settings), base_url="http://localhost")
+        job = console.post("/api/redrive", json={"ids": dead})
+        assert job.status_code == 202, job.text
+        wait_until(lambda: console.get(job.json()["url"]).json()["state"] != "running", 30, "the redrive job")
+        assert console.get(job.json()["url"]).json()["state"] == "done"
+        replayed = console.post("/api/redrive-topic", json={"dlq_topic": dlq})
+        assert replayed.status_code == 200, replayed.text
+        assert replayed.json() == {"dlq_topic": dlq, "replayed": 1, "by_topic": {tier: 1}}
+    finally:
+        store.close()
+    with ResilientProducer(settings, outbox=f"sqlite:///{tmp_path / 'o.db'}") as producer:
+        wait_until(lambda: producer.stats()["pending"] == 0, 60, "the redriven message delivered")
+    assert [m.value() for m in _read(secured, topic, 1).messages] == [b"dead-in-store"]
+    assert [m.value() for m in _read(secured, tier, 1).messages] == [b"dead-in-topic"]
