@@ -63,7 +63,8 @@ test-unit: venv
 # schedules, about an hour, then CHAOS_CONSUMER_EXAMPLES (20) consumer schedules with kill -9s of
 # the consumer, about 20 minutes more; random seeds and shrinking. Each run is a line of
 # build/chaos-report.jsonl, and the summary is printed at the end (also when a schedule failed:
-# its seed is printed above).
+# its seed is printed above). Then a producer and a consumer run through a minute of refused
+# credentials on a SASL_SSL cluster (10 s in make test).
 CHAOS_EXAMPLES ?= 200
 CHAOS_CONSUMER_EXAMPLES ?= 20
 
@@ -74,6 +75,8 @@ chaos: venv kafka
 	CHAOS_LONG=1 CHAOS_EXAMPLES=$(CHAOS_CONSUMER_EXAMPLES) CHAOS_REPORT=build/chaos-report.jsonl \
 		$(VPY) -m pytest tests/chaos/test_consumer_schedules.py -q -s -p no:cacheprovider -k random_fault_schedule \
 		|| rc=$$?; \
+	CHAOS_LONG=1 $(VPY) -m pytest tests/integration/test_secured.py -q -s -p no:cacheprovider \
+		-k rotation_under_a_running || rc=$$?; \
 		$(VPY) -m tests.chaos.report build/chaos-report.jsonl; exit $$rc
 
 demo: venv kafka

@@ -4,10 +4,11 @@ The package's loggers hang under ``outbox``, which has a `logging.NullHandler` (
 ``outbox/__init__.py``, as the Python logging HOWTO advises for libraries): an application that
 configured no logging sees nothing from us, not Python's last-resort stderr output.
 
-librdkafka reports every failed connection attempt (facility ``FAIL``, and ``ERROR`` for "all
-brokers are down") at LOG_ERR, several times a second per broker, from every producer the SDK
-runs (the application's one and each drain worker's). During an outage that is noise: the
-circuit breaker's state changes and ``stats()`` say what an operator needs. `LIBRDKAFKA_LOG`,
+librdkafka reports every failed connection attempt (facility ``FAIL``, ``ERROR`` for "all
+brokers are down", and ``SSL`` for a TLS handshake's warnings) at LOG_ERR or LOG_WARNING, several
+times a second per broker, from every producer the SDK runs (the application's one and each drain
+worker's). During an outage that is noise: the circuit breaker's state changes and ``stats()`` say
+what an operator needs. `LIBRDKAFKA_LOG`,
 the ``logger`` every SDK producer gets, turns them into:
 
 * the first failure of an episode at WARNING (an episode ends after `QUIET` seconds without
@@ -30,9 +31,10 @@ SUMMARY_EVERY = 10.0
 #: Seconds without a connection failure after which the next one starts a new episode.
 QUIET = 60.0
 
-# librdkafka facilities of broker connection failures (rd_kafka_broker_fail and the
-# "N/N brokers are down" event); LOG_WARNING and above only.
-_CONNECTION_FACILITIES = frozenset({"FAIL", "ERROR"})
+# librdkafka facilities of broker connection failures (rd_kafka_broker_fail, the "N/N brokers
+# are down" event, and the TLS handshake's warnings, one per connection attempt); LOG_WARNING and
+# above only.
+_CONNECTION_FACILITIES = frozenset({"FAIL", "ERROR", "SSL"})
 
 
 class LibrdkafkaLog:

@@ -39,6 +39,16 @@ REFUSED_CODES: frozenset[int] = frozenset(
     }
 )
 
+
+
+def refused(err: KafkaError) -> bool:
+    """Did the cluster refuse our credentials or TLS? A `REFUSED_CODES` code, or a connection the
+    broker ended with a TLS alert: under TLS 1.3 the broker judges the client's certificate after
+    the client's side of the handshake is done, so librdkafka reports a certificate it rejects
+    as a failed receive (``_TRANSPORT``, "ssl/tls alert bad certificate")."""
+    return err.code() in REFUSED_CODES or (err.code() == E._TRANSPORT and "ssl/tls alert" in err.str().lower())
+
+
 # Failures that go away by themselves: the cluster or a partition leader comes back, an ISR
 # grows again. librdkafka already retries most of these internally, so by the time a delivery
 # report carries one the message usually shows as _MSG_TIMED_OUT.

@@ -536,7 +536,9 @@ class Drainer:
         if until_empty:
             self._stop.set()
             return
-        log.warning("outbox drain: no Kafka broker answers; waiting for the cluster (rows stay pending)")
+        # A producer's drain: its circuit's opening already told the application, with the cause.
+        level = logging.INFO if self._hand_back is not None else logging.WARNING
+        log.log(level, "outbox drain: no Kafka broker answers; waiting for the cluster (rows stay pending)")
         while not self._stop.is_set() and not loop.cluster_up(_DOWN_PROBE):
             self._stop.wait(_CLUSTER_RETRY)
         loop.cluster_down = False

@@ -22,7 +22,7 @@ from outbox.message import MESSAGE_OVERHEAD
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.pollreport import PollReport
 from outbox.producer.probe import ClusterProbe
-from outbox.retry import REFUSED_CODES, UNREACHABLE_CODES, describe
+from outbox.retry import UNREACHABLE_CODES, describe, refused
 from outbox.tally import Tally
 
 log = logging.getLogger("outbox")
@@ -63,7 +63,7 @@ def queue_limits(config: Mapping[str, Any], memory_budget: int) -> tuple[dict[st
 #: The errors of messages a purge handed back.
 PURGE_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
-#: Seconds a refusal of the credentials (`REFUSED_CODES`) names the cause of "all brokers down".
+#: Seconds a refusal of the credentials (`outbox.retry.refused`) names the cause of "all brokers down".
 REFUSED_RECENT = 30.0
 
 
@@ -106,7 +106,7 @@ class KafkaLink:
                 self._config[name] = self._counted(self._config[name])
         self._circuit = circuit
         self._user_error_cb = user_error_cb
-        #: librdkafka's last refusal of our credentials or TLS (`REFUSED_CODES`), and when.
+        #: librdkafka's last refusal of our credentials or TLS (`outbox.retry.refused`), and when.
         self._refused: tuple[float, KafkaError] | None = None
         #: Called after each purge whose messages go to the outbox (the send fence notes it).
         self.on_purge: Callable[[], None] = lambda: None
@@ -385,15 +385,15 @@ class KafkaLink:
     def _why_down(self) -> str:
         """The circuit's reason for "all brokers down": the cluster's refusal of our credentials
         or TLS if librdkafka reported one lately (what the operator must fix), else the outage."""
-        refused = self._refused
-        if refused is not None and time.monotonic() - refused[0] < REFUSED_RECENT:
-            return f"every broker refused the connection: {describe(refused[1])}"
+        last = self._refused
+        if last is not None and time.monotonic() - last[0] < REFUSED_RECENT:
+            return f"every broker refused the connection: {describe(last[1])}"
         return "all brokers down"
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error_cb: cluster-level events."""
         code = err.code()
-        if code in REFUSED_CODES:
+        if refused(err):
             self._refused = (time.monotonic(), err)
         if code == KafkaError._ALL_BROKERS_DOWN:
             self._circuit.trip(self._why_down())

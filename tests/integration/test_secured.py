@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -30,12 +33,22 @@ from ..waiting import wait_until
 from .delivery import Arrivals, keyed_value, read_topic
 from .test_cli_kafka import outbox_cli
 
+# `make chaos` (CHAOS_LONG=1) holds the refusal under a running producer and consumer for a minute;
+# `make test` for 10 s.
+REFUSAL = 60.0 if os.environ.get("CHAOS_LONG") == "1" else 10.0
+
 
 @pytest.fixture(scope="module")
 def secured(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
     # Connections re-authenticate every 3 s: a changed password takes effect on open connections too.
     cluster = KafkaCluster(brokers=1, security="SASL_SSL", broker_config={"connections.max.reauth.ms": 3000})
     yield from running_cluster(request, cluster)
+
+
+def _heard(records: list[logging.LogRecord]) -> list[str]:
+    """The WARNING and ERROR lines of the package's own loggers; librdkafka's (``outbox.librdkafka``,
+    summarised every 10 s while connections fail) are not among them."""
+    return [r.getMessage() for r in records if r.levelno >= logging.WARNING and r.name != "outbox.librdkafka"]
 
 
 def _read(cluster: KafkaCluster, topic: str, expect: int) -> Arrivals:
@@ -229,10 +242,11 @@ def test_a_tls_handshake_that_fails_is_an_outage_and_a_restart_with_the_right_au
 
 
 def test_a_rotation_under_a_running_producer_and_consumer_loses_nothing_and_keeps_key_order(
-    secured: KafkaCluster, tmp_path: Path
+    secured: KafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Both keep going through the refusal; `set_sasl_credentials()` on each, and every message is
-    handled once a key at a time in order, with nothing dead-lettered on either side."""
+    """Both keep going through the refusal (`REFUSAL` seconds); `set_sasl_credentials()` on each, and
+    every message is handled once a key at a time in order, with nothing dead-lettered on either side.
+    The application hears of the refusal in one line, naming the cause and never the secret."""
     topic = secured.create_topic(f"secured-both-{time.time_ns()}", partitions=3)
     config = {**secured.client_config(user="alice"), "message.timeout.ms": 5000}
     handled: dict[bytes, list[int]] = {}
@@ -259,7 +273,11 @@ def test_a_rotation_under_a_running_producer_and_consumer_loses_nothing_and_keep
 
         produce_for(3)
         secured.set_password("alice", "rotated-secret")
-        produce_for(10)  # refused: both wait
+        with caplog.at_level(logging.WARNING, logger="outbox"):
+            before = len(caplog.records)
+            produce_for(REFUSAL)  # refused: both wait
+        heard = _heard(caplog.records[before:])
+        assert producer.stats()["retried"] == 0 and producer.stats()["dead"] == 0, producer.stats()
         producer.set_sasl_credentials("alice", "rotated-secret")
         consumer.set_sasl_credentials("alice", "rotated-secret")
         wait_until(lambda: producer.stats()["pending"] == 0, 90, "the producer's outbox delivered")
@@ -271,6 +289,137 @@ def test_a_rotation_under_a_running_producer_and_consumer_loses_nothing_and_keep
         producer.close(10)
         consumer.close()
         secured.set_password("alice", USERS["alice"])
-    assert sum(map(len, handled.values())) == seq
+    assert sorted(s for seqs in handled.values() for s in seqs) == list(range(seq))  # each once, none lost
     for key, seqs in handled.items():
         assert seqs == sorted(seqs), f"{key!r} handled out of order"
+    # Each producer (the application's, the consumer's retry tiers') opens its circuit once, naming the cause.
+    assert 1 <= len(heard) <= 2, heard
+    assert all(line.startswith("circuit open (every broker refused the connection") and
+               "SASL authentication error" in line for line in heard), heard
+    assert not any(r.levelno >= logging.ERROR for r in caplog.records), heard
+    assert not any(secret in r.getMessage() for r in caplog.records for secret in (USERS["alice"], "rotated-secret"))
+    print(f"\n{seq} produced over {REFUSAL:.0f} s of refusal, {seq} handled once in key order, 0 dead; heard:",
+          *heard, sep="\n")
+
+
+@pytest.fixture(scope="module")
+def mutual_tls(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
+    """An SSL cluster whose listener requires a client certificate signed by its authority."""
+    yield from running_cluster(request, KafkaCluster(brokers=1, security="SSL"))
+
+
+def _refused_then_delivered(
+    cluster: KafkaCluster, refused: dict[str, Any], fixed: dict[str, Any], tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> list[str]:
+    """Produce 200 keyed messages with `refused` settings: all pending, none dead, no attempt
+    counted, the circuit open; then a restart with `fixed` delivers them all in key order.
+    Returns the warning lines the application saw while refused."""
+    topic = cluster.create_topic(f"refused-{time.time_ns()}", partitions=3)
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    ids = []
+    with caplog.at_level(logging.WARNING, logger="outbox"), ResilientProducer(
+        {**refused, "message.timeout.ms": 3000}, outbox=url
+    ) as producer:
+        for seq in range(200):
+            key, value = keyed_value(seq % 10, seq)
+            ids.append(producer.produce(topic, value, key=key))
+        assert producer.flush(30) == 0  # in the outbox
+        stats = producer.stats()
+        assert (stats["pending"], stats["dead"], stats["retried"]) == (200, 0, 0), stats
+        assert stats["circuit"] != "closed", stats
+    heard = _heard(caplog.records)
+    assert not any(r.levelno >= logging.ERROR for r in caplog.records), heard
+    with SQLiteOutbox(str(tmp_path / "o.db"), create=False) as store:
+        assert all(m.attempts == 0 for m in store.messages())  # no attempt counted
+    with ResilientProducer(fixed, outbox=url) as producer:  # restarted with the right settings
+        wait_until(lambda: producer.stats()["pending"] == 0, 90, "the outbox delivered")
+        assert producer.stats()["dead"] == 0
+    got = _read(cluster, topic, 200)
+    assert got.unique == 200 and set(got.by_id) == set(ids) and got.order_violations() == []
+    return heard
+
+
+def test_a_client_certificate_the_broker_rejects_is_an_outage_and_the_right_one_delivers(
+    mutual_tls: KafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client's certificate is signed by another authority: the broker ends the handshake."""
+    certs = mutual_tls.certificates
+    assert certs is not None
+    wrong = {**mutual_tls.client_config(), "ssl.certificate.location": str(certs.stranger_cert),
+             "ssl.key.location": str(certs.stranger_key)}
+    heard = _refused_then_delivered(mutual_tls, wrong, mutual_tls.client_config(), tmp_path, caplog)
+    assert len(heard) == 1 and heard[0].startswith("circuit open (every broker refused the connection: ") and (
+        "ssl/tls alert bad certificate" in heard[0]
+    ), heard
+
+
+def _unsecured_jwt(subject: str, lifetime: float) -> tuple[str, float]:
+    """A token of Kafka's unsecured JWT mode (`alg: none`, no signature) and its expiry."""
+    def part(claims: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+
+    now = time.time()
+    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'iat': int(now), 'exp': int(now + lifetime)})}.", (
+        now + lifetime
+    )
+
+
+def test_an_oauth_token_the_broker_rejects_is_an_outage_and_a_working_oauth_cb_delivers(
+    secured: KafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`oauth_cb` hands librdkafka a token the broker does not accept (a refresh gone wrong)."""
+    settings = secured.client_config(mechanism="OAUTHBEARER")
+    for unsecured in ("enable.sasl.oauthbearer.unsecure.jwt", "sasl.oauthbearer.config"):
+        settings.pop(unsecured)  # the token comes from oauth_cb
+
+    def bad_token(_: Any) -> tuple[str, float]:
+        return "not-a-token", time.time() + 3600
+
+    def good_token(_: Any) -> tuple[str, float]:
+        return _unsecured_jwt("alice", 3600)
+
+    heard = _refused_then_delivered(
+        secured, {**settings, "oauth_cb": bad_token}, {**settings, "oauth_cb": good_token}, tmp_path, caplog
+    )
+    assert len(heard) == 1 and heard[0].startswith("circuit open (every broker refused the connection: ") and (
+        "SASL authentication error" in heard[0]
+    ), heard
+    assert not any("not-a-token" in r.getMessage() for r in caplog.records)  # never the token
+
+
+def test_the_consoles_redrives_reach_a_sasl_ssl_cluster(secured: KafkaCluster, tmp_path: Path) -> None:
+    """A producer's dead letter redriven through the console is delivered by the producer's drain;
+    a consumer's DLQ topic redriven through the console lands in its first retry tier."""
+    from fastapi.testclient import TestClient
+
+    from outbox.ui import create_app
+
+    from .test_ui_api import consumer_headers
+
+    topic = secured.create_topic(f"secured-redrive-{time.time_ns()}", partitions=1)
+    dlq = secured.create_topic(f"{topic}.billing.dlq", partitions=1)
+    tier = secured.create_topic(f"{topic}.billing.retry-1", partitions=1)
+    settings = secured.client_config()
+    plain = Producer(settings)
+    plain.produce(dlq, b"dead-in-topic", headers=consumer_headers("billing", topic))
+    assert plain.flush(30) == 0
+    store = SQLiteOutbox(str(tmp_path / "o.db"))
+    try:
+        dead = store.add_dead([NewMessage(topic, b"dead-in-store", b"k", [], -1, "s1", attempts=3,
+                                          error_name="MSG_TIMED_OUT", last_error="MSG_TIMED_OUT (-192): timed out")],
+                              failed_at=time.time())
+        console = TestClient(create_app(store, kafka=settings), base_url="http://localhost")
+        job = console.post("/api/redrive", json={"ids": dead})
+        assert job.status_code == 202, job.text
+        wait_until(lambda: console.get(job.json()["url"]).json()["state"] != "running", 30, "the redrive job")
+        assert console.get(job.json()["url"]).json()["state"] == "done"
+        replayed = console.post("/api/redrive-topic", json={"dlq_topic": dlq})
+        assert replayed.status_code == 200, replayed.text
+        assert replayed.json() == {"dlq_topic": dlq, "replayed": 1, "by_topic": {tier: 1}}
+    finally:
+        store.close()
+    with ResilientProducer(settings, outbox=f"sqlite:///{tmp_path / 'o.db'}") as producer:
+        wait_until(lambda: producer.stats()["pending"] == 0, 60, "the redriven message delivered")
+    assert [m.value() for m in _read(secured, topic, 1).messages] == [b"dead-in-store"]
+    assert [m.value() for m in _read(secured, tier, 1).messages] == [b"dead-in-topic"]

@@ -53,9 +53,12 @@ def test_a_quiet_spell_starts_a_new_episode_and_other_lines_pass_through(caplog:
     log.log(logging.ERROR, "%s [%s] %s", *FAIL)
     clock.now += QUIET
     log.log(logging.ERROR, "%s [%s] %s", *FAIL)
-    log.log(logging.ERROR, "%s [%s] %s", "SSL", "rdkafka#producer-1", "handshake failed")
+    log.log(logging.WARNING, "%s [%s] %s", "SSL", "rdkafka#producer-1", "no matching issuer found")  # counted
+    log.log(logging.WARNING, "%s [%s] %s", "CONFWARN", "rdkafka#producer-1", "a consumer property")
     log.log(logging.INFO, "%s [%s] %s", "FAIL", "rdkafka#producer-1", "info-level fail line")
-    assert [lvl for lvl, _ in records(caplog)] == [logging.WARNING, logging.WARNING, logging.ERROR, logging.INFO]
+    assert [lvl for lvl, _ in records(caplog)] == [
+        logging.WARNING, logging.WARNING, logging.DEBUG, logging.WARNING, logging.INFO
+    ]
 
 
 def test_a_secret_is_redacted_in_the_named_loggers_and_their_children() -> None:

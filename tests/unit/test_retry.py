@@ -20,6 +20,7 @@ from outbox.retry import (
     RetryPolicy,
     describe,
     error_name,
+    refused,
 )
 
 E = KafkaError
@@ -305,3 +306,15 @@ def test_describe_without_reason_uses_librdkafka_text() -> None:
     text = describe(KafkaError(E.TOPIC_AUTHORIZATION_FAILED))
     assert text.startswith("TOPIC_AUTHORIZATION_FAILED (29): ")
     assert len(text) > len("TOPIC_AUTHORIZATION_FAILED (29): ")
+
+
+def test_a_refusal_of_credentials_or_tls_is_told_from_a_broken_connection() -> None:
+    """A broker that rejects the client's certificate under TLS 1.3 ends the connection with an alert."""
+    bad_certificate = (
+        "ssl://127.0.0.1:9/bootstrap: Receive failed: error:0A000412:SSL routines::ssl/tls alert bad certificate"
+    )
+    assert refused(KafkaError(E._TRANSPORT, bad_certificate))
+    assert refused(KafkaError(E._AUTHENTICATION, "SASL authentication error: invalid credentials"))
+    assert refused(KafkaError(E._SSL, "certificate verify failed"))
+    assert not refused(KafkaError(E._TRANSPORT, "127.0.0.1:9/0: Disconnected (after 10ms in state UP)"))
+    assert not refused(KafkaError(E._ALL_BROKERS_DOWN, "1/1 brokers are down"))
