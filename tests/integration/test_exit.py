@@ -55,7 +55,7 @@ UNREACHABLE = textwrap.dedent(
     for i in range(2000):
         print(p.produce(topic, b"after:%d" % i, key=b"k%d" % (i % 10)))
     # One write: print() writes its pieces apart, and a log line from another thread can land between.
-    sys.stderr.write("committed before exit: %d\n" % p.stats()["pending"])
+    sys.stderr.write("committed before exit: %d\\n" % p.stats()["pending"])
     """
 )
 
@@ -87,7 +87,7 @@ FROZEN_THEN_KILLED = textwrap.dedent(
     for i in range(2000):
         print(p.produce(topic, b"after:%d" % i, key=b"k%d" % (i % 10)))
     # One write: print() writes its pieces apart, and a log line from another thread can land between.
-    sys.stderr.write("committed before exit: %d\n" % p.stats()["pending"])
+    sys.stderr.write("committed before exit: %d\\n" % p.stats()["pending"])
     """
 )
 
