@@ -24,10 +24,12 @@ under it is a method here: marking a key and queueing its message (to the send f
 hold-back or the writer), holding a gated key's message, and moving held messages on to the
 writer. A check of the store must never see a key marked while its message is in none of them.
 
-Two more holds keep a message bound for the outbox in memory, both defined here and filled only
-under the backlog's lock (each keeps its own small lock for the delivery thread's reads).
+Two more holds keep a message bound for the outbox in memory, both filled only under the
+backlog's lock (each keeps its own small lock for the delivery thread's reads).
 
-*The hold-back* (`Holdback`). When the circuit opens, librdkafka still holds messages produced
+*The hold-back* (`Holdback`), where success reports are not heard (`delivery.report.only.error`,
+and write-ahead mode): with them, the send fence keeps this order per key, exactly (below). When
+the circuit opens, librdkafka still holds messages produced
 while it was closed. They come back as failures (purged at once, or at `message.timeout.ms` if
 on the wire) and are stored then. A message of the same key spilled in between would get an
 earlier row, and the drain would send it first: per-key order lost. So from the moment the
@@ -48,7 +50,7 @@ ends the hold at librdkafka's next poll, and the application's produce() waits f
 spilling anyway) until the released messages are committed.
 
 *The send fence* (`outbox.producer.sendfence.SendFence`) holds a key's outbox-bound messages
-while librdkafka still holds first sends of that key.
+while librdkafka still holds first sends of that key, the circuit's opening included.
 """
 
 from __future__ import annotations
