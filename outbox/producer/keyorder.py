@@ -27,9 +27,9 @@ writer. A check of the store must never see a key marked while its message is in
 Two more holds keep a message bound for the outbox in memory, both filled only under the
 backlog's lock (each keeps its own small lock for the delivery thread's reads).
 
-*The hold-back* (`Holdback`), where success reports are not heard (`delivery.report.only.error`,
-and write-ahead mode): with them, the send fence keeps this order per key, exactly (below). When
-the circuit opens, librdkafka still holds messages produced
+*The hold-back* (`Holdback`), where the send fence counts nothing (`delivery.report.only.error`
+hides successes; write-ahead mode's sends are the writer's): elsewhere the send fence keeps this
+order per key, exactly (below). When the circuit opens, librdkafka still holds messages produced
 while it was closed. They come back as failures (purged at once, or at `message.timeout.ms` if
 on the wire) and are stored then. A message of the same key spilled in between would get an
 earlier row, and the drain would send it first: per-key order lost. So from the moment the
