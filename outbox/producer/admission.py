@@ -84,13 +84,15 @@ class Admission:
         PROBE claims the half-open circuit's one probe: send it.
         """
         pending = self._backlog.pending
-        if pending and key is not None and (topic, key if key.__class__ is bytes else as_bytes(key)) in pending:
-            return HOLD
         handed_back = self._fence.handed_back
-        if handed_back and key is not None and (topic, key if key.__class__ is bytes else as_bytes(key)) in handed_back:
-            # librdkafka held sends of this key when it was asked to hand messages back, and
-            # their failures may not be served yet: stored, it waits behind them (sendfence).
-            return STORE
+        if key is not None and (pending or handed_back):
+            k = (topic, key if key.__class__ is bytes else as_bytes(key))
+            if k in pending:
+                return HOLD
+            if k in handed_back:
+                # librdkafka held sends of this key when it was asked to hand messages back, and
+                # their failures may not be served yet: stored, it waits behind them (sendfence).
+                return STORE
         circuit = self._circuit
         hold = self._hold
         if circuit.closed and not hold.active:

@@ -170,16 +170,9 @@ class SendFence:
         self._epoch += 1
         self.arms += 1
         self.armed = True  # before the snapshot (module doc)
-        epoch, sending, youngest = self._epoch, self._sending, self._youngest
         for report in list(self.inflight.values()):  # one C call: no send or report runs during it
             if report.key is not None:
-                key = key_of(report)
-                report.epoch = epoch
-                sending[key] = sending.get(key, 0) + 1
-                if report.msg_id > youngest.get(key, ""):
-                    youngest[key] = report.msg_id
-                if report.msg_id > self._latest:
-                    self._latest = report.msg_id
+                self._count_one(report)
 
     def purged(self) -> None:
         """librdkafka has been asked to hand back what it holds (delivery thread, after the call):
@@ -221,13 +214,17 @@ class SendFence:
         """A keyed first send routed while armed, its report already in `inflight`: count it."""
         with self._lock:
             if self.armed and report.epoch != self._epoch:  # not counted by an arming meanwhile
-                key = key_of(report)
-                report.epoch = self._epoch
-                self._sending[key] = self._sending.get(key, 0) + 1
-                if report.msg_id > self._youngest.get(key, ""):
-                    self._youngest[key] = report.msg_id
-                if report.msg_id > self._latest:
-                    self._latest = report.msg_id
+                self._count_one(report)
+
+    def _count_one(self, report: SentReport) -> None:
+        """Under the lock: one more first send of the report's key librdkafka holds."""
+        key = key_of(report)
+        report.epoch = self._epoch
+        self._sending[key] = self._sending.get(key, 0) + 1
+        if report.msg_id > self._youngest.get(key, ""):
+            self._youngest[key] = report.msg_id
+        if report.msg_id > self._latest:
+            self._latest = report.msg_id
 
     def reported(self, report: SentReport) -> list[Fenced]:
         """librdkafka reported a counted first send (delivery thread), or did not take it after all
