@@ -158,7 +158,7 @@ def drain(
     config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **settings}
     # With --json (and no -v) the SDK's warnings go into the document, so stderr stays empty.
     warnings: list[str] | None = [] if as_json and not verbose else None
-    config["logger"] = _setup_logging(verbose, warnings)
+    config["logger"] = ctx.with_resource(_routed_logging(verbose, warnings))
     policy = RetryPolicy(max_attempts=max_attempts, backoff=backoff, initial_delay=initial_delay)
     with open_store(outbox_url) as (store, url):
         drainer = Drainer(store, config, retry=policy, workers=workers, topic=topic)
@@ -260,26 +260,36 @@ def _warn(text: str, collected: list[str] | None) -> None:
         collected.append(text)
 
 
-def _setup_logging(verbose: bool, collected: list[str] | None = None) -> logging.Logger:
-    """Route the SDK's and librdkafka's logs to stderr: everything with -v, else warnings only
-    (into `collected` instead, when given: --json keeps stderr empty).
+@contextmanager
+def _routed_logging(verbose: bool, collected: list[str] | None = None) -> Iterator[logging.Logger]:
+    """Route the SDK's and librdkafka's logs to stderr while the command runs: everything with -v,
+    else warnings only (into `collected` instead, when given: --json keeps stderr empty).
 
     librdkafka logs every failed connection attempt (many a second while the cluster is down);
     given a Python logger it logs there instead of straight to fd 2, so without -v those lines
-    are dropped and the command's own one-line report is all the operator sees.
+    are dropped and the command's own one-line report is all the operator sees. The loggers are
+    put back as they were at the end: a command run inside an application (or a test) leaves
+    that process's logging as it found it.
     """
     handler: logging.Handler = logging.StreamHandler(sys.stderr) if collected is None else _Collected(collected)
     verbose_format = logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
     handler.setFormatter(verbose_format if verbose else _OneLine())
     sdk = logging.getLogger("outbox")
+    kafka = logging.getLogger("outbox_cli.librdkafka")
+    saved = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in (sdk, kafka)]
     sdk.handlers = [handler]
     sdk.setLevel(logging.INFO if verbose else logging.WARNING)
     sdk.propagate = False
-    kafka = logging.getLogger("outbox_cli.librdkafka")
     kafka.handlers = [handler] if verbose else [logging.NullHandler()]
     kafka.setLevel(logging.DEBUG if verbose else logging.CRITICAL + 1)
     kafka.propagate = False
-    return kafka
+    try:
+        yield kafka
+    finally:
+        for lg, handlers, level, propagate in saved:
+            lg.handlers = handlers
+            lg.setLevel(level)
+            lg.propagate = propagate
 
 
 def _is_config_error(exc: KafkaException) -> bool:

@@ -5,10 +5,9 @@ reaches Kafka intact once the cluster (and the right key) is there."""
 from __future__ import annotations
 
 import json
-import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -221,22 +220,6 @@ def test_the_console_reads_and_edits_an_encrypted_outbox_and_names_a_missing_key
         keyless.close()
 
 
-@pytest.fixture
-def cli_logging() -> Iterator[None]:
-    """`outbox drain` run in this process routes the "outbox" loggers to its own stderr and stops
-    their propagation (`outbox_cli.drain._setup_logging`): put them back for the tests after it,
-    which read the records at the root."""
-    names = ("outbox", "outbox_cli.librdkafka")
-    saved = {n: (lg.handlers[:], lg.level, lg.propagate) for n in names for lg in [logging.getLogger(n)]}
-    yield
-    for n, (handlers, level, propagate) in saved.items():
-        lg = logging.getLogger(n)
-        lg.handlers[:] = handlers
-        lg.setLevel(level)
-        lg.propagate = propagate
-
-
-@pytest.mark.usefixtures("cli_logging")
 def test_outbox_drain_names_a_missing_key_then_delivers_with_key_file(
     kafka_bootstrap: str, topic: str, url: str, tmp_path: Path, consume_all: Callable[..., list[Any]]
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import re
 import socket
@@ -687,6 +688,18 @@ def test_drain_unreachable_cluster_leaves_everything_pending(db: tuple[str, SQLi
     st = store.stats(now=time.time())
     assert (st.pending, st.dead, st.leased) == (3, 3, 0)
     assert [m.attempts for m in (store.get(1), store.get(2), store.get(3))] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("flags", [[], ["-v"], ["--json"]])
+def test_drain_leaves_the_processes_logging_as_it_found_it(db: tuple[str, SQLiteOutbox], flags: list[str]) -> None:
+    """A command run inside an application (or a test session) routes the SDK's loggers only
+    while it runs: afterwards their records reach the application's own handlers again."""
+    path, _ = db
+    names = ("outbox", "outbox_cli.librdkafka")
+    before = [(lg.handlers[:], lg.level, lg.propagate) for lg in map(logging.getLogger, names)]
+    result = run("drain", "--outbox", path, "--connect-timeout", "0.5", "-b", f"127.0.0.1:{closed_port()}", *flags)
+    assert result.exit_code == 3
+    assert [(lg.handlers[:], lg.level, lg.propagate) for lg in map(logging.getLogger, names)] == before
 
 
 def test_drain_needs_bootstrap_servers(db: tuple[str, SQLiteOutbox]) -> None:
