@@ -43,6 +43,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("outbox.metrics needs prometheus-client: pip install 'kafka-outbox[metrics]'") from exc
 
 from outbox.consumer import ResilientConsumer
+from outbox.drain.workers import Drainer
 from outbox.errors import StoreError
 from outbox.producer.circuit import CircuitState
 from outbox.producer.resilient import ResilientProducer
@@ -123,6 +124,7 @@ _PRODUCER_METRICS: tuple[tuple[str, str], ...] = (
     ("outbox_circuit_state", "stateset"),
     ("outbox_drain_rate_messages_per_second", "gauge"),
     ("outbox_commit_seconds", "histogram"),
+    ("outbox_drain_claim_seconds", "histogram"),
     *_STORE_METRICS,
 )
 
@@ -230,6 +232,13 @@ class ProducerCollector(Collector):
         )
         hist.add_metric(values, buckets, total)
         yield hist
+        if isinstance(p.drainer, Drainer):  # drain_in="process": the claims are the child's
+            buckets, total = p.drainer.claim_seconds()
+            claims = HistogramMetricFamily(
+                "outbox_drain_claim_seconds", "Duration of the drain workers' claims in the outbox.", labels=names
+            )
+            claims.add_metric(values, buckets, total)
+            yield claims
         yield from _store_metrics(p.store.stats(now=now), now, self.labels)
 
     def _drain_rate(self, now: float, drained: int) -> float:

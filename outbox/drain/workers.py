@@ -35,6 +35,7 @@ from outbox.drain.sendloop import RESEND_DEFAULTS, InFlight, SendLoop, check_res
 from outbox.drain.settle import Verdict, add_to
 from outbox.errors import KafkaUnavailableError, StoreError
 from outbox.events import Drained, Events, drained, logged_and_counted
+from outbox.latency import LatencyHistogram
 from outbox.logs import LIBRDKAFKA_LOG
 from outbox.message import MESSAGE_OVERHEAD
 from outbox.records import DeadLetter, OutboxMessage
@@ -226,6 +227,9 @@ class Drainer:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.result = DrainResult()
+        # How long each claim took in the store, rows found or not (once per batch, never per
+        # message), under `_lock`: the workers' claim threads all write it (`claim_seconds()`).
+        self._claim_seconds = LatencyHistogram()
         self._wakeup = threading.Event()
         # Bumped after every settled batch (and by wake/stop): a worker whose due rows are all
         # blocked behind rows of their keys in flight waits for it instead of claiming again
@@ -502,6 +506,13 @@ class Drainer:
             self._mark_holding(False, holding)
             self._interrupt_waiters()  # a worker waiting for this one's rows looks again
 
+    def claim_seconds(self) -> tuple[list[tuple[str, int]], float]:
+        """The claims' durations so far, as `LatencyHistogram.cumulative()` gives them: exported
+        as `outbox_drain_claim_seconds` (`outbox.metrics`). A claim that slows as the table
+        grows, or while a long transaction keeps vacuum from removing dead rows, shows there."""
+        with self._lock:
+            return self._claim_seconds.cumulative()
+
     def _mark_holding(self, now_holding: bool, was_holding: bool) -> bool:
         if now_holding != was_holding:
             with self._lock:
@@ -562,9 +573,13 @@ class Drainer:
         else:
             take = want
         try:
+            started = time.perf_counter()
             rows = self.store.claim(
                 self.owner, take, self.lease_seconds, now=time.time(), topic=self.topic, in_flight=in_flight
             )
+            took = time.perf_counter() - started
+            with self._lock:
+                self._claim_seconds.observe(took)
             if self._hand_back is not None or self.events.listens("delivered"):
                 # Decoded once, here, for the producer and then the listener. Nobody listening, a
                 # claim's groups are decoded as they are produced, each message then dropped

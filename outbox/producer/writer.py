@@ -21,8 +21,8 @@ from outbox.budget import DEFAULT_MEMORY_BUDGET, MemoryBudget
 from outbox.drain.settle import Decision, add_to
 from outbox.errors import StoreError
 from outbox.events import Committed, Listener
+from outbox.latency import LatencyHistogram
 from outbox.message import message_cost
-from outbox.producer.latency import LatencyHistogram
 from outbox.records import NewMessage, OutboxMessage
 from outbox.stores.base import Outbox, Settlement
 

@@ -11,8 +11,8 @@ from outbox_cli.main import cli
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from outbox.latency import LatencyHistogram
 from outbox.metrics import StoreCollector
-from outbox.producer.latency import LatencyHistogram
 from outbox.records import NewMessage
 from outbox.stores import SQLiteOutbox
 
