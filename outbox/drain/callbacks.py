@@ -13,10 +13,11 @@ raises, so a raising `oauth_cb` is logged, counted and raised again; the drain w
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from outbox.lockorder import new_lock
 
 log = logging.getLogger("outbox")
 
@@ -32,7 +33,7 @@ class CallbackErrors:
     """How many user callbacks raised (several threads count into it)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = new_lock("callback errors")
         self.count = 0
 
     def add(self, n: int = 1) -> None:

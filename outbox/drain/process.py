@@ -48,6 +48,7 @@ from outbox.drain.sendloop import check_resend_config
 from outbox.drain.workers import Drainer, DrainHandback, DrainHealth, DrainResult, hand_back_logged
 from outbox.errors import ConfigError, StoreError
 from outbox.events import Drained, Events, Listener, drained_fields
+from outbox.lockorder import new_lock
 from outbox.records import DeadLetter, OutboxMessage
 from outbox.retry import RetryPolicy
 from outbox.stores import open_outbox
@@ -123,7 +124,7 @@ class DrainProcess:
             "poll_interval": settings.poll_interval,
             "encryption": encryption,
         })
-        self._send_lock = threading.Lock()
+        self._send_lock = new_lock("drain process")
         self._stopping = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._commands: Connection | None = None
@@ -353,7 +354,7 @@ class _Pipe:
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
-        self._lock = threading.Lock()
+        self._lock = new_lock("drain process reports")
         self.drainer: Drainer | None = None
 
     def send(self, *event: Any) -> None:

@@ -36,6 +36,7 @@ from outbox.drain.settle import Verdict, add_to
 from outbox.errors import KafkaUnavailableError, StoreError
 from outbox.events import Drained, Events, drained, logged_and_counted
 from outbox.latency import LatencyHistogram
+from outbox.lockorder import new_condition, new_lock
 from outbox.logs import LIBRDKAFKA_LOG
 from outbox.message import MESSAGE_OVERHEAD
 from outbox.records import DeadLetter, OutboxMessage
@@ -225,7 +226,7 @@ class Drainer:
         self._stop = threading.Event()
         self._loops: set[SendLoop] = set()  # the workers' producers, for set_sasl_credentials()
         self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
+        self._lock = new_lock("drain")
         self.result = DrainResult()
         # How long each claim took in the store, rows found or not (once per batch, never per
         # message), under `_lock`: the workers' claim threads all write it (`claim_seconds()`).
@@ -234,7 +235,7 @@ class Drainer:
         # Bumped after every settled batch (and by wake/stop): a worker whose due rows are all
         # blocked behind rows of their keys in flight waits for it instead of claiming again
         # every 10 ms (each futile claim scanned the in-flight rows under the store's write lock).
-        self._progress = threading.Condition()
+        self._progress = new_condition("drain progress")
         self._changes = 0
         # Workers of this drainer holding claimed rows. A run until empty ends a worker only when
         # its claim found nothing and no other worker holds rows: a claim also comes back empty

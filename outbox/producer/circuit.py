@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 import logging
-import threading
 import time
 from collections.abc import Callable
+
+from outbox.lockorder import new_lock
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class CircuitBreaker:
         self.reset_timeout = reset_timeout
         self._clock = clock
         self._on_open = on_open
-        self._lock = threading.Lock()
+        self._lock = new_lock("circuit")
         self._state = CircuitState.CLOSED
         self._failures = 0
         self._opened_at = 0.0

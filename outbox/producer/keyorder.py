@@ -63,6 +63,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from outbox.budget import MemoryBudget
 from outbox.errors import StoreError
+from outbox.lockorder import new_lock, new_rlock
 from outbox.message import DeliveryCallback, message_cost
 from outbox.producer.sendfence import Fenced, SendFence
 from outbox.records import Key, NewMessage
@@ -107,7 +108,7 @@ class Holdback(Generic[T]):
         self._budget = budget
         self._on_full = on_full
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = new_lock("hold-back")
         self._items: list[T] = []
         self.held_bytes = 0  # what the held items cost (under the lock; outbox.budget)
         self._until = 0.0
@@ -230,7 +231,7 @@ class KeyBacklog:
         may_check: Callable[[], bool],
         budget: MemoryBudget | None = None,
     ) -> None:
-        self._lock = threading.RLock()
+        self._lock = new_rlock("key backlog")
         self._budget = budget
         self._store = store
         self._writer = writer

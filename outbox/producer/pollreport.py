@@ -10,9 +10,10 @@ exception a callback raised is raised again in the application's thread by the n
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
+
+from outbox.lockorder import new_condition
 
 log = logging.getLogger("outbox")
 
@@ -25,7 +26,7 @@ class PollReport:
     """Counts served events, keeps the exceptions callbacks raised, and wakes `poll()`."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._cond = new_condition("poll report")
         self._count = 0
         self._seen = 0
         self._errors: deque[BaseException] = deque()

@@ -55,11 +55,11 @@ is held but the budget's reads and the owner's two purge requests, which only se
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from outbox.budget import MemoryBudget
+from outbox.lockorder import new_lock
 from outbox.message import as_bytes
 from outbox.records import Key, NewMessage
 
@@ -109,7 +109,7 @@ class SendFence:
         self._on_overtaken = on_overtaken
         self._clock = clock
         self._longest = longest
-        self._lock = threading.Lock()
+        self._lock = new_lock("send fence")
         #: Every first send's report until librdkafka reports it, by message id: written by the
         #: sending threads and the delivery thread without the lock (one dict operation each).
         self.inflight: dict[str, SentReport] = {}

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -34,6 +33,7 @@ from confluent_kafka import Message as KafkaMessage
 
 from outbox.drain.settle import Decision, Verdict, settle
 from outbox.events import Committed
+from outbox.lockorder import new_lock
 from outbox.message import DeliveryCallback, Message
 from outbox.producer.admission import SEND
 from outbox.producer.circuit import CircuitBreaker
@@ -244,7 +244,7 @@ class SentBatch:
         self._next_outcome = itertools.count(1).__next__
         self._by_content: dict[tuple[str, bytes | None, bytes | None], list[int]] | None = None
         # Failure reports come on the delivery thread, a refused produce() on the writer thread.
-        self._lock = threading.Lock()
+        self._lock = new_lock("write-ahead")
 
     def delivered(self, i: int) -> None:
         """Per row: row `i` was delivered."""

@@ -22,6 +22,7 @@ from outbox.drain.settle import Decision, add_to
 from outbox.errors import StoreError
 from outbox.events import Committed, Listener
 from outbox.latency import LatencyHistogram
+from outbox.lockorder import new_condition, new_lock
 from outbox.message import message_cost
 from outbox.records import NewMessage, OutboxMessage
 from outbox.stores.base import Outbox, Settlement
@@ -100,8 +101,8 @@ class GroupCommitWriter:
         self._events = events
         # `with self._lock` is one C call; `with self._cond` is two Python-level calls
         # (Condition.__enter__/__exit__), paid by every produce() in write-ahead mode.
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        self._lock = new_lock("writer")
+        self._cond = new_condition("writer", self._lock)
         self._batch = Batch()
         self._committing: Batch | None = None
         self._closed = False
