@@ -60,6 +60,7 @@ def queue_limits(config: Mapping[str, Any], memory_budget: int) -> tuple[dict[st
     # 1 KiB or more; smaller ones come back costing more than the reserve, up to `messages`).
     return add, kbytes * 1024 + min(messages, kbytes) * MESSAGE_OVERHEAD
 
+
 #: The errors of messages a purge handed back.
 PURGE_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 

@@ -64,7 +64,9 @@ def test_a_password_that_stops_working_is_an_outage_and_a_rotation_delivers_ever
     topic = secured.create_topic(f"secured-{time.time_ns()}", partitions=3)
     config = {**secured.client_config(user="alice"), "message.timeout.ms": 5000}
     producer = ResilientProducer(
-        config, outbox=f"sqlite:///{tmp_path / 'o.db'}", retry=RetryPolicy(max_attempts=3, initial_delay=0.2),
+        config,
+        outbox=f"sqlite:///{tmp_path / 'o.db'}",
+        retry=RetryPolicy(max_attempts=3, initial_delay=0.2),
         drain_in=drain_in,
     )
     ids = []
@@ -104,10 +106,13 @@ def test_outbox_drain_on_sasl_ssl_waits_out_refused_credentials_then_delivers_in
     topic = secured.create_topic(f"secured-drain-{time.time_ns()}", partitions=3)
     path = tmp_path / "o.db"
     with SQLiteOutbox(str(path)) as store:
-        store.enqueue([
-            NewMessage(topic, value, key, [("outbox-id", f"d{seq}".encode())], -1, f"d{seq}")
-            for seq in range(500) for key, value in [keyed_value(seq % 10, seq)]
-        ])
+        store.enqueue(
+            [
+                NewMessage(topic, value, key, [("outbox-id", f"d{seq}".encode())], -1, f"d{seq}")
+                for seq in range(500)
+                for key, value in [keyed_value(seq % 10, seq)]
+            ]
+        )
     settings = secured.client_config(user="alice")
     bootstrap = settings.pop("bootstrap.servers")
 
@@ -164,8 +169,11 @@ def test_the_consumer_ladder_on_sasl_ssl(secured: KafkaCluster, tmp_path: Path) 
         handled.append(value)
 
     consumer = ResilientConsumer(
-        {**settings, "group.id": group, "auto.offset.reset": "earliest"}, topics=[topic], handler=handle,
-        strategy=RetryTopics(delays=[1]), outbox=f"sqlite:///{tmp_path / 'c.db'}",
+        {**settings, "group.id": group, "auto.offset.reset": "earliest"},
+        topics=[topic],
+        handler=handle,
+        strategy=RetryTopics(delays=[1]),
+        outbox=f"sqlite:///{tmp_path / 'c.db'}",
     )
     try:
         wait_until(lambda: consumer.poll_once() >= 0 and consumer.stats()["dead"] >= 20, 90, "20 dead letters")
@@ -224,8 +232,11 @@ def test_a_tls_handshake_that_fails_is_an_outage_and_a_restart_with_the_right_au
     topic = secured.create_topic(f"secured-tls-{time.time_ns()}", partitions=3)
     assert secured.certificates is not None
     url = f"sqlite:///{tmp_path / 'o.db'}"
-    wrong = {**secured.client_config(), "ssl.ca.location": str(secured.certificates.stranger_cert),
-             "message.timeout.ms": 3000}
+    wrong = {
+        **secured.client_config(),
+        "ssl.ca.location": str(secured.certificates.stranger_cert),
+        "message.timeout.ms": 3000,
+    }
     ids = []
     with caplog.at_level(logging.WARNING, logger="outbox"), ResilientProducer(wrong, outbox=url) as producer:
         for seq in range(200):
@@ -256,12 +267,16 @@ def test_a_rotation_under_a_running_producer_and_consumer_loses_nothing_and_keep
         handled.setdefault(key, []).append(int(seq))
 
     consumer = ResilientConsumer(
-        {**config, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"}, topics=[topic], handler=handle,
-        strategy=RetryTopics(delays=[1]), outbox=f"sqlite:///{tmp_path / 'c.db'}",
+        {**config, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"},
+        topics=[topic],
+        handler=handle,
+        strategy=RetryTopics(delays=[1]),
+        outbox=f"sqlite:///{tmp_path / 'c.db'}",
     )
     producer = ResilientProducer(config, outbox=f"sqlite:///{tmp_path / 'p.db'}")
     seq = 0
     try:
+
         def produce_for(seconds: float) -> None:
             nonlocal seq
             deadline = time.monotonic() + seconds
@@ -294,12 +309,17 @@ def test_a_rotation_under_a_running_producer_and_consumer_loses_nothing_and_keep
         assert seqs == sorted(seqs), f"{key!r} handled out of order"
     # Each producer (the application's, the consumer's retry tiers') opens its circuit once, naming the cause.
     assert 1 <= len(heard) <= 2, heard
-    assert all(line.startswith("circuit open (every broker refused the connection") and
-               "SASL authentication error" in line for line in heard), heard
+    assert all(
+        line.startswith("circuit open (every broker refused the connection") and "SASL authentication error" in line
+        for line in heard
+    ), heard
     assert not any(r.levelno >= logging.ERROR for r in caplog.records), heard
     assert not any(secret in r.getMessage() for r in caplog.records for secret in (USERS["alice"], "rotated-secret"))
-    print(f"\n{seq} produced over {REFUSAL:.0f} s of refusal, {seq} handled once in key order, 0 dead; heard:",
-          *heard, sep="\n")
+    print(
+        f"\n{seq} produced over {REFUSAL:.0f} s of refusal, {seq} handled once in key order, 0 dead; heard:",
+        *heard,
+        sep="\n",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -309,7 +329,10 @@ def mutual_tls(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
 
 
 def _refused_then_delivered(
-    cluster: KafkaCluster, refused: dict[str, Any], fixed: dict[str, Any], tmp_path: Path,
+    cluster: KafkaCluster,
+    refused: dict[str, Any],
+    fixed: dict[str, Any],
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> list[str]:
     """Produce 200 keyed messages with `refused` settings: all pending, none dead, no attempt
@@ -318,9 +341,10 @@ def _refused_then_delivered(
     topic = cluster.create_topic(f"refused-{time.time_ns()}", partitions=3)
     url = f"sqlite:///{tmp_path / 'o.db'}"
     ids = []
-    with caplog.at_level(logging.WARNING, logger="outbox"), ResilientProducer(
-        {**refused, "message.timeout.ms": 3000}, outbox=url
-    ) as producer:
+    with (
+        caplog.at_level(logging.WARNING, logger="outbox"),
+        ResilientProducer({**refused, "message.timeout.ms": 3000}, outbox=url) as producer,
+    ):
         for seq in range(200):
             key, value = keyed_value(seq % 10, seq)
             ids.append(producer.produce(topic, value, key=key))
@@ -346,16 +370,22 @@ def test_a_client_certificate_the_broker_rejects_is_an_outage_and_the_right_one_
     """The client's certificate is signed by another authority: the broker ends the handshake."""
     certs = mutual_tls.certificates
     assert certs is not None
-    wrong = {**mutual_tls.client_config(), "ssl.certificate.location": str(certs.stranger_cert),
-             "ssl.key.location": str(certs.stranger_key)}
+    wrong = {
+        **mutual_tls.client_config(),
+        "ssl.certificate.location": str(certs.stranger_cert),
+        "ssl.key.location": str(certs.stranger_key),
+    }
     heard = _refused_then_delivered(mutual_tls, wrong, mutual_tls.client_config(), tmp_path, caplog)
-    assert len(heard) == 1 and heard[0].startswith("circuit open (every broker refused the connection: ") and (
-        "ssl/tls alert bad certificate" in heard[0]
+    assert (
+        len(heard) == 1
+        and heard[0].startswith("circuit open (every broker refused the connection: ")
+        and ("ssl/tls alert bad certificate" in heard[0])
     ), heard
 
 
 def _unsecured_jwt(subject: str, lifetime: float) -> tuple[str, float]:
     """A token of Kafka's unsecured JWT mode (`alg: none`, no signature) and its expiry."""
+
     def part(claims: dict[str, Any]) -> str:
         return base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
 
@@ -382,8 +412,10 @@ def test_an_oauth_token_the_broker_rejects_is_an_outage_and_a_working_oauth_cb_d
     heard = _refused_then_delivered(
         secured, {**settings, "oauth_cb": bad_token}, {**settings, "oauth_cb": good_token}, tmp_path, caplog
     )
-    assert len(heard) == 1 and heard[0].startswith("circuit open (every broker refused the connection: ") and (
-        "SASL authentication error" in heard[0]
+    assert (
+        len(heard) == 1
+        and heard[0].startswith("circuit open (every broker refused the connection: ")
+        and ("SASL authentication error" in heard[0])
     ), heard
     assert not any("not-a-token" in r.getMessage() for r in caplog.records)  # never the token
 
@@ -406,9 +438,22 @@ def test_the_consoles_redrives_reach_a_sasl_ssl_cluster(secured: KafkaCluster, t
     assert plain.flush(30) == 0
     store = SQLiteOutbox(str(tmp_path / "o.db"))
     try:
-        dead = store.add_dead([NewMessage(topic, b"dead-in-store", b"k", [], -1, "s1", attempts=3,
-                                          error_name="MSG_TIMED_OUT", last_error="MSG_TIMED_OUT (-192): timed out")],
-                              failed_at=time.time())
+        dead = store.add_dead(
+            [
+                NewMessage(
+                    topic,
+                    b"dead-in-store",
+                    b"k",
+                    [],
+                    -1,
+                    "s1",
+                    attempts=3,
+                    error_name="MSG_TIMED_OUT",
+                    last_error="MSG_TIMED_OUT (-192): timed out",
+                )
+            ],
+            failed_at=time.time(),
+        )
         console = TestClient(create_app(store, kafka=settings), base_url="http://localhost")
         job = console.post("/api/redrive", json={"ids": dead})
         assert job.status_code == 202, job.text
