@@ -892,6 +892,7 @@ class ResilientProducer(PythonObject):
         in_librdkafka = self._link.flush_reports(5.0 if budget is None else min(budget, 5.0))
         self._backlog.close()
         self._link.stop()
+        self.circuit.retire()  # a refusal it was in is told again by the next producer it refuses
         self._poll_report.close()
         self._spill.release_held(force=True)
         # Commit before stopping the drain: a drain worker may wait for its batch on the wire,
