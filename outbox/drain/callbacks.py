@@ -68,7 +68,10 @@ class _Guard:
                 self._next_log = now + LOG_EVERY
                 log.exception(
                     "outbox: the application's %s raised on %s (counted in callback_errors; %d more since the "
-                    "last such line)", self.name, self.client, self._quiet,
+                    "last such line)",
+                    self.name,
+                    self.client,
+                    self._quiet,
                 )
                 self._quiet = 0
             else:

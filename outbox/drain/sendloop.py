@@ -112,8 +112,11 @@ def resend_headers(row: Stored) -> Headers:
     if len(hs) == 1 and hs[0][0] == ID_HEADER and not row.attempts and row.first_failed_at is None:
         return resent_once(hs[0], row.last_error)  # the common row: never failed, the id header alone
     return for_resend(
-        row.headers, msg_id=row.msg_id, attempt=row.attempts + 1,
-        first_failed_at=row.first_failed_at, last_error=row.last_error,
+        row.headers,
+        msg_id=row.msg_id,
+        attempt=row.attempts + 1,
+        first_failed_at=row.first_failed_at,
+        last_error=row.last_error,
     )
 
 
@@ -252,9 +255,7 @@ class SendLoop:
         self._client.take()
         producer.close()
 
-    def send(
-        self, rows: Sequence[R], now_fn: Any, *, stop: threading.Event | None = None
-    ) -> list[tuple[R, Decision]]:
+    def send(self, rows: Sequence[R], now_fn: Any, *, stop: threading.Event | None = None) -> list[tuple[R, Decision]]:
         """`start()` then `finish()`: send `rows` and return each row's decision."""
         return self.finish(self.start(rows), now_fn, stop=stop)
 
