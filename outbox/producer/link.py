@@ -23,6 +23,7 @@ from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.pollreport import PollReport
 from outbox.producer.probe import ClusterProbe
 from outbox.producer.refusals import Refusal, refusal_of
+from outbox.producer.tokens import TokenSource
 from outbox.retry import UNREACHABLE_CODES, describe, refused
 from outbox.tally import Tally
 
@@ -388,6 +389,11 @@ class KafkaLink:
         """The circuit's reason for "all brokers down", and the refusal it is in if any: the
         cluster's refusal of our credentials or TLS if librdkafka reported one lately (what the
         operator must fix), else the outage."""
+        tokens = self._config.get("oauth_cb")
+        failed = tokens.failed_within(REFUSED_RECENT) if isinstance(tokens, TokenSource) else None
+        if failed is not None:
+            why = f"no OAuth token, the application's oauth_cb raised {failed} (its text is not logged)"
+            return f"every broker refused the connection: {why}", refusal_of(self._config)
         last = self._refused
         if last is not None and time.monotonic() - last[0] < REFUSED_RECENT:
             return f"every broker refused the connection: {describe(last[1])}", refusal_of(self._config)

@@ -24,6 +24,7 @@ from outbox.message import DeliveryCallback
 from outbox.producer.link import queue_limits
 from outbox.producer.serialization import Serializer, Serializers
 from outbox.producer.storedcallbacks import DeadLetterCallback
+from outbox.producer.tokens import TokenSource
 from outbox.retry import RetryPolicy
 from outbox.stores import Outbox
 from outbox.stores.encryption import Encryption, KeyRing, as_key_ring
@@ -149,6 +150,8 @@ class ProducerSettings:
         if config is not None and not isinstance(config, Mapping):
             raise TypeError(f"expected configuration dict, got {type(config).__name__}")
         caller_config = {**(config or {}), **settings}
+        if callable(caller_config.get("oauth_cb")):  # what it raises names the circuit's cause
+            caller_config["oauth_cb"] = TokenSource(caller_config["oauth_cb"])
         if given.logger is not None:
             caller_config["logger"] = given.logger
         _check_arguments(caller_config, given)

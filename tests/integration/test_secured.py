@@ -437,6 +437,83 @@ def test_an_oauth_token_the_broker_rejects_is_an_outage_and_a_working_oauth_cb_d
     assert not any("not-a-token" in r.getMessage() for r in caplog.records)  # never the token
 
 
+class TokenServiceDown(Exception):
+    """What a token service's client raises when the service does not answer."""
+
+
+#: What the token service's failure says; no log line may carry it (it could be its answer).
+SERVICE_ANSWER = "503 from https://idp.example/token?client_secret=s3cr3t-of-the-service"
+
+
+class _TokenService:
+    """An `oauth_cb`: a token for 6 s while the service is up, `TokenServiceDown` while it is down.
+    It keeps the tokens it handed out, to look for them in the logs."""
+
+    def __init__(self) -> None:
+        self.up = True
+        self.issued: list[str] = []
+
+    def __call__(self, _: Any) -> tuple[str, float]:
+        if not self.up:
+            raise TokenServiceDown(SERVICE_ANSWER)
+        token, expiry = _unsecured_jwt("alice", 6)
+        self.issued.append(token)
+        return token, expiry
+
+
+def test_an_oauth_cb_that_raises_is_an_outage_and_a_working_one_delivers_everything_in_key_order(
+    secured: KafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The token service goes down under a running producer: its token expires and `oauth_cb` raises,
+    on the producer's client and on the drain workers' (which cannot even be made without a token).
+    Nothing is dead-lettered, no attempt is counted, the application hears one line naming the
+    cause, and no token nor what the service answered reaches a log line; once the service
+    answers again, everything is delivered in key order."""
+    topic = secured.create_topic(f"secured-token-{time.time_ns()}", partitions=3)
+    settings = secured.client_config(mechanism="OAUTHBEARER")
+    for unsecured in ("enable.sasl.oauthbearer.unsecure.jwt", "sasl.oauthbearer.config"):
+        settings.pop(unsecured)  # the token comes from oauth_cb
+    service = _TokenService()
+    ids = []
+
+    def produce_for(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            key, value = keyed_value(len(ids) % 10, len(ids))
+            ids.append(producer.produce(topic, value, key=key))
+            time.sleep(0.02)
+
+    with caplog.at_level(logging.DEBUG, logger="outbox"):
+        producer = ResilientProducer(
+            {**settings, "oauth_cb": service, "message.timeout.ms": 3000}, outbox=f"sqlite:///{tmp_path / 'o.db'}"
+        )
+        try:
+            produce_for(1)
+            assert producer.flush(30) == 0 and producer.stats()["pending"] == 0  # the tokens work
+            service.up = False
+            before = len(caplog.records)
+            produce_for(15)  # the token expires, and no new one comes
+            stats = producer.stats()
+            heard = _heard(caplog.records[before:])
+            assert (stats["dead"], stats["retried"], stats["drain_restarts"]) == (0, 0, 0), stats
+            assert stats["pending"] > 0 and stats["circuit"] != "closed", stats
+            service.up = True
+            wait_until(lambda: producer.stats()["pending"] == 0, 90, "the outbox delivered once a token came")
+            assert producer.stats()["dead"] == 0
+        finally:
+            producer.close(10)
+    assert len(heard) == 1, heard
+    assert heard[0].startswith(
+        "circuit open (every broker refused the connection: no OAuth token, the application's oauth_cb raised "
+        "TokenServiceDown"
+    ), heard
+    assert not any(r.levelno >= logging.ERROR for r in caplog.records), heard
+    lines = [logging.Formatter().format(r) for r in caplog.records]  # tracebacks too
+    assert not any(secret in line for line in lines for secret in ("s3cr3t", *service.issued))
+    got = _read(secured, topic, len(ids))
+    assert got.unique == len(ids) and set(got.by_id) == set(ids) and got.order_violations() == []
+
+
 def test_the_consoles_redrives_reach_a_sasl_ssl_cluster(secured: KafkaCluster, tmp_path: Path) -> None:
     """A producer's dead letter redriven through the console is delivered by the producer's drain;
     a consumer's DLQ topic redriven through the console lands in its first retry tier."""
