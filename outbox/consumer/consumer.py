@@ -77,7 +77,17 @@ HOP_RETRY = RetryPolicy(stop=tenacity.stop_never, backoff="exponential", initial
 ORDERINGS = (None, "key")
 #: The counters of stats(), in its order; the loop thread alone increments them.
 COUNTERS = (
-    "handled", "failed", "retried", "ignored", "dead", "paused", "assigned", "revoked", "parked", "skipped", "scanned",
+    "handled",
+    "failed",
+    "retried",
+    "ignored",
+    "dead",
+    "paused",
+    "assigned",
+    "revoked",
+    "parked",
+    "skipped",
+    "scanned",
 )
 _NOWHERE = Place("", 0)  # before the first message of a batch
 _REWIND_PAUSE = 1.0  # seconds before a batch whose inbox commit failed is read again
@@ -199,8 +209,9 @@ class ResilientConsumer:
         )
         #: Hops made into each retry tier (index 0: tier 1).
         self.retried_by_tier = self._hops.retried_by_tier
-        self._dead = DeadLetters(mode, self.store, self._hops, on_dead_letter, self.ladder, ids, self._tracker,
-                                 self._inbox)
+        self._dead = DeadLetters(
+            mode, self.store, self._hops, on_dead_letter, self.ladder, ids, self._tracker, self._inbox
+        )
         # None of our settings is one that group.protocol=consumer refuses (session.timeout.ms,
         # heartbeat.interval.ms, partition.assignment.strategy): a user's gets librdkafka's error.
         conf = {**CONSUMER_DEFAULTS, **config, **CONSUMER_FORCED}
@@ -217,16 +228,25 @@ class ResilientConsumer:
         assignments = Assignments(self._consumer, cooperative=is_cooperative(conf))
         self._offsets = OffsetCommits(self._consumer, self._tracker, self._in_place, auto_commit=auto_commit)
         self._rebuild = (
-            None if self._order is None
+            None
+            if self._order is None
             else KeyOrderRebuild(self._order, self._consumer, assignments, self._places, admin_conf, self.counts)
         )
         rebalance = Rebalance(
-            self._places, self._holds, self._offsets, self._hops, self._rebuild, self._in_place, self.counts,
+            self._places,
+            self._holds,
+            self._offsets,
+            self._hops,
+            self._rebuild,
+            self._in_place,
+            self.counts,
             assignments,
         )
         try:
             self._consumer.subscribe(
-                list(self._places), on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke,
+                list(self._places),
+                on_assign=rebalance.on_assign,
+                on_revoke=rebalance.on_revoke,
                 on_lost=rebalance.on_lost,
             )
         except KafkaException as exc:
