@@ -38,9 +38,10 @@ from outbox.consumer.tiers import Ladder, Place, client_config, ensure_tiers
 from outbox.errors import ConfigError, KafkaDeliveryError
 from outbox.headers import IdGenerator
 from outbox.logs import with_librdkafka_log
+from outbox.producer.refusals import RefusalNotices
 from outbox.producer.resilient import ResilientProducer
 from outbox.records import DeadLetter
-from outbox.retry import RetryPolicy
+from outbox.retry import RetryPolicy, refused
 from outbox.stores import Outbox, open_outbox
 from outbox.stores.encryption import Encryption, as_key_ring
 
@@ -176,6 +177,7 @@ class ResilientConsumer:
         admin_conf = with_librdkafka_log(client_config(config))  # tiers, hop producer, ladder scans
         #: The settings of the clients made later (ladder scans): `set_sasl_credentials` updates them.
         self._client_conf = admin_conf
+        self._notices = RefusalNotices(admin_conf)  # its refused errors, told once in the process
         # Only retry tiers can reorder; RetryInPlace and Ignore keep a partition's order already.
         self._order = KeyOrder() if ordering == "key" and delays else None
         ensure_tiers(admin_conf, self.ladder, create=create_topics, same_partitions=self._order is not None)
@@ -394,6 +396,7 @@ class ResilientConsumer:
             self._offsets.commit(sync=True)
             self._consumer.close()
         finally:
+            self._notices.answered()
             self._producer.close(max(1.0, deadline - time.monotonic()))
             if self._inbox is not None:
                 self._inbox.close()
@@ -463,10 +466,12 @@ class ResilientConsumer:
         place = _NOWHERE
         skip = False  # the current run's partition is held
         last: Message | None = None  # the current run's last handled message
+        if self._notices.refusing and any(m.error() is None for m in msgs):
+            self._notices.answered()
         for m in msgs:
             err = m.error()
             if err is not None:
-                _consumer_error(err)
+                _consumer_error(err, self._notices)
                 continue
             part = m.partition()
             topic = m.topic()
@@ -626,12 +631,13 @@ def _check_options(
         raise ConfigError("batch_size must be >= 1 and poll_timeout > 0")
 
 
-def _consumer_error(err: KafkaError) -> None:
+def _consumer_error(err: KafkaError, notices: RefusalNotices) -> None:
     if err.code() == KafkaError._PARTITION_EOF:
         return
     if err.fatal():
         raise KafkaDeliveryError(err.code(), err.name(), err.str())
-    log.warning("consumer error: %s", err)
+    # A refusal of the credentials is told once in the process (`outbox.producer.refusals`).
+    log.log(notices.level() if refused(err) else logging.WARNING, "consumer error: %s", err)
 
 
 def _install_signals(stop: Callable[[], None]) -> list[tuple[int, Any]]:

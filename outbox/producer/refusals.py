@@ -16,6 +16,7 @@ certificate's file. Never a secret; and it is only compared, never logged.
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Mapping
@@ -62,3 +63,29 @@ class Refusals:
 
 #: The process's refusals: every `ResilientProducer`'s circuit joins them.
 REFUSALS = Refusals()
+
+
+class RefusalNotices:
+    """A client without a circuit (a `ResilientConsumer`) in the process's refusals: its first
+    refused error is logged at WARNING unless the process told of that refusal already, the
+    others at INFO, until the cluster answers it again (`answered`).
+
+    Args:
+        config: the client's settings, read at each refusal (new credentials change who is refused).
+    """
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._config = config
+        self.refusing = False
+
+    def level(self) -> int:
+        """The level of a refused error's line."""
+        first = REFUSALS.join(refusal_of(self._config), self)
+        self.refusing = True
+        return logging.WARNING if first else logging.INFO
+
+    def answered(self) -> None:
+        """The cluster took the client again, or it is closed."""
+        if self.refusing:
+            self.refusing = False
+            REFUSALS.leave(self)

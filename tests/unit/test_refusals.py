@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import gc
+import logging
 
-from outbox.producer.refusals import Refusals, refusal_of
+from outbox.producer.refusals import REFUSALS, RefusalNotices, Refusals, refusal_of
 
 
 class Circuit:
@@ -43,3 +44,14 @@ def test_a_circuit_dropped_without_closing_leaves_its_refusal() -> None:
     circuit = None
     gc.collect()
     assert refusals.join(key, Circuit())
+
+
+def test_a_consumer_that_is_refused_first_tells_once_and_a_circuit_after_it_does_not() -> None:
+    config = {"bootstrap.servers": "consumer-first:9093", "sasl.mechanism": "PLAIN", "sasl.username": "alice"}
+    notices, circuit = RefusalNotices(config), Circuit()
+    assert [notices.level(), notices.level()] == [logging.WARNING, logging.INFO]  # its repeats: INFO
+    assert not REFUSALS.join(refusal_of(config), circuit)  # a producer's circuit then: INFO
+    notices.answered()
+    REFUSALS.leave(circuit)
+    assert notices.level() == logging.WARNING  # a new refusal
+    notices.answered()
