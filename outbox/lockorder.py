@@ -23,6 +23,7 @@ ORDER: tuple[str, ...] = (
     "send fence",  # SendFence: keyed first sends in librdkafka
     "write-ahead",  # WriteAhead: its rows in flight
     "circuit",  # CircuitBreaker
+    "refusals",  # Refusals: the circuits open for one refusal of the credentials
     "writer",  # GroupCommitWriter: the queue of rows to commit
     "drain",  # Drainer: its counts and limits
     "drain progress",  # Drainer: settled batches, for workers waiting on them

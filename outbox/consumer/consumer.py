@@ -38,9 +38,10 @@ from outbox.consumer.tiers import Ladder, Place, client_config, ensure_tiers
 from outbox.errors import ConfigError, KafkaDeliveryError
 from outbox.headers import IdGenerator
 from outbox.logs import with_librdkafka_log
+from outbox.producer.refusals import RefusalNotices
 from outbox.producer.resilient import ResilientProducer
 from outbox.records import DeadLetter
-from outbox.retry import RetryPolicy
+from outbox.retry import RetryPolicy, refused
 from outbox.stores import Outbox, open_outbox
 from outbox.stores.encryption import Encryption, as_key_ring
 
@@ -77,7 +78,17 @@ HOP_RETRY = RetryPolicy(stop=tenacity.stop_never, backoff="exponential", initial
 ORDERINGS = (None, "key")
 #: The counters of stats(), in its order; the loop thread alone increments them.
 COUNTERS = (
-    "handled", "failed", "retried", "ignored", "dead", "paused", "assigned", "revoked", "parked", "skipped", "scanned",
+    "handled",
+    "failed",
+    "retried",
+    "ignored",
+    "dead",
+    "paused",
+    "assigned",
+    "revoked",
+    "parked",
+    "skipped",
+    "scanned",
 )
 _NOWHERE = Place("", 0)  # before the first message of a batch
 _REWIND_PAUSE = 1.0  # seconds before a batch whose inbox commit failed is read again
@@ -166,6 +177,7 @@ class ResilientConsumer:
         admin_conf = with_librdkafka_log(client_config(config))  # tiers, hop producer, ladder scans
         #: The settings of the clients made later (ladder scans): `set_sasl_credentials` updates them.
         self._client_conf = admin_conf
+        self._notices = RefusalNotices(admin_conf)  # its refused errors, told once in the process
         # Only retry tiers can reorder; RetryInPlace and Ignore keep a partition's order already.
         self._order = KeyOrder() if ordering == "key" and delays else None
         ensure_tiers(admin_conf, self.ladder, create=create_topics, same_partitions=self._order is not None)
@@ -199,8 +211,9 @@ class ResilientConsumer:
         )
         #: Hops made into each retry tier (index 0: tier 1).
         self.retried_by_tier = self._hops.retried_by_tier
-        self._dead = DeadLetters(mode, self.store, self._hops, on_dead_letter, self.ladder, ids, self._tracker,
-                                 self._inbox)
+        self._dead = DeadLetters(
+            mode, self.store, self._hops, on_dead_letter, self.ladder, ids, self._tracker, self._inbox
+        )
         # None of our settings is one that group.protocol=consumer refuses (session.timeout.ms,
         # heartbeat.interval.ms, partition.assignment.strategy): a user's gets librdkafka's error.
         conf = {**CONSUMER_DEFAULTS, **config, **CONSUMER_FORCED}
@@ -217,16 +230,25 @@ class ResilientConsumer:
         assignments = Assignments(self._consumer, cooperative=is_cooperative(conf))
         self._offsets = OffsetCommits(self._consumer, self._tracker, self._in_place, auto_commit=auto_commit)
         self._rebuild = (
-            None if self._order is None
+            None
+            if self._order is None
             else KeyOrderRebuild(self._order, self._consumer, assignments, self._places, admin_conf, self.counts)
         )
         rebalance = Rebalance(
-            self._places, self._holds, self._offsets, self._hops, self._rebuild, self._in_place, self.counts,
+            self._places,
+            self._holds,
+            self._offsets,
+            self._hops,
+            self._rebuild,
+            self._in_place,
+            self.counts,
             assignments,
         )
         try:
             self._consumer.subscribe(
-                list(self._places), on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke,
+                list(self._places),
+                on_assign=rebalance.on_assign,
+                on_revoke=rebalance.on_revoke,
                 on_lost=rebalance.on_lost,
             )
         except KafkaException as exc:
@@ -374,6 +396,7 @@ class ResilientConsumer:
             self._offsets.commit(sync=True)
             self._consumer.close()
         finally:
+            self._notices.answered()
             self._producer.close(max(1.0, deadline - time.monotonic()))
             if self._inbox is not None:
                 self._inbox.close()
@@ -443,10 +466,12 @@ class ResilientConsumer:
         place = _NOWHERE
         skip = False  # the current run's partition is held
         last: Message | None = None  # the current run's last handled message
+        if self._notices.refusing and any(m.error() is None for m in msgs):
+            self._notices.answered()
         for m in msgs:
             err = m.error()
             if err is not None:
-                _consumer_error(err)
+                _consumer_error(err, self._notices)
                 continue
             part = m.partition()
             topic = m.topic()
@@ -606,12 +631,13 @@ def _check_options(
         raise ConfigError("batch_size must be >= 1 and poll_timeout > 0")
 
 
-def _consumer_error(err: KafkaError) -> None:
+def _consumer_error(err: KafkaError, notices: RefusalNotices) -> None:
     if err.code() == KafkaError._PARTITION_EOF:
         return
     if err.fatal():
         raise KafkaDeliveryError(err.code(), err.name(), err.str())
-    log.warning("consumer error: %s", err)
+    # A refusal of the credentials is told once in the process (`outbox.producer.refusals`).
+    log.log(notices.level() if refused(err) else logging.WARNING, "consumer error: %s", err)
 
 
 def _install_signals(stop: Callable[[], None]) -> list[tuple[int, Any]]:

@@ -4,10 +4,15 @@
 `ResilientProducer` runs: its own producer and each drain worker's. On a drain worker, a
 callback is called from the worker's `poll()`/`flush()`, and confluent-kafka raises what it
 raised from there, which ended the worker. So each is wrapped: an exception is logged and
-counted, and the worker goes on. `oauth_cb` is the exception: librdkafka needs a token or a
-failure, and confluent-kafka turns any callback that returns no token into a failure that it
-raises, so a raising `oauth_cb` is logged, counted and raised again; the drain worker restarts
-(with a back-off) and its new producer asks the callback again.
+counted, and the worker goes on.
+
+`oauth_cb` is the exception: librdkafka needs a token or a failure, and confluent-kafka turns a
+callback that raises into a token failure, so its exception is raised again. It is not a fault
+of the application's code to report but a token that cannot be had, an outage like a token the
+broker rejects: the brokers refuse the client, the producer's circuit names the cause
+(`outbox.producer.tokens`), and the drain waits for the cluster (`outbox.drain.sendloop`). So it
+is neither counted nor logged above DEBUG, and then by its class alone: its text may carry what
+the token service answered.
 """
 
 from __future__ import annotations
@@ -62,19 +67,23 @@ class _Guard:
     def __call__(self, *args: Any) -> Any:
         try:
             return self.fn(*args)
-        except Exception:
+        except Exception as exc:
+            if self.name in _RAISES_AGAIN:
+                log.debug("outbox: the application's %s raised %s on %s", self.name, type(exc).__name__, self.client)
+                raise
             self.errors.add()
             now = time.monotonic()
             if now >= self._next_log:
                 self._next_log = now + LOG_EVERY
                 log.exception(
                     "outbox: the application's %s raised on %s (counted in callback_errors; %d more since the "
-                    "last such line)", self.name, self.client, self._quiet,
+                    "last such line)",
+                    self.name,
+                    self.client,
+                    self._quiet,
                 )
                 self._quiet = 0
             else:
                 self._quiet += 1
                 log.debug("outbox: the application's %s raised on %s again", self.name, self.client, exc_info=True)
-            if self.name in _RAISES_AGAIN:
-                raise
             return None

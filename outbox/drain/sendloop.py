@@ -33,7 +33,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -45,7 +45,7 @@ from outbox.headers import ID_HEADER, for_resend, resent_once
 from outbox.lazyproducer import LazyProducer
 from outbox.logs import with_librdkafka_log
 from outbox.records import Headers
-from outbox.retry import UNREACHABLE_CODES, RetryPolicy, a_broker_answers
+from outbox.retry import UNREACHABLE_CODES, RetryPolicy, a_broker_answers, refused
 from outbox.stores.claimed import LazyClaim, Resend
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,11 @@ def resend_headers(row: Stored) -> Headers:
     if len(hs) == 1 and hs[0][0] == ID_HEADER and not row.attempts and row.first_failed_at is None:
         return resent_once(hs[0], row.last_error)  # the common row: never failed, the id header alone
     return for_resend(
-        row.headers, msg_id=row.msg_id, attempt=row.attempts + 1,
-        first_failed_at=row.first_failed_at, last_error=row.last_error,
+        row.headers,
+        msg_id=row.msg_id,
+        attempt=row.attempts + 1,
+        first_failed_at=row.first_failed_at,
+        last_error=row.last_error,
     )
 
 
@@ -233,6 +236,18 @@ class SendLoop:
         whose outbox stays empty keeps one client, its own, instead of one more per worker)."""
         return self._client.get()
 
+    def _made(self) -> Producer | KafkaError:
+        """The producer, or the refusal that kept it from being made: confluent-kafka makes a
+        client with an `oauth_cb` only once the callback gave a token, and raises
+        SASL_AUTHENTICATION_FAILED ("OAuth token not set") after 10 s without one. A token that
+        cannot be had is the cluster refusing us (`outbox.retry.refused`), not the worker's end."""
+        try:
+            return self._client.get()
+        except KafkaException as exc:
+            if not refused(exc.args[0]):
+                raise
+            return cast(KafkaError, exc.args[0])
+
     def set_sasl_credentials(self, username: str, password: str) -> None:
         """New SASL credentials: for the producer if it is made, else for the one made later."""
         self._client.set_sasl_credentials(username, password)
@@ -252,9 +267,7 @@ class SendLoop:
         self._client.take()
         producer.close()
 
-    def send(
-        self, rows: Sequence[R], now_fn: Any, *, stop: threading.Event | None = None
-    ) -> list[tuple[R, Decision]]:
+    def send(self, rows: Sequence[R], now_fn: Any, *, stop: threading.Event | None = None) -> list[tuple[R, Decision]]:
         """`start()` then `finish()`: send `rows` and return each row's decision."""
         return self.finish(self.start(rows), now_fn, stop=stop)
 
@@ -301,7 +314,10 @@ class SendLoop:
         """Each row's decision, once `wait()` said that not all were delivered (see `finish`)."""
         rows, errors, unknown = batch.rows, batch.errors, batch.unknown
         # Asked only when something failed for want of a cluster: one metadata request.
-        down = self.cluster_down = any(e.code() in UNREACHABLE_CODES for e in errors.values()) and not self.cluster_up()
+        # (No producer could be made: the cluster refuses us, not asked again.)
+        down = self.cluster_down = any(e.code() in UNREACHABLE_CODES for e in errors.values()) and (
+            self._client.made() is None or not self.cluster_up()
+        )
         now = now_fn()
         out: list[tuple[R, Decision]] = []
         alone: list[int] = []
@@ -323,8 +339,10 @@ class SendLoop:
         return out
 
     def cluster_up(self, timeout: float = _PROBE_TIMEOUT) -> bool:
-        """Does any broker answer a metadata request within `timeout` seconds?"""
-        return a_broker_answers(self.producer, timeout)
+        """Does any broker answer a metadata request within `timeout` seconds? (No while the
+        producer cannot be made for a refusal.)"""
+        producer = self._made()
+        return not isinstance(producer, KafkaError) and a_broker_answers(producer, timeout)
 
     def recreate(self) -> None:
         """A new producer after a fatal error (the old one's idempotence state is lost)."""
@@ -338,7 +356,10 @@ class SendLoop:
     def _produce_all(self, batch: InFlight[Any], sends: Iterable[Resend]) -> None:
         """Produce `sends`, the batch's messages in order (`Resend` tuples: a claim's groups give
         them without decoding a message, `outbox.stores.claimed.LazyClaim.resends`)."""
-        producer = self.producer
+        producer = self._made()
+        if isinstance(producer, KafkaError):  # never sent: each row fails with the refusal
+            batch.errors.update(dict.fromkeys(range(len(batch.rows)), producer))
+            return
         produce, poll = producer.produce, producer.poll
         self._reports.errors = batch.errors
         callbacks = self._reports.upto(len(batch.rows))
@@ -362,7 +383,9 @@ class SendLoop:
         """Serve failure reports until the producer holds none of this batch's messages (or a
         stop gave up on the rest). flush() returns as soon as the last one is acknowledged, and
         sends at once what lingers."""
-        producer = self.producer
+        producer = self._client.made()
+        if producer is None:  # none could be made: nothing was sent
+            return
         while producer.flush(0.1) > 0:
             if stop is not None and stop.is_set():
                 # Unsent messages come back as _PURGE_QUEUE (released, no attempt counted).

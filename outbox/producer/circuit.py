@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 from outbox.lockorder import new_lock
+from outbox.producer.refusals import REFUSALS, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,9 @@ class CircuitBreaker:
     never holds messages in process memory. After `reset_timeout` seconds one probe message is let
     through (half-open; the producer decides which messages may probe); its delivery, or any
     successful delivery by a drain worker, closes it.
+
+    Its opening is logged at WARNING, but for a refusal of the credentials that another circuit
+    of the process told already (`outbox.producer.refusals`): then at INFO.
 
     `closed` is a plain attribute so the produce hot path pays one attribute read.
     """
@@ -74,6 +78,7 @@ class CircuitBreaker:
             self._failures = 0
             if self._state is not CircuitState.CLOSED:
                 log.info("circuit closed: Kafka accepts messages again")
+                REFUSALS.leave(self)
             self._state = CircuitState.CLOSED
             self._probe_out = False
             self.closed = True
@@ -86,15 +91,20 @@ class CircuitBreaker:
             elif self._state is CircuitState.CLOSED and self._failures >= self.failure_threshold:
                 self._open_locked(f"{self._failures} consecutive delivery failures")
 
-    def trip(self, reason: str) -> None:
-        """Open now (e.g. librdkafka reported all brokers down)."""
+    def trip(self, reason: str, refusal: Refusal | None = None) -> None:
+        """Open now (e.g. librdkafka reported all brokers down); `refusal`: the cluster refused
+        these credentials (`outbox.producer.refusals.refusal_of`)."""
         with self._lock:
             if self._state is CircuitState.OPEN:
                 self._opened_at = self._clock()
                 return
-            self._open_locked(reason)
+            self._open_locked(reason, refusal)
 
-    def _open_locked(self, reason: str) -> None:
+    def retire(self) -> None:
+        """Its producer is closed: the circuit is in no refusal of the process any more."""
+        REFUSALS.leave(self)
+
+    def _open_locked(self, reason: str, refusal: Refusal | None = None) -> None:
         was_closed = self._state is CircuitState.CLOSED
         if was_closed and self._on_open is not None:
             # Before `closed` flips: a produce() that sees the circuit open must see what
@@ -106,4 +116,7 @@ class CircuitBreaker:
         self.closed = False
         if was_closed:
             self.opened_count += 1
-            log.warning("circuit open (%s): new messages go to the outbox", reason)
+            told = refusal is not None and not REFUSALS.join(refusal, self)
+            log.log(
+                logging.INFO if told else logging.WARNING, "circuit open (%s): new messages go to the outbox", reason
+            )

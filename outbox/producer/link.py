@@ -22,6 +22,8 @@ from outbox.message import MESSAGE_OVERHEAD
 from outbox.producer.circuit import CircuitBreaker
 from outbox.producer.pollreport import PollReport
 from outbox.producer.probe import ClusterProbe
+from outbox.producer.refusals import Refusal, refusal_of
+from outbox.producer.tokens import TokenSource
 from outbox.retry import UNREACHABLE_CODES, describe, refused
 from outbox.tally import Tally
 
@@ -59,6 +61,7 @@ def queue_limits(config: Mapping[str, Any], memory_budget: int) -> tuple[dict[st
     # What comes back: its payload, and the overhead of a message per KiB of it (messages of
     # 1 KiB or more; smaller ones come back costing more than the reserve, up to `messages`).
     return add, kbytes * 1024 + min(messages, kbytes) * MESSAGE_OVERHEAD
+
 
 #: The errors of messages a purge handed back.
 PURGE_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
@@ -382,13 +385,19 @@ class KafkaLink:
         self.on_purge()
         old.flush(10)
 
-    def _why_down(self) -> str:
-        """The circuit's reason for "all brokers down": the cluster's refusal of our credentials
-        or TLS if librdkafka reported one lately (what the operator must fix), else the outage."""
+    def _why_down(self) -> tuple[str, Refusal | None]:
+        """The circuit's reason for "all brokers down", and the refusal it is in if any: the
+        cluster's refusal of our credentials or TLS if librdkafka reported one lately (what the
+        operator must fix), else the outage."""
+        tokens = self._config.get("oauth_cb")
+        failed = tokens.failed_within(REFUSED_RECENT) if isinstance(tokens, TokenSource) else None
+        if failed is not None:
+            why = f"no OAuth token, the application's oauth_cb raised {failed} (its text is not logged)"
+            return f"every broker refused the connection: {why}", refusal_of(self._config)
         last = self._refused
         if last is not None and time.monotonic() - last[0] < REFUSED_RECENT:
-            return f"every broker refused the connection: {describe(last[1])}"
-        return "all brokers down"
+            return f"every broker refused the connection: {describe(last[1])}", refusal_of(self._config)
+        return "all brokers down", None
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error_cb: cluster-level events."""
@@ -396,7 +405,7 @@ class KafkaLink:
         if refused(err):
             self._refused = (time.monotonic(), err)
         if code == KafkaError._ALL_BROKERS_DOWN:
-            self._circuit.trip(self._why_down())
+            self._circuit.trip(*self._why_down())
         elif err.fatal():
             log.error("outbox: fatal producer error %s; the producer will be recreated", describe(err))
             self._recreate = True

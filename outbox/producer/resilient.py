@@ -87,7 +87,11 @@ _new_tuple = tuple.__new__
 ProduceHook = Callable[..., str]
 
 __all__ = [
-    "PRODUCER_DEFAULTS", "DeadLetterCallback", "DeliveryCallback", "HookedHeaders", "ProduceHook",
+    "PRODUCER_DEFAULTS",
+    "DeadLetterCallback",
+    "DeliveryCallback",
+    "HookedHeaders",
+    "ProduceHook",
     "ResilientProducer",
 ]
 
@@ -246,16 +250,36 @@ class ResilientProducer(PythonObject):
         encryption: Encryption | None = None,
         **settings: Any,
     ) -> None:
-        checked = ProducerSettings.check(config, settings, ProducerArguments(
-            logger=logger, outbox=outbox, retry=retry, on_dead_letter=on_dead_letter, mode=mode, durability=durability,
-            drain_workers=drain_workers, drain_in=drain_in, id_header=id_header,
-            circuit_failure_threshold=circuit_failure_threshold, circuit_reset_timeout=circuit_reset_timeout,
-            queue_full_timeout=queue_full_timeout, commit_interval=commit_interval, lease_seconds=lease_seconds,
-            drain_batch_size=drain_batch_size, drain_poll_interval=drain_poll_interval, on_store_error=on_store_error,
-            key_serializer=key_serializer, value_serializer=value_serializer, memory_budget=memory_budget,
-            exit_timeout=exit_timeout, handle_sigterm=handle_sigterm, dead_letter_retention=dead_letter_retention,
-            encryption=encryption,
-        ))
+        checked = ProducerSettings.check(
+            config,
+            settings,
+            ProducerArguments(
+                logger=logger,
+                outbox=outbox,
+                retry=retry,
+                on_dead_letter=on_dead_letter,
+                mode=mode,
+                durability=durability,
+                drain_workers=drain_workers,
+                drain_in=drain_in,
+                id_header=id_header,
+                circuit_failure_threshold=circuit_failure_threshold,
+                circuit_reset_timeout=circuit_reset_timeout,
+                queue_full_timeout=queue_full_timeout,
+                commit_interval=commit_interval,
+                lease_seconds=lease_seconds,
+                drain_batch_size=drain_batch_size,
+                drain_poll_interval=drain_poll_interval,
+                on_store_error=on_store_error,
+                key_serializer=key_serializer,
+                value_serializer=value_serializer,
+                memory_budget=memory_budget,
+                exit_timeout=exit_timeout,
+                handle_sigterm=handle_sigterm,
+                dead_letter_retention=dead_letter_retention,
+                encryption=encryption,
+            ),
+        )
         # What produce() reads stays a plain attribute of the producer: one lookup per message.
         self._serializers = checked.serializers
         self.mode, self.durability, self.retry = checked.mode, checked.durability, checked.retry
@@ -269,15 +293,19 @@ class ResilientProducer(PythonObject):
         self._in_transaction = 0
         self.memory = MemoryBudget(checked.memory_budget, reserve=checked.rdkafka_reserve)
         self.circuit = CircuitBreaker(
-            failure_threshold=checked.circuit_failure_threshold, reset_timeout=checked.circuit_reset_timeout,
+            failure_threshold=checked.circuit_failure_threshold,
+            reset_timeout=checked.circuit_reset_timeout,
             on_open=self._circuit_opened,
         )
         self._poll_report = PollReport()
         # The librdkafka producer first: it checks the settings (a KafkaException, as from
         # confluent_kafka) before anything is opened or started.
         self._link = KafkaLink(
-            checked.kafka_config, self.circuit, queue_full_timeout=checked.queue_full_timeout,
-            user_error_cb=checked.user_error_cb, poll_report=self._poll_report,
+            checked.kafka_config,
+            self.circuit,
+            queue_full_timeout=checked.queue_full_timeout,
+            user_error_cb=checked.user_error_cb,
+            poll_report=self._poll_report,
         )
         self._owns_store = not isinstance(checked.outbox, Outbox)
         self.store = open_outbox(checked.outbox, encryption=checked.encryption)
@@ -290,8 +318,12 @@ class ResilientProducer(PythonObject):
         )
         self.drainer = self._new_drainer(checked)
         self.writer = GroupCommitWriter(
-            self.store, owner=new_owner("producer"), lease_seconds=checked.lease_seconds,
-            max_delay=checked.commit_interval, budget=self.memory, events=self._events,
+            self.store,
+            owner=new_owner("producer"),
+            lease_seconds=checked.lease_seconds,
+            max_delay=checked.commit_interval,
+            budget=self.memory,
+            events=self._events,
             **({"max_batch": CRASH_WINDOW_ROWS} if self._writes_ahead and checked.durability == "batch" else {}),
         )
         self._assemble_routes(checked)
@@ -307,8 +339,12 @@ class ResilientProducer(PythonObject):
             assert isinstance(settings.outbox, str)
             try:
                 return DrainProcess(
-                    settings.outbox, settings.drain_config, settings.drain, events=self._events,
-                    on_store_error=settings.on_store_error, encryption=settings.encryption,
+                    settings.outbox,
+                    settings.drain_config,
+                    settings.drain,
+                    events=self._events,
+                    on_store_error=settings.on_store_error,
+                    encryption=settings.encryption,
                 )
             except ConfigError:
                 self.store.close()
@@ -317,17 +353,28 @@ class ResilientProducer(PythonObject):
         # (a drain process has its own).
         drain = settings.drain
         return Drainer(
-            self.store, settings.drain_config, retry=drain.retry, workers=drain.workers,
-            batch_size=drain.batch_size, batch_bytes=settings.memory_budget // 4, lease_seconds=drain.lease_seconds,
-            poll_interval=drain.poll_interval, events=self._events, on_store_error=settings.on_store_error,
+            self.store,
+            settings.drain_config,
+            retry=drain.retry,
+            workers=drain.workers,
+            batch_size=drain.batch_size,
+            batch_bytes=settings.memory_budget // 4,
+            lease_seconds=drain.lease_seconds,
+            poll_interval=drain.poll_interval,
+            events=self._events,
+            on_store_error=settings.on_store_error,
         )
 
     def _assemble_routes(self, settings: ProducerSettings) -> None:
         """The paths a message takes (spill, first send, write-ahead), and the producer's hand-offs."""
         fallback = settings.mode == "fallback"
         self._spill = Spill(
-            self.writer, self._link, self.circuit, self._callbacks,
-            gate=fallback, keyed_probes=settings.drain_workers == 0,
+            self.writer,
+            self._link,
+            self.circuit,
+            self._callbacks,
+            gate=fallback,
+            keyed_probes=settings.drain_workers == 0,
             track_sends=fallback and not settings.kafka_config["delivery.report.only.error"],
             hold_longest=self._message_timeout + 1.0,
         )
@@ -335,12 +382,24 @@ class ResilientProducer(PythonObject):
         self._fence = self._spill.fence  # not armed: produce() needs no decision (outbox.producer.sendfence)
         self._backlog = self._spill.backlog
         self._first = FirstSend(
-            self._link, self._spill, self.writer, self.circuit, self.retry,
-            wake_drain=self.drainer.wake, id_header=settings.id_header, report_successes=settings.report_successes,
+            self._link,
+            self._spill,
+            self.writer,
+            self.circuit,
+            self.retry,
+            wake_drain=self.drainer.wake,
+            id_header=settings.id_header,
+            report_successes=settings.report_successes,
         )
         self._write_ahead = WriteAhead(
-            self._link, self._spill, self.writer, self.circuit, self._callbacks, self.retry,
-            durability=settings.durability, report_successes=settings.report_successes,
+            self._link,
+            self._spill,
+            self.writer,
+            self.circuit,
+            self._callbacks,
+            self.retry,
+            durability=settings.durability,
+            report_successes=settings.report_successes,
         )
         self._handoffs = _Handoffs(
             self._events, self.circuit, self._callbacks, self._backlog, self._write_ahead, self.drainer
@@ -473,8 +532,17 @@ class ResilientProducer(PythonObject):
             hook = self._produce_hook
             if hook is not None and headers.__class__ is not HookedHeaders:
                 return hook(
-                    self.produce, topic, value, key, partition, on_delivery, timestamp, headers, callback,
-                    enable_retry, transaction,
+                    self.produce,
+                    topic,
+                    value,
+                    key,
+                    partition,
+                    on_delivery,
+                    timestamp,
+                    headers,
+                    callback,
+                    enable_retry,
+                    transaction,
                 )
         if topic.__class__ is not str or topic not in KNOWN_TOPICS:
             check_topic(topic)
@@ -572,8 +640,13 @@ class ResilientProducer(PythonObject):
             msg_partition = m.get("partition")
             try:
                 self.produce(
-                    topic, m.get("value"), m.get("key"), partition if msg_partition is None else msg_partition,
-                    m.get("callback") or on_delivery, m.get("timestamp") or 0, m.get("headers"),
+                    topic,
+                    m.get("value"),
+                    m.get("key"),
+                    partition if msg_partition is None else msg_partition,
+                    m.get("callback") or on_delivery,
+                    m.get("timestamp") or 0,
+                    m.get("headers"),
                 )
             except (TypeError, ValueError, OverflowError) as exc:
                 m["_error"] = KafkaError(KafkaError._INVALID_ARG, f"Message failed: {exc}")
@@ -793,8 +866,8 @@ class ResilientProducer(PythonObject):
         self._unsaved_at_close = unsaved
         if unsaved:
             log.error(
-                "outbox: %d messages were neither delivered nor stored at close() "
-                "(stats()['unsaved_at_close'])", unsaved,
+                "outbox: %d messages were neither delivered nor stored at close() (stats()['unsaved_at_close'])",
+                unsaved,
             )
         return unsaved == 0
 
@@ -819,6 +892,7 @@ class ResilientProducer(PythonObject):
         in_librdkafka = self._link.flush_reports(5.0 if budget is None else min(budget, 5.0))
         self._backlog.close()
         self._link.stop()
+        self.circuit.retire()  # a refusal it was in is told again by the next producer it refuses
         self._poll_report.close()
         self._spill.release_held(force=True)
         # Commit before stopping the drain: a drain worker may wait for its batch on the wire,
@@ -848,12 +922,17 @@ class ResilientProducer(PythonObject):
         if unsaved:
             log.error(
                 "outbox: at exit, %d accepted messages were lost: not committed to the outbox within "
-                "exit_timeout=%gs (%d were)", unsaved, self._exit_timeout, stored,
+                "exit_timeout=%gs (%d were)",
+                unsaved,
+                self._exit_timeout,
+                stored,
             )
         elif stored:
             log.warning(
                 "outbox: at exit, %d undelivered messages were committed to the outbox (%s); the next "
-                "producer on it, or `outbox drain`, delivers them", stored, self.store.location,
+                "producer on it, or `outbox drain`, delivers them",
+                stored,
+                self.store.location,
             )
 
     def stop_producing(self) -> None:
@@ -921,8 +1000,13 @@ class _Handoffs:
     learned it, before observers hear the event."""
 
     def __init__(
-        self, events: Events, circuit: CircuitBreaker, callbacks: StoredCallbacks, backlog: KeyBacklog,
-        write_ahead: WriteAhead, drainer: Drainer | DrainProcess,
+        self,
+        events: Events,
+        circuit: CircuitBreaker,
+        callbacks: StoredCallbacks,
+        backlog: KeyBacklog,
+        write_ahead: WriteAhead,
+        drainer: Drainer | DrainProcess,
     ) -> None:
         self._events = events
         self._circuit = circuit

@@ -24,6 +24,7 @@ from outbox.message import DeliveryCallback
 from outbox.producer.link import queue_limits
 from outbox.producer.serialization import Serializer, Serializers
 from outbox.producer.storedcallbacks import DeadLetterCallback
+from outbox.producer.tokens import TokenSource
 from outbox.retry import RetryPolicy
 from outbox.stores import Outbox
 from outbox.stores.encryption import Encryption, KeyRing, as_key_ring
@@ -149,6 +150,8 @@ class ProducerSettings:
         if config is not None and not isinstance(config, Mapping):
             raise TypeError(f"expected configuration dict, got {type(config).__name__}")
         caller_config = {**(config or {}), **settings}
+        if callable(caller_config.get("oauth_cb")):  # what it raises names the circuit's cause
+            caller_config["oauth_cb"] = TokenSource(caller_config["oauth_cb"])
         if given.logger is not None:
             caller_config["logger"] = given.logger
         _check_arguments(caller_config, given)
@@ -177,21 +180,39 @@ class ProducerSettings:
             drain_config["error_cb"] = user_error_cb
         retry = given.retry or RetryPolicy()
         return cls(
-            outbox=given.outbox, retry=retry, on_dead_letter=given.on_dead_letter, mode=given.mode,
-            durability=given.durability, drain_workers=given.drain_workers, drain_in=given.drain_in,
-            id_header=given.id_header, circuit_failure_threshold=given.circuit_failure_threshold,
-            circuit_reset_timeout=given.circuit_reset_timeout, queue_full_timeout=given.queue_full_timeout,
-            commit_interval=given.commit_interval, lease_seconds=lease_seconds, on_store_error=given.on_store_error,
+            outbox=given.outbox,
+            retry=retry,
+            on_dead_letter=given.on_dead_letter,
+            mode=given.mode,
+            durability=given.durability,
+            drain_workers=given.drain_workers,
+            drain_in=given.drain_in,
+            id_header=given.id_header,
+            circuit_failure_threshold=given.circuit_failure_threshold,
+            circuit_reset_timeout=given.circuit_reset_timeout,
+            queue_full_timeout=given.queue_full_timeout,
+            commit_interval=given.commit_interval,
+            lease_seconds=lease_seconds,
+            on_store_error=given.on_store_error,
             serializers=Serializers.of(given.key_serializer, given.value_serializer),
-            memory_budget=given.memory_budget, exit_timeout=float(given.exit_timeout),
+            memory_budget=given.memory_budget,
+            exit_timeout=float(given.exit_timeout),
             handle_sigterm=given.handle_sigterm,
-            dead_letter_retention=retention_seconds(given.dead_letter_retention), kafka_config=kafka_config,
+            dead_letter_retention=retention_seconds(given.dead_letter_retention),
+            kafka_config=kafka_config,
             encryption=as_key_ring(given.encryption),
-            drain_config=drain_config, user_error_cb=user_error_cb, default_on_delivery=default_on_delivery,
-            rdkafka_reserve=rdkafka_reserve, report_successes=report_successes, message_timeout=message_timeout,
+            drain_config=drain_config,
+            user_error_cb=user_error_cb,
+            default_on_delivery=default_on_delivery,
+            rdkafka_reserve=rdkafka_reserve,
+            report_successes=report_successes,
+            message_timeout=message_timeout,
             drain=DrainSettings(
-                retry=retry, workers=max(given.drain_workers, 1), batch_size=given.drain_batch_size,
-                lease_seconds=lease_seconds, poll_interval=given.drain_poll_interval,
+                retry=retry,
+                workers=max(given.drain_workers, 1),
+                batch_size=given.drain_batch_size,
+                lease_seconds=lease_seconds,
+                poll_interval=given.drain_poll_interval,
             ),
         )
 

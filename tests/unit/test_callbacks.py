@@ -27,12 +27,16 @@ def test_a_raising_callback_is_counted_logged_once_and_returns(caplog: pytest.Lo
     assert config["bootstrap.servers"] == "x"
 
 
-def test_a_raising_oauth_cb_is_counted_and_raised_again() -> None:
+def test_a_raising_oauth_cb_is_raised_again_and_named_by_its_class_alone(caplog: pytest.LogCaptureFixture) -> None:
+    """A token that cannot be had is an outage the circuit names: not a callback error, no text logged."""
     errors = CallbackErrors()
     config = guarded({"oauth_cb": boom}, errors, client="a test client")
-    with pytest.raises(RuntimeError):
+    with caplog.at_level(logging.DEBUG, logger="outbox"), pytest.raises(RuntimeError):
         config["oauth_cb"]("")
-    assert errors.count == 1
+    assert errors.count == 0
+    assert [(r.levelno, r.getMessage(), r.exc_info) for r in caplog.records] == [
+        (logging.DEBUG, "outbox: the application's oauth_cb raised RuntimeError on a test client", None)
+    ]
 
 
 def test_a_callback_that_works_is_called_with_its_arguments() -> None:
