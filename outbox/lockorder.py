@@ -18,17 +18,21 @@ from typing import Any
 
 #: Outermost first: a thread holding one of these takes only those after it.
 ORDER: tuple[str, ...] = (
-    "key backlog",  # KeyBacklog: which keys queue behind the outbox (held while it sends a key's held messages)
+    # KeyBacklog: which keys queue behind the outbox; held while it ends a key's gate, sending
+    # the key's held messages (a refused send is settled, which may count toward the circuit).
+    "key backlog",
+    # CircuitBreaker; held while its opening starts the hold-back or arms the send fence, and
+    # while it tells the process's refusals.
+    "circuit",
+    "refusals",  # Refusals: the circuits open for one refusal of the credentials
     "hold-back",  # Holdback: what waits while librdkafka hands messages back
     "send fence",  # SendFence: keyed first sends in librdkafka
-    "write-ahead",  # WriteAhead: its rows in flight
-    "circuit",  # CircuitBreaker
-    "refusals",  # Refusals: the circuits open for one refusal of the credentials
-    "writer",  # GroupCommitWriter: the queue of rows to commit
-    "drain",  # Drainer: its counts and limits
+    "write-ahead",  # WriteAhead: a batch's rows in flight
+    "writer",  # GroupCommitWriter: the rows queued for the next commit
+    "drain",  # Drainer: its counts, limits and claim timings
     "drain progress",  # Drainer: settled batches, for workers waiting on them
     "drain process",  # DrainProcess: its pipe to the child
-    "drain process reports",  # the child's reports
+    "drain process reports",  # the child's end of the pipe
     "callback errors",  # CallbackErrors
     "poll report",  # PollReport: callbacks served, errors to raise
 )
@@ -39,15 +43,15 @@ CHECKED = os.environ.get("OUTBOX_CHECK_LOCK_ORDER") == "1"
 #: (``OUTBOX_LOCK_ORDER_LEARN=path``, for the project's own maintainers).
 _LEARN = os.environ.get("OUTBOX_LOCK_ORDER_LEARN")
 _seen: set[tuple[str, str]] = set()
-if _LEARN:
-    import atexit
+CHECKED = CHECKED or bool(_LEARN)
 
-    def _write_seen(path: str) -> None:
-        with open(path, "a") as f:
-            f.writelines(f"{a}\t{b}\n" for a, b in sorted(_seen))
 
-    CHECKED = True
-    atexit.register(_write_seen, _LEARN)
+def _learn(held: str, taken: str) -> None:
+    """Learning: append a pair the first time this process sees it (a killed process keeps its own)."""
+    if (held, taken) not in _seen:
+        _seen.add((held, taken))
+        with open(_LEARN or "", "a") as f:
+            f.write(f"{held}\t{taken}\n")
 
 
 class LockOrderError(RuntimeError):
@@ -81,7 +85,7 @@ class _Checked:
         if not (self._reentrant and self in stack):
             for held in stack:
                 if _LEARN:
-                    _seen.add((held.name, self.name))
+                    _learn(held.name, self.name)
                 elif held._rank >= self._rank:
                     raise LockOrderError(
                         f"lock {self.name!r} taken while holding {held.name!r}; the order is "

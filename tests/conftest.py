@@ -3,6 +3,12 @@ none of them may be skipped: a missing service, build feature or broker is a fai
 
 from __future__ import annotations
 
+import os
+
+# Before anything imports the SDK: every lock of the producer and the drain checks the one lock
+# order (`outbox.lockorder`), in this process and in the processes the tests start.
+os.environ.setdefault("OUTBOX_CHECK_LOCK_ORDER", "1")
+
 from collections.abc import Generator
 from typing import Any
 
