@@ -3,7 +3,7 @@
 Each worker owns a `SendLoop` (one producer) and loops: claim a batch with a lease (one short
 transaction), send it with no transaction open (`outbox.drain.sendloop`), then apply every row's
 `settle()` decision in one short transaction (`Outbox.apply`). The next batch is claimed, on the
-worker's claim thread, while one is produced and in flight, and sent once that one is settled.
+workers' one claim thread, while one is produced and in flight, and sent once that one is settled.
 Retry state lives in the row, so workers never sleep per message and a crashed worker's rows
 come back when their lease expires.
 
@@ -229,7 +229,7 @@ class Drainer:
         self._lock = new_lock("drain")
         self.result = DrainResult()
         # How long each claim took in the store, rows found or not (once per batch, never per
-        # message), under `_lock`: the workers' claim threads all write it (`claim_seconds()`).
+        # message), under `_lock`: claims run on the claim thread, or at exit on a worker's own.
         self._claim_seconds = LatencyHistogram()
         self._wakeup = threading.Event()
         # Bumped after every settled batch (and by wake/stop): a worker whose due rows are all
@@ -243,6 +243,12 @@ class Drainer:
         # rows that worker settles may unblock more of their keys.
         self._holding = 0
         self._hand_back: DrainHandback | None = None
+        # The workers' one claim thread, and how many running workers use it (under `_lock`).
+        # One is enough: claims are serialized anyway, by the SQLite file's write lock and by
+        # PostgreSQL's per-table advisory lock; each worker's claim still runs while its own
+        # batch is in flight.
+        self._claims: ThreadPoolExecutor | None = None
+        self._claimers = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -419,7 +425,7 @@ class Drainer:
         # sidecar) survive store failures, which a database restart causes; a run until empty
         # reports them to its caller.
         background = limit is None or not until_empty
-        # The next batch is claimed while one is produced and in flight, on the worker's claim
+        # The next batch is claimed while one is produced and in flight, on the workers' claim
         # thread (stop-and-wait left the worker idle for most of each batch, and a claim that
         # waits on a database server would leave it idle still), and produced once that one is
         # settled: the producer holds one batch at a time (`outbox.drain.sendloop`). Its rows may
@@ -435,7 +441,7 @@ class Drainer:
         current: InFlight[OutboxMessage] | None = None  # on the producer
         queued: Sequence[OutboxMessage] = []  # claimed, sent once `current` is settled
         claiming: Future[Sequence[OutboxMessage]] | None = None  # the claim of the next batch
-        claims = ThreadPoolExecutor(1, thread_name_prefix="outbox-claim")
+        claims = self._claim_thread()
         holding = False
         proven = False  # a batch was settled since the worker last found no broker
         since_idle = 0  # rows this worker settled since it last found nothing to send
@@ -501,11 +507,29 @@ class Drainer:
                     self._give_back(queued, limit, background)
             except Exception:
                 log.exception("outbox drain: could not settle a batch at stop; its leases expire")
-            claims.shutdown(wait=True)
+            self._claim_thread_done()
             loop.close(5)
             self._loops.discard(loop)
             self._mark_holding(False, holding)
             self._interrupt_waiters()  # a worker waiting for this one's rows looks again
+
+    def _claim_thread(self) -> ThreadPoolExecutor:
+        """A starting worker's claim thread, shared with the other running workers."""
+        with self._lock:
+            if self._claims is None:
+                self._claims = ThreadPoolExecutor(1, thread_name_prefix="outbox-claim")
+            self._claimers += 1
+            return self._claims
+
+    def _claim_thread_done(self) -> None:
+        """A worker ended (its own claims were taken): the last one stops the claim thread."""
+        with self._lock:
+            self._claimers -= 1
+            pool = self._claims if self._claimers == 0 else None
+            if pool is not None:
+                self._claims = None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def claim_seconds(self) -> tuple[list[tuple[str, int]], float]:
         """The claims' durations so far, as `LatencyHistogram.cumulative()` gives them: exported
