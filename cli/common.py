@@ -23,6 +23,7 @@ from outbox.errors import ConfigError, KafkaUnavailableError, MissingDependencyE
 from outbox.stores import Outbox, open_outbox
 from outbox.stores.encryption import KEYS_ENV, KeyRing, given_keys
 from outbox.stores.filters import parse_duration, parse_time
+from outbox.stores.registry import backend
 from outbox.stores.urls import StoreURL, parse_url
 
 from .format import dumps
@@ -291,9 +292,10 @@ def open_store(url: str) -> Iterator[tuple[Outbox, StoreURL]]:
     except MissingDependencyError as exc:
         raise CliError(scrub(ctx, str(exc))) from exc
     except ImportError as exc:
+        extra = backend(parsed.kind).extra
         raise CliError(
-            f"cannot open {parsed.redacted()}: {exc.name or 'a driver'} is not installed "
-            "(pip install 'kafka-outbox[postgres]')"
+            f"cannot open {parsed.redacted()}: {exc.name or 'a driver'} is not installed"
+            + (f" (pip install '{extra}')" if extra else "")
         ) from exc
     try:
         yield store, parsed

@@ -33,6 +33,7 @@ from hypothesis.stateful import (
 
 from outbox.errors import ConfigError, UnknownMessageError
 from outbox.records import DeadLetterFilter, NewMessage, OutboxMessage, Status
+from outbox.stores import registry
 from outbox.stores.base import ERASE_BATCH, Erased, Failure, Outbox, Rewrite, Settlement
 from outbox.stores.bulk import BulkSelection, explode, explode_keys
 from outbox.stores.encryption import Key, KeyRing
@@ -68,36 +69,36 @@ def make_durable_store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterato
 
 
 def _factory(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Factory]:
+    """Fresh stores of one backend, each opened as an application opens it: through the store
+    registry (`outbox.stores.registry`), from its URL."""
     opened: list[Outbox] = []
     counter = itertools.count()
     if request.param == "memory":
         yield MemoryOutbox
-    elif request.param == "sqlite":
-
-        def factory() -> Outbox:
-            store = SQLiteOutbox(str(tmp_path / f"outbox-{next(counter)}.db"))
-            opened.append(store)
-            return store
-
-        yield factory
+        return
+    if request.param == "sqlite":
+        url = parse_url(str(tmp_path / "outbox.db"))
+        drop: Callable[[], None] = lambda: None  # noqa: E731 - the files go with tmp_path
     else:
-        from outbox.stores.postgres import PostgresOutbox
-
         base: str = request.getfixturevalue("postgres_url")
         schema = f"contract_{uuid.uuid4().hex[:10]}"
         url = dataclasses.replace(parse_url(base), schema=schema)
+        drop = lambda: _drop_schema(base, schema)  # noqa: E731
+    backend = registry.backend(url.kind)
 
-        def factory() -> Outbox:
-            store = PostgresOutbox(dataclasses.replace(url, table=f"outbox_{next(counter)}"), pool_size=2)
-            opened.append(store)
-            return store
+    def factory() -> Outbox:
+        n = next(counter)
+        each = dataclasses.replace(url, path=str(tmp_path / f"outbox-{n}.db")) if url.path else (
+            dataclasses.replace(url, table=f"outbox_{n}")
+        )
+        store = backend.open(each, True)
+        opened.append(store)
+        return store
 
-        yield factory
-        for s in opened:
-            s.close()
-        _drop_schema(base, schema)
+    yield factory
     for s in opened:
         s.close()
+    drop()
 
 
 @pytest.fixture

@@ -7,13 +7,14 @@ import os
 import pytest
 
 from outbox.errors import ConfigError
+from outbox.stores.registry import jdbc_of
 from outbox.stores.urls import DEFAULT_TABLE, StoreURL, parse_url
 
 SECRET = "s3cr3t-pw"
 
 
 def _no_secret(u: StoreURL) -> None:
-    for text in (str(u), repr(u), u.redacted(), u.where(), u.jdbc_url()):
+    for text in (str(u), repr(u), u.redacted(), u.where(), jdbc_of(u).url(u)):
         assert SECRET not in text
 
 
@@ -73,9 +74,10 @@ def test_redacted_shows_user_but_never_password() -> None:
 
 def test_jdbc_url_and_properties_for_spark() -> None:
     u = parse_url(f"postgresql://app:{SECRET}@h:5432/db?currentSchema=s")
-    assert u.jdbc_url() == "jdbc:postgresql://h:5432/db"
-    assert u.jdbc_properties() == {"driver": "org.postgresql.Driver", "user": "app", "password": SECRET}
-    assert parse_url("postgresql://h/db").jdbc_properties() == {"driver": "org.postgresql.Driver"}
+    assert jdbc_of(u).url(u) == "jdbc:postgresql://h:5432/db"
+    assert jdbc_of(u).properties(u) == {"driver": "org.postgresql.Driver", "user": "app", "password": SECRET}
+    bare = parse_url("postgresql://h/db")
+    assert jdbc_of(bare).properties(bare) == {"driver": "org.postgresql.Driver"}
 
 
 @pytest.mark.parametrize(
@@ -115,15 +117,15 @@ def test_jdbc_sqlite_absolute_is_an_alias_of_four_slash_sqlite() -> None:
     b = parse_url("sqlite:////var/lib/app/outbox.db")
     assert a == b
     assert a.kind == "sqlite" and a.path == "/var/lib/app/outbox.db"
-    assert a.jdbc_url() == "jdbc:sqlite:/var/lib/app/outbox.db"
-    assert a.jdbc_properties() == {"driver": "org.sqlite.JDBC"}
+    assert jdbc_of(a).url(a) == "jdbc:sqlite:/var/lib/app/outbox.db"
+    assert jdbc_of(a).properties(a) == {"driver": "org.sqlite.JDBC"}
     assert a.where() == "/var/lib/app/outbox.db"
 
 
 def test_sqlite_three_slashes_is_relative() -> None:
     u = parse_url("sqlite:///data/outbox.db")
     assert u.path == "data/outbox.db"
-    assert u.jdbc_url() == "jdbc:sqlite:" + os.path.abspath("data/outbox.db")
+    assert jdbc_of(u).url(u) == "jdbc:sqlite:" + os.path.abspath("data/outbox.db")
     assert parse_url("jdbc:sqlite:rel.db").path == "rel.db"
 
 
