@@ -214,7 +214,7 @@ def outbox_option(f: F) -> F:
         show_envvar=True,
         required=True,
         metavar="URL",
-        help="The outbox: sqlite:///path.db, a plain file path, or postgresql://user@host/db.",
+        help="The outbox: sqlite:///path.db, a plain file path, postgresql://user@host/db or mysql://user@host/db.",
     )(f)
 
 

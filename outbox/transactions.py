@@ -46,7 +46,8 @@ def dbapi_connection(transaction: Any) -> Any:
         return _sqlalchemy(transaction)
     if module.startswith("django.") and hasattr(transaction, "in_atomic_block"):
         return _django(transaction)
-    drivers = " or ".join(connection_modules())
+    *others, last = connection_modules()
+    drivers = f"{', '.join(others)} or {last}" if others else last
     raise ConfigError(
         f"transaction must be a {drivers} connection, a SQLAlchemy Connection or Session, or "
         f"Django's connection inside transaction.atomic() (got {type(transaction).__name__})"

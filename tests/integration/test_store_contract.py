@@ -22,6 +22,7 @@ import pytest
 from outbox.stores import registry
 from outbox.stores.base import Capabilities, Outbox
 from outbox.stores.memory import MemoryOutbox
+from outbox.stores.mysql import MySQLOutbox
 from outbox.stores.postgres import PostgresOutbox
 from outbox.stores.sqlite import SQLiteOutbox
 from outbox.stores.urls import StoreURL, parse_url
@@ -116,3 +117,57 @@ class TestPostgresStore(DurableStoreContract):
 
     def test_declares_its_capabilities(self, store: Outbox) -> None:
         assert store.capabilities == DURABLE
+
+
+class TestMySQLStore(DurableStoreContract):
+    """On a real MariaDB server (the test bed's), each test's tables apart in the session database."""
+
+    @pytest.fixture
+    def make_store(self, mysql_url: str) -> Iterator[Factory]:
+        prefix = f"contract_{uuid.uuid4().hex[:10]}"
+        made: list[str] = []
+
+        def at(url: StoreURL, n: int) -> StoreURL:
+            made.append(f"{prefix}_{n}")
+            return dataclasses.replace(url, table=made[-1])
+
+        try:
+            with opened_stores(parse_url(mysql_url), at) as factory:
+                yield factory
+        finally:
+            with contextlib.closing(_mysql(mysql_url)) as conn, conn.cursor() as cur:
+                for table in made:
+                    cur.execute(f"DROP TABLE IF EXISTS `{table}`, `{table}_audit`, `{table}_meta`")
+
+    def reopen(self, store: Outbox) -> Outbox:
+        assert isinstance(store, MySQLOutbox)
+        return MySQLOutbox(store.url, create=False)
+
+    def run_sql(self, store: Outbox, sql: str) -> list[tuple[Any, ...]]:
+        assert isinstance(store, MySQLOutbox)
+        with contextlib.closing(_mysql(store.url.redacted(), store.url)) as conn, conn.cursor() as cur:
+            cur.execute(sql)
+            return list(cur.fetchall())
+
+    def table(self, store: Outbox) -> str:
+        assert isinstance(store, MySQLOutbox)
+        return f'"{store.url.table}"'
+
+    def test_declares_its_capabilities(self, store: Outbox) -> None:
+        assert store.capabilities == Capabilities(transactional_enqueue=True)
+
+
+def _mysql(url: str, parsed: StoreURL | None = None) -> Any:
+    """A PyMySQL connection of its own to the database of `url`, in ANSI quotes (as the store's SQL is)."""
+    import pymysql
+
+    u = parsed or parse_url(url)
+    return pymysql.connect(
+        host=u.host,
+        port=u.port,
+        user=u.user or "",
+        password=u.password or "",
+        database=u.database,
+        autocommit=True,
+        sql_mode="ANSI_QUOTES",
+    )

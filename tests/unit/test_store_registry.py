@@ -100,7 +100,7 @@ def test_a_backend_that_does_not_load_is_named(tmp_path: Path) -> None:
 
 
 def test_an_unknown_connection_names_the_drivers_the_backends_take() -> None:
-    with pytest.raises(ConfigError, match="transaction must be a sqlite3 or psycopg connection"):
+    with pytest.raises(ConfigError, match="transaction must be a sqlite3, psycopg or pymysql connection"):
         dbapi_connection(object())
 
 

@@ -152,17 +152,55 @@ def test_empty_or_memory_sqlite_is_an_error(url: str) -> None:
         parse_url(url)
 
 
-@pytest.mark.parametrize("url", ["mysql://h/db", "redis://h:6379", "jdbc:mysql://h/db", "http://x/y"])
+@pytest.mark.parametrize("url", ["oracle://h/db", "redis://h:6379", "jdbc:oracle:thin:@h:1521/db", "http://x/y"])
 def test_unknown_scheme_names_it_and_lists_the_accepted_forms(url: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_url(url)
     text = str(info.value)
     assert "unknown outbox URL scheme" in text
     assert repr(url.split(":", 1)[0]) in text
-    for form in ("sqlite:///", "jdbc:sqlite:", "postgresql://", "jdbc:postgresql://"):
+    for form in ("sqlite:///", "jdbc:sqlite:", "postgresql://", "jdbc:postgresql://", "mysql://"):
         assert form in text
 
 
 def test_config_error_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         parse_url("nope://x")
+
+
+# -- MySQL / MariaDB (a backend of the registry's entry point) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"mysql://app:{SECRET}@db.example:3307/orders?table=ob",
+        f"MariaDB://app:{SECRET}@db.example:3307/orders?table=ob",
+        f"jdbc:mysql://db.example:3307/orders?user=app&password={SECRET}&table=ob&useSSL=false",
+        f"jdbc:mariadb://db.example:3307/orders?user=app&password={SECRET}&table=ob",
+    ],
+)
+def test_mysql_urls(url: str) -> None:
+    u = parse_url(url)
+    assert (u.kind, u.host, u.port, u.database, u.user, u.password) == (
+        "mysql", "db.example", 3307, "orders", "app", SECRET
+    )
+    assert (u.table, u.options) == ("ob", ())  # the JDBC driver's own options are not read
+    assert u.redacted() == "mysql://app:***@db.example:3307/orders"
+    assert (str(u), u.where()) == ("mysql://app:***@db.example:3307/orders", "db.example:3307/orders")
+    assert SECRET not in repr(u)
+    with pytest.raises(ConfigError, match="has no JDBC driver: a Spark job cannot read it"):
+        jdbc_of(u)
+
+
+def test_mysql_defaults_and_errors_never_show_the_password() -> None:
+    u = parse_url("mysql://db/app")
+    assert (u.port, u.table, u.user, u.password) == (3306, DEFAULT_TABLE, None, None)
+    for url, needle in [
+        (f"mysql://u:{SECRET}@h/", "MySQL outbox URL needs a database"),
+        (f"mysql://u:{SECRET}@h:notaport/db", "MySQL outbox URL has a bad port"),
+        (f"mysql://u:{SECRET}@h/db?table=a-b", "schema and table names must be letters"),
+    ]:
+        with pytest.raises(ConfigError, match=needle) as info:
+            parse_url(url)
+        assert SECRET not in str(info.value)
