@@ -6,8 +6,13 @@ table; refusals and errors that name the problem and never the password. The con
 from __future__ import annotations
 
 import json
+import random
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pymysql
@@ -15,14 +20,17 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from outbox import ConfigError, open_outbox
+from outbox import ID_HEADER, ConfigError, open_outbox
 from outbox.errors import StoreError
 from outbox.records import NewMessage
 from outbox.stores.location import StoreURL
 from outbox.stores.mysql import MySQLOutbox
 from outbox.stores.urls import parse_url
 
+from .delivery import keyed_value, read_topic
 from .test_transactions import delivered_ids, producer
+
+WORKER = Path(__file__).with_name("fleet_worker.py")
 
 
 def connect(u: StoreURL, **kw: Any) -> pymysql.connections.Connection[Any]:
@@ -185,3 +193,46 @@ def test_the_command_line_reads_and_replays_a_mysql_outbox(url: StoreURL) -> Non
 def _plain(url: StoreURL) -> str:
     """The URL with its password, as an application gives it."""
     return f"mysql://{url.user}:{url.password}@{url.host}:{url.port}/{url.database}"
+
+
+def test_two_drainer_processes_on_one_mysql_outbox_send_each_message_once_and_each_key_in_order(
+    url: StoreURL, kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Two drainer processes (`fleet_worker.py`) share 20,000 pending messages over 100 keys on one
+    MariaDB outbox, each run of 1,000 messages of one quarter of the keys (as four producers, each
+    writing its own customers: a claim of one run holds back no other run's keys, so the drainers
+    need not take turns). The outbox-ids Kafka acknowledged to each are disjoint and together
+    every message; the topic holds each message, and each key's in enqueue order."""
+    total, n_keys = 20_000, 100
+    topic = make_topic(partitions=6)
+    rng = random.Random(7)
+    seq = [0] * n_keys
+    ids: list[str] = []
+    with open_outbox(_plain(url)) as store:
+        for start in range(0, total, 5000):
+            batch = []
+            for i in range(start, start + 5000):
+                k = (i // 1000 % 4) * (n_keys // 4) + rng.randrange(n_keys // 4)
+                key, value = keyed_value(k, seq[k])
+                seq[k] += 1
+                ids.append(f"fleet-{i}")
+                batch.append(NewMessage(topic, value, key, [(ID_HEADER, ids[-1].encode())], -1, ids[-1]))
+            store.enqueue(batch)
+        reports = [tmp_path / f"worker-{n}.json" for n in range(2)]
+        logs = [tmp_path / f"worker-{n}.log" for n in range(2)]
+        procs = []
+        for report, log in zip(reports, logs, strict=True):
+            with open(log, "wb") as err:
+                argv = [sys.executable, str(WORKER), _plain(url), kafka_bootstrap, str(report)]
+                procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err))
+        for p, log in zip(procs, logs, strict=True):
+            assert p.wait(300) == 0, f"drainer exited with {p.returncode}:\n{log.read_text(errors='replace')[-3000:]}"
+        stats = store.stats(now=time.time())
+    assert (stats.pending, stats.dead) == (0, 0)
+    acked = [set(json.loads(r.read_text())["acked"]) for r in reports]
+    print(f"\nfleet: {total} messages, {n_keys} keys; delivered per drainer {[len(a) for a in acked]}")
+    assert not acked[0] & acked[1], "a message was sent by both drainers"
+    assert acked[0] | acked[1] == set(ids) and all(acked), "every message sent, by both drainers"
+    got = read_topic(kafka_bootstrap, topic, total, timeout=120)
+    assert got.unique == total and set(got.by_id) == set(ids)
+    assert got.order_violations() == []
