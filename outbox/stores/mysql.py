@@ -182,6 +182,8 @@ class MySQLOutbox(SQLOutbox):
             reason = f"database {self.url.database!r} does not exist"
         elif code in (2003, 2006, 2013):
             reason = f"cannot reach the MySQL server ({reason})"
+        elif not reason.strip():  # PyMySQL's InterfaceError(0, ''): a connection already closed
+            reason = f"the connection to the MySQL server is closed ({type(exc).__name__})"
         prefix = self._where + (f" ({doing})" if doing else "")
         return StoreError(f"{prefix}: {' '.join(reason.split())}")
 

@@ -164,6 +164,17 @@ def test_claimers_on_one_table_take_each_message_once_and_each_key_in_order(url:
         assert mine == sorted(mine), f"key {key!r} left out of order"
 
 
+def test_a_pooled_connection_closed_underneath_fails_one_call_by_name_and_is_replaced(url: StoreURL) -> None:
+    with MySQLOutbox(url, pool_size=1) as store:
+        [i] = store.enqueue([NewMessage(topic="t", value=b"kept")])
+        conn = store._pool.get_nowait()
+        conn.close()  # as a server gone away leaves it
+        store._pool.put(conn)
+        with pytest.raises(StoreError, match=r"MySQL outbox .*: the connection to the MySQL server is closed"):
+            store.get(i)
+        assert store.get(i).value == b"kept"  # on a new connection
+
+
 def test_the_command_line_reads_and_replays_a_mysql_outbox(url: StoreURL) -> None:
     from click.testing import CliRunner
     from outbox_cli.main import cli
