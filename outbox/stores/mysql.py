@@ -5,15 +5,20 @@ MariaDB >= 10.6 and MySQL >= 8.0 (both have `FOR UPDATE SKIP LOCKED`). One messa
 an InnoDB table whose key is found on `key_hash`, a stored column the server computes
 (`UNHEX(MD5(key))`), so that a key's bytes of any length are compared on an index. Connections:
 a small pool, each in READ COMMITTED (a claim's rule reads the newest committed rows, and no gap
-locks are taken), with ANSI quotes and no backslash escapes (the shared SQL's quoting). Leases
-run until they expire: an owner's liveness is unknown here. A broken connection is dropped from
-the pool, so a restarted server is used again at the next call.
+locks are taken), with ANSI quotes and no backslash escapes (the shared SQL's quoting). A broken
+connection is dropped from the pool, so a restarted server is used again at the next call.
+
+Lease owners (`outbox.stores.owners`): an owner holds a named lock (`GET_LOCK`) on a connection
+of its own before it leases anything; the server frees it when that session ends (the process
+killed), and claimers then take the owner's rows at once. An owner of this host is judged by its
+process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import queue
 import threading
 import time
@@ -25,7 +30,10 @@ from outbox.errors import ConfigError, MissingDependencyError, StoreError
 from outbox.records import NewMessage, Status
 from outbox.stores.base import Capabilities
 from outbox.stores.location import StoreURL
+from outbox.stores.owners import Liveness, describe_owner, local_liveness, parse_owner
 from outbox.stores.sqlcore import Cursor, Dialect, SQLOutbox
+
+log = logging.getLogger(__name__)
 
 #: The schema version this code writes (`<table>_meta`).
 VERSION = 1
@@ -94,7 +102,7 @@ class MySQLOutbox(SQLOutbox):
         pool_size: connections kept open (at least 1).
     """
 
-    capabilities = Capabilities(transactional_enqueue=True)
+    capabilities = Capabilities(transactional_enqueue=True, owner_liveness=True)
     dialect = DIALECT
 
     def __init__(self, url: StoreURL, *, create: bool = True, pool_size: int = 4) -> None:
@@ -111,6 +119,8 @@ class MySQLOutbox(SQLOutbox):
         self._pool: queue.LifoQueue[Any] = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(pool_size)
         self._closed = False
+        self._owners: dict[str, tuple[Any, float]] = {}  # owner -> (its lock's connection, last checked)
+        self._owner_lock = threading.Lock()
         with self._tx() as cur:
             cur.execute("SELECT @@innodb_autoinc_lock_mode")
             # Modes 0 and 1 give a multi-row INSERT consecutive ids; 2 ("interleaved") may not.
@@ -187,8 +197,61 @@ class MySQLOutbox(SQLOutbox):
         prefix = self._where + (f" ({doing})" if doing else "")
         return StoreError(f"{prefix}: {' '.join(reason.split())}")
 
+    # -- lease owners --------------------------------------------------------------------------------
+
+    def _lock_name(self, owner: str) -> str:
+        """The named lock of an owner of this table (at most 64 characters)."""
+        digest = hashlib.blake2b(f"{self.url.database}.{self.url.table}\0{owner}".encode(), digest_size=16)
+        return f"outbox:{digest.hexdigest()}"
+
+    def _hold_owner(self, owner: str) -> None:
+        """Make sure `owner` holds its lock, on a connection of its own (outside the pool: the
+        lock must live exactly as long as its owner); checked at most once a second, and taken
+        again on a new connection after a server restart."""
+        now = time.monotonic()
+        held = self._owners.get(owner)
+        if held is not None and now - held[1] < 1.0:
+            return
+        with self._owner_lock:
+            if self._closed:
+                raise StoreError(f"{self._where}: the store is closed")
+            held = self._owners.pop(owner, None)
+            if held is not None:
+                try:
+                    held[0].ping(reconnect=False)
+                    self._owners[owner] = (held[0], now)
+                    return
+                except self._pymysql.Error:
+                    _close_quietly(held[0])
+            conn = self._connect()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT GET_LOCK(%s, 0)", [self._lock_name(owner)])
+                    got = cur.fetchone()[0]
+            except self._pymysql.Error as exc:
+                _close_quietly(conn)
+                raise self._error(exc, "taking the lease owner's lock") from None
+            if got != 1:
+                log.warning("%s: another session holds the lock of lease owner %s", self._where, describe_owner(owner))
+            self._owners[owner] = (conn, now)
+
+    def owner_liveness(self, owners: Sequence[str]) -> dict[str, Liveness]:
+        """Alive, gone or unknown, for each lease owner: one of this host by its process, one
+        named by `outbox.stores.owners.new_owner` by its lock (held: alive), others unknown."""
+        out = {o: local_liveness(o) for o in owners}
+        remote = [o for o, live in out.items() if live is Liveness.UNKNOWN and parse_owner(o) is not None]
+        if remote:
+            names = [self._lock_name(o) for o in remote]
+            free = self._read(f"SELECT {', '.join(['IS_FREE_LOCK(%s)'] * len(names))}", names)[0]
+            out.update({o: Liveness.GONE if f == 1 else Liveness.ALIVE for o, f in zip(remote, free, strict=True)})
+        return out
+
     def close(self) -> None:
         self._closed = True
+        with self._owner_lock:
+            for conn, _ in self._owners.values():
+                _close_quietly(conn)
+            self._owners.clear()
         while True:
             try:
                 _close_quietly(self._pool.get_nowait())

@@ -18,6 +18,7 @@ of their key holds back, leased in the same short transaction.
 from __future__ import annotations
 
 import abc
+import logging
 import re
 import time
 from collections.abc import Collection, Iterator, Sequence
@@ -42,8 +43,10 @@ from outbox.stores.base import (
     stored_payload,
 )
 from outbox.stores.encryption import KeyRing
+from outbox.stores.owners import Liveness, SweepSchedule, describe_owner
 from outbox.stores.rotation import Resealed, RotatingStore, StoredPayload
 
+log = logging.getLogger(__name__)
 _ALL = DeadLetterFilter()
 _PENDING, _DEAD = int(Status.PENDING), int(Status.DEAD)
 
@@ -102,11 +105,16 @@ class SQLOutbox(RotatingStore, Outbox):
     def _insert(self, cur: Cursor, rows: Sequence[tuple[Any, ...]]) -> list[int]:
         """Insert rows of `_insert_columns` values in order; their ids, in order."""
 
+    def _hold_owner(self, owner: str) -> None:
+        """Make sure `owner` is known to be alive before it leases anything (a store whose
+        `capabilities.owner_liveness` is set: `owner_liveness` judges it); nothing otherwise."""
+
     # -- SQL built once -----------------------------------------------------------------------------
 
     def _setup(self) -> None:
         """The statements this store runs, for its dialect (call once the table names are set)."""
         d = self.dialect
+        self._sweeps = SweepSchedule()
         self._row = f"{d.columns(COLUMNS)}, enc_key"
         self._insert_columns = f"{d.columns(', '.join(INSERT_COLUMNS))}, enc_key"
         self._key = d.quote("key")
@@ -148,6 +156,9 @@ class SQLOutbox(RotatingStore, Outbox):
     ) -> Sequence[OutboxMessage]:
         if limit <= 0:
             return []
+        self._hold_owner(owner)
+        if self.capabilities.owner_liveness and self._sweeps.due():
+            self.release_gone_owners(now=now)
         where = f"status = {_PENDING} AND next_attempt_at <= %s"
         args: list[Any] = [now]
         if topic is not None:
@@ -208,6 +219,8 @@ class SQLOutbox(RotatingStore, Outbox):
         dead: list[OutboxMessage] = []
         if not (new or settlement):
             return Applied(ids, deleted, dead)
+        if new and lease_owner is not None:
+            self._hold_owner(lease_owner)
         with self._tx() as cur:
             if new:
                 ids = self._insert(cur, [self._values(m, Status.PENDING, lease_owner, lease_until, now) for m in new])
@@ -269,6 +282,35 @@ class SQLOutbox(RotatingStore, Outbox):
             f"SELECT topic, {self._key} FROM {self._t} WHERE status = {_PENDING} AND {self._key} IS NOT NULL"
         )
         return {(t, bytes(k)) for t, k in rows}
+
+    def release_gone_owners(self, *, now: float) -> int:
+        """Give back, due now, every lease whose owner is gone (`owner_liveness`): claimers call it
+        at their first claim and then now and then (`SweepSchedule`). How many rows."""
+        if not self.capabilities.owner_liveness:
+            return 0
+        started = time.monotonic()
+        try:
+            leased = f"status = {_PENDING} AND next_attempt_at > %s AND lease_owner IS NOT NULL"
+            owners = [r[0] for r in self._read(f"SELECT DISTINCT lease_owner FROM {self._t} WHERE {leased}", [now])]
+            gone = [o for o, live in self.owner_liveness(owners).items() if live is Liveness.GONE]
+            if not gone:
+                return 0
+            with self._tx() as cur:
+                cur.execute(
+                    f"UPDATE {self._t} SET lease_owner = NULL, next_attempt_at = %s "
+                    f"WHERE {leased} AND lease_owner IN ({_marks(gone)})",
+                    [now, now, *gone],
+                )
+                released = int(cur.rowcount)
+        finally:
+            self._sweeps.done(started)
+        log.info(
+            "outbox %s: released %d leased row(s) of %s (owner gone)",
+            self.location,
+            released,
+            ", ".join(describe_owner(o) for o in gone),
+        )
+        return released
 
     def next_due_at(self) -> float | None:
         rows = self._read(f"SELECT MIN(next_attempt_at) FROM {self._t} WHERE status = {_PENDING}")
