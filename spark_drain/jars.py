@@ -1,6 +1,7 @@
 """Where the JDBC driver jars Spark needs to read an outbox are on this machine (no download here).
 
-The pinned drivers (``org.postgresql:postgresql``, ``org.xerial:sqlite-jdbc``) are fetched from
+The pinned drivers (``org.postgresql:postgresql``, ``org.xerial:sqlite-jdbc``,
+``org.mariadb.jdbc:mariadb-java-client``) are fetched from
 Maven Central once by ``python -m outbox.testing fetch`` into
 ``${XDG_CACHE_HOME:-~/.cache}/kafka-outbox/<set>-<version>/libs``; Debian's packages are the
 fallback. Which driver an outbox needs is its backend's (`outbox.stores.registry.Jdbc`).
@@ -48,7 +49,7 @@ class ArtifactSet:
         return (self.root / MARKER).is_file() and self.libs.is_dir()
 
 
-JDBC = ArtifactSet("jdbc", "1", "jdbc-pom.xml", "postgresql-*.jar")
+JDBC = ArtifactSet("jdbc", "2", "jdbc-pom.xml", "mariadb-java-client-*.jar")
 
 
 def _drivers() -> dict[str, Jdbc]:

@@ -29,6 +29,7 @@ from typing import Any
 from outbox.errors import ConfigError, MissingDependencyError, StoreError
 from outbox.records import NewMessage, Status
 from outbox.stores.base import Capabilities
+from outbox.stores.bulk import BulkRead
 from outbox.stores.location import StoreURL
 from outbox.stores.owners import Liveness, describe_owner, local_liveness, parse_owner
 from outbox.stores.sqlcore import Cursor, Dialect, SQLOutbox
@@ -102,7 +103,7 @@ class MySQLOutbox(SQLOutbox):
         pool_size: connections kept open (at least 1).
     """
 
-    capabilities = Capabilities(transactional_enqueue=True, owner_liveness=True)
+    capabilities = Capabilities(transactional_enqueue=True, owner_liveness=True, bulk_read=True)
     dialect = DIALECT
 
     def __init__(self, url: StoreURL, *, create: bool = True, pool_size: int = 4) -> None:
@@ -196,6 +197,11 @@ class MySQLOutbox(SQLOutbox):
             reason = f"the connection to the MySQL server is closed ({type(exc).__name__})"
         prefix = self._where + (f" ({doing})" if doing else "")
         return StoreError(f"{prefix}: {' '.join(reason.split())}")
+
+    def bulk_read(self) -> BulkRead:
+        """The table as the Spark job's JDBC reader reads it (its session in ANSI quotes: the
+        backend's JDBC URL sets them)."""
+        return BulkRead(table=self._t, grouped=False, schema="timestamp LONG")
 
     # -- lease owners --------------------------------------------------------------------------------
 

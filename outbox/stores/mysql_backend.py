@@ -5,8 +5,8 @@ open a store.
 Accepted forms:
     mysql://user:password@host:port/database?table=outbox     mariadb://...
     jdbc:mysql://host:port/database?user=..&password=..        jdbc:mariadb://...
-The driver's own options are not read. No JDBC driver is declared: the store has no bulk
-reads (`Capabilities.bulk_read`), so the Spark job does not read it.
+The driver's own options are not read. The Spark job reads the table through MariaDB
+Connector/J (it also reads MySQL), its session in ANSI quotes as the store's SQL is.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from outbox.stores.location import StoreURL, parse_server_url
-from outbox.stores.registry import Backend
+from outbox.stores.registry import Backend, Jdbc
 
 if TYPE_CHECKING:
     from outbox.stores.base import Outbox
@@ -42,4 +42,9 @@ BACKEND = Backend(
     open=_open,
     connections=("pymysql",),
     extra="kafka-outbox[mysql]",
+    jdbc=Jdbc(
+        driver="org.mariadb.jdbc.Driver",
+        package="org.mariadb.jdbc:mariadb-java-client:3.5.6",
+        url=lambda url: f"jdbc:mariadb://{url.host}:{url.port}/{url.database}?sessionVariables=sql_mode=ANSI_QUOTES",
+    ),
 )

@@ -24,8 +24,8 @@ with ``pytest -p outbox.testing.plugin`` or ``pytest_plugins = ["outbox.testing.
   (see :mod:`outbox.testing.mariadb`).
 * ``mysql_url`` (session) / ``fresh_mysql_url`` (function): URL of a new database on that
   server, dropped afterwards.
-* ``spark`` (session): a ``local[2]`` SparkSession with the PostgreSQL and
-  SQLite JDBC drivers (fetched from Maven Central, see :mod:`outbox.testing.maven`).
+* ``spark`` (session): a ``local[2]`` SparkSession with the PostgreSQL,
+  SQLite and MariaDB JDBC drivers (fetched from Maven Central, see :mod:`outbox.testing.maven`).
 * ``spark_standalone`` (session): a Spark standalone cluster, a master and two
   workers started from pyspark's own launcher (:mod:`outbox.testing.spark_cluster`).
 
@@ -247,19 +247,19 @@ def fresh_postgres_url(postgres_server: str) -> Iterator[str]:
 
 
 def spark_jdbc_jars() -> list[str]:
-    """Paths of the PostgreSQL and SQLite JDBC driver jars for ``spark.jars`` (fetched if need be).
+    """Paths of the PostgreSQL, SQLite and MariaDB JDBC driver jars for ``spark.jars`` (fetched if need be).
 
     Raises:
         MavenFetchError: The drivers are not cached and could not be fetched.
     """
     from outbox.testing.maven import jdbc_jar
 
-    return [jdbc_jar("postgresql"), jdbc_jar("sqlite")]
+    return [jdbc_jar("postgresql"), jdbc_jar("sqlite"), jdbc_jar("mysql")]
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """A ``local[2]`` SparkSession (UI off, 2 shuffle partitions, JDBC drivers for PostgreSQL and SQLite)."""
+    """A ``local[2]`` SparkSession (UI off, 2 shuffle partitions, JDBC drivers for PostgreSQL, SQLite and MySQL)."""
     try:
         from pyspark.sql import SparkSession
     except ImportError:

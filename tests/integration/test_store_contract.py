@@ -154,7 +154,7 @@ class TestMySQLStore(DurableStoreContract):
         return f'"{store.url.table}"'
 
     def test_declares_its_capabilities(self, store: Outbox) -> None:
-        assert store.capabilities == Capabilities(transactional_enqueue=True, owner_liveness=True)
+        assert store.capabilities == Capabilities(transactional_enqueue=True, owner_liveness=True, bulk_read=True)
 
 
 def _mysql(url: str, parsed: StoreURL | None = None) -> Any:

@@ -189,8 +189,8 @@ def test_mysql_urls(url: str) -> None:
     assert u.redacted() == "mysql://app:***@db.example:3307/orders"
     assert (str(u), u.where()) == ("mysql://app:***@db.example:3307/orders", "db.example:3307/orders")
     assert SECRET not in repr(u)
-    with pytest.raises(ConfigError, match="has no JDBC driver: a Spark job cannot read it"):
-        jdbc_of(u)
+    assert jdbc_of(u).url(u) == "jdbc:mariadb://db.example:3307/orders?sessionVariables=sql_mode=ANSI_QUOTES"
+    assert jdbc_of(u).properties(u) == {"driver": "org.mariadb.jdbc.Driver", "user": "app", "password": SECRET}
 
 
 def test_mysql_defaults_and_errors_never_show_the_password() -> None:
