@@ -444,27 +444,7 @@ class SQLOutbox(RotatingStore, Outbox):
             for name, code, n in cur.fetchall():
                 label = "?" if name is None else name if code is None else f"{name} ({code})"
                 errors[label] = errors.get(label, 0) + int(n)
-        pending: dict[str, int] = {}
-        dead: dict[str, int] = {}
-        oldest: float | None = None
-        leased = 0
-        for status, topic, count, created, leased_n in by_state:
-            if status == _PENDING:
-                pending[topic] = int(count)
-                oldest = float(created) if oldest is None else min(oldest, float(created))
-                leased += int(leased_n or 0)
-            else:
-                dead[topic] = int(count)
-        return StoreStats(
-            pending=sum(pending.values()),
-            dead=sum(dead.values()),
-            leased=leased,
-            oldest_pending_at=oldest,
-            next_due_at=self.next_due_at(),
-            pending_by_topic=pending,
-            dead_by_topic=dead,
-            dead_by_error=errors,
-        )
+        return store_stats(by_state, errors, self.next_due_at())
 
     def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
         sql, args = backlog_sql(self._t, "%s", now, topic, key=self._key)
@@ -505,6 +485,35 @@ class SQLOutbox(RotatingStore, Outbox):
         return int(
             self._read(f"SELECT COUNT(*) FROM {self._t} WHERE enc_key IS NULL OR enc_key <> %s", [current])[0][0]
         )
+
+
+def store_stats(
+    by_state: Sequence[Sequence[Any]], errors: dict[str, int], next_due_at: float | None
+) -> StoreStats:
+    """`StoreStats` from rows of (status, topic, messages, oldest created_at, leased messages) per
+    status and topic, dead letters by error label ("NAME (code)"), and the next due time: what
+    every SQL store's `stats` reads (this core's, PostgreSQL's)."""
+    pending: dict[str, int] = {}
+    dead: dict[str, int] = {}
+    oldest: float | None = None
+    leased = 0
+    for status, topic, count, created, leased_n in by_state:
+        if int(status) == _PENDING:
+            pending[topic] = int(count)
+            oldest = float(created) if oldest is None else min(oldest, float(created))
+            leased += int(leased_n or 0)
+        else:
+            dead[topic] = int(count)
+    return StoreStats(
+        pending=sum(pending.values()),
+        dead=sum(dead.values()),
+        leased=leased,
+        oldest_pending_at=oldest,
+        next_due_at=next_due_at,
+        pending_by_topic=pending,
+        dead_by_topic=dead,
+        dead_by_error=errors,
+    )
 
 
 def _marks(items: Sequence[Any]) -> str:
