@@ -209,12 +209,12 @@ def _plain(url: StoreURL) -> str:
 def test_two_drainer_processes_on_one_mysql_outbox_send_each_message_once_and_each_key_in_order(
     url: StoreURL, kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
 ) -> None:
-    """Two drainer processes (`fleet_worker.py`) share 20,000 pending messages over 100 keys on one
+    """Two drainer processes (`fleet_worker.py`) share 10,000 pending messages over 100 keys on one
     MariaDB outbox, each run of 1,000 messages of one quarter of the keys (as four producers, each
     writing its own customers: a claim of one run holds back no other run's keys, so the drainers
     need not take turns). The outbox-ids Kafka acknowledged to each are disjoint and together
     every message; the topic holds each message, and each key's in enqueue order."""
-    total, n_keys = 20_000, 100
+    total, n_keys = 10_000, 100
     topic = make_topic(partitions=6)
     rng = random.Random(7)
     seq = [0] * n_keys

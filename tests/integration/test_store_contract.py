@@ -122,6 +122,8 @@ class TestPostgresStore(DurableStoreContract):
 class TestMySQLStore(DurableStoreContract):
     """On a real MariaDB server (the test bed's), each test's tables apart in the session database."""
 
+    state_machine_examples = 20  # each example makes its tables: a second each on this server
+
     @pytest.fixture
     def make_store(self, mysql_url: str) -> Iterator[Factory]:
         prefix = f"contract_{uuid.uuid4().hex[:10]}"
