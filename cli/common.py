@@ -23,6 +23,7 @@ from outbox.errors import ConfigError, KafkaUnavailableError, MissingDependencyE
 from outbox.stores import Outbox, open_outbox
 from outbox.stores.encryption import KEYS_ENV, KeyRing, given_keys
 from outbox.stores.filters import parse_duration, parse_time
+from outbox.stores.registry import backend
 from outbox.stores.urls import StoreURL, parse_url
 
 from .format import dumps
@@ -213,7 +214,7 @@ def outbox_option(f: F) -> F:
         show_envvar=True,
         required=True,
         metavar="URL",
-        help="The outbox: sqlite:///path.db, a plain file path, or postgresql://user@host/db.",
+        help="The outbox: sqlite:///path.db, a plain file path, postgresql://user@host/db or mysql://user@host/db.",
     )(f)
 
 
@@ -291,9 +292,10 @@ def open_store(url: str) -> Iterator[tuple[Outbox, StoreURL]]:
     except MissingDependencyError as exc:
         raise CliError(scrub(ctx, str(exc))) from exc
     except ImportError as exc:
+        extra = backend(parsed.kind).extra
         raise CliError(
-            f"cannot open {parsed.redacted()}: {exc.name or 'a driver'} is not installed "
-            "(pip install 'kafka-outbox[postgres]')"
+            f"cannot open {parsed.redacted()}: {exc.name or 'a driver'} is not installed"
+            + (f" (pip install '{extra}')" if extra else "")
         ) from exc
     try:
         yield store, parsed

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from outbox.stores.registry import backend
 from outbox.stores.urls import StoreURL
 
 from . import backlog
@@ -16,14 +17,15 @@ from .common import EXIT_CODES_HELP, OutboxCommand, json_option, open_store, out
 
 
 def _file_sizes(url: StoreURL) -> dict[str, int] | None:
-    """Sizes of a SQLite outbox's files (the WAL can hold much of the data between checkpoints)."""
-    if url.kind != "sqlite":
+    """Sizes of a file-backed outbox's files (a SQLite WAL can hold much of the data between
+    checkpoints); None for a store that is no file."""
+    files = backend(url.kind).files
+    if files is None:
         return None
-    path = os.path.abspath(url.path)
     sizes = {}
-    for name, suffix in (("file", ""), ("wal", "-wal")):
+    for name, path in files(url).items():
         try:
-            sizes[name] = os.path.getsize(path + suffix)
+            sizes[name] = os.path.getsize(path)
         except OSError:
             sizes[name] = 0
     return sizes
@@ -73,14 +75,14 @@ def status(outbox_url: str, as_json: bool) -> None:
             "dead_by_error": dict(sorted(st.dead_by_error.items())),
             "backlog": backlog.as_json(left),
             "file_bytes": None if sizes is None else sizes["file"],
-            "wal_bytes": None if sizes is None else sizes["wal"],
+            "wal_bytes": None if sizes is None else sizes.get("wal", 0),
         }
         click.echo(fmt.dumps(doc))
         return
 
     lines = [("outbox", url.redacted())]
     if sizes is not None:
-        lines.append(("file size", f"{fmt.size(sizes['file'])} (+ {fmt.size(sizes['wal'])} write-ahead log)"))
+        lines.append(("file size", f"{fmt.size(sizes['file'])} (+ {fmt.size(sizes.get('wal', 0))} write-ahead log)"))
     leased = f" ({st.leased} leased now)" if st.leased else ""
     lines.append(("pending", f"{st.pending}{leased}"))
     lines.append(("dead letters", str(st.dead)))

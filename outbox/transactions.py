@@ -27,26 +27,29 @@ from typing import Any
 from outbox.errors import ConfigError
 from outbox.records import NewMessage
 from outbox.stores import Outbox
+from outbox.stores.registry import connection_modules, transaction_backend
 
 
 def dbapi_connection(transaction: Any) -> Any:
-    """The DB-API connection (`sqlite3.Connection` or `psycopg.Connection`) `transaction` runs on.
+    """The DB-API connection (a `sqlite3.Connection`, a `psycopg.Connection`, or the connection of
+    another backend's driver: `outbox.stores.registry.Backend.connections`) `transaction` runs on.
 
     Raises:
         ConfigError: an async SQLAlchemy object, Django outside ``transaction.atomic()``, or a
             kind of object this does not know.
     """
-    if isinstance(transaction, sqlite3.Connection):
+    # A driver's connection class, or an application's subclass of one (a sqlite3 factory).
+    if any(transaction_backend(c.__module__) is not None for c in type(transaction).__mro__[:-1]):
         return transaction
     module = type(transaction).__module__
-    if module == "psycopg" or module.startswith("psycopg."):
-        return transaction
     if module.startswith("sqlalchemy."):
         return _sqlalchemy(transaction)
     if module.startswith("django.") and hasattr(transaction, "in_atomic_block"):
         return _django(transaction)
+    *others, last = connection_modules()
+    drivers = f"{', '.join(others)} or {last}" if others else last
     raise ConfigError(
-        f"transaction must be a psycopg or sqlite3 connection, a SQLAlchemy Connection or Session, or "
+        f"transaction must be a {drivers} connection, a SQLAlchemy Connection or Session, or "
         f"Django's connection inside transaction.atomic() (got {type(transaction).__name__})"
     )
 
@@ -68,8 +71,8 @@ def enqueue_in_transaction(store: Outbox, transaction: Any, messages: Sequence[N
     """Write `messages` to `store` in the caller's open transaction; never commit (see the module doc)."""
     if not store.capabilities.transactional_enqueue:
         raise ConfigError(
-            f"transaction= needs a SQLite or PostgreSQL outbox the application's database can reach "
-            f"(this outbox is a {type(store).__name__})"
+            "transaction= needs an outbox that can enqueue in the application's transaction, in a database "
+            f"it can reach (this outbox is a {type(store).__name__})"
         )
     ids: list[int] = store.enqueue_in_transaction(dbapi_connection(transaction), messages)
     return ids

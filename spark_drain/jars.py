@@ -1,9 +1,11 @@
 """Where the JDBC driver jars Spark needs to read an outbox are on this machine (no download here).
 
-The pinned drivers (``org.postgresql:postgresql``, ``org.xerial:sqlite-jdbc``) are fetched from
+The pinned drivers (``org.postgresql:postgresql``, ``org.xerial:sqlite-jdbc``,
+``org.mariadb.jdbc:mariadb-java-client``) are fetched from
 Maven Central once by ``python -m outbox.testing fetch`` into
 ``${XDG_CACHE_HOME:-~/.cache}/kafka-outbox/<set>-<version>/libs``; Debian's packages are the
-fallback. `spark_drain` looks its default ``--jars`` up here; the fetching itself (Maven) is
+fallback. Which driver an outbox needs is its backend's (`outbox.stores.registry.Jdbc`).
+`spark_drain` looks its default ``--jars`` up here; the fetching itself (Maven) is
 `outbox.testing.maven`'s business.
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from outbox.stores.registry import Jdbc, backend, backends
 
 #: Written into a set's directory once a copy is complete, so an interrupted fetch is redone.
 MARKER = ".complete"
@@ -45,35 +49,33 @@ class ArtifactSet:
         return (self.root / MARKER).is_file() and self.libs.is_dir()
 
 
-JDBC = ArtifactSet("jdbc", "1", "jdbc-pom.xml", "postgresql-*.jar")
+JDBC = ArtifactSet("jdbc", "2", "jdbc-pom.xml", "mariadb-java-client-*.jar")
 
-#: The Maven coordinates of each outbox kind's JDBC driver (the same as pinned in ``jdbc-pom.xml``):
-#: what `spark-submit --packages` takes on a cluster.
-JDBC_DRIVER_PACKAGES: dict[str, str] = {
-    "postgresql": "org.postgresql:postgresql:42.7.14",
-    "sqlite": "org.xerial:sqlite-jdbc:3.54.1.0",
-}
+
+def _drivers() -> dict[str, Jdbc]:
+    return {b.name: b.jdbc for b in backends() if b.jdbc is not None}
+
+
+#: The Maven coordinates of each outbox kind's JDBC driver (the store registry's; the built-in
+#: backends' are pinned in ``jdbc-pom.xml`` too): what `spark-submit --packages` takes on a cluster.
+JDBC_DRIVER_PACKAGES: dict[str, str] = {kind: jdbc.package for kind, jdbc in _drivers().items()}
 
 #: The driver jar of each outbox kind inside the ``jdbc`` set (Maven's ``artifact-version.jar``).
-JDBC_DRIVER_JARS: dict[str, str] = {
-    kind: "{1}-{2}.jar".format(*coordinates.split(":")) for kind, coordinates in JDBC_DRIVER_PACKAGES.items()
-}
-
-#: Debian's copies (libpostgresql-jdbc-java, libxerial-sqlite-jdbc-java), used when present.
-DEBIAN_JARS: dict[str, tuple[str, ...]] = {
-    "postgresql": ("/usr/share/java/postgresql.jar",),
-    "sqlite": ("/usr/share/java/sqlite-jdbc.jar", "/usr/share/java/xerial-sqlite-jdbc.jar"),
-}
+JDBC_DRIVER_JARS: dict[str, str] = {kind: jdbc.jar for kind, jdbc in _drivers().items()}
 
 
 def cached_jdbc_jar(kind: str) -> str | None:
-    """The JDBC driver jar for an outbox ``kind`` (``postgresql`` or ``sqlite``) on this machine.
+    """The JDBC driver jar for an outbox ``kind`` (a backend's name: ``postgresql``, ``sqlite``)
+    on this machine.
 
-    The Maven-fetched copy wins; Debian's package is used when that is all there is. None when
-    neither exists (nothing is downloaded here).
+    The Maven-fetched copy wins; the operating system's package is used when that is all there
+    is. None when neither exists (nothing is downloaded here), or the backend has no JDBC driver.
     """
+    jdbc = backend(kind).jdbc
+    if jdbc is None:
+        return None
     if JDBC.is_cached():
-        jar = JDBC.libs / JDBC_DRIVER_JARS[kind]
+        jar = JDBC.libs / jdbc.jar
         if jar.is_file():
             return str(jar)
-    return next((p for p in DEBIAN_JARS[kind] if Path(p).is_file()), None)
+    return next((p for p in jdbc.os_jars if Path(p).is_file()), None)

@@ -16,6 +16,7 @@ from outbox.errors import ConfigError
 from outbox.logs import redact_in_logs
 from outbox.stores.bulk import BulkRead, explode_keys
 from outbox.stores.keyrule import first_blockers
+from outbox.stores.registry import jdbc_of
 from outbox.stores.urls import StoreURL
 
 
@@ -46,14 +47,15 @@ class Reader:
         self.spark = spark
         self.url = url
         self.bulk = bulk
-        self._props = dict(url.jdbc_properties())
+        self._jdbc = jdbc_of(url)
+        self._props = self._jdbc.properties(url)
         # py4j logs each JVM command, JDBC properties included, at DEBUG.
         redact_in_logs(url.password or "", ("py4j.clientserver", "py4j.java_gateway"))
         # PostgreSQL's driver otherwise buffers a whole partition's result in memory.
         self._props["fetchsize"] = str(fetch_size)
 
     def _jdbc_url(self) -> str:
-        return self.url.jdbc_url()
+        return self._jdbc.url(self.url)
 
     def query(self, sql: str, schema: str | None = None) -> DataFrame:
         """One unpartitioned query; `schema` ("name TYPE, ...") fixes the column types.

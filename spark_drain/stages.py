@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from outbox.errors import ConfigError, OutboxError
-from spark_drain.jars import JDBC_DRIVER_PACKAGES
+from outbox.stores.registry import jdbc_of
 from spark_drain.options import JobOptions
 from spark_drain.report import JobReport
 
@@ -182,7 +182,7 @@ def jdbc_error(exc: Exception, options: JobOptions) -> Exception:
     if "ClassNotFoundException" in text or "No suitable driver" in text:
         return ConfigError(
             f"the JDBC driver for {url.kind} is not on Spark's classpath: give spark-submit "
-            f"--packages {JDBC_DRIVER_PACKAGES[url.kind]} (or its jar with --jars, or set spark.jars); "
+            f"--packages {jdbc_of(url).package} (or its jar with --jars, or set spark.jars); "
             "`python -m outbox.testing fetch` downloads the pinned drivers"
         )
     return OutboxError(f"reading outbox {url.where()} with Spark JDBC failed: {cause_of(exc, options)}")

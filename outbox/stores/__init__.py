@@ -5,6 +5,7 @@ from __future__ import annotations
 from outbox.stores.base import Capabilities, Failure, Outbox
 from outbox.stores.encryption import KeyRing
 from outbox.stores.memory import MemoryOutbox, open_memory
+from outbox.stores.registry import backend
 from outbox.stores.sqlite import SQLiteOutbox
 from outbox.stores.urls import StoreURL, parse_url
 
@@ -20,7 +21,7 @@ def open_outbox(target: str | StoreURL | Outbox, *, create: bool = True, encrypt
     Args:
         target: an outbox URL (see `outbox.stores.urls`; `memory://NAME` opens this process's memory
             store of that name, `outbox.stores.memory`), a parsed `StoreURL`, or a store instance.
-        create: create a missing SQLite file / missing PostgreSQL schema objects. The CLI passes
+        create: create a missing SQLite file / missing database tables. The CLI passes
             False so that a mistyped path is reported instead of silently creating a new outbox.
         encryption: the key ring that encrypts stored payloads (`Outbox.set_encryption`).
     """
@@ -41,8 +42,4 @@ def _open(target: str | StoreURL | Outbox, create: bool) -> Outbox:
     if isinstance(target, str) and target[: len(MEMORY_SCHEME)].lower() == MEMORY_SCHEME:
         return open_memory(target[len(MEMORY_SCHEME) :].lstrip("/"))
     url = target if isinstance(target, StoreURL) else parse_url(target)
-    if url.kind == "sqlite":
-        return SQLiteOutbox(url.path, create=create)
-    from outbox.stores.postgres import PostgresOutbox  # psycopg is an optional extra
-
-    return PostgresOutbox(url, create=create)
+    return backend(url.kind).open(url, create)

@@ -78,18 +78,19 @@ DUE, BACKING_OFF, LEASED, WAITING_BACKOFF, WAITING_LEASE, DEAD = range(6)
 
 
 def backlog_sql(
-    table: str, p: str, now: float, topic: str | None, *, count: str = "COUNT(*)"
+    table: str, p: str, now: float, topic: str | None, *, count: str = "COUNT(*)", key: str = "key"
 ) -> tuple[str, list[Any]]:
-    """The one query both stores run, with their placeholder `p`, and its arguments.
+    """The one query every SQL store runs, with its placeholder `p`, and its arguments.
 
     `count`: how a group of rows counts its messages (SQLite: `SUM(r.n)`, a row may hold several).
+    `key`: the key column as the dialect names it (a reserved word in MySQL, quoted there).
 
     Columns: state, owner, count, min time, max time. The blocker of a key is its first PENDING
     row that is not due (leased or backing off); due rows after it wait behind it.
     """
     sql = (
-        f"WITH head AS (SELECT topic, key, MIN(id) AS bid FROM {table} "
-        f"WHERE status = 0 AND next_attempt_at > {p} AND key IS NOT NULL GROUP BY topic, key) "
+        f"WITH head AS (SELECT topic, {key}, MIN(id) AS bid FROM {table} "
+        f"WHERE status = 0 AND next_attempt_at > {p} AND {key} IS NOT NULL GROUP BY topic, {key}) "
         "SELECT CASE "
         f"WHEN r.status = 2 THEN {DEAD} "
         f"WHEN r.next_attempt_at > {p} THEN "
@@ -102,7 +103,7 @@ def backlog_sql(
         f"{count}, "
         f"MIN(CASE WHEN r.next_attempt_at > {p} THEN r.next_attempt_at ELSE b.next_attempt_at END), "
         f"MAX(CASE WHEN r.next_attempt_at > {p} THEN r.next_attempt_at ELSE b.next_attempt_at END) "
-        f"FROM {table} AS r LEFT JOIN head AS h ON h.topic = r.topic AND h.key = r.key "
+        f"FROM {table} AS r LEFT JOIN head AS h ON h.topic = r.topic AND h.{key} = r.{key} "
         f"AND r.status = 0 LEFT JOIN {table} AS b ON b.id = h.bid "
         "WHERE r.status IN (0, 2)"
     )

@@ -23,9 +23,10 @@ from outbox.records import Headers, Status
 from outbox.stores import grouped
 from outbox.stores.codec import decode_headers
 
-#: What a reader needs of a row, in `BulkMessage` order (`partition` is a keyword in both databases).
+#: What a reader needs of a row, in `BulkMessage` order (`key` and `partition` are keywords of some
+#: databases: quoted, as every store's reader session takes double-quoted names).
 MESSAGE_COLUMNS = (
-    "id", "msg_id", "topic", "key", "value", "headers", '"partition" AS part', "attempts", "first_failed_at",
+    "id", "msg_id", "topic", '"key"', "value", "headers", '"partition" AS part', "attempts", "first_failed_at",
     "last_error", "timestamp",
 )
 
@@ -165,8 +166,8 @@ class BulkRead:
     def blockers(self, blocked_where: str) -> str:
         """Columns b_topic, b_key, block_id: the first blocking one-message row of each key."""
         return (
-            f"SELECT topic AS b_topic, key AS b_key, MIN(id) AS block_id FROM {self.table} "
-            f"WHERE {blocked_where} AND key IS NOT NULL GROUP BY topic, key"
+            f'SELECT topic AS b_topic, "key" AS b_key, MIN(id) AS block_id FROM {self.table} '
+            f'WHERE {blocked_where} AND "key" IS NOT NULL GROUP BY topic, "key"'
         )
 
     def blocking_groups(self, blocked_where: str) -> str | None:

@@ -1,5 +1,5 @@
 """The per-key order rule, in Python: one function for every reader that applies it outside SQL
-(the memory store, the Spark job's executors).
+(the memory store, the Spark job's executors, the SQL core's claims, `outbox.stores.sqlcore`).
 
 The rule: a PENDING message is not sent while an earlier PENDING message of the same topic and
 key is held elsewhere (leased to another sender, backing off, or left out of this selection), so

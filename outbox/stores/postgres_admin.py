@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # psycopg is the optional "postgres" extra: imported lazily a
 from outbox.stores.postgres_conn import PostgresConnection
 from outbox.stores.postgres_schema import NEXT_DUE_SQL
 from outbox.stores.rotation import Resealed, RotatingStore, StoredPayload
+from outbox.stores.sqlcore import store_stats
 
 _ALL = DeadLetterFilter()  # the empty filter: every dead letter
 #: A row's columns as `row_from_columns` reads them, then the id of its encryption key.
@@ -331,27 +332,7 @@ class PostgresAdmin(PostgresConnection, RotatingStore, StoreAdmin):
                 f"count(*) FROM {self._t} WHERE status = 2 GROUP BY 1"
             ).fetchall()
             due = conn.execute(NEXT_DUE_SQL.format(t=self._t)).fetchone()
-        pending_by_topic: dict[str, int] = {}
-        dead_by_topic: dict[str, int] = {}
-        oldest: float | None = None
-        leased = 0
-        for status, topic, count, created, leased_n in by_state:
-            if status == Status.PENDING:
-                pending_by_topic[topic] = int(count)
-                oldest = created if oldest is None else min(oldest, created)
-                leased += int(leased_n or 0)
-            else:
-                dead_by_topic[topic] = int(count)
-        return StoreStats(
-            pending=sum(pending_by_topic.values()),
-            dead=sum(dead_by_topic.values()),
-            leased=leased,
-            oldest_pending_at=oldest,
-            next_due_at=due[0] if due is not None else None,
-            pending_by_topic=pending_by_topic,
-            dead_by_topic=dead_by_topic,
-            dead_by_error={e: n for e, n in errors},
-        )
+        return store_stats(by_state, {e: int(n) for e, n in errors}, due[0] if due is not None else None)
 
     def backlog(self, *, now: float, topic: str | None = None) -> Backlog:
         sql, args = backlog_sql(self._t, "%s", now, topic, count="SUM(r.n)")

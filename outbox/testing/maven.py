@@ -3,7 +3,7 @@
 Two sets are pinned here, each a ``pom.xml`` shipped beside this module:
 
 * ``kafka``: the Apache Kafka broker jars the test cluster runs (``pom.xml``);
-* ``jdbc``: the PostgreSQL and SQLite JDBC drivers Spark needs to read an outbox
+* ``jdbc``: the PostgreSQL, SQLite and MariaDB JDBC drivers Spark needs to read an outbox
   (``jdbc-pom.xml``), for the Spark tests, the benchmarks and ``spark-submit --jars``.
 
 Each set is copied into ``${XDG_CACHE_HOME:-~/.cache}/kafka-outbox/<set>-<version>/libs``; a

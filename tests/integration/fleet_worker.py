@@ -1,4 +1,5 @@
-"""One drainer process of the PostgreSQL fleet test (tests/integration/test_postgres_fleet.py).
+"""One drainer process of the fleet tests (tests/integration/test_postgres_fleet.py, and the MySQL
+one in tests/integration/test_mysql_store.py), on the outbox its URL names.
 
 Run as a script: ``python fleet_worker.py <outbox url> <bootstrap> <report path>``. It drains the
 shared outbox in follow mode until the outbox has had no pending row for 2 s, then writes a JSON
@@ -16,14 +17,14 @@ import threading
 import time
 from collections.abc import Sequence
 
-from outbox import Drainer, DrainResult, Listener, RetryPolicy, parse_url
+from outbox import Drainer, DrainResult, Listener, RetryPolicy, open_outbox
 from outbox.events import Drained
-from outbox.stores.postgres import PostgresOutbox
+from outbox.stores import Outbox
 
 EMPTY_FOR = 2.0  # seconds without a pending row before the worker stops
 
 
-def _stop_when_empty(store: PostgresOutbox, stop: threading.Event) -> None:
+def _stop_when_empty(store: Outbox, stop: threading.Event) -> None:
     empty_since: float | None = None
     while not stop.is_set():
         if store.stats(now=time.time()).pending:
@@ -47,7 +48,7 @@ def main(url: str, bootstrap: str, report: str) -> None:
             acked_batches += 1
             acked.extend(r.msg_id for r in rows)
 
-    store = PostgresOutbox(parse_url(url), create=False)
+    store = open_outbox(url, create=False)
     drainer = Drainer(
         store,
         {

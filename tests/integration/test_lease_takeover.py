@@ -107,6 +107,15 @@ def test_postgres_same_host_owner_is_judged_by_its_process(fresh_postgres_url: s
     takeover(fresh_postgres_url, remote=False)
 
 
+def test_mysql_dead_owner_loses_leases_at_once_live_owner_never(fresh_mysql_url: str) -> None:
+    # remote: the owner claims to be on another host, so only its named lock says it lives.
+    takeover(fresh_mysql_url, remote=True)
+
+
+def test_mysql_same_host_owner_is_judged_by_its_process(fresh_mysql_url: str) -> None:
+    takeover(fresh_mysql_url, remote=False)
+
+
 def test_postgres_owner_lock_is_held_on_its_own_connection(fresh_postgres_url: str) -> None:
     """The lock lives as long as the store, not as long as a pooled connection's checkout."""
     store = PostgresOutbox(fresh_postgres_url, pool_size=1)
@@ -252,3 +261,9 @@ def test_drain_says_what_is_left_and_why(kafka_bootstrap: str, topic: str, tmp_p
         {"owner": alive, "name": who, "state": "alive", "leased": 1, "waiting": 1, "until": "2100-01-01T02:00:00.000Z"}
     ]
     assert (doc["backlog"]["due_now"], doc["backlog"]["backing_off"]) == (0, 1)
+
+
+def test_drain_takes_over_a_killed_write_ahead_producer_mysql(
+    chaos_cluster: KafkaCluster, make_topic: Callable[..., str], fresh_mysql_url: str
+) -> None:
+    crash_then_drain(chaos_cluster, make_topic(config=MIN_ISR_2), fresh_mysql_url)

@@ -142,6 +142,29 @@ def test_bulk_drain_delivers_everything_in_key_order_once(
     assert topic_size(kafka_bootstrap, topic) == N_ROWS  # no message sent twice, by either run
 
 
+def test_bulk_drain_of_a_mysql_outbox_delivers_everything_in_key_order_once(
+    spark: Any, fresh_mysql_url: str, kafka_bootstrap: str, topic: str, consume_all: Callable[..., list[Any]]
+) -> None:
+    """A MySQL / MariaDB outbox read through MariaDB Connector/J (one message per row): every row
+    sent once and deleted, each key in order; a key whose first row another drainer holds is
+    left whole, in the outbox."""
+    n = 10_000
+    with open_outbox(fresh_mysql_url) as store:
+        ids = fill(store, topic, n)
+        [held] = store.claim("another-drainer", 1, 600, now=time.time())
+    assert held.key is not None
+    left = [msg_id for i, msg_id in enumerate(ids) if f"k{i % N_KEYS}".encode() == held.key]
+
+    report = run_job(spark, opts(fresh_mysql_url, kafka_bootstrap))
+
+    assert report.total.delivered == n - len(left)
+    assert report.total.failed == report.total.dead == 0
+    assert pending(fresh_mysql_url) == len(left)
+    messages = consume_all(topic, n - len(left), timeout=120)
+    assert len(messages) == n - len(left)
+    check_consumed(messages, [i for i in ids if i not in set(left)])
+
+
 def test_a_drain_in_waves_sends_every_key_in_order_across_them(
     spark: Any, outbox_url: str, kafka_bootstrap: str, topic: str, consume_all: Callable[..., list[Any]]
 ) -> None:

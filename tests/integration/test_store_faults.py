@@ -1,5 +1,5 @@
 """When the outbox itself fails: SQLite full, locked, read-only or deleted; PostgreSQL restarted,
-killed, or its pool's connections all terminated.
+killed, or its pool's connections all terminated; MariaDB (the MySQL store) restarted or killed.
 
 Each test runs a produce() stream during an outage (every broker stopped, so every message must
 go to the outbox) while the store fails, then brings the store and the brokers back, and checks:
@@ -209,6 +209,37 @@ def test_postgresql_restarted_and_killed_during_spill_and_drain(chaos_cluster: K
         recover_and_check(chaos_cluster, p, stream, topic)
     finally:
         pg.close()
+
+
+def test_mariadb_restarted_and_killed_during_spill_and_drain(chaos_cluster: KafkaCluster, topic: str) -> None:
+    """The MySQL store on a MariaDB server of its own (the session's serves other tests): a clean
+    restart and a kill -9 while spilling, another restart while draining; the producer is never
+    restarted, and its pool replaces the connections the server dropped."""
+    from outbox.testing.mariadb import MariaDB, create_database
+
+    db = MariaDB()
+    db.start()
+    try:
+        url = create_database(db.url)
+        chaos_cluster.stop_all()
+        p = producer(url, chaos_cluster.bootstrap_servers)
+        stream = Stream(p, topic).start()
+        stream.wait_for(300)
+        db.stop()  # a clean shutdown: every connection closed by the server
+        stream.wait_for(100)  # produce() goes on meanwhile: the messages wait in memory
+        db.start()
+        stream.wait_for(300)
+        db.kill()  # kill -9 of mariadbd, then crash recovery at the start
+        db.start()
+        stream.wait_for(300)
+        chaos_cluster.start_all()
+        chaos_cluster.wait_until_healthy()
+        wait_until(lambda: pending_below(p, len(stream.returned)), 120, "draining to start")
+        db.stop()  # while the drain workers send the backlog
+        db.start()
+        recover_and_check(chaos_cluster, p, stream, topic)
+    finally:
+        db.remove()
 
 
 def _can_write(path: Path) -> bool:

@@ -591,11 +591,11 @@ def test_unreadable_outbox(tmp_path: Path) -> None:
 
 
 def test_unknown_url_scheme() -> None:
-    result = run("status", "--outbox", "mysql://app:hunter2@db/outbox")
+    result = run("status", "--outbox", "oracle://app:hunter2@db/outbox")
     assert result.exit_code == 2
     assert one_error_line(result) == (
-        "unknown outbox URL scheme 'mysql': use sqlite:///path.db, jdbc:sqlite:/path.db, "
-        "postgresql://host/db or jdbc:postgresql://host/db"
+        "unknown outbox URL scheme 'oracle': use sqlite:///path.db, jdbc:sqlite:/path.db, "
+        "postgresql://host/db, jdbc:postgresql://host/db or mysql://host/db"
     )
 
 

@@ -60,7 +60,8 @@ def _url(db: str) -> st.SearchStrategy[str]:
             [db, f"sqlite:///{db}", f"jdbc:sqlite:{db}", "sqlite:///does/not/exist.db", "/does/not/exist.db",
              "sqlite://", "sqlite:////", "postgresql://", "postgresql://u:s3cr3t@127.0.0.1:1/db",
              "postgresql://127.0.0.1:99999/db", "postgresql://[::1/db", "jdbc:postgresql://127.0.0.1:1/db?password=x",
-             "postgresql://u@127.0.0.1:1/db?sslmode=bogus", "mysql://u:p@h/db", "http://x", "", " ", "\x00", "/",
+             "postgresql://u@127.0.0.1:1/db?sslmode=bogus", "mysql://u:p@127.0.0.1:1/db",
+             "oracle://u:p@h/db", "http://x", "", " ", "\x00", "/",
              f"{db}\x00x", "sqlite:///" + "a" * 5000]
         ),
         _text(40),

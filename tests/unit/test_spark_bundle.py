@@ -55,7 +55,11 @@ def test_the_packages_coordinates_are_the_pinned_drivers() -> None:
     pinned = {f"{g}:{a}:{v}" for g, a, v in re.findall(
         r"<groupId>([^<]+)</groupId><artifactId>([^<]+)</artifactId><version>([^<]+)</version>", pom)}
     assert set(JDBC_DRIVER_PACKAGES.values()) <= pinned
-    assert JDBC_DRIVER_JARS == {"postgresql": "postgresql-42.7.14.jar", "sqlite": "sqlite-jdbc-3.54.1.0.jar"}
+    assert JDBC_DRIVER_JARS == {
+        "postgresql": "postgresql-42.7.14.jar",
+        "sqlite": "sqlite-jdbc-3.54.1.0.jar",
+        "mysql": "mariadb-java-client-3.5.6.jar",
+    }
 
 
 def test_the_command_prints_the_submit_line_and_an_unwritable_place_is_one_line(

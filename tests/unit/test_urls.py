@@ -7,13 +7,14 @@ import os
 import pytest
 
 from outbox.errors import ConfigError
+from outbox.stores.registry import jdbc_of
 from outbox.stores.urls import DEFAULT_TABLE, StoreURL, parse_url
 
 SECRET = "s3cr3t-pw"
 
 
 def _no_secret(u: StoreURL) -> None:
-    for text in (str(u), repr(u), u.redacted(), u.where(), u.jdbc_url()):
+    for text in (str(u), repr(u), u.redacted(), u.where(), jdbc_of(u).url(u)):
         assert SECRET not in text
 
 
@@ -73,9 +74,10 @@ def test_redacted_shows_user_but_never_password() -> None:
 
 def test_jdbc_url_and_properties_for_spark() -> None:
     u = parse_url(f"postgresql://app:{SECRET}@h:5432/db?currentSchema=s")
-    assert u.jdbc_url() == "jdbc:postgresql://h:5432/db"
-    assert u.jdbc_properties() == {"driver": "org.postgresql.Driver", "user": "app", "password": SECRET}
-    assert parse_url("postgresql://h/db").jdbc_properties() == {"driver": "org.postgresql.Driver"}
+    assert jdbc_of(u).url(u) == "jdbc:postgresql://h:5432/db"
+    assert jdbc_of(u).properties(u) == {"driver": "org.postgresql.Driver", "user": "app", "password": SECRET}
+    bare = parse_url("postgresql://h/db")
+    assert jdbc_of(bare).properties(bare) == {"driver": "org.postgresql.Driver"}
 
 
 @pytest.mark.parametrize(
@@ -115,15 +117,15 @@ def test_jdbc_sqlite_absolute_is_an_alias_of_four_slash_sqlite() -> None:
     b = parse_url("sqlite:////var/lib/app/outbox.db")
     assert a == b
     assert a.kind == "sqlite" and a.path == "/var/lib/app/outbox.db"
-    assert a.jdbc_url() == "jdbc:sqlite:/var/lib/app/outbox.db"
-    assert a.jdbc_properties() == {"driver": "org.sqlite.JDBC"}
+    assert jdbc_of(a).url(a) == "jdbc:sqlite:/var/lib/app/outbox.db"
+    assert jdbc_of(a).properties(a) == {"driver": "org.sqlite.JDBC"}
     assert a.where() == "/var/lib/app/outbox.db"
 
 
 def test_sqlite_three_slashes_is_relative() -> None:
     u = parse_url("sqlite:///data/outbox.db")
     assert u.path == "data/outbox.db"
-    assert u.jdbc_url() == "jdbc:sqlite:" + os.path.abspath("data/outbox.db")
+    assert jdbc_of(u).url(u) == "jdbc:sqlite:" + os.path.abspath("data/outbox.db")
     assert parse_url("jdbc:sqlite:rel.db").path == "rel.db"
 
 
@@ -150,17 +152,55 @@ def test_empty_or_memory_sqlite_is_an_error(url: str) -> None:
         parse_url(url)
 
 
-@pytest.mark.parametrize("url", ["mysql://h/db", "redis://h:6379", "jdbc:mysql://h/db", "http://x/y"])
+@pytest.mark.parametrize("url", ["oracle://h/db", "redis://h:6379", "jdbc:oracle:thin:@h:1521/db", "http://x/y"])
 def test_unknown_scheme_names_it_and_lists_the_accepted_forms(url: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_url(url)
     text = str(info.value)
     assert "unknown outbox URL scheme" in text
     assert repr(url.split(":", 1)[0]) in text
-    for form in ("sqlite:///", "jdbc:sqlite:", "postgresql://", "jdbc:postgresql://"):
+    for form in ("sqlite:///", "jdbc:sqlite:", "postgresql://", "jdbc:postgresql://", "mysql://"):
         assert form in text
 
 
 def test_config_error_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         parse_url("nope://x")
+
+
+# -- MySQL / MariaDB (a backend of the registry's entry point) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"mysql://app:{SECRET}@db.example:3307/orders?table=ob",
+        f"MariaDB://app:{SECRET}@db.example:3307/orders?table=ob",
+        f"jdbc:mysql://db.example:3307/orders?user=app&password={SECRET}&table=ob&useSSL=false",
+        f"jdbc:mariadb://db.example:3307/orders?user=app&password={SECRET}&table=ob",
+    ],
+)
+def test_mysql_urls(url: str) -> None:
+    u = parse_url(url)
+    assert (u.kind, u.host, u.port, u.database, u.user, u.password) == (
+        "mysql", "db.example", 3307, "orders", "app", SECRET
+    )
+    assert (u.table, u.options) == ("ob", ())  # the JDBC driver's own options are not read
+    assert u.redacted() == "mysql://app:***@db.example:3307/orders"
+    assert (str(u), u.where()) == ("mysql://app:***@db.example:3307/orders", "db.example:3307/orders")
+    assert SECRET not in repr(u)
+    assert jdbc_of(u).url(u) == "jdbc:mariadb://db.example:3307/orders?sessionVariables=sql_mode=ANSI_QUOTES"
+    assert jdbc_of(u).properties(u) == {"driver": "org.mariadb.jdbc.Driver", "user": "app", "password": SECRET}
+
+
+def test_mysql_defaults_and_errors_never_show_the_password() -> None:
+    u = parse_url("mysql://db/app")
+    assert (u.port, u.table, u.user, u.password) == (3306, DEFAULT_TABLE, None, None)
+    for url, needle in [
+        (f"mysql://u:{SECRET}@h/", "MySQL outbox URL needs a database"),
+        (f"mysql://u:{SECRET}@h:notaport/db", "MySQL outbox URL has a bad port"),
+        (f"mysql://u:{SECRET}@h/db?table=a-b", "schema and table names must be letters"),
+    ]:
+        with pytest.raises(ConfigError, match=needle) as info:
+            parse_url(url)
+        assert SECRET not in str(info.value)
