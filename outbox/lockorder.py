@@ -38,12 +38,11 @@ ORDER: tuple[str, ...] = (
 )
 _RANK = {name: i for i, name in enumerate(ORDER)}
 
-CHECKED = os.environ.get("OUTBOX_CHECK_LOCK_ORDER") == "1"
 #: A file to append each (held, taken) pair seen to, instead of checking: how `ORDER` is found
 #: (``OUTBOX_LOCK_ORDER_LEARN=path``, for the project's own maintainers).
 _LEARN = os.environ.get("OUTBOX_LOCK_ORDER_LEARN")
 _seen: set[tuple[str, str]] = set()
-CHECKED = CHECKED or bool(_LEARN)
+CHECKED = os.environ.get("OUTBOX_CHECK_LOCK_ORDER") == "1" or bool(_LEARN)
 
 
 def _learn(held: str, taken: str) -> None:
