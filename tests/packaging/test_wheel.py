@@ -74,7 +74,7 @@ def test_the_wheel_holds_every_package_and_its_data(installed: Installed) -> Non
     assert "License-Expression: Apache-2.0" in metadata
     assert "Project-URL: Homepage, https://github.com/kafka-outbox/kafka-outbox" in metadata
     extras = {line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Provides-Extra: ")}
-    assert extras == {"postgres", "spark", "metrics", "encryption", "otel", "ui", "testing", "sqlalchemy", "django"}
+    assert extras == {"postgres", "mysql", "spark", "metrics", "encryption", "otel", "ui", "testing", "sqlalchemy", "django"}
     with tarfile.open(installed.sdist) as tf:
         sdist_files = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
     assert {"pyproject.toml", "LICENSE", "outbox/testing/jdbc-pom.xml", "cli/main.py"} <= sdist_files
@@ -122,3 +122,8 @@ def test_the_extras_bring_what_they_name(installed: Installed, tmp_path: Path) -
     installed.pip_install(f"{installed.wheel}[postgres]")
     pg = installed.run(str(installed.python), "-c", "import psycopg, psycopg_pool")
     assert pg.returncode == 0, pg.stderr
+    no_mysql = installed.run(str(installed.bin / "outbox"), "status", "--outbox", "mysql://u@127.0.0.1:1/db")
+    assert no_mysql.returncode != 0 and "kafka-outbox[mysql]" in no_mysql.stderr, no_mysql.stderr
+    installed.pip_install(f"{installed.wheel}[mysql]")
+    mysql = installed.run(str(installed.python), "-c", "import pymysql")
+    assert mysql.returncode == 0, mysql.stderr
