@@ -169,14 +169,21 @@ def mysql_server() -> Iterator[str]:
     stop_server()
 
 
+def _scratch_database(
+    server: str, create: Callable[[str], str], drop: Callable[[str, str], None]
+) -> Iterator[str]:
+    """A database made on `server` for a fixture's life, dropped when it ends."""
+    url = create(server)
+    yield url
+    drop(url, server)
+
+
 @pytest.fixture(scope="session")
 def mysql_url(mysql_server: str) -> Iterator[str]:
     """URL of a fresh MariaDB database for the session (dropped at the end)."""
     from outbox.testing.mariadb import create_database, drop_database
 
-    url = create_database(mysql_server)
-    yield url
-    drop_database(url, mysql_server)
+    yield from _scratch_database(mysql_server, create_database, drop_database)
 
 
 @pytest.fixture
@@ -184,9 +191,7 @@ def fresh_mysql_url(mysql_server: str) -> Iterator[str]:
     """URL of a fresh MariaDB database for one test (dropped afterwards)."""
     from outbox.testing.mariadb import create_database, drop_database
 
-    url = create_database(mysql_server)
-    yield url
-    drop_database(url, mysql_server)
+    yield from _scratch_database(mysql_server, create_database, drop_database)
 
 
 # -- PostgreSQL ------------------------------------------------------------
@@ -228,9 +233,7 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
     """URL of a fresh PostgreSQL database for the session (dropped at the end)."""
     from outbox.testing.postgres import drop_database
 
-    url = _new_database(postgres_server)
-    yield url
-    drop_database(url, postgres_server)
+    yield from _scratch_database(postgres_server, _new_database, drop_database)
 
 
 @pytest.fixture
@@ -238,9 +241,7 @@ def fresh_postgres_url(postgres_server: str) -> Iterator[str]:
     """URL of a fresh PostgreSQL database for one test (dropped afterwards)."""
     from outbox.testing.postgres import drop_database
 
-    url = _new_database(postgres_server)
-    yield url
-    drop_database(url, postgres_server)
+    yield from _scratch_database(postgres_server, _new_database, drop_database)
 
 
 # -- Spark -----------------------------------------------------------------

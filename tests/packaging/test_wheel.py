@@ -74,7 +74,9 @@ def test_the_wheel_holds_every_package_and_its_data(installed: Installed) -> Non
     assert "License-Expression: Apache-2.0" in metadata
     assert "Project-URL: Homepage, https://github.com/kafka-outbox/kafka-outbox" in metadata
     extras = {line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Provides-Extra: ")}
-    assert extras == {"postgres", "mysql", "spark", "metrics", "encryption", "otel", "ui", "testing", "sqlalchemy", "django"}
+    assert extras == {
+        "postgres", "mysql", "spark", "metrics", "encryption", "otel", "ui", "testing", "sqlalchemy", "django"
+    }  # fmt: skip
     with tarfile.open(installed.sdist) as tf:
         sdist_files = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
     assert {"pyproject.toml", "LICENSE", "outbox/testing/jdbc-pom.xml", "cli/main.py"} <= sdist_files
